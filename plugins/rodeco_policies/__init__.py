@@ -1,0 +1,12 @@
+"""rodeco's built-in rejection policies, registered through the ``rodeco`` entry-point group."""
+
+from __future__ import annotations
+
+from rodeco.hookspecs import hookimpl
+from rodeco_policies.basic import build_fixed, build_none
+
+
+@hookimpl
+def rodeco_register_policies(register):
+    register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)")
+    register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt")

@@ -1,0 +1,77 @@
+"""Decision points from a memory budget.
+
+The budget ``B`` is the most KV-cache tokens the batch may hold: on CPU ``budget.kv_tokens``; on CUDA, unless
+given, ``B = floor((free_bytes - reserve) * memory_fraction / kv_bytes_per_token)`` with
+``kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`` (keys and values).
+
+Every active row holds the padded prompt plus what it generated, ``L`` tokens, all rows alike. With ``r`` rows,
+a round decodes until the cache is full: its decision point is ``C = min(L_max, floor(B / r))`` where
+``L_max = L_prompt + max_new_tokens``. At a decision point, the next round must decode at least
+``m = min(min_tokens_per_round, L_max - L)`` tokens, so at most ``floor(B / (L + m))`` rows may go on: the policy
+must reject at least ``r - floor(B / (L + m))`` rows. Rows are freed before the next round allocates, so the
+cache never holds more than ``B`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rodeco.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Budget:
+    kv_tokens: int | None  # None: unlimited (no decision points unless the policy asks for none)
+    min_tokens_per_round: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise ConfigError("budget.kv_tokens", self.kv_tokens, "must be a positive number of tokens",
+                              "set it to e.g. 4096, or null for no limit on CPU")
+        if self.min_tokens_per_round < 1:
+            raise ConfigError("budget.min_tokens_per_round", self.min_tokens_per_round, "must be >= 1",
+                              "set it to a positive number of tokens, e.g. 8")
+
+    def capacity(self, rows: int, length: int, max_length: int) -> int:
+        """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
+        if self.kv_tokens is None:
+            return max_length
+        return min(max_length, self.kv_tokens // max(rows, 1))
+
+    def max_rows(self, length: int, max_length: int) -> int:
+        """The most rows that can decode at least ``min_tokens_per_round`` more tokens from ``length``."""
+        if self.kv_tokens is None:
+            return 1 << 62
+        m = min(self.min_tokens_per_round, max_length - length)
+        return self.kv_tokens // (length + m)
+
+    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int) -> None:
+        """Every prompt must be able to keep one row to the end."""
+        if self.kv_tokens is None:
+            return
+        need = n_prompts * max_length
+        if self.kv_tokens < need:
+            raise ConfigError(
+                "budget.kv_tokens", self.kv_tokens,
+                f"too small for one row per prompt: {n_prompts} prompt(s) x ({prompt_length} prompt + "
+                f"{max_length - prompt_length} new tokens) = {need} tokens",
+                f"raise budget.kv_tokens to at least {need}, lower sampling.max_new_tokens, "
+                f"or put fewer prompts in one batch (data.batch_prompts)",
+            )
+
+    def auto_n(self, n_prompts: int, prompt_length: int, max_length: int) -> int:
+        """``n: auto``: the largest rows per prompt whose first round decodes ``min_tokens_per_round`` tokens."""
+        if self.kv_tokens is None:
+            raise ConfigError("n", "auto", "needs a finite budget", "set budget.kv_tokens, or give n as a number")
+        m = min(self.min_tokens_per_round, max_length - prompt_length)
+        return max(1, self.kv_tokens // ((prompt_length + m) * n_prompts))
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
+
+
+def budget_from_device(free_bytes: int, kv_bytes: int, memory_fraction: float, reserve_bytes: int) -> int:
+    """KV tokens that fit in a device's free memory (the CUDA formula in the module docstring)."""
+    usable = max(0, free_bytes - reserve_bytes) * memory_fraction
+    return int(usable // kv_bytes)

@@ -1,0 +1,77 @@
+"""Forward-pass engines. One interface, all cache surgery behind it:
+
+- ``prefill(ids [P, L], mask [P, L]) -> logits [P, V]`` of the last position, cache filled;
+- ``select(rows [B'])``: keep (and repeat) cache rows by index; used for fan-out and pruning;
+- ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
+- ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
+- ``length``: cached tokens per row (padding included), ``rows``: batch size,
+  ``allocated_tokens``: cache slots held now (what the budget bounds).
+
+``HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``.
+``rodeco.fast_llama.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Engine(Protocol):
+    rows: int
+    length: int
+    allocated_tokens: int
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+    def select(self, rows: torch.Tensor) -> None: ...
+    def reserve(self, capacity: int) -> None: ...
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class HFEngine:
+    """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = None
+        self.mask = torch.empty(0, 0, dtype=torch.long)
+        self.next_pos = torch.empty(0, dtype=torch.long)
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.rows * self.length
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        self.mask, self.next_pos = mask, pos[:, -1] + 1
+        return out.logits[:, -1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
+
+    def reserve(self, capacity: int) -> None:  # the DynamicCache grows by itself
+        pass
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+                         past_key_values=self.cache, use_cache=True)
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1]

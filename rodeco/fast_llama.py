@@ -1,0 +1,172 @@
+"""A fast engine for Llama-family models (Llama, Mistral without sliding window, Qwen2), gpt-fast style.
+
+It reuses the HF model's weights (fused: one QKV matmul, one gate+up matmul) and its rotary embedding module,
+and keeps a KV cache preallocated for the round: ``[rows, kv_heads, capacity, head_dim]`` per layer, written in
+place each step (no concatenation). Pruning and fan-out are one ``index_select`` per layer into a buffer sized
+for the next round, done lazily and layer by layer, so old and new caches coexist for one layer at most.
+Decode attention treats the ``heads / kv_heads`` query heads that share a KV head as a short query sequence,
+so grouped-query attention needs no repeated keys.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None if the fast engine can run ``model``, else why not."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {SUPPORTED}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not silu"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias is not supported"
+    sw = getattr(cfg, "sliding_window", None)
+    if sw is not None and getattr(cfg, "use_sliding_window", True) and sw < cfg.max_position_embeddings:
+        return "sliding-window attention is not supported"
+    if not hasattr(getattr(model, "model", None), "rotary_emb"):
+        return "no rotary_emb module"
+    return None
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _Layer:
+    def __init__(self, layer: torch.nn.Module) -> None:
+        a, m = layer.self_attn, layer.mlp
+        self.wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+        b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        self.bqkv = torch.cat(b).contiguous() if all(x is not None for x in b) else None
+        self.wo, self.bo = a.o_proj.weight, a.o_proj.bias
+        self.wgu = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+        self.wdown = m.down_proj.weight
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+
+
+class FastLlamaEngine:
+    def __init__(self, model: torch.nn.Module) -> None:
+        cfg = model.config
+        self.model = model
+        self.layers = [_Layer(l) for l in model.model.layers]
+        self.embed = model.model.embed_tokens.weight
+        self.norm = model.model.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.rotary = model.model.rotary_emb
+        self.eps = cfg.rms_norm_eps
+        self.h, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.d ** -0.5
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.valid = torch.empty(0, 0, dtype=torch.bool)  # [B, capacity]: False at padding
+        self.pos = torch.empty(0, dtype=torch.long)  # [B] position of the next token
+        self.length = 0  # filled cache slots per row
+        self._rows: torch.Tensor | None = None  # pending row selection, applied at the next realloc
+
+    @property
+    def rows(self) -> int:
+        return self.pos.shape[0] if self._rows is None else self._rows.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.rows * self.capacity
+
+    def _realloc(self, capacity: int) -> None:
+        rows = self._rows if self._rows is not None else torch.arange(self.pos.shape[0], device=self.pos.device)
+        capacity = max(capacity, self.length)
+        n, L = rows.shape[0], self.length
+        for cache in (self.k, self.v):
+            for i, old in enumerate(cache):  # one layer at a time: peak is one extra layer
+                new = old.new_empty(n, self.hkv, capacity, self.d)
+                new[:, :, :L] = old.index_select(0, rows)[:, :, :L]
+                cache[i] = new
+                del old
+        valid = self.valid.new_zeros(n, capacity)
+        valid[:, :L] = self.valid.index_select(0, rows)[:, :L]
+        self.valid, self.pos, self._rows = valid, self.pos.index_select(0, rows), None
+
+    def select(self, rows: torch.Tensor) -> None:
+        self._rows = rows if self._rows is None else self._rows.index_select(0, rows)
+        if self._rows.shape[0] < self.pos.shape[0]:  # shrinking: free memory now
+            self._realloc(self.capacity)
+
+    def reserve(self, capacity: int) -> None:
+        if self._rows is not None or capacity != self.capacity:
+            self._realloc(capacity)
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        P, L = ids.shape
+        dev, dt = ids.device, self.embed.dtype
+        self.k = [torch.empty(P, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        self.v = [torch.empty(P, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        self.valid, self.length, self._rows = mask.bool(), L, None
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
+        self.pos = pos[:, -1] + 1
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril_()
+        attn_mask = (causal[None] & self.valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
+        x = F.embedding(ids, self.embed)  # [P, L, d]
+        cos, sin = self.rotary(x, pos)  # [P, L, D]
+        cos, sin = cos[:, None], sin[:, None]
+        g = self.h // self.hkv
+        for li, lay in enumerate(self.layers):
+            q, k, v = self._qkv(x, lay)  # q [P, L, H, D]
+            q = _rope(q.transpose(1, 2), cos, sin)  # [P, H, L, D]
+            k = _rope(k.transpose(1, 2), cos, sin)  # [P, Hkv, L, D]
+            v = v.transpose(1, 2)
+            self.k[li].copy_(k)
+            self.v[li].copy_(v)
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], scale=self.scale)
+            x = self._finish_layer(x, o.transpose(1, 2).reshape(P, L, -1), lay)
+        return F.linear(_rms_norm(x[:, -1], self.norm, self.eps), self.lm_head)
+
+    def _qkv(self, x: torch.Tensor, lay: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = F.linear(_rms_norm(x, lay.ln1, self.eps), lay.wqkv, lay.bqkv)
+        hd, kd = self.h * self.d, self.hkv * self.d
+        q, k, v = qkv.split([hd, kd, kd], dim=-1)
+        shape = x.shape[:-1]
+        return q.view(*shape, self.h, self.d), k.view(*shape, self.hkv, self.d), v.view(*shape, self.hkv, self.d)
+
+    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, lay: _Layer) -> torch.Tensor:
+        x = x + F.linear(attn, lay.wo, lay.bo)
+        gate, up = F.linear(_rms_norm(x, lay.ln2, self.eps), lay.wgu).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, lay.wdown)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [B] -> logits [B, V]."""
+        if self._rows is not None or self.length >= self.capacity:
+            self._realloc(max(self.capacity, self.length + 1))
+        B, t = tokens.shape[0], self.length
+        x = F.embedding(tokens, self.embed)  # [B, d]
+        cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
+        self.valid[:, t] = True
+        mask = self.valid[:, None, None, : t + 1]  # [B, 1, 1, t+1]
+        g = self.h // self.hkv
+        for li, lay in enumerate(self.layers):
+            q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
+            q = _rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
+            self.k[li][:, :, t] = _rope(k, cos, sin)
+            self.v[li][:, :, t] = v
+            o = F.scaled_dot_product_attention(q, self.k[li][:, :, : t + 1], self.v[li][:, :, : t + 1],
+                                               attn_mask=mask, scale=self.scale)  # [B, Hkv, g, D]
+            x = self._finish_layer(x, o.reshape(B, -1), lay)
+        self.length, self.pos = t + 1, self.pos + 1
+        return F.linear(_rms_norm(x, self.norm, self.eps), self.lm_head)

@@ -1,0 +1,123 @@
+"""The decoding loop: Best-of-N and Speculative Rejection are two policies of this one loop.
+
+prefill each prompt once, fan its cache out to n rows
+while rows are active:
+    decode until the cache would exceed the budget   (the decision point)
+    score finished rows (final) and active rows (partial)
+    keep = policy(view of every prompt)               (rejected rows leave the cache)
+the best finished candidate of each prompt wins
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rodeco.budget import Budget
+from rodeco.errors import ConfigError
+from rodeco.generator import Generator, Session
+from rodeco.protocols import Policy
+from rodeco.sampling import SamplingParams
+from rodeco.scoring import Scorer, select_checked
+from rodeco.state import Compute, PromptResult, PromptView, RoundView
+from rodeco.trace import Tracker
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    n: int | str  # rows per prompt, or "auto": as many as the first round's budget allows
+    sampling: SamplingParams
+    max_new_tokens: int
+    budget: Budget
+    seed: int = 0
+    all_candidates: bool = False
+    policy_name: str = ""
+    reward_name: str = ""
+
+
+def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[tuple[int, str]],
+                 s: LoopSettings, on_round: Callable | None = None,
+                 on_done: Callable | None = None) -> tuple[list[PromptResult], Compute]:
+    """Decode several prompts in one batch; ``prompts`` are (dataset index, text).
+
+    Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
+    each decision point and ``on_done(result)`` as soon as a prompt has no active row left."""
+    ids = [gen.encode(text) for _, text in prompts]
+    n = _rows_per_prompt(s, len(ids), max(map(len, ids)))
+    t0 = time.perf_counter()
+    sess = Session(gen, ids, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
+                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs)
+    track = Tracker(gen, scorer, prompts, sess, s, n, on_done)
+    track.time("prefill", t0)
+    rnd = 0
+    while sess.rows:
+        t0 = time.perf_counter()
+        cap = s.budget.capacity(sess.rows, sess.prompt_len + sess.t, sess.prompt_len + s.max_new_tokens)
+        sess.decode(until=cap - sess.prompt_len)  # to the decision point
+        sess.retire_finished()
+        track.time("decode", t0)
+        track.score_finished()  # final rewards of rows that reached EOS or max_new_tokens
+        if not sess.rows:
+            break
+        scores = track.score_active()  # partial rewards
+        t0 = time.perf_counter()
+        view, rows = _round_view(rnd, sess, scores, track, s)
+        keep = select_checked(policy, s.policy_name, view)
+        if on_round is not None:
+            on_round(view, keep)
+        track.record_round(view, keep)
+        sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)])
+        track.time("prune", t0)
+        track.emit_done()
+        rnd += 1
+    return track.results(), track.batch_compute()
+
+
+def _rows_per_prompt(s: LoopSettings, n_prompts: int, prompt_len: int) -> int:
+    max_len = prompt_len + s.max_new_tokens
+    s.budget.check_feasible(n_prompts, prompt_len, max_len)
+    if s.n == "auto":
+        return s.budget.auto_n(n_prompts, prompt_len, max_len)
+    n = int(s.n)
+    first = prompt_len + min(s.budget.min_tokens_per_round, s.max_new_tokens)
+    if s.budget.kv_tokens is not None and n * n_prompts * first > s.budget.kv_tokens:
+        fit = s.budget.kv_tokens // (first * n_prompts)
+        raise ConfigError("n", n, f"{n} rows x {n_prompts} prompt(s) x {first} tokens do not fit budget.kv_tokens="
+                          f"{s.budget.kv_tokens} for one round of budget.min_tokens_per_round tokens",
+                          f"use n<={fit}, n=auto, or raise budget.kv_tokens")
+    return n
+
+
+def _round_view(rnd: int, sess: Session, scores: np.ndarray, track: Tracker,
+                s: LoopSettings) -> tuple[RoundView, list[np.ndarray]]:
+    """The policy's view of every prompt, and each prompt's batch rows (in the view's local order)."""
+    L, Lmax = sess.prompt_len + sess.t, sess.prompt_len + s.max_new_tokens
+    max_rows = min(sess.rows, s.budget.max_rows(L, Lmax))
+    views, rows_of = [], []
+    for p in np.unique(sess.prompt_of):
+        rows = np.nonzero(sess.prompt_of == p)[0]
+        rows_of.append(rows)
+        cands = sess.cand[rows].tolist()
+        views.append(PromptView(
+            prompt_index=track.prompts[p][0], candidate_ids=cands, scores=scores[rows],
+            history=track.history(p, cands), finished_scores=track.finished_scores(p),
+            tokens_generated=sess.t, min_reject=0))
+    _share_min_reject(views, sess.rows - max_rows)
+    return RoundView(round=rnd, prompts=views, max_rows_next=max_rows, max_new_tokens=s.max_new_tokens), rows_of
+
+
+def _share_min_reject(views: list[PromptView], total: int) -> None:
+    """Split the budget's minimum rejection over prompts in proportion to their rows (each keeps one)."""
+    if total <= 0:
+        return
+    rows = np.array([v.k for v in views])
+    share = np.minimum(np.floor(total * rows / rows.sum()).astype(int), rows - 1)
+    for i in np.argsort(-(rows - 1 - share), kind="stable"):  # hand out the remainder where room is left
+        if share.sum() >= total:
+            break
+        share[i] += min(total - share.sum(), rows[i] - 1 - share[i])
+    for v, m in zip(views, share):
+        v.min_reject = int(m)

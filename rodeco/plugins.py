@@ -1,0 +1,142 @@
+"""Plugin manager, registries and the typed wrapper through which core code calls hooks.
+
+Entry points of the ``rodeco`` group are loaded once per manager, when it is built (never at import time).
+Environment switches for reproducible runs:
+
+- ``RODECO_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points except the built-ins (``rewards``, ``policies``);
+- ``RODECO_LOAD_PLUGINS=a,b``: load only these entry points (by entry-point name), plus the built-ins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from rodeco import hookspecs
+from rodeco.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GROUP = "rodeco"
+BUILTIN_ENTRY_POINTS = ("rewards", "policies")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    factory: Callable[..., Any]
+    description: str
+    plugin: str
+
+
+class Registry:
+    """A name -> factory table filled by registration hooks."""
+
+    def __init__(self, kind: str, key: str) -> None:
+        self.kind, self.key = kind, key  # key: the config key that selects an entry, for error messages
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, factory: Callable[..., Any], description: str = "", *, plugin: str = "") -> None:
+        if not name or not isinstance(name, str):
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r} (from plugin {plugin!r})")
+        if name in self._entries:
+            other = self._entries[name].plugin
+            raise ValueError(f"{self.kind} {name!r} registered twice (by {other!r} and {plugin!r}); rename one")
+        self._entries[name] = Entry(name, factory, description, plugin)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConfigError(
+                self.key, name, f"unknown {self.kind}; known: {', '.join(self.names()) or '(none)'}",
+                f"use one of the known names, or install the plugin that provides {name!r}",
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+def _selected_entry_points() -> list[Any]:
+    eps = list(entry_points(group=GROUP))
+    only = [s.strip() for s in os.environ.get("RODECO_LOAD_PLUGINS", "").split(",") if s.strip()]
+    if os.environ.get("RODECO_DISABLE_PLUGIN_AUTOLOAD", "").lower() in ("1", "true", "yes") and not only:
+        return [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS]
+    if only:
+        known = {ep.name for ep in eps}
+        missing = [name for name in only if name not in known]
+        if missing:
+            raise ConfigError("RODECO_LOAD_PLUGINS", ",".join(only), f"no installed entry point named {missing}",
+                              f"installed entry points of group {GROUP!r}: {sorted(known)}")
+        return [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS or ep.name in only]
+    return eps
+
+
+class Plugins:
+    """The plugin manager plus the registries it filled and a typed way to call lifecycle hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.rewards = Registry("reward", "reward.name")
+        self.policies = Registry("policy", "policy.name")
+        self._fill(self.pm.hook.rodeco_register_rewards, self.rewards)
+        self._fill(self.pm.hook.rodeco_register_policies, self.policies)
+
+    @staticmethod
+    def _fill(hook: Any, registry: Registry) -> None:
+        for impl in hook.get_hookimpls():
+            plugin_name = impl.plugin_name
+
+            def register(name: str, factory: Callable[..., Any], description: str = "", _p: str = plugin_name) -> None:
+                registry.register(name, factory, description, plugin=_p)
+
+            impl.function(register=register)
+
+    def config_dirs(self) -> list[str]:
+        return [d for dirs in self.pm.hook.rodeco_config_dirs() for d in dirs]
+
+    # Lifecycle hooks: called at run/round/prompt boundaries only, always with keyword arguments.
+    def run_start(self, config: dict[str, Any], n_prompts: int) -> None:
+        self.pm.hook.rodeco_run_start(config=config, n_prompts=n_prompts)
+
+    def round_end(self, view: Any, kept: list[list[int]]) -> None:
+        self.pm.hook.rodeco_round_end(view=view, kept=kept)
+
+    def prompt_done(self, result: Any) -> None:
+        self.pm.hook.rodeco_prompt_done(result=result)
+
+    def run_end(self, results: list[Any], compute: Any) -> None:
+        self.pm.hook.rodeco_run_end(results=results, compute=compute)
+
+
+def get_plugin_manager(load_entrypoints: bool = True, extra: list[Any] = ()) -> Plugins:  # type: ignore[assignment]
+    """Build a fresh manager: hookspecs, entry points of group ``rodeco`` (filtered by the env switches), and
+    ``extra`` plugin objects (modules or instances, handy in tests). A hook implementation whose name matches
+    no spec (a typo) raises ``pluggy.PluginValidationError``."""
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    if load_entrypoints:
+        for ep in _selected_entry_points():
+            if pm.get_plugin(ep.name) is None:
+                log.debug("loading plugin %s from %s", ep.name, ep.value)
+                pm.register(ep.load(), name=ep.name)
+    for obj in extra:
+        pm.register(obj)
+    pm.check_pending()
+    return Plugins(pm)
+
+
+@lru_cache(maxsize=1)
+def default_plugins() -> Plugins:
+    """The process-wide manager with entry points loaded (built on first use, not on import)."""
+    return get_plugin_manager()

@@ -1,0 +1,45 @@
+"""Human-readable summary of a run for the CLI."""
+
+from __future__ import annotations
+
+import textwrap
+
+from omegaconf import DictConfig
+
+from rodeco.run import RunOutput
+
+
+def bon_equivalent_tokens(out: RunOutput) -> float:
+    """Decode tokens Best-of-n with the same n would spend: every candidate to the end. Candidates that were
+    rejected are counted at the mean length of the finished candidates of the same prompt (an estimate)."""
+    total = 0.0
+    for r in out.results:
+        fin = [c for c in (r.candidates or []) if c.finished]
+        mean_len = sum(len(c.token_ids) + (c.stop_reason == "eos") for c in fin) / max(1, len(fin))
+        if r.candidates is None:  # no per-candidate record: use the decode tokens actually spent
+            return float(out.compute.gen_decode_tokens)
+        total += mean_len * r.n_start
+    return total
+
+
+def summarize(out: RunOutput, cfg: DictConfig) -> str:
+    lines = []
+    for r in out.results:
+        lines.append(f"\n=== prompt {r.prompt_index}: {textwrap.shorten(r.prompt, 100)}")
+        lines.append(f"best of {r.n_start} (reward {r.best.score:.4f}, {len(r.rounds)} decision point(s)):")
+        lines.append(textwrap.indent(r.best.text.strip() or "(empty)", "  "))
+    c = out.compute
+    lines.append("\n--- compute")
+    lines.append(f"generator tokens: prefill {c.gen_prefill_tokens}, decode {c.gen_decode_tokens}; "
+                 f"reward tokens {c.reward_tokens}; total {c.total_flops / 1e9:.1f} GFLOPs")
+    lines.append(f"peak KV cache: {c.peak_kv_tokens} tokens ({c.peak_kv_bytes / 2**20:.1f} MiB), "
+                 f"budget {cfg.budget.kv_tokens}")
+    lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(c.time_s.items())))
+    if all(r.candidates is not None for r in out.results) and out.results:
+        bon = bon_equivalent_tokens(out)
+        saved = 1 - c.gen_decode_tokens / bon if bon else 0.0
+        lines.append(f"Best-of-{out.results[0].n_start} would decode ~{bon:.0f} tokens; this run decoded "
+                     f"{c.gen_decode_tokens}: {100 * saved:.0f}% of the decode compute saved")
+    if out.out_dir is not None:
+        lines.append(f"results: {out.out_dir / 'results.jsonl'}")
+    return "\n".join(lines)

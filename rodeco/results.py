@@ -1,0 +1,49 @@
+"""Per-prompt results as JSONL, rewritten atomically (temp file + rename) as each prompt finishes; resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResultsWriter:
+    """``results.jsonl`` in ``out_dir``: one line per finished prompt. A crash loses at most the prompts in flight."""
+
+    def __init__(self, out_dir: str | Path, resume: bool = True) -> None:
+        self.path = Path(out_dir) / "results.jsonl"
+        self.records: dict[int, dict[str, Any]] = {}
+        if resume and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.records[int(rec["prompt_index"])] = rec
+
+    def done(self) -> set[int]:
+        return set(self.records)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records[int(record["prompt_index"])] = record
+        lines = (json.dumps(self.records[k], ensure_ascii=False) for k in sorted(self.records))
+        atomic_write(self.path, "\n".join(lines) + "\n")
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self.path.parent / name
+        atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+        return path

@@ -1,0 +1,142 @@
+"""Plain data passed between the loop, the plugins and the results writer.
+
+Nothing here imports torch: rewards and policies can be written and tested with lists and numpy alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One (prompt, response) pair to score.
+
+    ``response_ids`` are the generator's token ids; rewards that have their own tokenizer re-tokenize
+    ``response``. ``logprobs`` holds the generator's log-probability of each response token and is filled only
+    when the reward declares ``needs_logprobs = True``.
+    """
+
+    prompt: str
+    response: str
+    response_ids: tuple[int, ...]
+    partial: bool
+    prompt_index: int = 0
+    candidate_id: int = 0
+    logprobs: tuple[float, ...] | None = None
+
+
+@dataclass
+class PromptView:
+    """What a rejection policy sees of one prompt at a decision point.
+
+    Rows are indexed locally ``0..k-1``; ``candidate_ids[i]`` names row ``i`` across rounds.
+    """
+
+    prompt_index: int
+    candidate_ids: list[int]
+    scores: np.ndarray  # [k] partial rewards at this decision point
+    history: np.ndarray  # [k, r] the same candidates' rewards at the r earlier decision points (nan if absent)
+    finished_scores: list[float]  # final rewards of this prompt's candidates that already finished
+    tokens_generated: int  # response tokens so far (same for every active row)
+    min_reject: int  # the budget's share for this prompt: reject at least this many rows
+
+    @property
+    def k(self) -> int:
+        return len(self.candidate_ids)
+
+
+@dataclass
+class RoundView:
+    """Every prompt of the batch at one decision point, plus the budget that binds them together."""
+
+    round: int
+    prompts: list[PromptView]
+    max_rows_next: int  # the most rows (over all prompts) that fit the next round
+    max_new_tokens: int
+
+    @property
+    def min_reject_total(self) -> int:
+        return max(0, sum(p.k for p in self.prompts) - self.max_rows_next)
+
+
+@dataclass
+class Candidate:
+    candidate_id: int
+    token_ids: list[int]
+    text: str
+    score: float | None  # final reward, or the last partial reward if it was rejected
+    finished: bool  # reached EOS or max_new_tokens
+    rejected_at_round: int | None = None
+    stop_reason: str = ""  # "eos", "length", "rejected"
+
+
+@dataclass
+class Round:
+    """One decision point of one prompt."""
+
+    round: int
+    tokens_generated: int
+    rows_before: int
+    rows_kept: int
+    kept_ids: list[int]
+    rejected_ids: list[int]
+    scores: dict[int, float]  # candidate id -> partial score
+    min_reject: int
+
+
+@dataclass
+class Compute:
+    """Compute accounting of a run (or one prompt's share of it)."""
+
+    gen_prefill_tokens: int = 0
+    gen_decode_tokens: int = 0
+    gen_flops: float = 0.0
+    reward_tokens: int = 0
+    reward_flops: float = 0.0
+    reward_calls: int = 0
+    peak_kv_bytes: int = 0
+    peak_kv_tokens: int = 0
+    decode_steps: int = 0
+    time_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+
+    @property
+    def total_flops(self) -> float:
+        return self.gen_flops + self.reward_flops
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.time_s[phase] = self.time_s.get(phase, 0.0) + seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["total_flops"] = self.total_flops
+        return d
+
+
+@dataclass
+class PromptResult:
+    prompt_index: int
+    prompt: str
+    best: Candidate
+    n_start: int
+    rounds: list[Round]
+    candidates: list[Candidate] | None  # every candidate, when output.all_candidates is on
+    compute: Compute  # this prompt's share of its batch's compute
+    policy: str = ""
+    reward: str = ""
+
+    @property
+    def best_response(self) -> str:
+        return self.best.text
+
+    @property
+    def best_score(self) -> float | None:
+        return self.best.score
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["compute"] = self.compute.to_dict()
+        return d
