@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol
 
 import torch
@@ -34,6 +35,8 @@ class HFEngine:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.cache = None
         self.mask = torch.empty(0, 0, dtype=torch.long)
         self.next_pos = torch.empty(0, dtype=torch.long)
@@ -56,8 +59,8 @@ class HFEngine:
 
         self.cache = DynamicCache()
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.cache_kw: self.cache})
         self.mask, self.next_pos = mask, pos[:, -1] + 1
         return out.logits[:, -1]
 
@@ -72,6 +75,6 @@ class HFEngine:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                         past_key_values=self.cache, use_cache=True)
+                         use_cache=True, **{self.cache_kw: self.cache})
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1]

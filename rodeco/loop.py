@@ -33,6 +33,7 @@ class LoopSettings:
     max_new_tokens: int
     budget: Budget
     seed: int = 0
+    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
     all_candidates: bool = False
     policy_name: str = ""
     reward_name: str = ""
@@ -49,7 +50,7 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     n = _rows_per_prompt(s, len(ids), max(map(len, ids)))
     t0 = time.perf_counter()
     sess = Session(gen, ids, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs)
+                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs, ignore_eos=s.ignore_eos)
     track = Tracker(gen, scorer, prompts, sess, s, n, on_done)
     track.time("prefill", t0)
     rnd = 0

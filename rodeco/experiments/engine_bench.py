@@ -1,0 +1,115 @@
+"""``rodeco experiment=engine_bench``: rodeco's decoding loop vs ``model.generate()`` on the same model.
+
+Both decode the same prompts at the same batch size with the same sampling (T, top-k, top-p) for exactly the
+same number of new tokens (EOS ignored), in one process, alternating runs; the median run of each is reported.
+The machine's fp32 matmul peak ``P`` is measured in the same run, and ``F = A * flops_per_token / P`` says how
+close rodeco's decode gets to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from rodeco.budget import Budget
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.models import load_generator
+from rodeco.results import ResultsWriter
+from rodeco.run import RunOutput
+from rodeco.sampling import SamplingParams
+from rodeco.scoring import Scorer
+from rodeco.state import Compute, ScoreRequest
+
+log = logging.getLogger(__name__)
+
+
+class _LengthReward:
+    """Scoring is not what this benchmark measures: a free reward keeps it out of the way."""
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
+        return [float(len(r.response_ids)) for r in requests]
+
+
+def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu") -> float:
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(reps + 1):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def _rodeco_run(gen, prompts: list[str], rows_per_prompt: int, s: LoopSettings) -> float:
+    scorer = Scorer(_LengthReward(), "length")
+    t0 = time.perf_counter()
+    decode_batch(gen, scorer, _KeepAll(), list(enumerate(prompts)), s)
+    return time.perf_counter() - t0
+
+
+class _KeepAll:
+    def select(self, view):
+        return [list(range(pv.k)) for pv in view.prompts]
+
+
+@torch.inference_mode()
+def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, new_tokens: int, seed: int) -> float:
+    ids = [gen.encode(p) for p in prompts for _ in range(rows_per_prompt)]
+    L = max(map(len, ids))
+    inp = torch.full((len(ids), L), gen.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(inp)
+    for i, x in enumerate(ids):
+        inp[i, L - len(x):], mask[i, L - len(x):] = torch.tensor(x), 1
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    out = gen.model.generate(inp.to(gen.device), attention_mask=mask.to(gen.device), do_sample=not sp.greedy,
+                             temperature=sp.temperature or None, top_k=sp.top_k or None, top_p=sp.top_p,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=gen.pad_id)
+    dt = time.perf_counter() - t0
+    assert out.shape[1] == L + new_tokens
+    return dt
+
+
+def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
+    a = cfg.experiment_args
+    gen = load_generator(cfg.generator)
+    prompts = list(a.prompts)
+    rows = a.batch // len(prompts)
+    sp = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
+    s = LoopSettings(n=rows, sampling=sp, max_new_tokens=a.new_tokens, budget=Budget(None), seed=cfg.seed,
+                     ignore_eos=True)
+    tokens = rows * len(prompts) * a.new_tokens
+    log.info("warm-up")
+    _rodeco_run(gen, prompts, rows, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
+    _hf_run(gen, prompts, rows, sp, 4, cfg.seed)
+    ours, theirs = [], []
+    for i in range(a.repeats):  # alternate, so drifts in machine load hit both alike
+        ours.append(tokens / _rodeco_run(gen, prompts, rows, s))
+        theirs.append(tokens / _hf_run(gen, prompts, rows, sp, a.new_tokens, cfg.seed))
+        log.info("run %d: rodeco %.1f tok/s, hf %.1f tok/s", i, ours[-1], theirs[-1])
+    A, B = statistics.median(ours), statistics.median(theirs)
+    P = matmul_peak_gflops(device=gen.device.type)
+    L0 = max(len(gen.encode(p)) for p in prompts)
+    flops_tok = gen.flops_per_token(L0 + a.new_tokens // 2)  # attention at the mean context
+    F = A * flops_tok / (P * 1e9)
+    res = {"rodeco_tokens_per_s": A, "hf_generate_tokens_per_s": B, "speedup_vs_hf_generate": A / B,
+           "matmul_peak_gflops": P, "matmul_peak_fraction": F, "flops_per_token": flops_tok,
+           "batch": rows * len(prompts), "new_tokens": a.new_tokens, "engine": type(gen.new_engine()).__name__,
+           "dtype": str(gen.dtype), "device": str(gen.device), "threads": torch.get_num_threads(),
+           "runs_rodeco": ours, "runs_hf": theirs}
+    if out_dir is not None:
+        ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
+    for k in ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
+              "matmul_peak_fraction"):
+        print(f"{k}: {res[k]:.3f}")
+    return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)

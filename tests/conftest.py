@@ -1,0 +1,80 @@
+"""Shared fixtures: a tiny random Llama with a small byte-level tokenizer, built in memory (no downloads)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog", "write a haiku about autumn leaves",
+    "explain why the sky is blue in two sentences", "give three tips for staying healthy",
+    "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ! ?",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "</s>", "<|user|>", "<|assistant|>",
+                                                                  "<|system|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_tiny_llama(vocab_size: int, seed: int = 0, **kw) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=None, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+                      attn_implementation="sdpa", **kw)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper distributions than the default init: fewer near-ties in greedy decoding
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    return make_tiny_llama(len(tiny_tokenizer))
+
+
+@pytest.fixture()
+def tiny_gen(tiny_model, tiny_tokenizer):
+    from rodeco.generator import Generator
+
+    def build(engine: str = "auto", chat_template: bool = True) -> Generator:
+        return Generator(tiny_model, tiny_tokenizer, engine=engine, chat_template=chat_template, name="tiny")
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded default generator (SmolLM2-135M-Instruct), loaded once per test session."""
+    from rodeco.generator import Generator
+    from rodeco.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("smollm2", dtype="float32", device="cpu")
+    return Generator(model, tok, name="smollm2")

@@ -1,0 +1,25 @@
+"""Small helpers shared by the test modules."""
+
+from __future__ import annotations
+
+import torch
+
+import rodeco
+
+
+def run_tiny(gen, prompts, *, n=4, policy="fixed", overrides=(), **kw):
+    """Decode with an in-memory generator; the embedded models are never loaded."""
+    ov = ["output.all_candidates=true", "reward=logprob", *overrides]
+    return rodeco.decode(prompts, generator=gen, n=n, policy=policy, overrides=ov, **kw)
+
+
+def hf_greedy(model, gen, prompt: str, max_new_tokens: int) -> list[int]:
+    """``model.generate()``'s greedy continuation of one prompt, without the EOS token and what follows."""
+    ids = torch.tensor([gen.encode(prompt)])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                         min_new_tokens=0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id)
+    new = out[0, ids.shape[1]:].tolist()
+    for i, t in enumerate(new):
+        if t in gen.eos_ids:
+            return new[:i]
+    return new
