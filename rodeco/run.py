@@ -125,7 +125,7 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
 
     results, total = [], Compute()
     bs = cfg.data.batch_prompts
-    bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress or len(todo) < 2)
+    bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
     for i in range(0, len(todo), bs):
         batch = [(p.index, p.text) for p in todo[i: i + bs]]
         res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=plugins.round_end, on_done=done)
