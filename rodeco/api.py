@@ -13,9 +13,13 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from rodeco.cli import with_searchpath
     from rodeco.config import register_configs
+    from rodeco.plugins import default_plugins
 
     register_configs()
+    dirs = default_plugins().config_dirs()  # config options that plugins ship, as for the CLI
+    overrides = with_searchpath(list(overrides or []), [f"file://{d}" for d in dirs]) if dirs else overrides
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="rodeco.conf", version_base=None):
         return compose(config_name="config", overrides=list(overrides or []))

@@ -1,7 +1,8 @@
 """pluggy hook specifications. Every hook is prefixed ``rodeco_`` and documented in docs/plugins.md.
 
 Registration hooks run once, when the plugin manager is built. Lifecycle hooks run at run/round/prompt
-boundaries, never inside the per-token decode step.
+boundaries, never inside the per-token decode step. No hook is ``firstresult``: every implementation is called
+(most recently registered first); lifecycle hooks' return values are ignored.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Environment switches for reproducible runs:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -82,6 +83,32 @@ def _selected_entry_points() -> list[Any]:
     return eps
 
 
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, with pytest's rule for names: a ``rodeco_``-prefixed function of a plugin is a hook
+    implementation even without ``@hookimpl``, so a misspelled or undecorated one fails ``check_pending`` (or
+    registration) instead of being ignored."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith(GROUP + "_"):
+            try:
+                found = inspect.getattr_static(plugin, name)
+            except AttributeError:
+                return None
+            if isinstance(found, (staticmethod, classmethod)) or inspect.isfunction(found):
+                return {}  # default options: pluggy fills in the rest
+        return opts
+
+    def check_pending(self) -> None:
+        try:
+            super().check_pending()
+        except pluggy.PluginValidationError as e:
+            known = sorted(n for n in dir(hookspecs) if n.startswith(GROUP + "_"))
+            raise pluggy.PluginValidationError(
+                e.plugin, f"{e}. Fix: rename it to one of the hooks in rodeco.hookspecs ({', '.join(known)}); "
+                          f"see docs/plugins.md") from e
+
+
 class Plugins:
     """The plugin manager plus the registries it filled and a typed way to call lifecycle hooks."""
 
@@ -123,7 +150,7 @@ def get_plugin_manager(load_entrypoints: bool = True, extra: list[Any] = ()) -> 
     """Build a fresh manager: hookspecs, entry points of group ``rodeco`` (filtered by the env switches), and
     ``extra`` plugin objects (modules or instances, handy in tests). A hook implementation whose name matches
     no spec (a typo) raises ``pluggy.PluginValidationError``."""
-    pm = pluggy.PluginManager(GROUP)
+    pm = PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
     if load_entrypoints:
         for ep in _selected_entry_points():

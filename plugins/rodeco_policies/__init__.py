@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from rodeco.hookspecs import hookimpl
+from rodeco_policies.adaptive import build_adaptive
 from rodeco_policies.basic import build_fixed, build_none
+from rodeco_policies.correlation import build_correlation
 
 
 @hookimpl
 def rodeco_register_policies(register):
     register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)")
     register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt")
+    register("adaptive", build_adaptive,
+             "per prompt, keep rows whose estimated chance to finish above the best exceeds delta")
+    register("correlation", build_correlation,
+             "rejection rate from the Kendall tau between consecutive decision points' scores")

@@ -1,0 +1,35 @@
+"""``example_keep``: keep the best ``keep`` rows of each prompt at every decision point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rodeco import BuildContext, RoundView
+from rodeco.errors import ConfigError
+from rodeco.params import take_params
+
+
+class KeepPolicy:
+    """Per prompt, keep the ``keep`` highest partial scores (fewer if the budget forces it, always one).
+    Ties go to the lower candidate id, so the choice is deterministic."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+
+    def select(self, view: RoundView) -> list[list[int]]:
+        out = []
+        for pv in view.prompts:
+            n_keep = max(1, min(self.keep, pv.k - pv.min_reject))
+            order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))  # best first
+            out.append(sorted(order[:n_keep].tolist()))
+        return out
+
+
+def build_keep(params: dict[str, Any], ctx: BuildContext) -> KeepPolicy:
+    p = take_params("policy", params, {"keep": 2})
+    k = p["keep"]
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise ConfigError("policy.keep", k, "must be a positive integer", "set e.g. policy.keep=2")
+    return KeepPolicy(k)
