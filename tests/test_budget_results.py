@@ -1,0 +1,86 @@
+"""Budget formulas, n=auto, and results that are written per prompt and resumed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import run_tiny
+
+from rodeco.budget import Budget, budget_from_device, kv_bytes_per_token
+
+PROMPTS = ["write a haiku about autumn leaves", "give three tips"]
+
+
+def test_cuda_budget_formula_by_hand():
+    kv = kv_bytes_per_token(n_layers=30, n_kv_heads=3, head_dim=64, dtype_bytes=2)  # SmolLM2 in bf16
+    assert kv == 2 * 30 * 3 * 64 * 2 == 23040
+    free, reserve = 100 * 2**30, 2 * 2**30
+    assert budget_from_device(free, kv, 0.9, reserve) == int((98 * 2**30) * 0.9 // 23040)
+
+
+def test_capacity_and_minimum_rejection_by_hand():
+    b = Budget(kv_tokens=1000, min_tokens_per_round=8)
+    assert b.capacity(rows=20, length=30, max_length=200) == 50  # the cache fills at 1000 / 20 tokens per row
+    assert b.capacity(rows=2, length=30, max_length=200) == 200  # capped by the longest response
+    assert b.max_rows(length=50, max_length=200) == 1000 // 58  # room for 8 more tokens per row
+    assert b.max_rows(length=196, max_length=200) == 1000 // 200  # only 4 tokens left to decode
+    assert Budget(None).capacity(rows=10**6, length=1, max_length=77) == 77
+
+
+def test_n_auto_is_the_largest_n_whose_first_round_fits(tiny_gen):
+    gen = tiny_gen()
+    budget, m = 900, 8
+    out = run_tiny(gen, PROMPTS, n="auto", overrides=[f"budget.kv_tokens={budget}", "sampling.max_new_tokens=40"])
+    L0 = max(len(gen.encode(p)) for p in PROMPTS)
+    n = out.results[0].n_start
+    assert n == budget // ((L0 + m) * 2)
+    assert n * 2 * (L0 + m) <= budget < (n + 1) * 2 * (L0 + m)
+    assert out.compute.peak_kv_tokens <= budget
+
+
+def test_results_written_per_prompt_and_resumed(tiny_gen, tmp_path):
+    gen = tiny_gen()
+    prompts = PROMPTS + ["explain why the sky is blue"]
+    ov = ["budget.kv_tokens=1500", "sampling.max_new_tokens=20", "data.batch_prompts=1"]
+    first = run_tiny(gen, prompts, n=4, overrides=ov, out_dir=tmp_path)
+    path = tmp_path / "results.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["prompt_index"] for r in recs] == [0, 1, 2]
+    assert recs[1]["best"]["text"] == first.results[1].best.text
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
+    # lose prompt 1, as if the run had died before it finished: a rerun decodes only that prompt
+    path.write_text("\n".join(json.dumps(r) for r in (recs[0], recs[2])) + "\n")
+    second = run_tiny(gen, prompts, n=4, overrides=ov, out_dir=tmp_path)
+    seen = [r.prompt_index for r in second.results]
+    assert seen == [1]
+    recs2 = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["prompt_index"] for r in recs2] == [0, 1, 2]
+    assert recs2[1]["best"]["token_ids"] == recs[1]["best"]["token_ids"]  # same seed, same answer
+    assert json.loads((tmp_path / "summary.json").read_text())["n_prompts"] == 1
+
+
+def test_result_is_written_before_later_prompts_finish(tiny_gen, tmp_path):
+    """The on-disk file holds prompt 0 by the time prompt 1 starts (hooks see the file already written)."""
+    import rodeco
+    from rodeco.plugins import get_plugin_manager
+
+    lines_at_done = []
+
+    class Spy:
+        @rodeco.hookimpl
+        def rodeco_prompt_done(self, result):
+            lines_at_done.append(len((tmp_path / "results.jsonl").read_text().splitlines()))
+
+    plugins = get_plugin_manager(extra=[Spy()])
+    run_tiny(tiny_gen(), PROMPTS, n=2, overrides=["data.batch_prompts=1", "budget=unlimited",
+                                                  "sampling.max_new_tokens=8"], out_dir=tmp_path, plugins=plugins)
+    assert lines_at_done == [1, 2]
+
+
+@pytest.mark.parametrize("kv", [0, -5])
+def test_nonpositive_budget(kv):
+    from rodeco.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="budget.kv_tokens"):
+        Budget(kv_tokens=kv)
