@@ -29,6 +29,7 @@ class SamplingConfig:
     top_k: int = 50
     top_p: float = 1.0
     max_new_tokens: int = 128
+    ignore_eos: bool = False  # decode exactly max_new_tokens per row (benchmarks)
 
 
 @dataclass

@@ -109,7 +109,7 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     s = cfg.sampling
     settings = LoopSettings(
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-        budget=make_budget(cfg, gen), seed=cfg.seed, all_candidates=cfg.output.all_candidates,
+        budget=make_budget(cfg, gen), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
         policy_name=p_name, reward_name=r_name)
     out_dir = out_dir if out_dir is not None else cfg.output.dir
     writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None

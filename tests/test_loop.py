@@ -53,10 +53,9 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_pruned_cache_matches_fresh_forward(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
-    gen._eos_tensor = torch.tensor([-1])  # no row may finish early in this test
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
     sess = Session(gen, prompt_ids, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
-                   keys=[0, 1], needs_logprobs=False)
+                   keys=[0, 1], needs_logprobs=False, ignore_eos=True)  # no row may finish early
     sess.decode(until=6)
     sess.select(torch.tensor([4, 0, 2]))  # a subset, across prompts, reordered
     sess.decode(until=9)
@@ -119,10 +118,10 @@ def test_survivors_are_the_best_of_n_samples(tiny_gen):
                                                       (2000, 16, 0.7, 1), (700, 4, 0.0, 0)])
 def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha, min_rounds):
     gen = tiny_gen()
-    gen._eos_tensor = torch.tensor([-1])  # rows run to max_new_tokens: rounds follow the formula alone
     max_new = 48
     out = run_tiny(gen, PROMPTS[:2], n=n, overrides=[f"budget.kv_tokens={budget}", f"sampling.max_new_tokens={max_new}",
-                                                     f"policy.alpha={alpha}", "budget.min_tokens_per_round=4"])
+                                                     f"policy.alpha={alpha}", "budget.min_tokens_per_round=4",
+                                                     "sampling.ignore_eos=true"])  # rounds follow the formula alone
     assert 0 < out.compute.peak_kv_tokens <= budget
     L0 = max(len(gen.encode(p)) for p in PROMPTS[:2])
     rows, t = 2 * n, 0
