@@ -84,3 +84,20 @@ def test_nonpositive_budget(kv):
 
     with pytest.raises(ConfigError, match="budget.kv_tokens"):
         Budget(kv_tokens=kv)
+
+
+def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
+    """The CUDA path of make_budget, with the device query faked (no GPU in CI)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import rodeco
+    from rodeco.run import make_budget
+
+    cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
+    gen = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024)
+    assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
+    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)
+    assert make_budget(cfg, cpu).kv_tokens is None  # no device memory to read: unlimited on CPU
