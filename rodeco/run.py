@@ -102,7 +102,7 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     r_entry, p_entry = plugins.rewards.get(r_name), plugins.policies.get(p_name)  # fail before loading models
     prompts = load_prompts(cfg.data.path, cfg.data.prompts, cfg.data.field, cfg.data.offset, cfg.data.limit)
     gen = gen or load_generator(cfg.generator)
-    ctx = BuildContext(generator=gen, device=str(gen.device))
+    ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})  # for composite
     scorer = Scorer(r_entry.factory(r_params, ctx), r_name)
     policy = p_entry.factory(p_params, ctx)
     check_lengths(gen, prompts, cfg.sampling.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")

@@ -13,7 +13,11 @@ if TYPE_CHECKING:
     from rodeco.plugins import Plugins
     from rodeco.run import RunOutput
 
-EXPERIMENTS = {"engine_bench": "rodeco.experiments.engine_bench"}
+EXPERIMENTS = {
+    "engine_bench": "rodeco.experiments.engine_bench",
+    "rm_train": "rodeco.experiments.rm_train",
+    "rm_eval": "rodeco.experiments.rm_eval",
+}
 
 
 def run_experiment(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOutput:

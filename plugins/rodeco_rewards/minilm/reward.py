@@ -1,0 +1,111 @@
+"""``minilm_rm``, rodeco's default reward: frozen all-MiniLM-L6-v2 sentence embeddings of the prompt and the
+response, a few surface statistics of the response, and a Bradley-Terry head trained on AlpacaEval preference pairs
+(GPT-4-Turbo judge) by ``rodeco experiment=rm_train``. The committed head lives in ``rodeco_rewards/assets``.
+
+Partial responses are scored exactly like finished ones. Prompt embeddings are cached (every candidate of a prompt
+shares it, and it is scored again at every decision point).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rodeco.errors import ConfigError
+from rodeco.params import take_params
+from rodeco.protocols import BuildContext, RewardCost
+from rodeco.state import ScoreRequest
+from rodeco_rewards.batching import check_positive_int
+from rodeco_rewards.minilm.encoder import SentenceEncoder, minilm_dir
+from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, text_stats
+from rodeco_rewards.minilm.head import BTHead, load_head
+
+log = logging.getLogger(__name__)
+
+ASSET_STEM = Path(__file__).resolve().parents[1] / "assets" / "minilm_bt_head"
+
+
+def head_stem(path: str) -> Path:
+    """``x``, ``x.json`` or ``x.safetensors`` -> ``x``."""
+    p = Path(path).expanduser()
+    return p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
+
+
+def features(encoder: SentenceEncoder, prompts: Sequence[str], responses: Sequence[str],
+             prompt_emb: np.ndarray | None = None) -> np.ndarray:
+    """``[n, F]`` head inputs for (prompt, response) pairs; ``prompt_emb`` if the prompts are already encoded."""
+    ep = encoder.encode(prompts) if prompt_emb is None else prompt_emb
+    er = encoder.encode(responses)
+    stats = (np.stack([text_stats(p, r) for p, r in zip(prompts, responses)]) if responses
+             else np.zeros((0, len(STAT_NAMES)), np.float32))
+    return build_features(ep, er, stats)
+
+
+class MiniLMReward:
+    def __init__(self, encoder: SentenceEncoder, head: BTHead, meta: dict[str, Any], *,
+                 prompt_cache: int = 1024) -> None:
+        if head.shape.in_dim != feature_dim(encoder.dim):
+            raise ConfigError("reward.head", meta.get("path", "?"), f"the head expects {head.shape.in_dim} features, "
+                              f"this encoder gives {feature_dim(encoder.dim)}", "retrain: rodeco experiment=rm_train")
+        self.encoder, self.head, self.meta = encoder, head.to(encoder.device), meta
+        stats = meta.get("score_stats")
+        self.score_stats = (float(stats["mean"]), float(stats["std"])) if stats else None  # for composite
+        self._prompts: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._prompt_cache = prompt_cache
+        self.n_params = encoder.n_params + sum(p.numel() for p in head.parameters())
+        self.cost = RewardCost()
+
+    def _prompt_embeddings(self, prompts: Sequence[str]) -> np.ndarray:
+        new = [p for p in dict.fromkeys(prompts) if p not in self._prompts]
+        if new:
+            for p, e in zip(new, self.encoder.encode(new)):
+                self._prompts[p] = e
+        for p in prompts:
+            self._prompts.move_to_end(p)
+        out = np.stack([self._prompts[p] for p in prompts])
+        while len(self._prompts) > self._prompt_cache:
+            self._prompts.popitem(last=False)
+        return out
+
+    @torch.inference_mode()
+    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
+        if not requests:
+            return []
+        before = self.encoder.tokens
+        ep = self._prompt_embeddings([r.prompt for r in requests])
+        x = features(self.encoder, [r.prompt for r in requests], [r.response for r in requests], prompt_emb=ep)
+        out = self.head(torch.from_numpy(x).to(self.encoder.device)).float().cpu().tolist()
+        n = self.encoder.tokens - before
+        self.cost.tokens += n
+        self.cost.flops += 2.0 * self.encoder.n_matmul_params * n
+        self.cost.calls += 1
+        return out
+
+
+def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
+    from rodeco_rewards.preference_rm import resolve_device
+
+    p = take_params("reward", params, {"head": None, "encoder": None, "device": "auto", "batch_tokens": 8192})
+    check_positive_int("reward.batch_tokens", p["batch_tokens"], 8192)
+    stem = ASSET_STEM if p["head"] is None else head_stem(str(p["head"]))
+    if not Path(str(stem) + ".json").is_file() or not Path(str(stem) + ".safetensors").is_file():
+        raise ConfigError("reward.head", p["head"], f"no head at {stem}.json/.safetensors",
+                          "train one with `rodeco experiment=rm_train`, or leave reward.head=null for the committed "
+                          "head")
+    head, meta = load_head(stem)
+    meta["path"] = str(stem)
+    enc_dir = minilm_dir() if p["encoder"] is None else Path(str(p["encoder"])).expanduser()
+    if not (enc_dir / "config.json").is_file():
+        raise ConfigError("reward.encoder", p["encoder"], "no config.json in that directory",
+                          "leave reward.encoder=null for the embedded all-MiniLM-L6-v2")
+    device = resolve_device(str(p["device"]), ctx)
+    enc = SentenceEncoder(enc_dir, max_length=int(meta["max_length"]), batch_tokens=p["batch_tokens"],
+                          device=device)
+    log.info("minilm_rm: head %s (trained %s)", stem.name, meta.get("trained_with", "?"))
+    return MiniLMReward(enc, head, meta)
