@@ -17,6 +17,7 @@ EXPERIMENTS = {
     "engine_bench": "rodeco.experiments.engine_bench",
     "rm_train": "rodeco.experiments.rm_train",
     "rm_eval": "rodeco.experiments.rm_eval",
+    "rm_bench": "rodeco.experiments.rm_bench",
 }
 
 
