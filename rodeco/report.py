@@ -13,11 +13,9 @@ def bon_equivalent_tokens(out: RunOutput) -> float:
     """Decode tokens Best-of-n with the same n would spend: every candidate to the end. Candidates that were
     rejected are counted at the mean length of the finished candidates of the same prompt (an estimate)."""
     total = 0.0
-    for r in out.results:
-        fin = [c for c in (r.candidates or []) if c.finished]
+    for r in out.results:  # needs output.all_candidates=true
+        fin = [c for c in r.candidates if c.finished]
         mean_len = sum(len(c.token_ids) + (c.stop_reason == "eos") for c in fin) / max(1, len(fin))
-        if r.candidates is None:  # no per-candidate record: use the decode tokens actually spent
-            return float(out.compute.gen_decode_tokens)
         total += mean_len * r.n_start
     return total
 
