@@ -56,6 +56,7 @@ class OutputConfig:
     dir: Optional[str] = None  # null: the Hydra run directory from the CLI; no files from the Python API
     all_candidates: bool = False
     resume: bool = True
+    alpaca_eval: Optional[str] = None  # a generator name: also write AlpacaEval's model_outputs.json
     progress: bool = True
 
 

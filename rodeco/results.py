@@ -47,3 +47,22 @@ class ResultsWriter:
         path = self.path.parent / name
         atomic_write(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
         return path
+
+
+def export_alpaca_eval(results_jsonl: str | Path, out_path: str | Path, generator: str) -> Path:
+    """Write a run's best responses as AlpacaEval ``model_outputs.json`` (``instruction``, ``output``,
+    ``generator``), in prompt order, for judging with the ``alpaca_eval`` tool."""
+    recs = [json.loads(x) for x in Path(results_jsonl).read_text(encoding="utf-8").splitlines() if x.strip()]
+    recs.sort(key=lambda r: int(r["prompt_index"]))
+    rows = [{"instruction": r["prompt"], "output": r["best"]["text"], "generator": generator} for r in recs]
+    out = Path(out_path)
+    atomic_write(out, json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
+if __name__ == "__main__":  # python -m rodeco.results RESULTS.jsonl OUT.json GENERATOR_NAME
+    import sys
+
+    if len(sys.argv) != 4:
+        sys.exit("usage: python -m rodeco.results RESULTS.jsonl model_outputs.json GENERATOR_NAME")
+    print(export_alpaca_eval(sys.argv[1], sys.argv[2], sys.argv[3]))

@@ -16,7 +16,7 @@ from rodeco.errors import ConfigError
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.protocols import BuildContext
-from rodeco.results import ResultsWriter
+from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
 from rodeco.scoring import Scorer
 from rodeco.state import Compute, PromptResult
@@ -136,6 +136,8 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     if writer is not None:
         writer.write_json("summary.json", {"compute": total.to_dict(), "n_prompts": len(results),
                                            "policy": p_name, "reward": r_name})
+        if cfg.output.alpaca_eval:
+            export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
     plugins.run_end(results=results, compute=total)
     return RunOutput(results, total, Path(out_dir) if out_dir is not None else None)
 

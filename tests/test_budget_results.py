@@ -101,3 +101,11 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
     cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)
     assert make_budget(cfg, cpu).kv_tokens is None  # no device memory to read: unlimited on CPU
+
+
+def test_alpaca_eval_export(tiny_gen, tmp_path):
+    out = run_tiny(tiny_gen(), PROMPTS, n=2, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
+                                                        "output.alpaca_eval=rodeco-tiny"], out_dir=tmp_path)
+    rows = json.loads((tmp_path / "model_outputs.json").read_text())
+    assert rows == [{"instruction": p, "output": r.best.text, "generator": "rodeco-tiny"}
+                    for p, r in zip(PROMPTS, out.results)]

@@ -1,0 +1,58 @@
+"""Estimators for comparing decoding methods (the Speculative Rejection paper's metrics).
+
+- ``expected_best_of(scores, N)``: unbiased estimate of Best-of-N's expected final reward from one pool of
+  ``M >= N`` samples: the expected maximum over a uniformly random subset of size ``N`` (without replacement).
+- ``improvement_score``: ``100 * (1 + mean_p (best_p - max_p) / (max_p - min_p))`` where ``max_p``/``min_p`` are the
+  highest and lowest rewards among prompt ``p``'s Best-of-n samples: 100 means as good as Best-of-n.
+- ``compute_to_match``: the compute Best-of-N needs to reach a score, log-interpolated on its (compute, score)
+  curve; ``None`` beyond the curve's range (no extrapolation is claimed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.special import gammaln
+
+
+def expected_best_of(scores: Sequence[float], n: int) -> float:
+    """E[max of a random size-``n`` subset of ``scores``]. The i-th smallest of M values (1-based) is the maximum
+    of a random n-subset with probability C(i-1, n-1) / C(M, n)."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    m = s.size
+    if not 1 <= n <= m:
+        raise ValueError(f"n={n} must be between 1 and the pool size {m}")
+    i = np.arange(1, m + 1)
+    valid = i >= n
+    logw = np.full(m, -np.inf)
+    logw[valid] = (gammaln(i[valid]) - gammaln(n) - gammaln(i[valid] - n + 1)) - (
+        gammaln(m + 1) - gammaln(n + 1) - gammaln(m - n + 1))
+    return float(np.sum(np.exp(logw) * s))
+
+
+def improvement_score(best: Sequence[float], bon_max: Sequence[float], bon_min: Sequence[float]) -> float:
+    """The paper's relative improvement over Best-of-n (prompts whose Best-of-n samples all tie are skipped)."""
+    best, hi, lo = (np.asarray(x, dtype=np.float64) for x in (best, bon_max, bon_min))
+    span = hi - lo
+    ok = span > 0
+    if not ok.any():
+        raise ValueError("every prompt's Best-of-n samples have the same reward: the score is undefined")
+    return float(100.0 * (1.0 + np.mean((best[ok] - hi[ok]) / span[ok])))
+
+
+def compute_to_match(score: float, bon_compute: Sequence[float], bon_scores: Sequence[float]) -> float | None:
+    """Compute Best-of-N needs to reach ``score``: linear in log-compute between the two points of the curve that
+    bracket it (the curve is made monotone by a running maximum). ``None`` if ``score`` is above the curve."""
+    c = np.asarray(bon_compute, dtype=np.float64)
+    y = np.maximum.accumulate(np.asarray(bon_scores, dtype=np.float64)[np.argsort(c)])
+    c = np.sort(c)
+    if score > y[-1]:
+        return None
+    if score <= y[0]:
+        return float(c[0])
+    j = int(np.searchsorted(y, score, side="left"))  # y[j-1] < score <= y[j]
+    if y[j] == y[j - 1]:
+        return float(c[j - 1])
+    t = (score - y[j - 1]) / (y[j] - y[j - 1])
+    return float(np.exp(np.log(c[j - 1]) + t * (np.log(c[j]) - np.log(c[j - 1]))))
