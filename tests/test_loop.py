@@ -183,3 +183,30 @@ def test_best_of_n_that_does_not_fit_the_budget_says_how_to_fix(tiny_gen):
     with pytest.raises(PluginError, match="budget allows .* raise budget.kv_tokens"):
         run_tiny(tiny_gen(), PROMPTS[:2], n=8, policy="none", overrides=["budget.kv_tokens=600",
                                                                            "sampling.max_new_tokens=48"])
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenizer, family):
+    """The fast engine claims Qwen2 (biased QKV) and Mistral (no sliding window): hold it to generate()."""
+    import transformers
+
+    from rodeco.generator import Generator
+
+    cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cls[0])(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=256, eos_token_id=1, pad_token_id=0,
+                                        tie_word_embeddings=False, sliding_window=None)
+    model = getattr(transformers, cls[1])(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+        if family == "qwen2":
+            assert model.model.layers[0].self_attn.q_proj.bias is not None
+            for layer in model.model.layers:  # non-zero biases, so that they matter
+                layer.self_attn.q_proj.bias.normal_(0, 0.5)
+                layer.self_attn.k_proj.bias.normal_(0, 0.5)
+    gen = Generator(model, tiny_tokenizer, engine="fast")
+    out = run_tiny(gen, PROMPTS[:2], n=1, policy="none", overrides=[*GREEDY, "sampling.max_new_tokens=16"])
+    for prompt, r in zip(PROMPTS[:2], out.results):
+        assert r.best.token_ids == hf_greedy(model, gen, prompt, 16)
