@@ -18,6 +18,7 @@ EXPERIMENTS = {
     "rm_train": "rodeco.experiments.rm_train",
     "rm_eval": "rodeco.experiments.rm_eval",
     "rm_bench": "rodeco.experiments.rm_bench",
+    "correlation": "rodeco.experiments.correlation",
 }
 
 
