@@ -116,31 +116,26 @@ class Tracker:
         st = self.sess.stats
         tok_share = st.decode_tokens[p] / max(1, st.decode_tokens.sum())
         req_share = self.reward_requests[p] / max(1, self.reward_requests.sum())
-        r_tokens, r_flops = self._reward_cost()
-        prefill_flops = st.prefill_tokens[p] * self.gen.flops_per_token(st.prefill_tokens[p] // 2)
-        return Compute(
-            gen_prefill_tokens=int(st.prefill_tokens[p]), gen_decode_tokens=int(st.decode_tokens[p]),
-            gen_flops=float(prefill_flops + st.decode_flops[p]), reward_tokens=int(r_tokens * req_share),
-            reward_flops=float(r_flops * req_share), reward_calls=self.scorer.calls - self.calls0,
-            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps,
-            time_s={k: v * (req_share if k == "score" else tok_share if k == "decode" else 1 / len(self.prompts))
-                    for k, v in self.times.items()})
-
-    def _reward_cost(self) -> tuple[int, float]:
-        c = self.scorer.cost()
-        return c.tokens - self.cost0[0], c.flops - self.cost0[1]
+        times = {k: v * (req_share if k == "score" else tok_share if k == "decode" else 1 / len(self.prompts))
+                 for k, v in self.times.items()}
+        return self._build([p], req_share, times)
 
     def batch_compute(self) -> Compute:
         """The whole batch's compute (exact totals, not shares)."""
+        return self._build(list(range(len(self.prompts))), 1.0, dict(self.times))
+
+    def _build(self, prompts: list[int], reward_share: float, times: dict[str, float]) -> Compute:
         st = self.sess.stats
-        r_tokens, r_flops = self._reward_cost()
-        prefill_flops = sum(t * self.gen.flops_per_token(t // 2) for t in st.prefill_tokens)
+        c = self.scorer.cost()
+        r_tokens, r_flops = c.tokens - self.cost0[0], c.flops - self.cost0[1]  # the reward may outlive this batch
+        prefill_flops = sum(st.prefill_tokens[p] * self.gen.flops_per_token(st.prefill_tokens[p] // 2) for p in prompts)
         return Compute(
-            gen_prefill_tokens=int(st.prefill_tokens.sum()), gen_decode_tokens=int(st.decode_tokens.sum()),
-            gen_flops=float(prefill_flops + st.decode_flops.sum()), reward_tokens=int(r_tokens),
-            reward_flops=float(r_flops), reward_calls=self.scorer.calls - self.calls0,
-            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps,
-            time_s=dict(self.times))
+            gen_prefill_tokens=int(st.prefill_tokens[prompts].sum()),
+            gen_decode_tokens=int(st.decode_tokens[prompts].sum()),
+            gen_flops=float(prefill_flops + st.decode_flops[prompts].sum()),
+            reward_tokens=int(r_tokens * reward_share), reward_flops=float(r_flops * reward_share),
+            reward_calls=self.scorer.calls - self.calls0, peak_kv_bytes=st.peak_kv_bytes,
+            peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps, time_s=times)
 
     def results(self) -> list[PromptResult]:
         self.emit_done()
