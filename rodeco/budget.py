@@ -4,12 +4,17 @@ The budget ``B`` is the most KV-cache tokens the batch may hold: on CPU ``budget
 given, ``B = floor((free_bytes - reserve) * memory_fraction / kv_bytes_per_token)`` with
 ``kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`` (keys and values).
 
-Every active row holds the padded prompt plus what it generated, ``L`` tokens, all rows alike. With ``r`` rows,
-a round decodes until the cache is full: its decision point is ``C = min(L_max, floor(B / r))`` where
-``L_max = L_prompt + max_new_tokens``. At a decision point, the next round must decode at least
-``m = min(min_tokens_per_round, L_max - L)`` tokens, so at most ``floor(B / (L + m))`` rows may go on: the policy
-must reject at least ``r - floor(B / (L + m))`` rows. Rows are freed before the next round allocates, so the
-cache never holds more than ``B`` tokens.
+Every active row holds ``L`` tokens of its own, all rows alike. With the fast engine a prompt's cache is stored
+once and shared by its rows: a batch of ``G`` prompts padded to ``P`` tokens holds ``G * P`` shared tokens, each row
+owns only what it generated, and the rows share ``B' = B - G * P``. With an engine that copies the prompt into
+every row (``hf``), nothing is shared: ``B' = B`` and each row's own length counts the prompt too. ``for_batch``
+returns ``B'`` as a ``Budget`` and the length every row starts from (``0`` shared, ``P`` copied).
+
+With ``r`` rows, a round decodes until the cache is full: its decision point is ``C = min(L_max, floor(B' / r))``
+own tokens per row, where ``L_max`` is the start length plus ``max_new_tokens``. At a decision point, the next
+round must decode at least ``m = min(min_tokens_per_round, L_max - L)`` tokens, so at most ``floor(B' / (L + m))``
+rows may go on: the policy must reject at least ``r - floor(B' / (L + m))`` rows. Rows are freed before the next
+round allocates, so the cache never holds more than ``B`` tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ class Budget:
         if self.min_tokens_per_round < 1:
             raise ConfigError("budget.min_tokens_per_round", self.min_tokens_per_round, "must be >= 1",
                               "set it to a positive number of tokens, e.g. 8")
+
+    def for_batch(self, n_prompts: int, prompt_len: int, shared_prefix: bool) -> tuple[Budget, int]:
+        """(the budget left for the rows' own tokens, the own length a row starts from): see the module doc."""
+        if not shared_prefix or self.kv_tokens is None:
+            return self, prompt_len
+        return Budget(max(1, self.kv_tokens - n_prompts * prompt_len), self.min_tokens_per_round), 0
 
     def capacity(self, rows: int, length: int, max_length: int) -> int:
         """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""

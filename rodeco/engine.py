@@ -5,7 +5,8 @@
 - ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
 - ``length``: cached tokens per row (padding included), ``rows``: batch size,
-  ``allocated_tokens``: cache slots held now (what the budget bounds).
+  ``allocated_tokens``: cache slots held now (what the budget bounds);
+- ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once).
 
 ``HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``.
 ``rodeco.fast_llama.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache.
@@ -23,6 +24,7 @@ class Engine(Protocol):
     rows: int
     length: int
     allocated_tokens: int
+    shares_prefix: bool
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
     def select(self, rows: torch.Tensor) -> None: ...
@@ -31,7 +33,10 @@ class Engine(Protocol):
 
 
 class HFEngine:
-    """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does."""
+    """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does.
+    Fan-out copies the prompt's cache into every row."""
+
+    shares_prefix = False
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

