@@ -11,7 +11,7 @@ import numpy as np
 from rodeco.state import Candidate, Compute, PromptResult, Round, RoundView, ScoreRequest
 
 if TYPE_CHECKING:
-    from rodeco.generator import Finished, Generator, Session
+    from rodeco.generator import Generator, Session
     from rodeco.loop import LoopSettings
     from rodeco.scoring import Scorer
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SHARED_DATA
+from conftest import REPO
 
 import rodeco
 from rodeco.data import load_prompts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -19,6 +19,8 @@ EXPERIMENTS = {
     "rm_eval": "rodeco.experiments.rm_eval",
     "rm_bench": "rodeco.experiments.rm_bench",
     "correlation": "rodeco.experiments.correlation",
+    "efficiency": "rodeco.experiments.efficiency",
+    "perplexity": "rodeco.experiments.perplexity",
 }
 
 
@@ -28,3 +30,19 @@ def run_experiment(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None
     if cfg.task not in EXPERIMENTS:
         raise ConfigError("task", cfg.task, "unknown experiment", f"use one of {sorted(EXPERIMENTS)}")
     return importlib.import_module(EXPERIMENTS[cfg.task]).run(cfg, plugins, out_dir)
+
+
+def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
+    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read directly so that
+    Hydra's global state (the CLI's run) is left alone; ``{}`` for an option without a config file."""
+    from omegaconf import OmegaConf
+
+    from rodeco.run import split_node
+
+    for d in [Path(__file__).resolve().parents[1] / "conf", *map(Path, plugins.config_dirs())]:
+        f = d / group / f"{name}.yaml"
+        if f.is_file():
+            params = split_node(OmegaConf.load(f), group)[1]
+            params.pop("defaults", None)
+            return params
+    return {}

@@ -24,11 +24,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rodeco.errors import ConfigError
+from rodeco.experiments import option_params
 from rodeco.params import take_params
 from rodeco.protocols import BuildContext
 from rodeco.results import ResultsWriter
-from rodeco.run import RunOutput, run_decode, split_node
-from rodeco.state import Candidate, Compute, PromptResult, ScoreRequest
+from rodeco.run import RunOutput, run_decode
+from rodeco.state import Candidate, PromptResult, ScoreRequest
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +105,6 @@ def teacher_forced_logprobs(gen, prompt: str, responses: Sequence[Sequence[int]]
     return out
 
 
-def reward_params(name: str, plugins) -> dict[str, Any]:
-    """The parameters of ``reward=<name>``'s config option (rodeco's or a plugin's), read directly so that Hydra's
-    global state (the CLI's run) is left alone; ``{}`` for a reward that ships no config option."""
-    dirs = [Path(__file__).resolve().parents[1] / "conf", *map(Path, plugins.config_dirs())]
-    for d in dirs:
-        f = d / "reward" / f"{name}.yaml"
-        if f.is_file():
-            params = split_node(OmegaConf.load(f), "reward")[1]
-            params.pop("defaults", None)
-            return params
-    return {}
-
-
 def build_reward_entry(name: str, plugins):
     try:
         return plugins.rewards.get(name)
@@ -128,7 +116,7 @@ def build_reward_entry(name: str, plugins):
 def build_reward(name: str, plugins, gen):
     entry = build_reward_entry(name, plugins)
     ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})
-    return entry.factory(reward_params(name, plugins), ctx)
+    return entry.factory(option_params("reward", name, plugins), ctx)
 
 
 def score_prompt(reward, gen, res: PromptResult, lengths: Sequence[int],

@@ -1,0 +1,406 @@
+"""``rodeco experiment=efficiency``: Best-of-N vs Speculative Rejection at equal memory (the paper's Figure 3).
+
+Each prompt is decoded on its own, under the budget that Best-of-``n`` fills at full length
+(``L0 + n * max_new_tokens`` KV tokens with the fast engine, which stores the prompt once; ``n * (L0 +
+max_new_tokens)`` with the ``hf`` engine), times each of ``experiment_args.scales``.
+
+- **Best-of-N** for ``N`` = 1, 2, 4, ... up to ``pool_factor * n``: one pool of ``M = pool_factor * n`` samples per
+  prompt, decoded without rejection and scored with the run's reward; the expected best of a random size-``N``
+  subset is Best-of-N's expected reward (``metrics.expected_best_of``). Its FLOPs are ``N / M`` of the pool's. Its
+  time is ``N / n`` times a real Best-of-``n`` run's under the budget (``N / n`` batches of ``n``, one after the
+  other).
+- **Speculative Rejection**: ``policy=fixed`` at each of ``alphas`` and each policy in ``policies``, starting from
+  ``n_start`` rows (``auto``: as many as the first round fits) under the same budget. Each is a real run; its
+  candidates are pool samples (same seed), so both methods pick from one set of samples.
+
+Per method: mean final reward, the improvement score over Best-of-``n`` (``metrics.improvement_score``, with the
+expected best and worst of ``n`` pool samples as each prompt's anchors, so Best-of-``n`` scores exactly 100),
+generator + reward FLOPs and wall time, and the speedups: the FLOPs (time) Best-of-N needs to reach the method's
+improvement score, log-interpolated on its curve, divided by the method's. ``relative_compute`` is the paper's
+metric under a memory-bound model of an accelerator, where a decode step costs the same at any batch that fits the
+budget: ``(N_match / n') * (T_bon_n' / T_method)``, ``n' = scale * n`` the Best-of-n' that fills the method's
+memory, with ``T = decode steps * (seconds per step of Best-of-n on that prompt) + reward-model seconds``
+(Best-of-n' takes Best-of-n's steps and ``scale`` times its reward-model time). A method beyond the top of the Best-of-N curve gets a lower bound (flagged).
+
+Writes ``efficiency.json``, ``efficiency.md`` (the table) and ``efficiency.png`` (improvement score vs FLOPs, log
+x) into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from rodeco.budget import Budget
+from rodeco.data import Prompt
+from rodeco.errors import ConfigError
+from rodeco.experiments import option_params
+from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.params import take_params
+from rodeco.protocols import BuildContext
+from rodeco.results import ResultsWriter
+from rodeco.run import RunOutput, make_budget, split_node
+from rodeco.sampling import SamplingParams
+from rodeco.scoring import Scorer
+from rodeco.state import Compute, PromptResult
+
+log = logging.getLogger(__name__)
+
+DATA = "../shared/data/prompts/"
+DEFAULTS: dict[str, Any] = {
+    "prompts_file": DATA + "specrej_alpaca_farm_100.json", "text_file": DATA + "alpaca_eval_805.jsonl",
+    "prompts": None, "k": 8, "n": 4, "pool_factor": 32, "n_start": "auto", "alphas": [0.3, 0.5, 0.7, 0.9],
+    "policies": ["adaptive", "correlation"], "scales": [1, 2]}
+
+
+def parse_args(cfg: DictConfig) -> dict[str, Any]:
+    a = take_params("experiment_args", OmegaConf.to_container(cfg.experiment_args, resolve=True) or {}, DEFAULTS)
+
+    def positive(key: str, value: Any, fix: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"experiment_args.{key}", value, "must be a positive integer", fix)
+
+    positive("k", a["k"], "e.g. 8")
+    if a["n"] != "budget":
+        positive("n", a["n"], "e.g. 4, or 'budget' for as many as the budget holds at full length")
+    positive("pool_factor", a["pool_factor"], "e.g. 32 (Best-of-N up to 32n)")
+    if a["n_start"] != "auto":
+        positive("n_start", a["n_start"], "e.g. 64, or auto")
+    for x in a["alphas"]:
+        if not (isinstance(x, (int, float)) and 0 <= x < 1):
+            raise ConfigError("experiment_args.alphas", a["alphas"], f"alpha {x} is not in [0, 1)", "e.g. [0.5]")
+    if not a["scales"] or any(not isinstance(s, int) or s < 1 for s in a["scales"]) or 1 not in a["scales"]:
+        raise ConfigError("experiment_args.scales", a["scales"], "must be positive integers including 1",
+                          "e.g. [1, 2]: budgets of Best-of-n and Best-of-2n")
+    if not a["alphas"] and not a["policies"]:
+        raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
+                          "give alphas or policies")
+    return a
+
+
+def load_subset(a: dict[str, Any]) -> list[Prompt]:
+    """The first ``k`` prompts: inline ``prompts``, or records of ``prompts_file`` whose text is taken from
+    ``text_file`` by ``af_eval_idx`` when both are given (the paper's subset with the full AlpacaEval text)."""
+    if a["prompts"] is not None:
+        return [Prompt(i, str(t)) for i, t in enumerate(a["prompts"][: a["k"]])]
+    path = Path(a["prompts_file"])
+    if not path.is_file():
+        raise ConfigError("experiment_args.prompts_file", str(path), f"no such file (looked in {Path.cwd()})",
+                          "run from the repository root, or give the path of a JSON list of {prompt: ...}")
+    recs = json.loads(path.read_text(encoding="utf-8"))[: a["k"]]
+    if not a["text_file"]:
+        return [Prompt(int(r.get("af_eval_idx", i)), r["prompt"]) for i, r in enumerate(recs)]
+    texts = {}
+    with open(a["text_file"], encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                texts[int(r["idx"])] = r["prompt"]
+    out = []
+    for r in recs:
+        idx = r.get("af_eval_idx")
+        if idx is None or int(idx) not in texts:
+            raise ConfigError("experiment_args.text_file", a["text_file"], f"no record with idx={idx}",
+                              "set experiment_args.text_file=null to use the prompts_file text")
+        out.append(Prompt(int(idx), texts[int(idx)]))
+    return out
+
+
+@dataclass
+class Run:
+    """One method on one prompt."""
+
+    best: float  # final reward of the chosen response
+    best_id: int  # its candidate id
+    gen_flops: float
+    reward_flops: float
+    seconds: float  # prefill + decode + score + prune
+    decode_s: float
+    score_s: float
+    steps: int
+    peak_kv_tokens: int
+    scores: list[float] = field(default_factory=list)  # final rewards of the finished candidates, by candidate id
+
+    @property
+    def flops(self) -> float:
+        return self.gen_flops + self.reward_flops
+
+
+def _run(res: PromptResult, c: Compute) -> Run:
+    t = c.time_s
+    done = sorted((x for x in res.candidates or [] if x.finished), key=lambda x: x.candidate_id)
+    return Run(best=float(res.best.score), best_id=res.best.candidate_id, gen_flops=c.gen_flops, reward_flops=c.reward_flops,
+               seconds=sum(t.values()), decode_s=t.get("decode", 0.0), score_s=t.get("score", 0.0),
+               steps=c.decode_steps, peak_kv_tokens=c.peak_kv_tokens, scores=[float(x.score) for x in done])
+
+
+class Runner:
+    """Decodes one prompt at a time with one reward and prebuilt policies."""
+
+    def __init__(self, cfg: DictConfig, plugins, gen) -> None:
+        self.cfg, self.gen = cfg, gen
+        r_name, r_params = split_node(cfg.reward, "reward")
+        ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})
+        self.reward_name, self.ctx, self.plugins = r_name, ctx, plugins
+        self.scorer = Scorer(plugins.rewards.get(r_name).factory(r_params, ctx), r_name)
+        s = cfg.sampling
+        self.sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
+        self.max_new = s.max_new_tokens
+
+    def policy(self, name: str, **params: Any):
+        try:
+            entry = self.plugins.policies.get(name)
+        except ConfigError as e:
+            raise ConfigError("experiment_args.policies", name, e.problem, e.fix) from None
+        return entry.factory({**option_params("policy", name, self.plugins), **params}, self.ctx)
+
+    def budget(self, prompt: Prompt, n: int, scale: int) -> int:
+        """KV tokens Best-of-(scale * n) fills at full length on this prompt."""
+        L0 = len(self.gen.encode(prompt.text))
+        rows = scale * n
+        return L0 + rows * self.max_new if self.gen.shares_prefix else rows * (L0 + self.max_new)
+
+    def __call__(self, prompt: Prompt, policy_name: str, policy, n: int | str, kv_tokens: int | None) -> Run:
+        settings = LoopSettings(n=n, sampling=self.sampling, max_new_tokens=self.max_new,
+                                budget=Budget(kv_tokens, self.cfg.budget.min_tokens_per_round), seed=self.cfg.seed,
+                                all_candidates=True, policy_name=policy_name, reward_name=self.reward_name)
+        (res,), comp = decode_batch(self.gen, self.scorer, policy, [(prompt.index, prompt.text)], settings)
+        return _run(res, comp)
+
+
+def rows_for(cfg: DictConfig, gen, a: dict[str, Any], prompt: Prompt) -> int:
+    """Best-of-n's n on this prompt: ``experiment_args.n``, or (``budget``) as many rows as the run's budget
+    (``budget.kv_tokens``, or free device memory on CUDA) holds at full length."""
+    if a["n"] != "budget":
+        return int(a["n"])
+    B = make_budget(cfg, gen).kv_tokens
+    if B is None:
+        raise ConfigError("experiment_args.n", "budget", "needs a finite budget",
+                          "set budget.kv_tokens (CPU), run on CUDA, or give n as a number")
+    L0, new = len(gen.encode(prompt.text)), cfg.sampling.max_new_tokens
+    n = (B - L0) // new if gen.shares_prefix else B // (L0 + new)
+    if n < 1:
+        raise ConfigError("budget.kv_tokens", B, "holds no full-length row", "raise it or lower max_new_tokens")
+    return int(n)
+
+
+def methods(a: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, policy name, parameters) of every Speculative Rejection method."""
+    out = [(f"fixed_alpha_{x:g}", "fixed", {"alpha": float(x)}) for x in a["alphas"]]
+    return out + [(p, p, {}) for p in a["policies"]]
+
+
+def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per prompt: the pool, a real Best-of-n run and every method at every scale."""
+    from tqdm.auto import tqdm
+
+    run = Runner(cfg, plugins, gen)
+    none = run.policy("none")
+    built = [(label, run.policy(name, **params)) for label, name, params in methods(a)]
+    out = []
+    for p in tqdm(load_subset(a), desc="prompts", unit="prompt", disable=not cfg.output.progress):
+        n = rows_for(cfg, gen, a, p)
+        rec: dict[str, Any] = {"prompt_index": p.index, "n": n, "budget": {}}
+        rec["pool"] = asdict(run(p, "none", none, a["pool_factor"] * n, None))
+        B = run.budget(p, n, 1)
+        rec["bon_n"] = asdict(run(p, "none", none, n, B))
+        rec["methods"] = {}
+        for scale in a["scales"]:
+            B = run.budget(p, n, scale)
+            rec["budget"][str(scale)] = B
+            for label, policy in built:
+                r = run(p, label, policy, a["n_start"] if a["n_start"] == "auto" else a["n_start"] * scale, B)
+                rec["methods"].setdefault(label, {})[str(scale)] = asdict(r)
+                log.info("prompt %d, %s, scale %d: best %.4f, %.3g FLOPs", p.index, label, scale, r.best, r.flops)
+        out.append(rec)
+    return out
+
+
+def bon_curve(prompts: list[dict[str, Any]], n: int, pool_factor: int) -> dict[str, list[float]]:
+    """Best-of-N for N = 1, 2, 4, ..., pool_factor * n (and n itself): mean expected reward, improvement score,
+    FLOPs, wall time and device time, summed over prompts."""
+    M = pool_factor * n
+    Ns = sorted({2**j for j in range(int(math.log2(M)) + 1)} | {n * 2**j for j in range(int(math.log2(pool_factor)) + 1)})
+    anchors = _anchors(prompts, n)
+    curve: dict[str, list[float]] = {k: [] for k in ("N", "reward", "improvement", "flops", "seconds", "device_s")}
+    for N in Ns:
+        best = [expected_best_of(p["pool"]["scores"], N) for p in prompts]
+        curve["N"].append(N)
+        curve["reward"].append(float(np.mean(best)))
+        curve["improvement"].append(improvement_score(best, *anchors))
+        curve["flops"].append(sum(N / len(p["pool"]["scores"]) * _flops(p["pool"]) for p in prompts))
+        curve["seconds"].append(sum(N / p["n"] * p["bon_n"]["seconds"] for p in prompts))
+        curve["device_s"].append(sum(N / p["n"] * _device_s(p["bon_n"], p["bon_n"]) for p in prompts))
+    return curve
+
+
+def _flops(r: dict[str, Any]) -> float:
+    return r["gen_flops"] + r["reward_flops"]
+
+
+def _device_s(r: dict[str, Any], bon: dict[str, Any]) -> float:
+    """Memory-bound device time: decode steps at Best-of-n's seconds per step on this prompt, plus reward time."""
+    per_step = bon["decode_s"] / max(bon["steps"], 1)
+    return r["steps"] * per_step + r["score_s"]
+
+
+def _anchors(prompts: list[dict[str, Any]], n: int) -> tuple[list[float], list[float]]:
+    """Each prompt's expected best and worst reward among ``n`` pool samples (Best-of-n's max and min)."""
+    hi = [expected_best_of(p["pool"]["scores"], n) for p in prompts]
+    lo = [-expected_best_of([-x for x in p["pool"]["scores"]], n) for p in prompts]
+    return hi, lo
+
+
+def summarize(prompts: list[dict[str, Any]], a: dict[str, Any]) -> dict[str, Any]:
+    ns = {p["n"] for p in prompts}
+    n = ns.pop() if len(ns) == 1 else None
+    if n is None:  # n: budget gave different n per prompt: the curve needs one n
+        raise ConfigError("experiment_args.n", "budget", "gave a different n per prompt",
+                          "give n as a number so every prompt's Best-of-n is the same")
+    curve = bon_curve(prompts, n, a["pool_factor"])
+    anchors = _anchors(prompts, n)
+    table: dict[str, dict[str, Any]] = {}
+    for label in prompts[0]["methods"]:
+        for scale in map(str, a["scales"]):
+            runs = [(p["methods"][label][scale], p["bon_n"]) for p in prompts]
+            best = [r["best"] for r, _ in runs]
+            score = improvement_score(best, *anchors)
+            flops = sum(_flops(r) for r, _ in runs)
+            seconds = sum(r["seconds"] for r, _ in runs)
+            dev = sum(_device_s(r, b) for r, b in runs)
+            row: dict[str, Any] = {"reward": float(np.mean(best)), "improvement": score, "flops": flops,
+                                   "seconds": seconds, "device_s": dev, "beyond_curve": False}
+            for key, curve_x, cost in (("speedup_flops", curve["flops"], flops),
+                                       ("speedup_time", curve["seconds"], seconds),
+                                       ("n_match", curve["N"], None)):
+                x = compute_to_match(score, curve_x, curve["improvement"])
+                if x is None:  # better than Best-of-(pool_factor * n): a lower bound
+                    x, row["beyond_curve"] = curve_x[-1], True
+                row[key] = x / cost if cost else x
+            # the reference is Best-of-(scale * n), which fills the same memory: as many decode steps as
+            # Best-of-n at the same cost per step (memory-bound), and scale times its reward-model time
+            s = int(scale)
+            ref = sum(p["bon_n"]["decode_s"] + s * p["bon_n"]["score_s"] for p in prompts)
+            row["relative_compute"] = row["n_match"] / (s * n) * ref / dev
+            table[f"{label}@{scale}"] = row
+    return {"n": n, "curve": curve, "methods": table}
+
+
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The last printed lines: fixed alpha 0.5 and the best method, at the budget of Best-of-n (scale 1)."""
+    at1 = {k[:-2]: v for k, v in summary["methods"].items() if k.endswith("@1")}
+    best = max(at1, key=lambda k: at1[k]["speedup_flops"])
+    out: dict[str, Any] = {}
+    if "fixed_alpha_0.5" in at1:
+        out["speedup_fixed_alpha_0.5"] = at1["fixed_alpha_0.5"]["speedup_flops"]
+    out["speedup_best_policy"] = at1[best]["speedup_flops"]
+    out["best_policy"] = best
+    if "fixed_alpha_0.5" in at1:
+        out["relative_compute_fixed_alpha_0.5"] = at1["fixed_alpha_0.5"]["relative_compute"]
+    return out
+
+
+def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: str = "improvement score "
+         "(Best-of-n = 100)", title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    c = summary["curve"]
+    ax.plot(c["flops"], c[y], "-o", color="black", label="Best-of-N (N = " + ", ".join(map(str, c["N"])) + ")")
+    labels = sorted({k.split("@")[0] for k in summary["methods"]})
+    for label in labels:
+        rows = sorted(((int(k.split("@")[1]), v) for k, v in summary["methods"].items()
+                       if k.split("@")[0] == label))
+        ax.plot([v["flops"] for _, v in rows], [v[y] for _, v in rows], "-s", label=f"SR {label}")
+    ax.set_xscale("log")
+    ax.set_xlabel("generator + reward FLOPs (all prompts)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The curve and every method as one table (FLOPs and times summed over prompts)."""
+    c, n = summary["curve"], summary["n"]
+    out = ["| method | mean reward | improvement | TFLOPs | wall s | device s | speedup FLOPs | speedup time | "
+           "relative compute |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, N in enumerate(c["N"]):
+        out.append(f"| Best-of-{N} | {c['reward'][i]:.4f} | {c['improvement'][i]:.1f} | {c['flops'][i] / 1e12:.3f} | "
+                   f"{c['seconds'][i]:.1f} | {c['device_s'][i]:.1f} | | | {N / n:.2f} |")
+    for key, m in summary["methods"].items():
+        label, scale = key.split("@")
+        lb = "≥" if m["beyond_curve"] else ""
+        out.append(f"| SR {label} (budget x{scale}) | {m['reward']:.4f} | {m['improvement']:.1f} | "
+                   f"{m['flops'] / 1e12:.3f} | {m['seconds']:.1f} | {m['device_s']:.1f} | {lb}{m['speedup_flops']:.2f} | "
+                   f"{lb}{m['speedup_time']:.2f} | {lb}{m['relative_compute']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    from rodeco.models import load_generator
+
+    a = parse_args(cfg)
+    load_subset(a)  # a bad prompt file fails before any model is loaded
+    gen = gen or load_generator(cfg.generator)
+    prompts = collect(cfg, plugins, gen, a)
+    meta = {"args": a, "reward": split_node(cfg.reward, "reward")[0], "max_new_tokens": cfg.sampling.max_new_tokens,
+            "generator": str(cfg.generator.model), "device": str(gen.device)}
+    res = report(meta, prompts, out_dir)
+    return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)
+
+
+def report(meta: dict[str, Any], prompts: list[dict[str, Any]], out_dir: str | Path | None) -> dict[str, Any]:
+    """Summary, table, plot and headline lines from the per-prompt measurements."""
+    summary = summarize(prompts, meta["args"])
+    head = headline(summary)
+    res = {**meta, **summary, "headline": head, "per_prompt": prompts}
+    if out_dir is not None:
+        ResultsWriter(out_dir, resume=False).write_json("efficiency.json", res)
+        (Path(out_dir) / "efficiency.md").write_text(markdown(summary), encoding="utf-8")
+        plot(summary, Path(out_dir) / "efficiency.png",
+             title=f"{len(prompts)} prompts, reward {res['reward']}, {res['max_new_tokens']} new tokens")
+    print(markdown(summary), end="")
+    for key, v in head.items():
+        print(f"{key}: {fmt(v)}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m rodeco.experiments.efficiency RUN_DIR``: redo the analysis of a run's ``efficiency.json`` (or of
+    an ``experiment=perplexity`` run's ``perplexity.json``: the same measurements) without decoding again, and
+    (re)write ``efficiency.json``, ``efficiency.md`` and ``efficiency.png`` there."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("run_dir", type=Path)
+    d = ap.parse_args(argv).run_dir
+    src = next((d / f for f in ("efficiency.json", "perplexity.json") if (d / f).is_file()), None)
+    if src is None:
+        raise SystemExit(f"{d}: no efficiency.json or perplexity.json (give the run directory of either experiment)")
+    res = json.loads(src.read_text(encoding="utf-8"))
+    res.setdefault("reward", "logprob")  # experiment=perplexity
+    meta = {k: res[k] for k in ("args", "reward", "max_new_tokens", "generator", "device")}
+    report(meta, res["per_prompt"], d)
+
+
+if __name__ == "__main__":
+    main()
