@@ -86,13 +86,16 @@ def test_efficiency_end_to_end(tiny_gen, tmp_path: Path, capsys):
 def test_efficiency_n_from_the_budget(tiny_gen):
     cfg = tiny_cfg(n="budget", scales=[1], alphas=[0.5], policies=[], pool_factor=4, n_start="auto")
     gen = tiny_gen()
-    L0 = max(len(gen.encode(p)) for p in PROMPTS)
+    prompts = ["hi", "give three tips for staying healthy, and say in one short sentence why each of them works"]
+    L0 = max(len(gen.encode(p)) for p in prompts)
     with open_dict(cfg):
-        cfg.budget.kv_tokens = L0 + 3 * 12  # Best-of-3 at full length on the longer prompt
-        cfg.experiment_args.prompts = [max(PROMPTS, key=lambda p: len(gen.encode(p)))]
-        cfg.experiment_args.k = 1
+        cfg.experiment_args.prompts = prompts
+        cfg.budget.kv_tokens = L0 + 3 * 12  # Best-of-3 at full length on the longer prompt, more on the shorter
+    assert [efficiency.rows_for(cfg, gen, efficiency.parse_args(cfg), efficiency.Prompt(i, p))
+            for i, p in enumerate(prompts)][0] > 3
     out = efficiency.run(cfg, default_plugins(), None, gen=gen)
-    assert out.extra["n"] == 3 and len(out.extra["per_prompt"][0]["pool"]["scores"]) == 12
+    assert out.extra["n"] == 3  # the n that fits every prompt
+    assert [len(p["pool"]["scores"]) for p in out.extra["per_prompt"]] == [12, 12]
 
 
 @pytest.mark.parametrize("key,value", [("k", 0), ("n", "many"), ("pool_factor", 0), ("alphas", [1.0]),

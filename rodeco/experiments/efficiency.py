@@ -178,7 +178,8 @@ class Runner:
 
 def rows_for(cfg: DictConfig, gen, a: dict[str, Any], prompt: Prompt) -> int:
     """Best-of-n's n on this prompt: ``experiment_args.n``, or (``budget``) as many rows as the run's budget
-    (``budget.kv_tokens``, or free device memory on CUDA) holds at full length."""
+    (``budget.kv_tokens``, or free device memory on CUDA) holds at full length. The run uses the smallest n over
+    its prompts."""
     if a["n"] != "budget":
         return int(a["n"])
     B = make_budget(cfg, gen).kv_tokens
@@ -205,9 +206,10 @@ def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any]) -> list[dict[str, 
     run = Runner(cfg, plugins, gen)
     none = run.policy("none")
     built = [(label, run.policy(name, **params)) for label, name, params in methods(a)]
+    subset = load_subset(a)
+    n = min(rows_for(cfg, gen, a, p) for p in subset)  # n=budget: the n whose Best-of-n fits on every prompt
     out = []
-    for p in tqdm(load_subset(a), desc="prompts", unit="prompt", disable=not cfg.output.progress):
-        n = rows_for(cfg, gen, a, p)
+    for p in tqdm(subset, desc="prompts", unit="prompt", disable=not cfg.output.progress):
         rec: dict[str, Any] = {"prompt_index": p.index, "n": n, "budget": {}}
         rec["pool"] = asdict(run(p, "none", none, a["pool_factor"] * n, None))
         B = run.budget(p, n, 1)
@@ -261,10 +263,9 @@ def _anchors(prompts: list[dict[str, Any]], n: int) -> tuple[list[float], list[f
 
 def summarize(prompts: list[dict[str, Any]], a: dict[str, Any]) -> dict[str, Any]:
     ns = {p["n"] for p in prompts}
-    n = ns.pop() if len(ns) == 1 else None
-    if n is None:  # n: budget gave different n per prompt: the curve needs one n
-        raise ConfigError("experiment_args.n", "budget", "gave a different n per prompt",
-                          "give n as a number so every prompt's Best-of-n is the same")
+    if len(ns) != 1:  # collect() uses one n for all prompts; a hand-edited JSON may not
+        raise ValueError(f"the prompts have different Best-of-n sizes {sorted(ns)}: the curve needs one n")
+    n = ns.pop()
     curve = bon_curve(prompts, n, a["pool_factor"])
     anchors = _anchors(prompts, n)
     table: dict[str, dict[str, Any]] = {}
