@@ -24,10 +24,11 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 class ResultsWriter:
-    """``results.jsonl`` in ``out_dir``: one line per finished prompt. A crash loses at most the prompts in flight."""
+    """``results.jsonl`` (or ``name``) in ``out_dir``: one line per finished prompt. A crash loses at most the
+    prompts in flight."""
 
-    def __init__(self, out_dir: str | Path, resume: bool = True) -> None:
-        self.path = Path(out_dir) / "results.jsonl"
+    def __init__(self, out_dir: str | Path, resume: bool = True, name: str = "results.jsonl") -> None:
+        self.path = Path(out_dir) / name
         self.records: dict[int, dict[str, Any]] = {}
         if resume and self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():

@@ -191,3 +191,24 @@ def test_reanalysis_from_the_json_matches_the_run(tiny_gen, tmp_path: Path, caps
     again = json.loads((tmp_path / "efficiency.json").read_text())
     assert again["methods"] == json.loads(json.dumps(out.extra["methods"]))
     assert (tmp_path / "efficiency.md").is_file()
+
+
+def test_efficiency_writes_each_prompt_as_it_finishes_and_resumes(tiny_gen, tmp_path: Path, monkeypatch):
+    cfg = tiny_cfg(scales=[1], policies=[])
+    gen = tiny_gen()
+    first = efficiency.run(cfg, default_plugins(), tmp_path, gen=gen)
+    path = tmp_path / efficiency.PROMPTS_FILE
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["prompt_index"] for r in recs] == [0, 1]
+    path.write_text(json.dumps(recs[0]) + "\n")  # as if the run had died while measuring prompt 1
+    measured = []
+    real = efficiency.Runner.__call__
+    monkeypatch.setattr(efficiency.Runner, "__call__",
+                        lambda self, prompt, *rest: measured.append(prompt.index) or real(self, prompt, *rest))
+    again = efficiency.run(cfg, default_plugins(), tmp_path, gen=gen)
+    assert set(measured) == {1}  # prompt 0 was not decoded again
+    assert again.extra["per_prompt"][0] == json.loads(json.dumps(first.extra["per_prompt"][0]))
+    assert [json.loads(x)["prompt_index"] for x in path.read_text().splitlines()] == [0, 1]
+    other = tiny_cfg(scales=[1], policies=[], alphas=[0.3])
+    with pytest.raises(ConfigError, match="output.resume"):
+        efficiency.run(other, default_plugins(), tmp_path, gen=gen)

@@ -22,8 +22,9 @@ budget: ``(N_match / n') * (T_bon_n' / T_method)``, ``n' = scale * n`` the Best-
 memory, with ``T = decode steps * (seconds per step of Best-of-n on that prompt) + reward-model seconds``
 (Best-of-n' takes Best-of-n's steps and ``scale`` times its reward-model time). A method beyond the top of the Best-of-N curve gets a lower bound (flagged).
 
-Writes ``efficiency.json``, ``efficiency.md`` (the table) and ``efficiency.png`` (improvement score vs FLOPs, log
-x) into the run directory.
+Writes ``efficiency_prompts.jsonl`` (each prompt's measurements, as soon as they are done; a rerun into the same
+directory resumes), then ``efficiency.json``, ``efficiency.md`` (the table) and ``efficiency.png`` (improvement
+score vs FLOPs, log x) into the run directory.
 """
 
 from __future__ import annotations
@@ -199,18 +200,27 @@ def methods(a: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return out + [(p, p, {}) for p in a["policies"]]
 
 
-def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per prompt: the pool, a real Best-of-n run and every method at every scale."""
+def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any],
+            out_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Per prompt: the pool, a real Best-of-n run and every method at every scale. Each prompt's record is written
+    to ``efficiency_prompts.jsonl`` in ``out_dir`` as soon as it is measured; a rerun into the same directory
+    (``output.resume``) measures only the prompts not there yet."""
     from tqdm.auto import tqdm
 
+    subset = load_subset(a)
+    n = min(rows_for(cfg, gen, a, p) for p in subset)  # n=budget: the n whose Best-of-n fits on every prompt
+    settings = _settings(cfg, a, n)
+    writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=PROMPTS_FILE) if out_dir is not None else None
+    done = _resumable(writer, settings)
     run = Runner(cfg, plugins, gen)
     none = run.policy("none")
     built = [(label, run.policy(name, **params)) for label, name, params in methods(a)]
-    subset = load_subset(a)
-    n = min(rows_for(cfg, gen, a, p) for p in subset)  # n=budget: the n whose Best-of-n fits on every prompt
     out = []
     for p in tqdm(subset, desc="prompts", unit="prompt", disable=not cfg.output.progress):
-        rec: dict[str, Any] = {"prompt_index": p.index, "n": n, "budget": {}}
+        if p.index in done:
+            out.append(done[p.index])
+            continue
+        rec: dict[str, Any] = {"prompt_index": p.index, "n": n, "budget": {}, "settings": settings}
         rec["pool"] = asdict(run(p, "none", none, a["pool_factor"] * n, None))
         B = run.budget(p, n, 1)
         rec["bon_n"] = asdict(run(p, "none", none, n, B))
@@ -222,8 +232,33 @@ def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any]) -> list[dict[str, 
                 r = run(p, label, policy, a["n_start"] if a["n_start"] == "auto" else a["n_start"] * scale, B)
                 rec["methods"].setdefault(label, {})[str(scale)] = asdict(r)
                 log.info("prompt %d, %s, scale %d: best %.4f, %.3g FLOPs", p.index, label, scale, r.best, r.flops)
+        if writer is not None:
+            writer.write(rec)
         out.append(rec)
     return out
+
+
+PROMPTS_FILE = "efficiency_prompts.jsonl"
+
+
+def _settings(cfg: DictConfig, a: dict[str, Any], n: int) -> dict[str, Any]:
+    """What a prompt's measurements depend on: a resumed record must have been measured with the same."""
+    keep = ("pool_factor", "n_start", "alphas", "policies", "scales")
+    return {"n": n, **{k: a[k] for k in keep}, "seed": cfg.seed,
+            **{k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("generator", "reward", "sampling")},
+            "min_tokens_per_round": cfg.budget.min_tokens_per_round}
+
+
+def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    if writer is None:
+        return {}
+    for rec in writer.records.values():
+        if rec.get("settings") != settings:
+            raise ConfigError("output.resume", True, f"{writer.path} holds prompt {rec['prompt_index']} measured "
+                              "with other settings", "use a new hydra.run.dir, or output.resume=false to start over")
+    if writer.records:
+        log.info("resuming: %d prompts already measured in %s", len(writer.records), writer.path)
+    return dict(writer.records)
 
 
 def bon_curve(prompts: list[dict[str, Any]], n: int, pool_factor: int) -> dict[str, list[float]]:
@@ -362,7 +397,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
     a = parse_args(cfg)
     load_subset(a)  # a bad prompt file fails before any model is loaded
     gen = gen or load_generator(cfg.generator)
-    prompts = collect(cfg, plugins, gen, a)
+    prompts = collect(cfg, plugins, gen, a, out_dir)
     meta = {"args": a, "reward": split_node(cfg.reward, "reward")[0], "max_new_tokens": cfg.sampling.max_new_tokens,
             "generator": str(cfg.generator.model), "device": str(gen.device)}
     res = report(meta, prompts, out_dir)

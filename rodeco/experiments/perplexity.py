@@ -74,7 +74,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
     a = efficiency.parse_args(cfg)
     efficiency.load_subset(a)
     gen = gen or load_generator(cfg.generator)
-    prompts = efficiency.collect(cfg, plugins, gen, a)
+    prompts = efficiency.collect(cfg, plugins, gen, a, out_dir)
     summary = efficiency.summarize(prompts, a)
     rows = table(prompts, summary)
     head = efficiency.headline(summary)
