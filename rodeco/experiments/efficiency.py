@@ -20,7 +20,8 @@ improvement score, log-interpolated on its curve, divided by the method's. ``rel
 metric under a memory-bound model of an accelerator, where a decode step costs the same at any batch that fits the
 budget: ``(N_match / n') * (T_bon_n' / T_method)``, ``n' = scale * n`` the Best-of-n' that fills the method's
 memory, with ``T = decode steps * (seconds per step of Best-of-n on that prompt) + reward-model seconds``
-(Best-of-n' takes Best-of-n's steps and ``scale`` times its reward-model time). A method beyond the top of the Best-of-N curve gets a lower bound (flagged).
+(Best-of-n' takes Best-of-n's steps and ``scale`` times its reward-model time). A method beyond the top of the
+Best-of-N curve gets a lower bound (flagged).
 
 Writes ``efficiency_prompts.jsonl`` (each prompt's measurements, as soon as they are done; a rerun into the same
 directory resumes), then ``efficiency.json``, ``efficiency.md`` (the table) and ``efficiency.png`` (improvement
@@ -138,7 +139,8 @@ class Run:
 def _run(res: PromptResult, c: Compute) -> Run:
     t = c.time_s
     done = sorted((x for x in res.candidates or [] if x.finished), key=lambda x: x.candidate_id)
-    return Run(best=float(res.best.score), best_id=res.best.candidate_id, gen_flops=c.gen_flops, reward_flops=c.reward_flops,
+    return Run(best=float(res.best.score), best_id=res.best.candidate_id, gen_flops=c.gen_flops,
+               reward_flops=c.reward_flops,
                seconds=sum(t.values()), decode_s=t.get("decode", 0.0), score_s=t.get("score", 0.0),
                steps=c.decode_steps, peak_kv_tokens=c.peak_kv_tokens, scores=[float(x.score) for x in done])
 
@@ -265,7 +267,8 @@ def bon_curve(prompts: list[dict[str, Any]], n: int, pool_factor: int) -> dict[s
     """Best-of-N for N = 1, 2, 4, ..., pool_factor * n (and n itself): mean expected reward, improvement score,
     FLOPs, wall time and device time, summed over prompts."""
     M = pool_factor * n
-    Ns = sorted({2**j for j in range(int(math.log2(M)) + 1)} | {n * 2**j for j in range(int(math.log2(pool_factor)) + 1)})
+    Ns = sorted({2**j for j in range(int(math.log2(M)) + 1)}
+                | {n * 2**j for j in range(int(math.log2(pool_factor)) + 1)})
     anchors = _anchors(prompts, n)
     curve: dict[str, list[float]] = {k: [] for k in ("N", "reward", "improvement", "flops", "seconds", "device_s")}
     for N in Ns:
@@ -382,7 +385,8 @@ def markdown(summary: dict[str, Any]) -> str:
         label, scale = key.split("@")
         lb = "≥" if m["beyond_curve"] else ""
         out.append(f"| SR {label} (budget x{scale}) | {m['reward']:.4f} | {m['improvement']:.1f} | "
-                   f"{m['flops'] / 1e12:.3f} | {m['seconds']:.1f} | {m['device_s']:.1f} | {lb}{m['speedup_flops']:.2f} | "
+                   f"{m['flops'] / 1e12:.3f} | {m['seconds']:.1f} | {m['device_s']:.1f} | "
+                   f"{lb}{m['speedup_flops']:.2f} | "
                    f"{lb}{m['speedup_time']:.2f} | {lb}{m['relative_compute']:.2f} |")
     return "\n".join(out) + "\n"
 

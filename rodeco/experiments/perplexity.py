@@ -85,7 +85,8 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
             f"perplexity_best_of_n_same_flops_{ref.split('@')[0]}":
                 next(r for r in rows if r["method"].startswith(f"SR {ref.split('@')[0]} (budget x1)"))[
                     "bon_perplexity_same_flops"], **head}
-    res = {"args": a, "reward": "logprob", "max_new_tokens": cfg.sampling.max_new_tokens, "generator": str(cfg.generator.model),
+    res = {"args": a, "reward": "logprob", "max_new_tokens": cfg.sampling.max_new_tokens,
+           "generator": str(cfg.generator.model),
            "device": str(gen.device), **summary, "table": rows, "headline": last, "per_prompt": prompts}
     if out_dir is not None:
         w = ResultsWriter(out_dir, resume=False)
@@ -93,7 +94,8 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
         (Path(out_dir) / "perplexity.md").write_text(markdown(rows), encoding="utf-8")
         efficiency.plot(summary, Path(out_dir) / "perplexity.png", y="perplexity",
                         ylabel="mean perplexity of the chosen responses (lower is better)",
-                        title=f"{len(prompts)} prompts, reward logprob (perplexity), {res['max_new_tokens']} new tokens")
+                        title=f"{len(prompts)} prompts, reward logprob (perplexity), "
+                              f"{res['max_new_tokens']} new tokens")
     print(markdown(rows), end="")
     for key, v in last.items():
         print(f"{key}: {'nan' if v is None else efficiency.fmt(v)}")
