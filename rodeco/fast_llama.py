@@ -103,7 +103,7 @@ class FastLlamaEngine:
         self.k: list[torch.Tensor] = []  # per layer: generated keys [B, kv_heads, capacity - P, head_dim]
         self.v: list[torch.Tensor] = []
         self.grp = torch.empty(0, dtype=torch.long)  # [B] the prompt (prefix) each row decodes from
-        self.segs: list[tuple[int, slice]] = []  # (prefix, rows) when rows are grouped by prefix, else []
+        self.segs: list[tuple[int, slice | torch.Tensor]] = []  # (prefix, its rows), from _segments
         self.pos = torch.empty(0, dtype=torch.long)  # [B] position of the next token
         self.plen = 0  # P: padded prompt length
         self.sfx = 0  # generated tokens cached per row
@@ -202,9 +202,8 @@ class FastLlamaEngine:
         """Per prompt: ``a[rows] @ b[prompt]`` with the rows' query heads as one matrix, so a prompt's cache is
         read once for all its rows. a: [B, Hkv, g, X], b[j]: [Hkv, X, Y] -> [B, Hkv, g, Y]."""
         B, H, g, X = a.shape
-        segs = self.segs or [(j, (self.grp == j).nonzero()[:, 0]) for j in range(len(b))]
-        out = a.new_empty(B, H, g, b[0].shape[-1]) if len(segs) > 1 else None
-        for j, r in segs:
+        out = a.new_empty(B, H, g, b[0].shape[-1]) if len(self.segs) > 1 else None
+        for j, r in self.segs:
             aj = a[r]
             k = aj.shape[0]
             res = (aj.permute(1, 0, 2, 3).reshape(H, k * g, X) @ b[j]).view(H, k, g, -1).permute(1, 0, 2, 3)
@@ -239,11 +238,12 @@ class FastLlamaEngine:
         return self.lm_head(_rms_norm(x, self.norm, self.eps))
 
 
-def _segments(grp: torch.Tensor) -> list[tuple[int, slice]]:
-    """Contiguous row ranges per prefix when rows are grouped by prompt (the loop keeps them so), else []."""
+def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:
+    """Each prefix's rows, computed once per cache reallocation: contiguous ranges when rows are grouped by prompt
+    (the loop keeps them so), else index tensors."""
     g = grp.tolist()
     if any(a > b for a, b in zip(g, g[1:])):
-        return []
+        return [(j, (grp == j).nonzero()[:, 0]) for j in sorted(set(g))]
     segs, start = [], 0
     for i in range(1, len(g) + 1):
         if i == len(g) or g[i] != g[start]:
