@@ -39,9 +39,10 @@ class Budget:
 
     def for_batch(self, n_prompts: int, prompt_len: int, shared_prefix: bool) -> tuple[Budget, int]:
         """(the budget left for the rows' own tokens, the own length a row starts from): see the module doc."""
-        if not shared_prefix or self.kv_tokens is None:
-            return self, prompt_len
-        return Budget(max(1, self.kv_tokens - n_prompts * prompt_len), self.min_tokens_per_round), 0
+        shared, base = _split(prompt_len, shared_prefix)
+        if not shared or self.kv_tokens is None:
+            return self, base
+        return Budget(max(1, self.kv_tokens - n_prompts * shared), self.min_tokens_per_round), base
 
     def capacity(self, rows: int, length: int, max_length: int) -> int:
         """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
@@ -76,6 +77,23 @@ class Budget:
             raise ConfigError("n", "auto", "needs a finite budget", "set budget.kv_tokens, or give n as a number")
         m = min(self.min_tokens_per_round, max_length - prompt_length)
         return max(1, self.kv_tokens // ((prompt_length + m) * n_prompts))
+
+
+def _split(prompt_len: int, shared_prefix: bool) -> tuple[int, int]:
+    """(tokens a prompt holds once for all its rows, the own length each row starts from)."""
+    return (prompt_len, 0) if shared_prefix else (0, prompt_len)
+
+
+def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool) -> int:
+    """KV tokens that ``rows`` rows of one prompt hold at full length (what Best-of-``rows`` fills)."""
+    shared, base = _split(prompt_len, shared_prefix)
+    return shared + rows * (base + max_new_tokens)
+
+
+def rows_at_full_length(kv_tokens: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool) -> int:
+    """The most rows of one prompt that ``kv_tokens`` holds at full length (the inverse of the above)."""
+    shared, base = _split(prompt_len, shared_prefix)
+    return max(0, kv_tokens - shared) // (base + max_new_tokens)
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:

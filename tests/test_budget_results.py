@@ -110,3 +110,15 @@ def test_alpaca_eval_export(tiny_gen, tmp_path):
     rows = json.loads((tmp_path / "model_outputs.json").read_text())
     assert rows == [{"instruction": p, "output": r.best.text, "generator": "rodeco-tiny"}
                     for p, r in zip(PROMPTS, out.results)]
+
+
+def test_full_length_tokens_and_its_inverse_by_hand():
+    from rodeco.budget import full_length_tokens, rows_at_full_length
+
+    assert full_length_tokens(4, 50, 128, shared_prefix=True) == 50 + 4 * 128  # the prompt stored once
+    assert full_length_tokens(4, 50, 128, shared_prefix=False) == 4 * (50 + 128)  # copied into every row
+    for shared in (True, False):
+        B = full_length_tokens(4, 50, 128, shared)
+        assert rows_at_full_length(B, 50, 128, shared) == 4
+        assert rows_at_full_length(B - 1, 50, 128, shared) == 3
+    assert rows_at_full_length(40, 50, 128, shared_prefix=True) == 0

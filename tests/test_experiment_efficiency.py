@@ -91,8 +91,7 @@ def test_efficiency_n_from_the_budget(tiny_gen):
     with open_dict(cfg):
         cfg.experiment_args.prompts = prompts
         cfg.budget.kv_tokens = L0 + 3 * 12  # Best-of-3 at full length on the longer prompt, more on the shorter
-    assert [efficiency.rows_for(cfg, gen, efficiency.parse_args(cfg), efficiency.Prompt(i, p))
-            for i, p in enumerate(prompts)][0] > 3
+    assert efficiency.choose_n(cfg, gen, efficiency.parse_args(cfg), [efficiency.Prompt(0, prompts[0])]) > 3
     out = efficiency.run(cfg, default_plugins(), None, gen=gen)
     assert out.extra["n"] == 3  # the n that fits every prompt
     assert [len(p["pool"]["scores"]) for p in out.extra["per_prompt"]] == [12, 12]
@@ -177,7 +176,7 @@ def test_efficiency_n_from_free_cuda_memory(monkeypatch):
     for shares in (True, False):
         gen = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=kv, shares_prefix=shares,
                               encode=lambda text: [0] * 40)
-        n = efficiency.rows_for(cfg, gen, efficiency.parse_args(cfg), efficiency.Prompt(0, "hi"))
+        n = efficiency.choose_n(cfg, gen, efficiency.parse_args(cfg), [efficiency.Prompt(0, "hi")])
         assert n == ((B - 40) // 100 if shares else B // 140)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rodeco.errors import ConfigError
-from rodeco.experiments import efficiency
+from rodeco.experiments import analysis, efficiency
 from rodeco.experiments.metrics import expected_best_of
 from rodeco.results import ResultsWriter
 from rodeco.run import RunOutput, split_node
@@ -72,12 +72,12 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
 
     _check_reward(cfg)
     a = efficiency.parse_args(cfg)
-    efficiency.load_subset(a)
+    subset = efficiency.load_subset(a)
     gen = gen or load_generator(cfg.generator)
-    prompts = efficiency.collect(cfg, plugins, gen, a, out_dir)
-    summary = efficiency.summarize(prompts, a)
+    prompts = efficiency.collect(cfg, plugins, gen, a, subset, out_dir)
+    summary = analysis.summarize(prompts, a)
     rows = table(prompts, summary)
-    head = efficiency.headline(summary)
+    head = analysis.headline(summary)
     ref = "fixed_alpha_0.5@1" if "fixed_alpha_0.5@1" in summary["methods"] else next(iter(summary["methods"]))
     n = summary["n"]
     last = {f"perplexity_best_of_{n}": summary["curve"]["perplexity"][summary["curve"]["N"].index(n)],
@@ -92,11 +92,11 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOu
         w = ResultsWriter(out_dir, resume=False)
         w.write_json("perplexity.json", res)
         (Path(out_dir) / "perplexity.md").write_text(markdown(rows), encoding="utf-8")
-        efficiency.plot(summary, Path(out_dir) / "perplexity.png", y="perplexity",
+        analysis.plot(summary, Path(out_dir) / "perplexity.png", y="perplexity",
                         ylabel="mean perplexity of the chosen responses (lower is better)",
                         title=f"{len(prompts)} prompts, reward logprob (perplexity), "
                               f"{res['max_new_tokens']} new tokens")
     print(markdown(rows), end="")
     for key, v in last.items():
-        print(f"{key}: {'nan' if v is None else efficiency.fmt(v)}")
+        print(f"{key}: {'nan' if v is None else analysis.fmt(v)}")
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)
