@@ -20,13 +20,14 @@ demo: $(STAMP)
 	$(VENV)/bin/rodeco output.all_candidates=true
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/rodeco experiment=engine_bench
 
 constraints: $(STAMP)
-	( sed -n '1,2p' constraints.txt; $(PY) -m pip freeze | grep -v '^-e\|^rodeco\|@ file' | sed 's/+cpu//' ) > constraints.new
+	( sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --all | grep -v '^-e\|^#\|^rodeco\|^pip==\|@ file' | sed 's/+cpu//' ) > constraints.new
 	mv constraints.new constraints.txt
 
 clean:

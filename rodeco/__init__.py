@@ -3,15 +3,47 @@
     import rodeco
     out = rodeco.decode(["Write a haiku about autumn."], n=16, policy="fixed", overrides=["policy.alpha=0.7"])
     print(out.results[0].best.text)
+
+Every name below is public: plugins (rodeco's own and third parties') import only these. Names that need torch
+(``load_model_and_tokenizer``, ``resolve_dtype``, ``cache_dir``) are imported on first use, so that importing
+``rodeco`` (or a plugin) stays light.
 """
 
 from __future__ import annotations
 
-from rodeco.api import decode, load_config
-from rodeco.hookspecs import hookimpl
-from rodeco.protocols import BuildContext, Policy, Reward, RewardCost
-from rodeco.state import Candidate, Compute, PromptResult, PromptView, Round, RoundView, ScoreRequest
+from typing import Any
 
-__all__ = ["decode", "load_config", "hookimpl", "BuildContext", "Policy", "Reward", "RewardCost", "Candidate",
-           "Compute", "PromptResult", "PromptView", "Round", "RoundView", "ScoreRequest"]
+from rodeco.api import decode, load_config, run
+from rodeco.contracts import Scorer
+from rodeco.hookspecs import hookimpl
+from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
+from rodeco.protocols import Policy, Reward, RewardCost
+from rodeco.ranking import keep_top
+from rodeco.results import ResultsWriter
+from rodeco.state import (Candidate, Compute, PromptResult, PromptView, Round, RoundView, RunOutput,
+                          ScoreRequest)
+from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, take_params
+
+_LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
+         "cache_dir": "rodeco.loading"}
+
+__all__ = [
+    # running
+    "decode", "load_config", "run", "RunOutput",
+    # writing plugins: hooks, contracts, what they see and return
+    "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer", "ScoreRequest",
+    "PromptView", "RoundView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
+    # checking parameters
+    "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
+    # building blocks for rewards and experiments
+    "ResultsWriter", *_LAZY,
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rodeco' has no attribute {name!r}")

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rodeco.errors import ConfigError
+from rodeco.validation import ConfigError
 
 
 @dataclass(frozen=True)
 class Budget:
-    kv_tokens: int | None  # None: unlimited (no decision points unless the policy asks for none)
+    kv_tokens: int | None  # None: no limit, so no decision point (every row decodes to the end)
     min_tokens_per_round: int = 8
 
     def __post_init__(self) -> None:
@@ -44,7 +44,7 @@ class Budget:
             return self, base
         return Budget(max(1, self.kv_tokens - n_prompts * shared), self.min_tokens_per_round), base
 
-    def capacity(self, rows: int, length: int, max_length: int) -> int:
+    def capacity(self, rows: int, max_length: int) -> int:
         """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
         if self.kv_tokens is None:
             return max_length

@@ -1,14 +1,28 @@
-"""Structured-config schema (stored in Hydra's ConfigStore) and validation of values the schema cannot express.
+"""The run config: its schema (dataclasses stored in Hydra's ConfigStore; the values are YAML under ``conf/``),
+the checks the schema cannot express, and the values derived from it (plugin nodes, the budget).
 
 ``reward`` and ``policy`` are open nodes: ``name`` picks the registered plugin, the other keys are its parameters.
+``experiment_args`` takes the schema of the experiment that ``task`` names (``experiment_args/<name>`` in the
+ConfigStore, registered with the experiment).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from rodeco.budget import Budget, budget_from_device
+from rodeco.validation import ConfigError
+
+if TYPE_CHECKING:
+    from rodeco.generator import Generator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,15 +89,53 @@ class RodecoConfig:
     experiment_args: Any = field(default_factory=dict)
 
 
-_stored = False
-
-
-def register_configs() -> None:
-    """Put the schema in Hydra's ConfigStore (idempotent; called by the CLI and the API, not on import)."""
-    global _stored
-    if _stored:
-        return
+def register_configs(experiment_schemas: Iterable[tuple[str, type]] = ()) -> None:
+    """Put the schema in Hydra's ConfigStore, with each experiment's arguments schema as
+    ``experiment_args/<name>`` (called by the CLI and the API before composing, never on import)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="rodeco_schema", node=RodecoConfig)
-    _stored = True
+    cs = ConfigStore.instance()
+    cs.store(name="rodeco_schema", node=RodecoConfig)
+    for name, schema in experiment_schemas:
+        cs.store(group="experiment_args", name=name, node=schema)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks the schema cannot express; each error names the key and the fix."""
+    n = cfg.n
+    if not (n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
+        raise ConfigError("n", n, "must be a positive integer or 'auto'", "set n=16, say, or n=auto")
+    s = cfg.sampling
+    if not (s.temperature >= 0 and math.isfinite(s.temperature)):
+        raise ConfigError("sampling.temperature", s.temperature, "must be >= 0", "use 1.0 (the paper), or 0 for greedy")
+    if s.top_k < 0:
+        raise ConfigError("sampling.top_k", s.top_k, "must be >= 0", "use 50 (the paper), or 0 to disable")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError("sampling.top_p", s.top_p, "must be in (0, 1]", "use 1.0 to disable nucleus sampling")
+    if s.max_new_tokens < 1:
+        raise ConfigError("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1", "use e.g. 128")
+    if cfg.data.batch_prompts < 1:
+        raise ConfigError("data.batch_prompts", cfg.data.batch_prompts, "must be >= 1", "use e.g. 4")
+
+
+def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
+    """A reward/policy node -> (registry name, parameters)."""
+    params = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    name = params.pop("name", None)
+    if not name or not isinstance(name, str):
+        raise ConfigError(f"{key}.name", name, "missing", f"pick one, e.g. {key}=logprob" if key == "reward"
+                          else f"pick one, e.g. {key}=fixed")
+    return name, params
+
+
+def make_budget(cfg: DictConfig, gen: Generator) -> Budget:
+    """The run's budget: ``budget.kv_tokens``, or (null on CUDA) what the device's free memory holds."""
+    b = cfg.budget
+    kv = b.kv_tokens
+    if kv is None and gen.device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(gen.device)
+        kv = budget_from_device(free, gen.kv_bytes_per_token, b.memory_fraction, int(b.reserve_gib * 2**30))
+        log.info("budget from free CUDA memory: %d KV tokens (%.1f GiB free)", kv, free / 2**30)
+    return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round)

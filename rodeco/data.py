@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rodeco.errors import ConfigError
+from rodeco.validation import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,22 @@
 """pluggy hook specifications. Every hook is prefixed ``rodeco_`` and documented in docs/plugins.md.
 
-Registration hooks run once, when the plugin manager is built. Lifecycle hooks run at run/round/prompt
-boundaries, never inside the per-token decode step. No hook is ``firstresult``: every implementation is called
-(most recently registered first); lifecycle hooks' return values are ignored.
+Registration hooks (``rodeco_register_*``, ``rodeco_config_dirs``) are called once, when the plugin manager is
+built: rodeco calls each implementation itself, in the order the plugins were registered (the built-ins
+``rewards``, ``policies`` and ``experiments`` first, then other entry points, then plugins passed in by code).
+Lifecycle hooks are called by pluggy at run, decision-point and prompt boundaries, never inside the per-token
+decode step: every implementation runs, the most recently registered first, and return values are ignored.
+No hook is ``firstresult``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from rodeco.state import Compute, PromptResult, RoundView
 
 hookspec = pluggy.HookspecMarker("rodeco")
 hookimpl = pluggy.HookimplMarker("rodeco")
@@ -21,7 +27,7 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     """Register reward factories: ``register(name, factory, description="")``.
 
     ``factory(params: dict, ctx: BuildContext) -> Reward``; ``params`` is the ``reward`` config node without
-    ``name``. Every implementation is called; a name registered twice is an error.
+    ``name``. A name registered twice (by any two plugins) is an error.
     """
 
 
@@ -29,16 +35,26 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
 def rodeco_register_policies(register: Callable[..., None]) -> None:
     """Register rejection-policy factories: ``register(name, factory, description="")``.
 
-    ``factory(params: dict, ctx: BuildContext) -> Policy``. Every implementation is called.
+    ``factory(params: dict, ctx: BuildContext) -> Policy``. A name registered twice is an error.
+    """
+
+
+@hookspec
+def rodeco_register_experiments(register: Callable[..., None]) -> None:
+    """Register experiments: ``register(name, run, description="", args=None)``.
+
+    ``run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput`` runs ``rodeco experiment=NAME``,
+    whose config file (``experiment/NAME.yaml`` in a config dir) sets ``task: NAME``. ``args`` is the dataclass
+    schema of its ``experiment_args``; rodeco stores it in Hydra's ConfigStore as ``experiment_args/NAME`` for the
+    config file to extend, so a misspelled or mistyped argument fails when the config is composed. A name
+    registered twice is an error.
     """
 
 
 @hookspec
 def rodeco_config_dirs() -> list[str]:
-    """Directories of Hydra config files (``reward/*.yaml``, ``policy/*.yaml``, ...) that a plugin adds.
-
-    Results of all implementations are concatenated and put on Hydra's search path by the CLI.
-    """
+    """Directories of Hydra config files (``reward/*.yaml``, ``policy/*.yaml``, ``experiment/*.yaml``, ...) that a
+    plugin adds. The results of all implementations go on Hydra's search path, after rodeco's own ``conf/``."""
 
 
 @hookspec
@@ -47,15 +63,15 @@ def rodeco_run_start(config: dict[str, Any], n_prompts: int) -> None:
 
 
 @hookspec
-def rodeco_round_end(view: Any, kept: list[list[int]]) -> None:
+def rodeco_round_end(view: RoundView, kept: list[list[int]]) -> None:
     """Called after each decision point with its ``RoundView`` and the rows kept per prompt (local indices)."""
 
 
 @hookspec
-def rodeco_prompt_done(result: Any) -> None:
+def rodeco_prompt_done(result: PromptResult) -> None:
     """Called with each ``PromptResult`` as soon as it is final (after it is written to disk)."""
 
 
 @hookspec
-def rodeco_run_end(results: list[Any], compute: Any) -> None:
+def rodeco_run_end(results: list[PromptResult], compute: Compute) -> None:
     """Called once after the last prompt, with all ``PromptResult``s and the run's total ``Compute``."""

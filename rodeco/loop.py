@@ -10,20 +10,21 @@ the best finished candidate of each prompt wins
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from rodeco.accounting import Accounting
 from rodeco.budget import Budget
-from rodeco.errors import ConfigError
-from rodeco.generator import Generator, Session
+from rodeco.contracts import Scorer, select_checked
+from rodeco.generator import Generator
 from rodeco.protocols import Policy
 from rodeco.sampling import SamplingParams
-from rodeco.scoring import Scorer, select_checked
-from rodeco.state import Compute, PromptResult, PromptView, RoundView
-from rodeco.trace import Tracker
+from rodeco.session import Row, Session
+from rodeco.state import Compute, PromptResult, PromptView, RoundView, ScoreRequest
+from rodeco.trace import Trace
+from rodeco.validation import ConfigError
 
 
 @dataclass(frozen=True)
@@ -51,33 +52,57 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
     budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
     n = _rows_per_prompt(s, budget, base, len(ids))
-    t0 = time.perf_counter()
-    sess = Session(gen, ids, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
+    sess = Session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
                    keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs, ignore_eos=s.ignore_eos)
-    track = Tracker(gen, scorer, prompts, sess, s, n, on_done)
-    track.time("prefill", t0)
+    trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
+                  reward=s.reward_name)
+    acct = Accounting(gen, scorer, len(prompts))
+    results: dict[int, PromptResult] = {}
+
+    def report_done() -> None:  # every prompt that has no active row left, once
+        for p in trace.newly_done(set(sess.prompt_of.tolist())):
+            results[p] = trace.result(p, acct.prompt(p, sess.stats))
+            if on_done is not None:
+                on_done(results[p])
+
+    with acct.timed("prefill"):
+        sess.prefill(ids)
     rnd = 0
     while sess.rows:
-        t0 = time.perf_counter()
-        cap = budget.capacity(sess.rows, base + sess.t, base + s.max_new_tokens)
-        sess.decode(until=cap - base)  # to the decision point
-        sess.retire_finished()
-        track.time("decode", t0)
-        track.score_finished()  # final rewards of rows that reached EOS or max_new_tokens
+        with acct.timed("decode"):
+            cap = budget.capacity(sess.rows, base + s.max_new_tokens)
+            left = sess.decode(until=cap - base)  # to the decision point
+            left += sess.retire_finished()
+        trace.finished(left, score_rows(scorer, gen, prompts, left, partial=False, acct=acct))  # final rewards
+        report_done()
         if not sess.rows:
             break
-        scores = track.score_active()  # partial rewards
-        t0 = time.perf_counter()
-        view, rows = _round_view(rnd, sess, scores, track, s, budget.max_rows(base + sess.t, base + s.max_new_tokens))
-        keep = select_checked(policy, s.policy_name, view)
-        if on_round is not None:
-            on_round(view, keep)
-        track.record_round(view, keep)
-        sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)])
-        track.time("prune", t0)
-        track.emit_done()
+        scores = score_rows(scorer, gen, prompts, sess.active(), partial=True, acct=acct)  # partial rewards
+        trace.scored(sess.prompt_of, sess.cand, scores)
+        with acct.timed("prune"):
+            fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
+            view, rows = _round_view(rnd, sess, scores, trace, s, fit)
+            keep = select_checked(policy, s.policy_name, view)
+            if on_round is not None:
+                on_round(view, keep)
+            trace.round(view, keep)
+            trace.rejected(sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)]))
+        report_done()
         rnd += 1
-    return track.results(), track.batch_compute()
+    return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
+
+
+def score_rows(scorer: Scorer, gen: Generator, prompts: list[tuple[int, str]], rows: Sequence[Row],
+               partial: bool, acct: Accounting) -> np.ndarray:
+    """Score rows with the reward: their response so far (``partial``) or their finished response."""
+    with acct.timed("score"):
+        reqs = [ScoreRequest(prompt=prompts[r.prompt][1], response=gen.decode_text(r.token_ids),
+                             response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt][0],
+                             candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
+                             else None) for r in rows]
+        scores = scorer(reqs)
+        acct.requested([r.prompt for r in rows])
+    return scores
 
 
 def _rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int) -> int:
@@ -96,7 +121,7 @@ def _rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int)
     return n
 
 
-def _round_view(rnd: int, sess: Session, scores: np.ndarray, track: Tracker, s: LoopSettings,
+def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings,
                 fit: int) -> tuple[RoundView, list[np.ndarray]]:
     """The policy's view of every prompt, and each prompt's batch rows (in the view's local order); ``fit``: the
     most rows the budget lets decode on."""
@@ -107,9 +132,9 @@ def _round_view(rnd: int, sess: Session, scores: np.ndarray, track: Tracker, s: 
         rows_of.append(rows)
         cands = sess.cand[rows].tolist()
         views.append(PromptView(
-            prompt_index=track.prompts[p][0], candidate_ids=cands, scores=scores[rows],
-            history=track.history(p, cands), finished_scores=track.finished_scores(p),
-            tokens_generated=sess.t, min_reject=0))
+            prompt_index=trace.prompts[p][0], candidate_ids=cands, scores=scores[rows],
+            history=trace.history(p, cands), finished_scores=trace.finished_scores(p), tokens_generated=sess.t,
+            min_reject=0))
     _share_min_reject(views, sess.rows - max_rows)
     return RoundView(round=rnd, prompts=views, max_rows_next=max_rows, max_new_tokens=s.max_new_tokens), rows_of
 

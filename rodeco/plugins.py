@@ -3,8 +3,12 @@
 Entry points of the ``rodeco`` group are loaded once per manager, when it is built (never at import time).
 Environment switches for reproducible runs:
 
-- ``RODECO_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points except the built-ins (``rewards``, ``policies``);
+- ``RODECO_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points except the built-ins (``rewards``, ``policies``,
+  ``experiments``);
 - ``RODECO_LOAD_PLUGINS=a,b``: load only these entry points (by entry-point name), plus the built-ins.
+
+``BuildContext`` is what a reward or policy factory receives; ``Plugins.build_reward`` and ``build_policy`` turn a
+config node into a plugin object.
 """
 
 from __future__ import annotations
@@ -16,25 +20,41 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from rodeco import hookspecs
-from rodeco.errors import ConfigError
+from rodeco.config import split_node
+from rodeco.protocols import Policy, Reward
+from rodeco.state import Compute, PromptResult, RoundView
+from rodeco.validation import ConfigError
+
+if TYPE_CHECKING:
+    from rodeco.generator import Generator
 
 log = logging.getLogger(__name__)
 
 GROUP = "rodeco"
-BUILTIN_ENTRY_POINTS = ("rewards", "policies")
+BUILTIN_ENTRY_POINTS = ("rewards", "policies", "experiments")
+
+
+@dataclass
+class BuildContext:
+    """Handed to plugin factories: what they may need to build themselves."""
+
+    generator: Generator | None = None  # the run's generator, when one is loaded
+    device: str = "cpu"
+    plugins: Plugins | None = None  # the registries, for plugins built from other plugins (composite, custom)
 
 
 @dataclass(frozen=True)
 class Entry:
     name: str
-    factory: Callable[..., Any]
+    factory: Callable[..., Any]  # rewards and policies: factory(params, ctx); experiments: run(cfg, plugins, out_dir)
     description: str
     plugin: str
+    args: type | None = None  # experiments: the dataclass schema of experiment_args
 
 
 class Registry:
@@ -44,13 +64,14 @@ class Registry:
         self.kind, self.key = kind, key  # key: the config key that selects an entry, for error messages
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Callable[..., Any], description: str = "", *, plugin: str = "") -> None:
+    def register(self, name: str, factory: Callable[..., Any], description: str = "", *, plugin: str = "",
+                 args: type | None = None) -> None:
         if not name or not isinstance(name, str):
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r} (from plugin {plugin!r})")
         if name in self._entries:
             other = self._entries[name].plugin
             raise ValueError(f"{self.kind} {name!r} registered twice (by {other!r} and {plugin!r}); rename one")
-        self._entries[name] = Entry(name, factory, description, plugin)
+        self._entries[name] = Entry(name, factory, description, plugin, args)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -79,8 +100,9 @@ def _selected_entry_points() -> list[Any]:
         if missing:
             raise ConfigError("RODECO_LOAD_PLUGINS", ",".join(only), f"no installed entry point named {missing}",
                               f"installed entry points of group {GROUP!r}: {sorted(known)}")
-        return [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS or ep.name in only]
-    return eps
+        eps = [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS or ep.name in only]
+    builtin = [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS]
+    return builtin + [ep for ep in eps if ep.name not in BUILTIN_ENTRY_POINTS]  # the built-ins register first
 
 
 class PluginManager(pluggy.PluginManager):
@@ -110,39 +132,60 @@ class PluginManager(pluggy.PluginManager):
 
 
 class Plugins:
-    """The plugin manager plus the registries it filled and a typed way to call lifecycle hooks."""
+    """The plugin manager, the registries it filled, and typed calls of the lifecycle hooks."""
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
         self.rewards = Registry("reward", "reward.name")
         self.policies = Registry("policy", "policy.name")
+        self.experiments = Registry("experiment", "experiment")
         self._fill(self.pm.hook.rodeco_register_rewards, self.rewards)
         self._fill(self.pm.hook.rodeco_register_policies, self.policies)
+        self._fill(self.pm.hook.rodeco_register_experiments, self.experiments)
 
     @staticmethod
     def _fill(hook: Any, registry: Registry) -> None:
-        for impl in hook.get_hookimpls():
+        for impl in hook.get_hookimpls():  # in registration order
             plugin_name = impl.plugin_name
 
-            def register(name: str, factory: Callable[..., Any], description: str = "", _p: str = plugin_name) -> None:
-                registry.register(name, factory, description, plugin=_p)
+            def register(name: str, factory: Callable[..., Any], description: str = "", _p: str = plugin_name,
+                         **kw: Any) -> None:
+                registry.register(name, factory, description, plugin=_p, **kw)
 
             impl.function(register=register)
 
     def config_dirs(self) -> list[str]:
         return [d for dirs in self.pm.hook.rodeco_config_dirs() for d in dirs]
 
+    def experiment_schemas(self) -> list[tuple[str, type]]:
+        """(name, dataclass) of every registered experiment that declares its ``experiment_args``."""
+        return [(n, e.args) for n in self.experiments.names() if (e := self.experiments.get(n)).args is not None]
+
+    def build_reward(self, node: Any, ctx: BuildContext, key: str = "reward") -> Reward:
+        """The reward a config node (``{name: ..., <params>}``) describes, built by its registered factory."""
+        name, params = split_node(node, key)
+        return self.rewards.get(name).factory(params, self._ctx(ctx))
+
+    def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy") -> Policy:
+        name, params = split_node(node, key)
+        return self.policies.get(name).factory(params, self._ctx(ctx))
+
+    def _ctx(self, ctx: BuildContext) -> BuildContext:
+        if ctx.plugins is None:
+            ctx.plugins = self
+        return ctx
+
     # Lifecycle hooks: called at run/round/prompt boundaries only, always with keyword arguments.
     def run_start(self, config: dict[str, Any], n_prompts: int) -> None:
         self.pm.hook.rodeco_run_start(config=config, n_prompts=n_prompts)
 
-    def round_end(self, view: Any, kept: list[list[int]]) -> None:
+    def round_end(self, view: RoundView, kept: list[list[int]]) -> None:
         self.pm.hook.rodeco_round_end(view=view, kept=kept)
 
-    def prompt_done(self, result: Any) -> None:
+    def prompt_done(self, result: PromptResult) -> None:
         self.pm.hook.rodeco_prompt_done(result=result)
 
-    def run_end(self, results: list[Any], compute: Any) -> None:
+    def run_end(self, results: list[PromptResult], compute: Compute) -> None:
         self.pm.hook.rodeco_run_end(results=results, compute=compute)
 
 

@@ -1,10 +1,11 @@
-"""The contracts a reward or a rejection policy implements. Plain ``Protocol``s: no base class needed."""
+"""The contracts a reward or a rejection policy implements. Plain ``Protocol``s: no base class needed.
+``rodeco.contracts`` holds every call to a plugin to them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from rodeco.state import RoundView, ScoreRequest
 
@@ -42,12 +43,3 @@ class Policy(Protocol):
         each prompt's ``min_reject``, never fewer in total than ``view.min_reject_total``.
         """
         ...
-
-
-@dataclass
-class BuildContext:
-    """Handed to plugin factories: what they may need to build themselves."""
-
-    generator: Any = None  # rodeco.generator.Generator, when one is loaded
-    device: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -6,7 +6,7 @@ import textwrap
 
 from omegaconf import DictConfig
 
-from rodeco.run import RunOutput
+from rodeco.state import RunOutput
 
 
 def bon_equivalent_tokens(out: RunOutput) -> float:

@@ -6,6 +6,7 @@ Nothing here imports torch: rewards and policies can be written and tested with 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,16 @@ class Compute:
     def add_time(self, phase: str, seconds: float) -> None:
         self.time_s[phase] = self.time_s.get(phase, 0.0) + seconds
 
+    def add(self, other: Compute) -> None:
+        """Add another batch's compute: counts and times summed, peaks maximized."""
+        for f in ("gen_prefill_tokens", "gen_decode_tokens", "gen_flops", "reward_tokens", "reward_flops",
+                  "reward_calls", "decode_steps"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
+        self.peak_kv_tokens = max(self.peak_kv_tokens, other.peak_kv_tokens)
+        for k, v in other.time_s.items():
+            self.add_time(k, v)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["total_flops"] = self.total_flops
@@ -132,11 +143,17 @@ class PromptResult:
     def best_response(self) -> str:
         return self.best.text
 
-    @property
-    def best_score(self) -> float | None:
-        return self.best.score
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["compute"] = self.compute.to_dict()
         return d
+
+
+@dataclass
+class RunOutput:
+    """What a run returns: a decode's per-prompt results and total compute, or an experiment's figures (``extra``)."""
+
+    results: list[PromptResult]
+    compute: Compute
+    out_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -74,7 +74,7 @@ def tiny_gen(tiny_model, tiny_tokenizer):
 def smollm2():
     """The embedded default generator (SmolLM2-135M-Instruct), loaded once per test session."""
     from rodeco.generator import Generator
-    from rodeco.models import load_model_and_tokenizer
+    from rodeco.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="float32", device="cpu")
     return Generator(model, tok, name="smollm2")

@@ -21,11 +21,11 @@ def test_cuda_budget_formula_by_hand():
 
 def test_capacity_and_minimum_rejection_by_hand():
     b = Budget(kv_tokens=1000, min_tokens_per_round=8)
-    assert b.capacity(rows=20, length=30, max_length=200) == 50  # the cache fills at 1000 / 20 tokens per row
-    assert b.capacity(rows=2, length=30, max_length=200) == 200  # capped by the longest response
+    assert b.capacity(rows=20, max_length=200) == 50  # the cache fills at 1000 / 20 tokens per row
+    assert b.capacity(rows=2, max_length=200) == 200  # capped by the longest response
     assert b.max_rows(length=50, max_length=200) == 1000 // 58  # room for 8 more tokens per row
     assert b.max_rows(length=196, max_length=200) == 1000 // 200  # only 4 tokens left to decode
-    assert Budget(None).capacity(rows=10**6, length=1, max_length=77) == 77
+    assert Budget(None).capacity(rows=10**6, max_length=77) == 77
 
 
 def test_n_auto_is_the_largest_n_whose_first_round_fits(tiny_gen):
@@ -81,7 +81,7 @@ def test_result_is_written_before_later_prompts_finish(tiny_gen, tmp_path):
 
 @pytest.mark.parametrize("kv", [0, -5])
 def test_nonpositive_budget(kv):
-    from rodeco.errors import ConfigError
+    from rodeco.validation import ConfigError
 
     with pytest.raises(ConfigError, match="budget.kv_tokens"):
         Budget(kv_tokens=kv)
@@ -94,7 +94,7 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     import torch
 
     import rodeco
-    from rodeco.run import make_budget
+    from rodeco.config import make_budget
 
     cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))

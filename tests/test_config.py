@@ -14,8 +14,8 @@ from conftest import REPO
 import rodeco
 from rodeco.data import load_prompts
 from rodeco.plugins import default_plugins
-from rodeco.protocols import BuildContext
-from rodeco.run import split_node, validate
+from rodeco.plugins import BuildContext
+from rodeco.config import split_node, validate
 
 CONF = REPO / "rodeco" / "conf"
 

@@ -12,7 +12,7 @@ from scipy import stats
 import rodeco
 from rodeco.experiments import correlation
 from rodeco.plugins import default_plugins
-from rodeco.run import run_decode
+from rodeco.runner import run_decode
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying healthy"]
 
@@ -80,7 +80,7 @@ def test_teacher_forced_logprob_matches_decode(tiny_gen):
 
 
 def test_unknown_reward_names_the_key(tiny_gen, tmp_path: Path):
-    from rodeco.errors import ConfigError
+    from rodeco.validation import ConfigError
 
     with pytest.raises(ConfigError, match="experiment_args.rewards"):
         # fails before the generator is loaded

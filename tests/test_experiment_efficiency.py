@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 import rodeco
-from rodeco.errors import ConfigError
+from rodeco.validation import ConfigError
 from rodeco.experiments import efficiency
 from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
 from rodeco.plugins import default_plugins
@@ -105,7 +105,7 @@ def test_efficiency_bad_arguments_name_the_key(key, value):
 
 
 def test_efficiency_reads_the_papers_subset_with_full_alpacaeval_text():
-    a = {**efficiency.DEFAULTS, "k": 30}
+    a = {**OmegaConf.to_container(rodeco.load_config(["experiment=efficiency"]).experiment_args), "k": 30}
     a["prompts_file"] = str(SHARED_DATA / "prompts/specrej_alpaca_farm_100.json")
     a["text_file"] = str(SHARED_DATA / "prompts/alpaca_eval_805.jsonl")
     if not Path(a["prompts_file"]).is_file():

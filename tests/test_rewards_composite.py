@@ -7,10 +7,10 @@ import math
 import pytest
 
 from rodeco import hookimpl
-from rodeco.errors import ConfigError, PluginError
+from rodeco.validation import ConfigError, PluginError
 from rodeco.plugins import get_plugin_manager
-from rodeco.protocols import BuildContext
-from rodeco.scoring import Scorer
+from rodeco.plugins import BuildContext
+from rodeco.contracts import Scorer
 from rodeco.state import ScoreRequest
 from rodeco_rewards import value_function
 from rodeco_rewards.composite import CompositeReward, build_composite
@@ -50,7 +50,7 @@ def plugins():
 
 @pytest.fixture()
 def ctx(plugins):
-    return BuildContext(extra={"plugins": plugins})
+    return BuildContext(plugins=plugins)
 
 
 REQS = [ScoreRequest("p", "one two three", (), partial=True), ScoreRequest("p", "four", (), partial=False),

@@ -38,10 +38,10 @@ def test_value_function_example_runs(tiny_gen):
 
 @pytest.mark.parametrize("function", ["nope", "custom", None])
 def test_custom_names_a_registered_reward(function):
-    from rodeco.errors import ConfigError
+    from rodeco.validation import ConfigError
     from rodeco.plugins import default_plugins
-    from rodeco.protocols import BuildContext
+    from rodeco.plugins import BuildContext
 
     with pytest.raises(ConfigError) as e:
-        default_plugins().rewards.get("custom").factory({"function": function}, BuildContext())
+        default_plugins().build_reward({"name": "custom", "function": function}, BuildContext())
     assert e.value.key == "reward.function" and "length" in str(e.value)

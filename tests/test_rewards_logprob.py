@@ -10,9 +10,9 @@ from conftest import make_tiny_llama
 
 import rodeco
 from rodeco import hookimpl
-from rodeco.errors import ConfigError
+from rodeco.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
-from rodeco.protocols import BuildContext
+from rodeco.plugins import BuildContext
 from rodeco.state import ScoreRequest
 from rodeco_rewards import value_function
 from rodeco_rewards.lm_scorer import LMScorer

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from rodeco.errors import ConfigError
-from rodeco.protocols import BuildContext
+from rodeco.validation import ConfigError
+from rodeco.plugins import BuildContext
 from rodeco.state import ScoreRequest
 from rodeco_rewards.preference_rm import build_preference_rm
 from rodeco_rewards.rm_format import FALLBACK_TEMPLATE

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rodeco.errors import ConfigError
-from rodeco.protocols import BuildContext
+from rodeco.validation import ConfigError
+from rodeco.plugins import BuildContext
 from rodeco.state import ScoreRequest
 from rodeco_rewards.batching import token_batches
 from rodeco_rewards.minilm.encoder import SentenceEncoder

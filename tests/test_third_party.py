@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rodeco import hookimpl
-from rodeco.errors import ConfigError
+from rodeco.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def fake_plugin_module(name: str, reward: str) -> types.ModuleType:
 @pytest.fixture()
 def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two third-party entry points, ``alpha`` and ``beta``, next to the real built-ins."""
-    builtin = [ep for ep in entry_points(group="rodeco") if ep.name in ("rewards", "policies")]
+    builtin = [ep for ep in entry_points(group="rodeco") if ep.name in ("rewards", "policies", "experiments")]
     fakes = []
     for name in ("alpha", "beta"):
         module = f"rodeco_fake_{name}"
@@ -130,6 +130,7 @@ CHECK_ENTRY_POINTS = textwrap.dedent("""
         os.environ.update(env)
         p = get_plugin_manager()
         out[label] = {"rewards": p.rewards.names(), "policies": p.policies.names(), "dirs": p.config_dirs(),
+                      "experiments": p.experiments.names(),
                       "plugins": sorted(name for name, _ in p.pm.list_name_plugin())}
     print(json.dumps(out))
 """)
@@ -142,14 +143,16 @@ def test_example_package_entry_points_load(installed_example: None) -> None:
     assert out["entry_point"] == "rodeco_example"
     default, disabled, only = out["default"], out["disabled"], out["only"]
     assert "example_length" in default["rewards"] and "example_keep" in default["policies"]
-    assert "example" in default["plugins"]
+    assert "example_sweep" in default["experiments"] and "efficiency" in default["experiments"]
+    assert {"example", "example_observer"} <= set(default["plugins"])
     (conf,) = [d for d in default["dirs"] if "rodeco_example" in d]
     assert (Path(conf) / "reward" / "example_length.yaml").is_file()
     assert (Path(conf) / "policy" / "example_keep.yaml").is_file()
+    assert (Path(conf) / "experiment" / "example_sweep.yaml").is_file()
     assert not str(conf).startswith(str(EXAMPLE)), "the example must run from its installed copy"
     assert "example" not in disabled["plugins"] and "example_length" not in disabled["rewards"]
     assert {"logprob"} <= set(disabled["rewards"]) and {"fixed", "none"} <= set(disabled["policies"])
-    assert only["plugins"] == sorted(["example", "rewards", "policies"])
+    assert only["plugins"] == sorted(["example", "experiments", "rewards", "policies"])
     assert "example_length" in only["rewards"]
 
 
@@ -170,30 +173,54 @@ def test_example_package_runs_from_the_cli(installed_example: None, tiny_model_d
 
     # with autoload off, the package's config options are gone: the run fails instead of silently changing
     p = run(args, env={"RODECO_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    assert p.returncode != 0 and "Could not find 'policy/example_keep'" in p.stdout + p.stderr
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "rodeco: error: policy='example_keep': no such policy option" in p.stderr
+
+
+def test_example_package_experiment_runs_from_the_cli(installed_example: None, tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    p = run([str(RODECO), "experiment=example_sweep", "reward=logprob", f"generator.model={tiny_model_dir}",
+             "data.prompts=[w1 w2 w3]", "n=8", "sampling.max_new_tokens=16", "sampling.ignore_eos=true",
+             "budget.kv_tokens=80", "budget.min_tokens_per_round=2", "experiment_args.alphas=[0.0,0.5]",
+             f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [x for x in p.stdout.splitlines() if x.startswith("alpha ")]
+    assert [x.split(":")[0] for x in lines] == ["alpha 0", "alpha 0.5"]
+    tokens = [int(x.rsplit(" ", 1)[1]) for x in lines]
+    assert tokens[1] < tokens[0]  # rejecting half the rows at each decision point decodes fewer tokens
+
+    p = run([str(RODECO), "experiment=example_sweep", "experiment_args.alpha=[0.5]"])
+    assert p.returncode == 2
+    assert "experiment_args.alpha=[0.5]: unknown key; the keys of experiment_args are: alphas" in p.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# How the CLI puts plugin config dirs on Hydra's search path
+# How plugin config dirs reach Hydra's search path: rodeco's SearchPathPlugin, for rodeco's app only
 
-@pytest.mark.parametrize("argv, expected", [
-    ([], ["hydra.searchpath=['file:///p']"]),
-    (["n=3", "--cfg", "job"], ["hydra.searchpath=['file:///p']", "n=3", "--cfg", "job"]),
-    (["--cfg", "job", "n=3", "~seed"], ["--cfg", "job", "hydra.searchpath=['file:///p']", "n=3", "~seed"]),
-    (["-m", "n=3,4"], ["-m", "hydra.searchpath=['file:///p']", "n=3,4"]),
-    (["n=3", "hydra.searchpath=[file:///mine]"], ["n=3", "hydra.searchpath=['file:///mine','file:///p']"]),
-])
-def test_cli_adds_plugin_config_dirs_where_hydra_accepts_them(argv: list[str], expected: list[str]) -> None:
-    from rodeco.cli import with_searchpath
+def test_plugin_config_dirs_are_on_the_search_path_of_rodeco_only(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
 
-    assert with_searchpath(argv, ["file:///p"]) == expected
+    from rodeco.compose import prepare
+
+    dirs = [f"file://{d}" for d in prepare().config_dirs()]
+    assert len(dirs) >= 2  # the built-in rewards' and policies' config options
+    GlobalHydra.instance().clear()
+    with initialize_config_module("rodeco.conf", version_base=None):
+        paths = [f"{e.scheme()}://{e.path}" for e in GlobalHydra.instance().hydra.config_loader.get_sources()]
+    assert paths.index("pkg://rodeco.conf") < min(paths.index(d) for d in dirs)  # after rodeco's own conf/
+    (tmp_path / "other.yaml").write_text("x: 1\n")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(tmp_path), version_base=None):
+        assert compose("other").x == 1
+        paths = [f"{e.scheme()}://{e.path}" for e in GlobalHydra.instance().hydra.config_loader.get_sources()]
+    assert paths and not set(dirs) & set(paths)  # another Hydra app in the same environment is left alone
 
 
-def test_cli_searchpath_override_parses_back_with_odd_paths() -> None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def test_a_users_own_searchpath_keeps_working(tmp_path: Path) -> None:
+    import rodeco
 
-    from rodeco.cli import with_searchpath
-
-    paths = ["file:///a b/c,d", "file:///it's"]
-    (arg,) = with_searchpath([], paths)
-    assert OverridesParser.create().parse_override(arg).value() == paths
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "mine.yaml").write_text("name: fixed\nalpha: 0.25\n")
+    cfg = rodeco.load_config([f"hydra.searchpath=[file://{tmp_path}]", "policy=mine", "reward=logprob"])
+    assert cfg.policy.alpha == 0.25 and cfg.reward.name == "logprob"  # the user's dir and the plugins' dirs

@@ -1,18 +1,29 @@
-"""rodeco's built-in rejection policies, registered through the ``rodeco`` entry-point group."""
+"""rodeco's built-in rejection policies, registered through the ``rodeco`` entry-point group like any third-party
+plugin, with their config options (``conf/policy``)."""
 
 from __future__ import annotations
 
-from rodeco.hookspecs import hookimpl
+from collections.abc import Callable
+from pathlib import Path
+
+from rodeco import hookimpl
 from rodeco_policies.adaptive import build_adaptive
 from rodeco_policies.basic import build_fixed, build_none
 from rodeco_policies.correlation import build_correlation
 
+CONF_DIR = Path(__file__).parent / "conf"
+
 
 @hookimpl
-def rodeco_register_policies(register):
+def rodeco_register_policies(register: Callable[..., None]) -> None:
     register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)")
     register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt")
     register("adaptive", build_adaptive,
              "per prompt, keep rows whose estimated chance to finish above the best exceeds delta")
     register("correlation", build_correlation,
              "rejection rate from the Kendall tau between consecutive decision points' scores")
+
+
+@hookimpl
+def rodeco_config_dirs() -> list[str]:
+    return [str(CONF_DIR)]  # policy/*.yaml

@@ -21,12 +21,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext
-from rodeco.state import PromptView, RoundView
-from rodeco_policies.basic import keep_top
-from rodeco_policies.checks import check_number
+from rodeco import BuildContext, ConfigError, PromptView, RoundView, check_number, keep_top, take_params
 
 HORIZONS = ("remaining", "round")
 DEFAULTS: dict[str, Any] = {"delta": 0.05, "prior_noise": 1.0, "prior_weight": 2.0, "horizon": "remaining"}

@@ -5,20 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext
-from rodeco.state import PromptView, RoundView
-
-
-def keep_top(pv: PromptView, n_reject: int) -> list[int]:
-    """Keep the highest partial scores; reject ``n_reject`` rows (at least ``min_reject``, at most k - 1).
-    Ties go to the lower candidate id, so the choice is deterministic."""
-    n_reject = min(pv.k - 1, max(pv.min_reject, n_reject))
-    order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))  # best first
-    return sorted(order[: pv.k - n_reject].tolist())
+from rodeco import BuildContext, ConfigError, RoundView, keep_top, take_params
 
 
 class NonePolicy:

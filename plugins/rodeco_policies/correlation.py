@@ -23,12 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext
-from rodeco.state import PromptView, RoundView
-from rodeco_policies.basic import keep_top
-from rodeco_policies.checks import check_number
+from rodeco import BuildContext, ConfigError, PromptView, RoundView, check_number, keep_top, take_params
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rodeco.errors import ConfigError
-
-
-def check_positive_int(key: str, value: object, example: int, allow_none: bool = False) -> None:
-    """Batch sizes and token budgets: a positive integer (or null where ``allow_none``)."""
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(key, value, "must be a positive integer" + (" or null" if allow_none else ""),
-                          f"set {key}={example}")
-
 
 def token_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None) -> list[list[int]]:
     """Indices into ``lengths`` grouped into batches, longest first, with ``rows * max(length) <= batch_tokens``.

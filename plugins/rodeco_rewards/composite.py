@@ -22,11 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext, Reward, RewardCost
-from rodeco.scoring import Scorer
-from rodeco.state import ScoreRequest
+from rodeco import BuildContext, ConfigError, Reward, RewardCost, ScoreRequest, Scorer, take_params
+from rodeco_rewards.value_function import registries
 
 
 class CompositeReward:
@@ -81,8 +78,6 @@ def _stats_of(key: str, spec: Any, reward: Reward) -> tuple[float, float]:
 
 
 def build_composite(params: dict[str, Any], ctx: BuildContext) -> CompositeReward:
-    from rodeco.plugins import default_plugins
-
     p = take_params("reward", params, {"components": None, "weights": {}, "standardize": {}})
     comps, weights, standardize = p["components"], p["weights"] or {}, p["standardize"] or {}
     if not isinstance(comps, dict) or not comps:
@@ -96,7 +91,7 @@ def build_composite(params: dict[str, Any], ctx: BuildContext) -> CompositeRewar
         if extra:
             raise ConfigError(f"reward.{what}.{extra[0]}", table[extra[0]], "names no component",
                               f"use one of the component names {sorted(comps)}")
-    plugins = ctx.extra.get("plugins") or default_plugins()
+    plugins = registries(ctx, "composite")
     built: dict[str, Reward] = {}
     for k, node in comps.items():
         node = dict(node) if isinstance(node, dict) else {"name": node}  # `lp: logprob` is short for {name: ...}

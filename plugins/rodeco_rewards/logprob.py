@@ -14,11 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext, RewardCost
-from rodeco.state import ScoreRequest
-from rodeco_rewards.batching import check_positive_int
+from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.lm_scorer import LMScorer
 
 FORMS = ("mean", "perplexity", "sum")
@@ -70,7 +66,7 @@ def build_logprob(params: dict[str, Any], ctx: BuildContext) -> LogProbReward:
 
 
 def _load_lm(p: dict[str, Any], ctx: BuildContext) -> LMScorer:
-    from rodeco.models import load_model_and_tokenizer
+    from rodeco import load_model_and_tokenizer
 
     device = p["device"]
     if device == "auto" and ctx.generator is not None:

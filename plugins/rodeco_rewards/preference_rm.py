@@ -17,11 +17,8 @@ from typing import Any
 
 import torch
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext, RewardCost
-from rodeco.state import ScoreRequest
-from rodeco_rewards.batching import check_positive_int, token_batches
+from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
+from rodeco_rewards.batching import token_batches
 from rodeco_rewards.rm_format import RMFormat, encode, make_format
 
 log = logging.getLogger(__name__)
@@ -48,7 +45,7 @@ def resolve_device(device: str, ctx: BuildContext, key: str = "reward.device") -
 
 
 def resolve_dtype(dtype: str, device: torch.device, key: str = "reward.dtype") -> torch.dtype:
-    from rodeco.models import resolve_dtype as _resolve
+    from rodeco import resolve_dtype as _resolve
 
     return _resolve(dtype, device, key=key)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rodeco.errors import ConfigError
+from rodeco import ConfigError
 
 DATA_DIR = "../shared/data"  # relative to the repository root (or the working directory)
 SPLITS = {"alpaca_train": "alpaca_eval_prefs_train", "alpaca_test": "alpaca_eval_prefs_test",

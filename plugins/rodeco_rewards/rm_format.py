@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from rodeco.errors import ConfigError
+from rodeco import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rodeco.errors import ConfigError, PluginError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext, RewardCost
-from rodeco.state import ScoreRequest
+from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, ScoreRequest, take_params
 
 ValueFn = Callable[..., float]  # (prompt, response, partial, **params) -> float
 BatchedValueFn = Callable[..., Sequence[float]]  # (requests, **params) -> one float per request
@@ -96,14 +93,20 @@ def response_length(prompt: str, response: str, partial: bool, scale: float = 1.
     return len(response) / scale
 
 
+def registries(ctx: BuildContext, who: str) -> Plugins:
+    """The plugin registries a reward built from other rewards looks them up in (``ctx.plugins``)."""
+    if ctx.plugins is None:
+        raise ValueError(f"{who} builds other rewards by name and needs BuildContext.plugins; build it with "
+                         "Plugins.build_reward (as runs do), or pass plugins=... in its BuildContext")
+    return ctx.plugins
+
+
 def build_custom(params: dict[str, Any], ctx: BuildContext) -> Any:
     """``reward=custom reward.function=NAME``: the reward (or value function) registered as ``NAME``; the other
     keys of the node are its parameters."""
-    from rodeco.plugins import default_plugins
-
     params = dict(params)
     name = params.pop("function", None)
-    plugins = ctx.extra.get("plugins") or default_plugins()
+    plugins = registries(ctx, "custom")
     if not isinstance(name, str) or name not in plugins.rewards or name == "custom":
         raise ConfigError("reward.function", name, "not a registered reward or value function",
                           f"use one of {[n for n in plugins.rewards.names() if n != 'custom']}, or register yours "

@@ -1,48 +1,24 @@
-"""Experiments run as ``rodeco experiment=NAME``; each sets ``task`` to its name."""
+"""rodeco's built-in experiments, registered through the ``rodeco_register_experiments`` hook (entry point
+``experiments`` of group ``rodeco``) like any plugin's. Each runs as ``rodeco experiment=NAME``; its
+``experiment_args`` schema is in ``args.py``, its values in ``conf/experiment/NAME.yaml``."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from omegaconf import DictConfig
-
-from rodeco.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rodeco.plugins import Plugins
-    from rodeco.run import RunOutput
-
-EXPERIMENTS = {
-    "engine_bench": "rodeco.experiments.engine_bench",
-    "rm_train": "rodeco.experiments.rm_train",
-    "rm_eval": "rodeco.experiments.rm_eval",
-    "rm_bench": "rodeco.experiments.rm_bench",
-    "correlation": "rodeco.experiments.correlation",
-    "efficiency": "rodeco.experiments.efficiency",
-    "perplexity": "rodeco.experiments.perplexity",
-}
+from rodeco.experiments.args import CorrelationArgs, EfficiencyArgs, EngineBenchArgs
+from rodeco.hookspecs import hookimpl
 
 
-def run_experiment(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOutput:
-    import importlib
+@hookimpl
+def rodeco_register_experiments(register: Callable[..., None]) -> None:
+    from rodeco.experiments import correlation, efficiency, engine_bench, perplexity
 
-    if cfg.task not in EXPERIMENTS:
-        raise ConfigError("task", cfg.task, "unknown experiment", f"use one of {sorted(EXPERIMENTS)}")
-    return importlib.import_module(EXPERIMENTS[cfg.task]).run(cfg, plugins, out_dir)
-
-
-def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
-    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read directly so that
-    Hydra's global state (the CLI's run) is left alone; ``{}`` for an option without a config file."""
-    from omegaconf import OmegaConf
-
-    from rodeco.run import split_node
-
-    for d in [Path(__file__).resolve().parents[1] / "conf", *map(Path, plugins.config_dirs())]:
-        f = d / group / f"{name}.yaml"
-        if f.is_file():
-            params = split_node(OmegaConf.load(f), group)[1]
-            params.pop("defaults", None)
-            return params
-    return {}
+    register("engine_bench", engine_bench.run, "rodeco's loop vs model.generate() on the same model: the speedup",
+             args=EngineBenchArgs)
+    register("correlation", correlation.run, "partial vs final reward correlation by decision length (Appendix B)",
+             args=CorrelationArgs)
+    register("efficiency", efficiency.run, "Best-of-N vs Speculative Rejection at equal memory (Figure 3)",
+             args=EfficiencyArgs)
+    register("perplexity", perplexity.run, "lowest perplexity: Best-of-N vs Speculative Rejection (Table 2)",
+             args=EfficiencyArgs)

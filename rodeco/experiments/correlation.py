@@ -23,24 +23,20 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rodeco.errors import ConfigError
-from rodeco.experiments import option_params
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext
+from rodeco.compose import option_params
+from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter
-from rodeco.run import RunOutput, run_decode
-from rodeco.state import Candidate, PromptResult, ScoreRequest
+from rodeco.runner import run_decode
+from rodeco.state import Candidate, PromptResult, RunOutput, ScoreRequest
+from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, Any] = {"prompts_file": "../shared/data/prompts/alpaca_eval_805.jsonl", "field": "prompt",
-                            "prompts": None, "k": 8, "n": 32, "lengths": [8, 16, 32, 64],
-                            "rewards": ["minilm_rm", "logprob"], "batch_candidates": 8}
 MIN_CANDIDATES = 3  # a correlation over fewer candidates is not reported
 
 
 def _args(cfg: DictConfig) -> dict[str, Any]:
-    a = take_params("experiment_args", OmegaConf.to_container(cfg.experiment_args, resolve=True) or {}, DEFAULTS)
+    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by CorrelationArgs
     for key in ("k", "n", "batch_candidates"):
         if not isinstance(a[key], int) or isinstance(a[key], bool) or a[key] < 1:
             raise ConfigError(f"experiment_args.{key}", a[key], "must be a positive integer", "e.g. 8")
@@ -105,18 +101,19 @@ def teacher_forced_logprobs(gen, prompt: str, responses: Sequence[Sequence[int]]
     return out
 
 
-def build_reward_entry(name: str, plugins):
+def check_reward(name: str, plugins: Plugins) -> None:
     try:
-        return plugins.rewards.get(name)
+        plugins.rewards.get(name)
     except ConfigError as e:
         raise ConfigError("experiment_args.rewards", name, e.problem,
                           "use a registered reward, e.g. logprob") from None
 
 
-def build_reward(name: str, plugins, gen):
-    entry = build_reward_entry(name, plugins)
-    ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})
-    return entry.factory(option_params("reward", name, plugins), ctx)
+def build_reward(name: str, plugins: Plugins, gen):
+    """Reward ``name`` with its config option's parameters."""
+    check_reward(name, plugins)
+    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+    return plugins.build_reward({**option_params("reward", name, plugins), "name": name}, ctx)
 
 
 def score_prompt(reward, gen, res: PromptResult, lengths: Sequence[int],
@@ -194,13 +191,13 @@ def plot(summary: dict[str, dict[str, dict[str, Any]]], lengths: Sequence[int], 
     plt.close(fig)
 
 
-def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    from rodeco.models import load_generator
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    from rodeco.loading import load_generator
 
     a = _args(cfg)
     lengths = sorted(set(a["lengths"]))
     for name in a["rewards"]:  # unknown names fail before any model is loaded
-        build_reward_entry(name, plugins)
+        check_reward(name, plugins)
     gen = gen or load_generator(cfg.generator)
     log.info("decoding the pool: %d candidates per prompt, no rejection", a["n"])
     pool = run_decode(pool_config(cfg, a), plugins, out_dir=None, gen=gen)

@@ -39,30 +39,24 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens, rows_at_full_length
+from rodeco.compose import option_params
+from rodeco.config import make_budget, split_node
+from rodeco.contracts import Scorer
 from rodeco.data import Prompt
-from rodeco.errors import ConfigError
-from rodeco.experiments import option_params
 from rodeco.experiments.analysis import fmt, headline, markdown, plot, summarize
 from rodeco.loop import LoopSettings, decode_batch
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext
+from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter
-from rodeco.run import RunOutput, make_budget, split_node
 from rodeco.sampling import SamplingParams
-from rodeco.scoring import Scorer
-from rodeco.state import Compute, PromptResult
+from rodeco.state import Compute, PromptResult, RunOutput
+from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-DATA = "../shared/data/prompts/"
-DEFAULTS: dict[str, Any] = {
-    "prompts_file": DATA + "specrej_alpaca_farm_100.json", "text_file": DATA + "alpaca_eval_805.jsonl",
-    "prompts": None, "k": 8, "n": 4, "pool_factor": 32, "n_start": "auto", "alphas": [0.3, 0.5, 0.7, 0.9],
-    "policies": ["adaptive", "correlation"], "scales": [1, 2]}
-
-
 def parse_args(cfg: DictConfig) -> dict[str, Any]:
-    a = take_params("experiment_args", OmegaConf.to_container(cfg.experiment_args, resolve=True) or {}, DEFAULTS)
+    """``experiment_args`` (keys and types checked by ``EfficiencyArgs`` when the config was composed) with the
+    checks a schema cannot express."""
+    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
 
     def positive(key: str, value: Any, fix: str) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -146,22 +140,22 @@ def _run(res: PromptResult, c: Compute) -> Run:
 class Runner:
     """Decodes one prompt at a time with one reward and prebuilt policies."""
 
-    def __init__(self, cfg: DictConfig, plugins, gen) -> None:
+    def __init__(self, cfg: DictConfig, plugins: Plugins, gen) -> None:
         self.cfg, self.gen = cfg, gen
-        r_name, r_params = split_node(cfg.reward, "reward")
-        ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})
-        self.reward_name, self.ctx, self.plugins = r_name, ctx, plugins
-        self.scorer = Scorer(plugins.rewards.get(r_name).factory(r_params, ctx), r_name)
+        ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+        self.reward_name, self.ctx, self.plugins = split_node(cfg.reward, "reward")[0], ctx, plugins
+        self.scorer = Scorer(plugins.build_reward(cfg.reward, ctx), self.reward_name)
         s = cfg.sampling
         self.sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
         self.max_new = s.max_new_tokens
 
     def policy(self, name: str, **params: Any):
         try:
-            entry = self.plugins.policies.get(name)
-        except ConfigError as e:
+            self.plugins.policies.get(name)
+        except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
             raise ConfigError("experiment_args.policies", name, e.problem, e.fix) from None
-        return entry.factory({**option_params("policy", name, self.plugins), **params}, self.ctx)
+        node = {**option_params("policy", name, self.plugins), **params, "name": name}
+        return self.plugins.build_policy(node, self.ctx)
 
     def budget(self, prompt: Prompt, n: int, scale: int) -> int:
         """KV tokens Best-of-(scale * n) fills at full length on this prompt."""
@@ -197,7 +191,7 @@ def methods(a: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return out + [(p, p, {}) for p in a["policies"]]
 
 
-def collect(cfg: DictConfig, plugins, gen, a: dict[str, Any], subset: list[Prompt],
+def collect(cfg: DictConfig, plugins: Plugins, gen, a: dict[str, Any], subset: list[Prompt],
             out_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """Per prompt of ``subset``: the pool, a real Best-of-n run and every method at every scale. Each prompt's
     record is written to ``efficiency_prompts.jsonl`` in ``out_dir`` as soon as it is measured; a rerun into the
@@ -257,8 +251,8 @@ def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[i
     return dict(writer.records)
 
 
-def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    from rodeco.models import load_generator
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    from rodeco.loading import load_generator
 
     a = parse_args(cfg)
     subset = load_subset(a)  # a bad prompt file fails before any model is loaded

@@ -17,14 +17,13 @@ import torch
 from omegaconf import DictConfig
 
 from rodeco.budget import Budget
+from rodeco.contracts import Scorer
+from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
-from rodeco.models import load_generator
-from rodeco.protocols import BuildContext
+from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter
-from rodeco.run import RunOutput
 from rodeco.sampling import SamplingParams
-from rodeco.scoring import Scorer
-from rodeco.state import Compute
+from rodeco.state import Compute, RunOutput
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ log = logging.getLogger(__name__)
 def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu") -> float:
     """The best fp32 ``n x n`` matmul rate, over ``torch.mm`` and (on CPU) the oneDNN prepacked path that the fast
     engine uses, so that ``F`` is not flattered by a slower reference kernel."""
-    from rodeco.fast_llama import _Linear
+    from rodeco.engines.fast import _Linear
 
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     kernels = [lambda: a @ b]
@@ -76,7 +75,7 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     return dt
 
 
-def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOutput:
     a = cfg.experiment_args
     gen = load_generator(cfg.generator)
     prompts = list(a.prompts)
@@ -86,9 +85,9 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
                      ignore_eos=True)
     tokens = rows * len(prompts) * a.new_tokens
     # Scoring is not what this benchmark measures: the built-in `length` value function keeps it out of the way.
-    ctx = BuildContext(generator=gen, device=str(gen.device), extra={"plugins": plugins})
-    scorer = Scorer(plugins.rewards.get("custom").factory({"function": "length"}, ctx), "length")
-    policy = plugins.policies.get("none").factory({}, ctx)  # Best-of-N: every row to the end
+    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+    scorer = Scorer(plugins.build_reward({"name": "length"}, ctx), "length")
+    policy = plugins.build_policy({"name": "none"}, ctx)  # Best-of-N: every row to the end
     log.info("warm-up")
     _rodeco_run(gen, prompts, scorer, policy, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
     _hf_run(gen, prompts, rows, sp, 4, cfg.seed)

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rodeco.errors import ConfigError
+from rodeco.config import split_node
 from rodeco.experiments import analysis, efficiency
 from rodeco.experiments.metrics import expected_best_of
+from rodeco.plugins import Plugins
 from rodeco.results import ResultsWriter
-from rodeco.run import RunOutput, split_node
-from rodeco.state import Compute
+from rodeco.state import Compute, RunOutput
+from rodeco.validation import ConfigError
 
 
 def _check_reward(cfg: DictConfig) -> None:
@@ -67,8 +68,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(cfg: DictConfig, plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    from rodeco.models import load_generator
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    from rodeco.loading import load_generator
 
     _check_reward(cfg)
     a = efficiency.parse_args(cfg)

@@ -1,7 +1,8 @@
 """rodeco-example: the hook implementations behind the ``example`` entry point of group ``rodeco``.
 
 rodeco registers this module with its plugin manager; every ``@hookimpl`` below must match a hook in
-``rodeco.hookspecs`` (a misspelled name is an error when the manager is built).
+``rodeco.hookspecs`` (a misspelled name is an error when the manager is built). The lifecycle hooks live on an
+object instead (``observer.py``), registered through its own entry point ``example_observer``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rodeco import hookimpl
-from rodeco_example.observer import RoundObserver
+from rodeco_example.experiment import SweepArgs, sweep
 from rodeco_example.policy import build_keep
 from rodeco_example.reward import build_length
 
@@ -28,23 +29,10 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
 
 
 @hookimpl
+def rodeco_register_experiments(register: Callable[..., None]) -> None:
+    register("example_sweep", sweep, "the configured prompts decoded once per alpha (policy=fixed)", args=SweepArgs)
+
+
+@hookimpl
 def rodeco_config_dirs() -> list[str]:
-    return [str(CONF_DIR)]  # reward/example_length.yaml, policy/example_keep.yaml
-
-
-_observer = RoundObserver()  # lifecycle hooks live on an object: it keeps per-run counts
-
-
-@hookimpl
-def rodeco_run_start(config, n_prompts: int) -> None:
-    _observer.run_start(config, n_prompts)
-
-
-@hookimpl
-def rodeco_round_end(view, kept: list[list[int]]) -> None:
-    _observer.round_end(view, kept)
-
-
-@hookimpl
-def rodeco_run_end(results, compute) -> None:
-    _observer.run_end(results, compute)
+    return [str(CONF_DIR)]  # reward/example_length.yaml, policy/example_keep.yaml, experiment/example_sweep.yaml

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from rodeco import BuildContext, RoundView
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
+from rodeco import BuildContext, ConfigError, RoundView, keep_top, take_params
 
 
 class KeepPolicy:
@@ -19,12 +15,7 @@ class KeepPolicy:
         self.keep = keep
 
     def select(self, view: RoundView) -> list[list[int]]:
-        out = []
-        for pv in view.prompts:
-            n_keep = max(1, min(self.keep, pv.k - pv.min_reject))
-            order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))  # best first
-            out.append(sorted(order[:n_keep].tolist()))
-        return out
+        return [keep_top(pv, pv.k - self.keep) for pv in view.prompts]
 
 
 def build_keep(params: dict[str, Any], ctx: BuildContext) -> KeepPolicy:

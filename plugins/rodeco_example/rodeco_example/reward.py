@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rodeco import BuildContext, ScoreRequest
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
+from rodeco import BuildContext, ConfigError, ScoreRequest, take_params
 
 
 class LengthReward:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rodeco.models import cache_dir
+from rodeco import cache_dir
 from rodeco_rewards.minilm.encoder import SentenceEncoder
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rodeco.errors import ConfigError
+from rodeco import ConfigError
 from rodeco_rewards.batching import token_batches
 
 log = logging.getLogger(__name__)

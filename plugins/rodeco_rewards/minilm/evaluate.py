@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rodeco.protocols import Reward
-from rodeco.state import ScoreRequest
+from rodeco import Reward, ScoreRequest
 from rodeco_rewards.prefs import Pair, length_baseline, pairwise_accuracy, similar_length
 
 

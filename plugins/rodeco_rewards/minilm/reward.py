@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rodeco.errors import ConfigError
-from rodeco.params import take_params
-from rodeco.protocols import BuildContext, RewardCost
-from rodeco.state import ScoreRequest
-from rodeco_rewards.batching import check_positive_int
+from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.minilm.encoder import SentenceEncoder, minilm_dir
 from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, text_stats
 from rodeco_rewards.minilm.head import BTHead, load_head

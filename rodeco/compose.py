@@ -1,0 +1,193 @@
+"""Composing the run config with Hydra, as the CLI and the Python API both do.
+
+- The search path: rodeco's ``conf/`` (the package ``rodeco.conf``) and, through the ``SearchPathPlugin`` in
+  ``hydra_plugins/rodeco_searchpath``, the config dirs plugins declare (``rodeco_config_dirs``).
+- The ConfigStore: the run schema and every registered experiment's ``experiment_args`` schema.
+- What the user typed wins over what a config group set: ``data.path`` and ``data.prompts`` are two ways to give
+  prompts, so giving one replaces the other that the ``data`` option set (``data: demo`` sets ``prompts``).
+- Composition errors become ``ConfigError``s that name the key, the valid keys and the likely intended one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rodeco.config import register_configs, split_node
+from rodeco.plugins import Plugins, default_plugins
+from rodeco.validation import ConfigError
+
+CONFIG_MODULE = "rodeco.conf"
+ALTERNATIVES = (("data.path", "data.prompts"),)  # keys that give the same thing two ways: the one typed wins
+
+
+def conf_dir() -> Path:
+    """rodeco's own config directory (``conf/`` in a checkout, ``rodeco/conf`` in an installed wheel)."""
+    from importlib.resources import files
+
+    return Path(str(files(CONFIG_MODULE)))
+
+
+_composing: Plugins | None = None  # whose config dirs the search path plugin adds (set by prepare)
+
+
+def prepare(plugins: Plugins | None = None) -> Plugins:
+    """Before composing: load the plugins, fill the ConfigStore, and make their config dirs the ones that go on
+    Hydra's search path."""
+    from hydra.core.plugins import Plugins as HydraPlugins
+
+    from hydra_plugins.rodeco_searchpath import RodecoSearchPathPlugin
+
+    global _composing
+    _composing = plugins or default_plugins()
+    register_configs(_composing.experiment_schemas())
+    OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(_composing), replace=True)  # --help
+    # Hydra finds the plugin by scanning the hydra_plugins namespace package; an editable install hides that package
+    # from the scan, so it is also registered here (registering twice is harmless: one entry per class name).
+    HydraPlugins.instance().register(RodecoSearchPathPlugin)
+    return _composing
+
+
+def plugin_config_dirs() -> list[str]:
+    """The config dirs of the plugins being composed with (``prepare``), else of the process-wide manager."""
+    return (_composing or default_plugins()).config_dirs()
+
+
+def load_config(overrides: list[str] | None = None, plugins: Plugins | None = None) -> DictConfig:
+    """The run config for these command-line style overrides (e.g. ``["policy=none", "n=8"]``)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    prepare(plugins)
+    overrides = list(overrides or [])
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+    except HydraException as e:
+        why = explain(e, overrides)
+        if why is None:
+            raise
+        raise why from None
+    prefer_typed(cfg, overrides)
+    return cfg
+
+
+def override_keys(overrides: list[str]) -> set[str]:
+    """The config keys that these overrides set (``+data.path=x`` and ``data.path=x`` alike)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o])
+    return {o.key_or_group for o in parsed if not o.is_delete()}
+
+
+def prefer_typed(cfg: DictConfig, overrides: list[str]) -> None:
+    """Of two alternative keys, the one the user set replaces the other that a config group set."""
+    keys = override_keys(overrides)
+    for a, b in ALTERNATIVES:
+        for given, other in ((a, b), (b, a)):
+            if given in keys and other not in keys and OmegaConf.select(cfg, given) is not None:
+                with open_dict(cfg):
+                    OmegaConf.update(cfg, other, None)
+
+
+def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
+    """A ``ConfigError`` for a composition error whose cause we can name: an unknown key (with the valid keys and
+    the closest one), a value of the wrong type, or an unknown config option; None for anything else."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = e.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:  # a key the node lacks
+        full = str(cause.full_key)
+        parent, _, leaf = full.rpartition(".")
+        node = OmegaConf.select(cause.parent_node, "") if cause.parent_node is not None else None
+        valid = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
+        close = difflib.get_close_matches(leaf, valid, n=1)
+        where = parent or "the top level"
+        value = _value_of(full, overrides)
+        problem = (f"unknown key; the keys of {where} are: {', '.join(valid)}" if valid
+                   else f"unknown key; {where} has no keys here")
+        fix = (f"did you mean {close[0]}? Use {_join(parent, close[0])}={_text(value)}" if close
+               else f"use one of the keys of {where}, or +{full}=... to add a new key" if valid
+               else f"remove it, or +{full}=... to add a new key")
+        return ConfigError(full, value, problem, fix)
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return ConfigError(str(cause.full_key), _value_of(str(cause.full_key), overrides), cause.msg.split("\n")[0],
+                           "give a value of the type the key takes (rodeco --cfg job shows the config)")
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
+        group, _, missing = str(e.missing_cfg_file).rpartition("/")
+        close = difflib.get_close_matches(missing, e.options, n=1)
+        return ConfigError(group, missing, f"no such {group} option; options: {', '.join(sorted(e.options))}",
+                           f"did you mean {group}={close[0]}?" if close else "use one of the options, or install the plugin that provides it")
+    return None
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def _value_of(key: str, overrides: list[str]) -> Any:
+    """The value the override of ``key`` gives, as Hydra parses it (``0.3`` is a float)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for o in overrides:
+        if "=" in o and o.lstrip("+~").partition("=")[0] == key:
+            try:
+                return OverridesParser.create().parse_override(o).value()
+            except Exception:  # unparsable: show it as typed
+                return o.partition("=")[2]
+    return None
+
+
+def _text(value: Any) -> str:
+    return "..." if value is None else str(value)
+
+
+def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
+    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
+    Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
+    for d in [conf_dir(), *map(Path, plugins.config_dirs())]:
+        f = d / group / f"{name}.yaml"
+        if f.is_file():
+            params = split_node(OmegaConf.load(f), group)[1]
+            params.pop("defaults", None)
+            return params
+    return {}
+
+
+HELP_GROUPS = ("generator", "reward", "policy", "budget", "data", "experiment")
+
+
+def help_groups(plugins: Plugins, width: int = 116) -> str:
+    """The config groups and their options, one line each, for ``rodeco --help``: the registered description of
+    the reward, policy or experiment an option selects, else the first sentence of the option file's comment."""
+    dirs = [conf_dir(), *map(Path, plugins.config_dirs())]
+    registries = {"reward": plugins.rewards, "policy": plugins.policies, "experiment": plugins.experiments}
+    lines = []
+    for group in HELP_GROUPS:
+        files = {f.stem: f for d in reversed(dirs) for f in sorted((d / group).glob("*.yaml"))}  # first dir wins
+        lines.append(f"  {group}:")
+        for name in sorted(files):
+            node = OmegaConf.load(files[name])
+            selects = node.get("task" if group == "experiment" else "name") if group in registries else None
+            reg = registries.get(group)
+            text = reg.get(selects).description if reg is not None and selects in reg else _first_sentence(files[name])
+            line = f"    {group}={name}".ljust(30) + " " + text
+            lines.append(line if len(line) <= width else line[: width - 3] + "...")
+    return "\n".join(lines)
+
+
+def _first_sentence(path: Path) -> str:
+    comment = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        if "@package" not in line:
+            comment.append(line.lstrip("# ").strip())
+    text = " ".join(comment)
+    return text.split(". ")[0].rstrip(".")

@@ -1,0 +1,65 @@
+"""Calling plugins and holding them to their contracts (``rodeco.protocols``): a reward returns one finite float per
+request, a policy valid row indices within the budget. A broken contract is a ``PluginError`` naming the plugin."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from rodeco.protocols import Policy, Reward, RewardCost
+from rodeco.state import RoundView, ScoreRequest
+from rodeco.validation import PluginError
+
+
+class Scorer:
+    """Wraps a reward: checks its output and counts its calls (its own ``cost``, if it keeps one, is read as is)."""
+
+    def __init__(self, reward: Reward, name: str) -> None:
+        self.reward, self.name = reward, name
+        self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
+        self.calls = 0
+
+    def cost(self) -> RewardCost:
+        return getattr(self.reward, "cost", None) or RewardCost(calls=self.calls)
+
+    def __call__(self, requests: Sequence[ScoreRequest]) -> np.ndarray:
+        if not requests:
+            return np.zeros(0)
+        out = self.reward.score(list(requests))
+        self.calls += 1
+        try:
+            scores = [float(x) for x in out]
+        except (TypeError, ValueError) as e:
+            raise PluginError(f"reward {self.name!r} returned {type(out).__name__}, not a list of floats: {e}") from e
+        if len(scores) != len(requests):
+            raise PluginError(f"reward {self.name!r} returned {len(scores)} scores for {len(requests)} requests")
+        bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+        if bad:
+            raise PluginError(f"reward {self.name!r} returned non-finite scores {[scores[i] for i in bad[:5]]} "
+                              f"for request(s) {bad[:5]}; a reward must return finite floats")
+        return np.asarray(scores, dtype=np.float64)
+
+
+def select_checked(policy: Policy, name: str, view: RoundView) -> list[list[int]]:
+    """Run the policy and check its answer against the contract in ``rodeco.protocols.Policy``."""
+    keep = policy.select(view)
+    if len(keep) != len(view.prompts):
+        raise PluginError(f"policy {name!r} returned {len(keep)} keep lists for {len(view.prompts)} prompts")
+    out = []
+    for kept, pv in zip(keep, view.prompts):
+        kept = [int(i) for i in kept]
+        if not kept:
+            raise PluginError(f"policy {name!r} kept no row of prompt {pv.prompt_index}; keep at least one")
+        if len(set(kept)) != len(kept) or min(kept) < 0 or max(kept) >= pv.k:
+            raise PluginError(f"policy {name!r} returned duplicate or out-of-range rows {kept} for a prompt "
+                              f"with {pv.k} rows")
+        out.append(sorted(kept))
+    total = sum(len(k) for k in out)
+    if total > view.max_rows_next:
+        raise PluginError(
+            f"policy {name!r} kept {total} rows but the budget allows {view.max_rows_next} at this decision point "
+            f"(at least {view.min_reject_total} must go). Fix: raise budget.kv_tokens or lower n, or use a "
+            f"policy that rejects (policy=fixed)")
+    return out

@@ -1,0 +1,53 @@
+"""Forward-pass engines. One interface, all cache surgery behind it:
+
+- ``prefill(ids [P, L], mask [P, L]) -> logits [P, V]`` of the last position, cache filled;
+- ``select(rows [B'])``: keep (and repeat) cache rows by index; used for fan-out and pruning;
+- ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
+- ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
+- ``length``: cached tokens per row (padding included), ``rows``: batch size,
+  ``allocated_tokens``: cache slots held now (what the budget bounds);
+- ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once).
+
+``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``;
+``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from rodeco.validation import ConfigError
+
+ENGINES = ("auto", "fast", "hf")
+
+
+class Engine(Protocol):
+    rows: int
+    length: int
+    allocated_tokens: int
+    shares_prefix: bool
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+    def select(self, rows: torch.Tensor) -> None: ...
+    def reserve(self, capacity: int) -> None: ...
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+def engine_class(kind: str, model: torch.nn.Module) -> type:
+    """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: fast when it can run the model)."""
+    from rodeco.engines.hf import HFEngine
+
+    if kind in ("auto", "fast"):
+        from rodeco.engines.fast import FastLlamaEngine, supports
+
+        why = supports(model)
+        if why is None:
+            return FastLlamaEngine
+        if kind == "fast":
+            raise ConfigError("generator.engine", kind, f"the fast engine cannot run this model: {why}",
+                              "use generator.engine=hf (any causal LM) or auto")
+    elif kind != "hf":
+        raise ConfigError("generator.engine", kind, "unknown engine", f"use one of {', '.join(ENGINES)}")
+    return HFEngine

@@ -1,0 +1,253 @@
+"""A fast engine for Llama-family models (Llama, Mistral without sliding window, Qwen2), gpt-fast style.
+
+It reuses the HF model's weights (fused: one QKV matmul, one gate+up matmul) and its rotary embedding module,
+and splits the KV cache in two: each prompt's keys and values are stored once (``[prompts, kv_heads, P, head_dim]``),
+shared by all the rows that decode from it, and the generated tokens live in a per-round preallocated cache
+``[rows, kv_heads, capacity - P, head_dim]`` written in place each step. Decode attention scores a prompt's cached
+keys with all its rows' queries in one matmul (the cache is read once per prompt, not once per row), scores the
+row's own tokens separately, and takes one softmax over both. Fan-out copies nothing: a selection that does not
+shrink the batch is only recorded and applied by the next ``reserve``. Pruning (a selection that shrinks it)
+reallocates at once, one ``index_select`` per layer of the generated part, layer by layer, so memory is freed at
+the decision point and old and new caches coexist for one layer at most. The ``heads / kv_heads`` query heads that share a KV head are treated as a short query
+sequence, so grouped-query attention needs no repeated keys. On CPU, weights are prepacked once for oneDNN's matmul
+(the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than plain ``F.linear`` at decode
+batch sizes; this holds a second copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None if the fast engine can run ``model``, else why not."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {SUPPORTED}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not silu"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias is not supported"
+    sw = getattr(cfg, "sliding_window", None)
+    if sw is not None and getattr(cfg, "use_sliding_window", True) and sw < cfg.max_position_embeddings:
+        return "sliding-window attention is not supported"
+    if not hasattr(getattr(model, "model", None), "rotary_emb"):
+        return "no rotary_emb module"
+    return None
+
+
+class _Linear:
+    """``F.linear`` with weights prepacked for oneDNN on CPU when this build of PyTorch allows it."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, batch_hint: int = 64) -> None:
+        self.w, self.b, self.packed = w, b, None
+        if w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
+                x = torch.zeros(1, w.shape[1], dtype=w.dtype)
+                torch.ops.mkldnn._linear_pointwise(x, packed, self.b, "none", [], "")
+                self.packed = packed
+            except (RuntimeError, AttributeError):  # an op this build lacks: plain linear
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.w, self.b)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.b, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _Layer:
+    def __init__(self, layer: torch.nn.Module) -> None:
+        a, m = layer.self_attn, layer.mlp
+        b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        self.qkv = _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                           torch.cat(b).contiguous() if all(x is not None for x in b) else None)
+        self.o = _Linear(a.o_proj.weight, a.o_proj.bias)
+        self.gate_up = _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous())
+        self.down = _Linear(m.down_proj.weight)
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+
+
+class FastLlamaEngine:
+    shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        cfg = model.config
+        self.model = model
+        self.layers = [_Layer(l) for l in model.model.layers]
+        self.embed = model.model.embed_tokens.weight
+        self.norm = model.model.norm.weight
+        self.lm_head = _Linear(model.lm_head.weight)
+        self.rotary = model.model.rotary_emb
+        self.eps = cfg.rms_norm_eps
+        self.h, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.d ** -0.5
+        self.kp: list[torch.Tensor] = []  # per layer: prompt keys [G, kv_heads, P, head_dim], one per prompt
+        self.vp: list[torch.Tensor] = []
+        self.pbias = torch.empty(0, 0)  # [G, P]: 0, or -inf at left padding
+        self.k: list[torch.Tensor] = []  # per layer: generated keys [B, kv_heads, capacity - P, head_dim]
+        self.v: list[torch.Tensor] = []
+        self.grp = torch.empty(0, dtype=torch.long)  # [B] the prompt (prefix) each row decodes from
+        self.segs: list[tuple[int, slice | torch.Tensor]] = []  # (prefix, its rows), from _segments
+        self.pos = torch.empty(0, dtype=torch.long)  # [B] position of the next token
+        self.plen = 0  # P: padded prompt length
+        self.sfx = 0  # generated tokens cached per row
+        self._rows: torch.Tensor | None = None  # pending row selection, applied at the next realloc
+
+    @property
+    def rows(self) -> int:
+        return self.pos.shape[0] if self._rows is None else self._rows.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.plen + self.sfx
+
+    @property
+    def capacity(self) -> int:
+        return self.plen + (self.k[0].shape[2] if self.k else 0)
+
+    @property
+    def allocated_tokens(self) -> int:
+        prefixes = self.kp[0].shape[0] if self.kp else 0
+        return prefixes * self.plen + self.rows * (self.capacity - self.plen)
+
+    def _realloc(self, capacity: int) -> None:
+        rows = self._rows if self._rows is not None else torch.arange(self.pos.shape[0], device=self.pos.device)
+        n, S = rows.shape[0], self.sfx
+        cap = max(capacity - self.plen, S)
+        for cache in (self.k, self.v):
+            for i, old in enumerate(cache):  # one layer at a time: peak is one extra layer
+                new = old.new_empty(n, self.hkv, cap, self.d)
+                new[:, :, :S] = old.index_select(0, rows)[:, :, :S]
+                cache[i] = new
+                del old
+        self.pos, self.grp, self._rows = self.pos.index_select(0, rows), self.grp.index_select(0, rows), None
+        live = torch.unique(self.grp)
+        if live.shape[0] < self.pbias.shape[0]:  # prompts with no row left free their prefix
+            for cache in (self.kp, self.vp):
+                cache[:] = [c.index_select(0, live) for c in cache]
+            self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
+        self.segs = _segments(self.grp)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self._rows = rows if self._rows is None else self._rows.index_select(0, rows)
+        if self._rows.shape[0] < self.pos.shape[0]:  # shrinking: free memory now
+            self._realloc(self.capacity)
+
+    def reserve(self, capacity: int) -> None:
+        if self._rows is not None or capacity != self.capacity:
+            self._realloc(capacity)
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        G, L = ids.shape
+        dev, dt = ids.device, self.embed.dtype
+        self.kp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        self.vp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        self.k = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
+        self.v = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
+        valid = mask.bool()
+        self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
+        self.plen, self.sfx, self._rows = L, 0, None
+        self.grp = torch.arange(G, device=dev)
+        self.segs = _segments(self.grp)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [G, L]
+        self.pos = pos[:, -1] + 1
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril_()
+        attn_mask = (causal[None] & valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
+        x = F.embedding(ids, self.embed)  # [G, L, d]
+        cos, sin = self.rotary(x, pos)  # [G, L, D]
+        cos, sin = cos[:, None], sin[:, None]
+        g = self.h // self.hkv
+        for li, lay in enumerate(self.layers):
+            q, k, v = self._qkv(x, lay)  # q [G, L, H, D]
+            q = _rope(q.transpose(1, 2), cos, sin)  # [G, H, L, D]
+            k = _rope(k.transpose(1, 2), cos, sin)  # [G, Hkv, L, D]
+            v = v.transpose(1, 2)
+            self.kp[li].copy_(k)
+            self.vp[li].copy_(v)
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], scale=self.scale)
+            x = self._finish_layer(x, o.transpose(1, 2).reshape(G, L, -1), lay)
+        return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps))
+
+    def _qkv(self, x: torch.Tensor, lay: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = lay.qkv(_rms_norm(x, lay.ln1, self.eps))
+        hd, kd = self.h * self.d, self.hkv * self.d
+        q, k, v = qkv.split([hd, kd, kd], dim=-1)
+        shape = x.shape[:-1]
+        return q.view(*shape, self.h, self.d), k.view(*shape, self.hkv, self.d), v.view(*shape, self.hkv, self.d)
+
+    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, lay: _Layer) -> torch.Tensor:
+        x = x + lay.o(attn)
+        gate, up = lay.gate_up(_rms_norm(x, lay.ln2, self.eps)).chunk(2, dim=-1)
+        return x + lay.down(F.silu(gate) * up)
+
+    def _by_prefix(self, a: torch.Tensor, b: list[torch.Tensor]) -> torch.Tensor:
+        """Per prompt: ``a[rows] @ b[prompt]`` with the rows' query heads as one matrix, so a prompt's cache is
+        read once for all its rows. a: [B, Hkv, g, X], b[j]: [Hkv, X, Y] -> [B, Hkv, g, Y]."""
+        B, H, g, X = a.shape
+        out = a.new_empty(B, H, g, b[0].shape[-1]) if len(self.segs) > 1 else None
+        for j, r in self.segs:
+            aj = a[r]
+            k = aj.shape[0]
+            res = (aj.permute(1, 0, 2, 3).reshape(H, k * g, X) @ b[j]).view(H, k, g, -1).permute(1, 0, 2, 3)
+            if out is None:
+                return res
+            out[r] = res
+        return out
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [B] -> logits [B, V]."""
+        if self._rows is not None or self.length >= self.capacity:
+            self._realloc(max(self.capacity, self.length + 1))
+        B, S, P = tokens.shape[0], self.sfx, self.plen
+        x = F.embedding(tokens, self.embed)  # [B, d]
+        cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
+        bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
+        g = self.h // self.hkv
+        for li, lay in enumerate(self.layers):
+            q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
+            q = _rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
+            self.k[li][:, :, S] = _rope(k, cos, sin)
+            self.v[li][:, :, S] = v
+            ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
+            kpt = [kp.transpose(-1, -2) for kp in self.kp[li]]  # [Hkv, D, P] per prompt
+            s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float() * self.scale
+            s[..., :P] += bias
+            p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
+            o = self._by_prefix(p[..., :P], list(self.vp[li])) + p[..., P:] @ vs  # [B, Hkv, g, D]
+            x = self._finish_layer(x, o.reshape(B, -1), lay)
+        self.sfx, self.pos = S + 1, self.pos + 1
+        return self.lm_head(_rms_norm(x, self.norm, self.eps))
+
+
+def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:
+    """Each prefix's rows, computed once per cache reallocation: contiguous ranges when rows are grouped by prompt
+    (the loop keeps them so), else index tensors."""
+    g = grp.tolist()
+    if any(a > b for a, b in zip(g, g[1:])):
+        return [(j, (grp == j).nonzero()[:, 0]) for j in sorted(set(g))]
+    segs, start = [], 0
+    for i in range(1, len(g) + 1):
+        if i == len(g) or g[i] != g[start]:
+            segs.append((g[start], slice(start, i)))
+            start = i
+    return segs

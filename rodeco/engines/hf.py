@@ -1,0 +1,60 @@
+"""``HFEngine``: any ``AutoModelForCausalLM``, driven through its own forward with transformers' ``DynamicCache``."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+class HFEngine:
+    """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does.
+    Fan-out copies the prompt's cache into every row."""
+
+    shares_prefix = False
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache = None
+        self.mask = torch.empty(0, 0, dtype=torch.long)
+        self.next_pos = torch.empty(0, dtype=torch.long)
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.rows * self.length
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.cache_kw: self.cache})
+        self.mask, self.next_pos = mask, pos[:, -1] + 1
+        return out.logits[:, -1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
+
+    def reserve(self, capacity: int) -> None:  # the DynamicCache grows by itself
+        pass
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+                         use_cache=True, **{self.cache_kw: self.cache})
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1]

