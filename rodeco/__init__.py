@@ -20,8 +20,7 @@ from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.ranking import keep_top
 from rodeco.results import ResultsWriter
-from rodeco.state import (Candidate, Compute, PromptResult, PromptView, Round, RoundView, RunOutput,
-                          ScoreRequest)
+from rodeco.state import Candidate, Compute, PromptResult, PromptView, Round, RoundView, RunOutput, ScoreRequest
 from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, take_params
 
 _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
@@ -31,8 +30,8 @@ __all__ = [
     # running
     "decode", "load_config", "run", "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
-    "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer", "ScoreRequest",
-    "PromptView", "RoundView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
+    "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
+    "ScoreRequest", "PromptView", "RoundView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
     # checking parameters
     "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
     # building blocks for rewards and experiments

@@ -123,7 +123,8 @@ def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
         group, _, missing = str(e.missing_cfg_file).rpartition("/")
         close = difflib.get_close_matches(missing, e.options, n=1)
         return ConfigError(group, missing, f"no such {group} option; options: {', '.join(sorted(e.options))}",
-                           f"did you mean {group}={close[0]}?" if close else "use one of the options, or install the plugin that provides it")
+                           f"did you mean {group}={close[0]}?" if close
+                           else "use one of the options, or install the plugin that provides it")
     return None
 
 

@@ -78,3 +78,37 @@ def smollm2():
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="float32", device="cpu")
     return Generator(model, tok, name="smollm2")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a word-level tokenizer (words w0..w60) saved to disk, for the CLI to load."""
+    from test_hooks import one_thread, tiny_generator
+
+    with one_thread():
+        gen = tiny_generator()
+    path = tmp_path_factory.mktemp("tiny-llama")
+    gen.model.save_pretrained(path)
+    gen.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def installed_example(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``pip install ./plugins/rodeco_example`` into this venv (left installed), built from a copy so the checkout
+    stays clean. No test depends on it being absent: they build their managers from explicit plugin lists."""
+    import importlib
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path_factory.mktemp("src") / "rodeco_example"
+    shutil.copytree(REPO / "plugins" / "rodeco_example", src,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    # Offline and fast when this venv has setuptools (the build backend); otherwise pip fetches it to build.
+    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *offline, "--disable-pip-version-check",
+                        "--quiet", str(src)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    importlib.invalidate_caches()

@@ -7,48 +7,81 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import REPO
+from omegaconf import OmegaConf
 
 import rodeco
+from rodeco.budget import Budget, budget_from_device
+from rodeco.compose import conf_dir
+from rodeco.config import make_budget, split_node, validate
 from rodeco.data import load_prompts
-from rodeco.plugins import default_plugins
-from rodeco.plugins import BuildContext
-from rodeco.config import split_node, validate
-
-CONF = REPO / "rodeco" / "conf"
+from rodeco.plugins import BuildContext, default_plugins
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """The options of a config group, from rodeco's conf/ and every plugin's config dir (as Hydra sees them)."""
+    dirs = [conf_dir(), *map(Path, default_plugins().config_dirs())]
+    found = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+    assert found, f"no options of group {group!r} in {dirs}"
+    return found
+
+
+def test_the_option_lists_are_what_ships():
+    assert {"cpu", "cuda", "unlimited"} <= set(options("budget"))
+    assert {"fixed", "none", "adaptive", "correlation"} <= set(options("policy"))
+    assert {"minilm_rm", "logprob", "preference_rm", "composite", "custom"} <= set(options("reward"))
+    assert {"efficiency", "perplexity", "correlation", "engine_bench", "rm_train", "rm_eval", "rm_bench"} <= set(
+        options("experiment"))
 
 
 def test_default_config_composes_and_validates():
     cfg = rodeco.load_config()
     validate(cfg)
-    assert cfg.policy.name == "fixed" and cfg.task == "decode"
+    assert cfg.policy.name == "fixed" and cfg.reward.name == "minilm_rm" and cfg.task == "decode"
+    assert cfg.data.path is None and len(cfg.data.prompts) == 3
 
 
 @pytest.mark.parametrize("group", ["reward", "policy"])
 def test_every_plugin_option_builds(group, tiny_gen):
-    registry = getattr(default_plugins(), "rewards" if group == "reward" else "policies")
+    plugins = default_plugins()
+    registry = plugins.rewards if group == "reward" else plugins.policies
+    built = 0
     for opt in options(group):
         cfg = rodeco.load_config([f"{group}={opt}"])
-        name, params = split_node(cfg[group], group)
-        entry = registry.get(name)
-        if getattr(entry.factory, "needs_network", False):
+        name, _ = split_node(cfg[group], group)
+        if getattr(registry.get(name).factory, "needs_network", False):
             continue
-        obj = entry.factory(params, BuildContext(generator=tiny_gen(), device="cpu"))
-        assert hasattr(obj, "score" if group == "reward" else "select"), opt
+        ctx = BuildContext(generator=tiny_gen(), device="cpu", plugins=plugins)
+        obj = plugins.build_reward(cfg[group], ctx) if group == "reward" else plugins.build_policy(cfg[group], ctx)
+        assert isinstance(obj, rodeco.Reward if group == "reward" else rodeco.Policy), opt
+        built += 1
+    assert built >= 4
 
 
-def test_every_budget_and_generator_option_composes():
+def test_every_budget_option_gives_its_budget(monkeypatch):
+    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)  # what make_budget reads
+    cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
+    got = {}
     for opt in options("budget"):
-        validate(rodeco.load_config([f"budget={opt}"]))
+        cfg = rodeco.load_config([f"budget={opt}"])
+        validate(cfg)
+        got[opt] = (make_budget(cfg, cpu), make_budget(cfg, cuda))
+    from_device = budget_from_device(10 * 2**30, 1024, 0.9, 2 * 2**30)  # (10 - 2) GiB * 0.9 / 1 KiB
+    assert from_device == int(8 * 2**30 * 0.9 // 1024)
+    assert got["cpu"] == (Budget(2048, 8), Budget(2048, 8))  # a fixed budget, on any device
+    assert got["unlimited"] == (Budget(None, 8), Budget(from_device, 8))  # no limit on CPU; free memory on CUDA
+    assert got["cuda"] == (Budget(None, 8), Budget(from_device, 8))
+
+
+def test_every_generator_option_composes():
     for opt in options("generator"):
         cfg = rodeco.load_config([f"generator={opt}", "generator.model=some/model"])
-        assert cfg.generator.engine in ("auto", "fast", "hf")
+        assert cfg.generator.model == "some/model" and cfg.generator.engine in ("auto", "fast", "hf")
 
 
 def test_every_data_option_loads():
@@ -65,10 +98,14 @@ def test_every_data_option_loads():
         assert prompts and all(p.text.strip() for p in prompts)
 
 
-def test_every_experiment_composes():
+def test_every_experiment_composes_with_its_schema():
+    plugins = default_plugins()
     for opt in options("experiment"):
         cfg = rodeco.load_config([f"experiment={opt}"])
         assert cfg.task == opt
+        entry = plugins.experiments.get(opt)
+        assert OmegaConf.get_type(cfg.experiment_args) is entry.args, opt  # typed: a typo fails at compose time
+        assert not OmegaConf.missing_keys(cfg.experiment_args), opt  # every argument has its value in the YAML
 
 
 @pytest.mark.integration

@@ -6,8 +6,8 @@ import pytest
 from helpers import run_tiny
 
 from rodeco.data import load_prompts
-from rodeco.validation import ConfigError
 from rodeco.loading import load_model_and_tokenizer
+from rodeco.validation import ConfigError
 
 
 def _raises(key: str, fn, *args, **kw) -> ConfigError:

@@ -10,10 +10,10 @@ from conftest import SHARED_DATA
 from omegaconf import OmegaConf, open_dict
 
 import rodeco
-from rodeco.validation import ConfigError
 from rodeco.experiments import efficiency
 from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
 from rodeco.plugins import default_plugins
+from rodeco.validation import ConfigError
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying healthy"]
 

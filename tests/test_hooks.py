@@ -21,8 +21,7 @@ from rodeco.api import load_config
 from rodeco.generator import Generator
 from rodeco.plugins import Plugins, get_plugin_manager
 from rodeco.runner import run_decode
-from rodeco.state import RunOutput
-from rodeco.state import PromptResult
+from rodeco.state import PromptResult, RunOutput
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 PROMPTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import hf_greedy, run_tiny
 
-from rodeco.session import Session
 from rodeco.sampling import SamplingParams
+from rodeco.session import Session
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
 GREEDY = ["sampling.temperature=0", "budget=unlimited"]

@@ -11,14 +11,13 @@ import pytest
 import rodeco_policies
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from rodeco.validation import ConfigError, PluginError
-from rodeco.plugins import Plugins, get_plugin_manager
-from rodeco.plugins import BuildContext
-from rodeco.contracts import select_checked
-from rodeco.state import PromptView, RoundView
 from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
 from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
+
+from rodeco.contracts import select_checked
+from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
+from rodeco.state import PromptView, RoundView
+from rodeco.validation import ConfigError, PluginError
 
 BUILTIN = ("none", "fixed", "adaptive", "correlation")
 NEVER_REJECTS = {"none"}  # Best-of-N: fails (select_checked) when the budget forces a rejection

@@ -27,8 +27,11 @@ def test_value_function_example_runs(tiny_gen):
     assert buf.getvalue().strip() == "[1.975]"
     out = rodeco.decode(["Write a haiku about autumn."], generator=tiny_gen(), n=4, plugins=ns["plugins"],
                         overrides=["reward=custom", "reward.function=keyword", "+reward.word=leaves",
-                                   "sampling.max_new_tokens=16"])
-    assert out.results[0].best.score is not None
+                                   "sampling.max_new_tokens=16", "output.all_candidates=true"])
+    (res,) = out.results
+    for c in (c for c in res.candidates if c.finished):  # the example's formula, with word=leaves from the config
+        assert c.score == pytest.approx(c.text.lower().count("leaves") - 0.001 * len(c.text))
+    assert res.best.score == max(c.score for c in res.candidates if c.finished)
     lp = ns["plugins"].rewards.get("mean_lp").factory({}, None)
     assert lp.needs_logprobs
     out = rodeco.decode(["Write a haiku about autumn."], generator=tiny_gen(), n=4, plugins=ns["plugins"],
@@ -38,9 +41,8 @@ def test_value_function_example_runs(tiny_gen):
 
 @pytest.mark.parametrize("function", ["nope", "custom", None])
 def test_custom_names_a_registered_reward(function):
+    from rodeco.plugins import BuildContext, default_plugins
     from rodeco.validation import ConfigError
-    from rodeco.plugins import default_plugins
-    from rodeco.plugins import BuildContext
 
     with pytest.raises(ConfigError) as e:
         default_plugins().build_reward({"name": "custom", "function": function}, BuildContext())

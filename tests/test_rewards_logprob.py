@@ -7,16 +7,15 @@ import math
 import pytest
 import torch
 from conftest import make_tiny_llama
-
-import rodeco
-from rodeco import hookimpl
-from rodeco.validation import ConfigError
-from rodeco.plugins import get_plugin_manager
-from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
 from rodeco_rewards import value_function
 from rodeco_rewards.lm_scorer import LMScorer
 from rodeco_rewards.logprob import LogProbReward, aggregate, build_logprob
+
+import rodeco
+from rodeco import hookimpl
+from rodeco.plugins import BuildContext, get_plugin_manager
+from rodeco.state import ScoreRequest
+from rodeco.validation import ConfigError
 
 LPS = (-1.0, -2.0, -0.5)
 
@@ -98,7 +97,19 @@ def test_separate_lm_equal_to_the_generator_reproduces_its_logprobs(tiny_gen, ti
         assert g == pytest.approx(list(q.logprobs), abs=1e-4)
 
 
-def test_decode_with_perplexity_form(tiny_gen):
-    out = rodeco.decode(["give three tips for staying healthy"], generator=tiny_gen(), n=4, policy="fixed",
-                        overrides=["reward=logprob", "reward.form=perplexity", "sampling.max_new_tokens=16"])
-    assert out.results[0].best.score < 0
+def test_decode_with_perplexity_form(tiny_gen, tiny_model, tiny_tokenizer):
+    """Each finished candidate scores -exp(mean negative log-likelihood) of its tokens under the generator
+    (recomputed here by teacher forcing), and the best is the one with the lowest perplexity."""
+    from rodeco_rewards.lm_scorer import LMScorer
+
+    prompt, gen = "give three tips for staying healthy", tiny_gen(engine="hf")
+    out = rodeco.decode([prompt], generator=gen, n=4, policy="fixed",
+                        overrides=["reward=logprob", "reward.form=perplexity", "sampling.max_new_tokens=16",
+                                   "output.all_candidates=true"])
+    (res,) = out.results
+    done = [c for c in res.candidates if c.finished and c.token_ids]
+    assert done
+    lps = LMScorer(tiny_model, tiny_tokenizer).logprobs_ids([(gen.encode(prompt), c.token_ids) for c in done])
+    for c, lp in zip(done, lps):
+        assert c.score == pytest.approx(-math.exp(-sum(lp) / len(lp)), rel=1e-3)
+    assert res.best.score == max(c.score for c in res.candidates if c.finished) and res.best.score <= -1.0

@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
-
-from rodeco.validation import ConfigError
-from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
 from rodeco_rewards.preference_rm import build_preference_rm
 from rodeco_rewards.rm_format import FALLBACK_TEMPLATE
+
+from rodeco.plugins import BuildContext
+from rodeco.state import ScoreRequest
+from rodeco.validation import ConfigError
 
 WORDS = ("the a sky is blue because light scatters haiku autumn leaves fall tips healthy sleep water walk "
          "explain why two sentences write give three hello world answer question").split()
@@ -210,4 +210,7 @@ def test_decoding_end_to_end_with_a_preference_rm(rm_dirs, tiny_gen):
                         overrides=["reward=preference_rm", f"reward.model={rm_dirs['llama']}", "reward.device=cpu",
                                    "sampling.max_new_tokens=24", "budget.kv_tokens=null"])
     (res,) = out.results
-    assert res.best.score is not None and out.compute.reward_tokens > 0 and out.compute.reward_flops > 0
+    rescored = _build(rm_dirs["llama"]).score([ScoreRequest("explain why the sky is blue", res.best.text, (),
+                                                             partial=False)])
+    assert res.best.score == pytest.approx(rescored[0], abs=1e-4)  # the winner's score is the RM's, recomputed
+    assert out.compute.reward_tokens > 0 and out.compute.reward_flops > 0

@@ -6,10 +6,8 @@ other test depends on it being installed or not: they build their managers from 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from rodeco import hookimpl
-from rodeco.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
+from rodeco.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plugins" / "rodeco_example"
@@ -90,30 +88,6 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 300) -
         if k not in (env or {}):
             full_env.pop(k, None)
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def installed_example(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """``pip install ./plugins/rodeco_example`` into this venv, built from a copy so the checkout stays clean."""
-    src = tmp_path_factory.mktemp("src") / "rodeco_example"
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    # Offline and fast when this venv has setuptools (the build backend); otherwise pip fetches it to build.
-    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
-    p = run([sys.executable, "-m", "pip", "install", "--no-deps", *offline, "--disable-pip-version-check",
-             "--quiet", str(src)])
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from test_hooks import one_thread, tiny_generator
-
-    with one_thread():
-        gen = tiny_generator()
-    path = tmp_path_factory.mktemp("tiny-llama")
-    gen.model.save_pretrained(path)
-    gen.tokenizer.save_pretrained(path)
-    return path
 
 
 CHECK_ENTRY_POINTS = textwrap.dedent("""

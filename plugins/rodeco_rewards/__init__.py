@@ -25,7 +25,8 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     from rodeco_rewards.preference_rm import build_preference_rm
 
     register("logprob", build_logprob, "log-probability of the response (mean, sum or -perplexity), generator's own")
-    register("minilm_rm", build_minilm_rm, "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs")
+    register("minilm_rm", build_minilm_rm,
+             "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs")
     register("preference_rm", build_preference_rm, "any AutoModelForSequenceClassification reward model (hub name "
              "or local dir)")
     register("composite", build_composite, "a weighted sum of named rewards, optionally standardized")

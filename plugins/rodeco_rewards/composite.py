@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco import BuildContext, ConfigError, Reward, RewardCost, ScoreRequest, Scorer, take_params
+from rodeco import BuildContext, ConfigError, Reward, RewardCost, Scorer, ScoreRequest, take_params
 from rodeco_rewards.value_function import registries
 
 

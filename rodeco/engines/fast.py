@@ -1,17 +1,17 @@
 """A fast engine for Llama-family models (Llama, Mistral without sliding window, Qwen2), gpt-fast style.
 
-It reuses the HF model's weights (fused: one QKV matmul, one gate+up matmul) and its rotary embedding module,
-and splits the KV cache in two: each prompt's keys and values are stored once (``[prompts, kv_heads, P, head_dim]``),
-shared by all the rows that decode from it, and the generated tokens live in a per-round preallocated cache
-``[rows, kv_heads, capacity - P, head_dim]`` written in place each step. Decode attention scores a prompt's cached
-keys with all its rows' queries in one matmul (the cache is read once per prompt, not once per row), scores the
-row's own tokens separately, and takes one softmax over both. Fan-out copies nothing: a selection that does not
-shrink the batch is only recorded and applied by the next ``reserve``. Pruning (a selection that shrinks it)
-reallocates at once, one ``index_select`` per layer of the generated part, layer by layer, so memory is freed at
-the decision point and old and new caches coexist for one layer at most. The ``heads / kv_heads`` query heads that share a KV head are treated as a short query
-sequence, so grouped-query attention needs no repeated keys. On CPU, weights are prepacked once for oneDNN's matmul
-(the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than plain ``F.linear`` at decode
-batch sizes; this holds a second copy of the weights in memory.
+It reuses the HF model's weights (fused: one QKV matmul, one gate+up matmul) and its rotary embedding module, and
+splits the KV cache in two: each prompt's keys and values are stored once (``[prompts, kv_heads, P, head_dim]``),
+shared by all the rows that decode from it, and the generated tokens live in a per-round preallocated cache ``[rows,
+kv_heads, capacity - P, head_dim]`` written in place each step. Decode attention scores a prompt's cached keys with
+all its rows' queries in one matmul (the cache is read once per prompt, not once per row), scores the row's own
+tokens separately, and takes one softmax over both. Fan-out copies nothing: a selection that does not shrink the
+batch is only recorded and applied by the next ``reserve``. Pruning (a selection that shrinks it) reallocates at
+once, one ``index_select`` per layer of the generated part, layer by layer, so memory is freed at the decision point
+and old and new caches coexist for one layer at most. The ``heads / kv_heads`` query heads that share a KV head are
+treated as a short query sequence, so grouped-query attention needs no repeated keys. On CPU, weights are prepacked
+once for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than plain
+``F.linear`` at decode batch sizes; this holds a second copy of the weights in memory.
 """
 
 from __future__ import annotations

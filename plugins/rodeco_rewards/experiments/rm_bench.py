@@ -11,11 +11,11 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco import BuildContext, Compute, Plugins, ResultsWriter, RunOutput, ScoreRequest
+
 PROMPTS = ["Give three tips for staying healthy.", "Explain in two sentences why the sky is blue.",
            "Write a haiku about autumn."]
 

@@ -1,0 +1,84 @@
+"""A newcomer's first commands: a prompt file on the command line, a misspelled key, a misspelled option."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rodeco
+from rodeco.validation import ConfigError
+
+RODECO = Path(sys.executable).with_name("rodeco")
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([str(RODECO), *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def test_a_prompt_file_on_the_command_line_replaces_the_demo_prompts(tiny_model_dir: Path, tmp_path: Path):
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["w1 w2", "w3"]))
+    p = cli(["data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob", "n=2",
+             "sampling.max_new_tokens=4", "budget=unlimited", "hydra.run.dir=out"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in recs] == ["w1 w2", "w3"]
+
+
+def test_the_key_typed_wins_over_what_a_data_option_set():
+    cfg = rodeco.load_config(["data.path=prompts.jsonl"])  # data: demo sets prompts
+    assert (cfg.data.path, cfg.data.prompts) == ("prompts.jsonl", None)
+    cfg = rodeco.load_config(["data=specrej100", "data.prompts=[Hello]"])  # data: specrej100 sets a path
+    assert (cfg.data.path, list(cfg.data.prompts)) == (None, ["Hello"])
+    cfg = rodeco.load_config(["data=specrej100"])  # nothing typed: the option's own values stay
+    assert cfg.data.path.endswith("specrej_alpaca_farm_100.json") and cfg.data.prompts is None
+    cfg = rodeco.load_config(["data.path=a.jsonl", "data.prompts=[Hello]"])  # both typed: both kept, the loader
+    assert cfg.data.path == "a.jsonl" and list(cfg.data.prompts) == ["Hello"]  # then asks for exactly one
+
+
+def test_a_misspelled_key_names_the_valid_keys_and_the_likely_one():
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(["policy.alfa=0.3"])
+    err = e.value
+    assert err.key == "policy.alfa" and err.value == 0.3
+    assert "the keys of policy are: alpha, name" in err.problem
+    assert err.fix.startswith("did you mean alpha?") and "policy.alpha=0.3" in err.fix
+
+
+@pytest.mark.parametrize("override, key, hint", [
+    ("sampling.temprature=0.7", "sampling.temprature", "did you mean temperature?"),
+    ("nn=8", "nn", "did you mean n?"),
+    ("experiment=efficiency experiment_args.kk=3", "experiment_args.kk", "did you mean k?"),
+])
+def test_misspelled_keys_in_typed_nodes_too(override, key, hint):
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(override.split())
+    assert e.value.key == key and e.value.fix.startswith(hint)
+
+
+def test_a_value_of_the_wrong_type_names_its_key():
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(["experiment=efficiency", "experiment_args.k=many"])
+    assert e.value.key == "experiment_args.k" and e.value.value == "many"
+
+
+def test_a_misspelled_option_suggests_the_option():
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(["policy=fixd"])
+    assert e.value.key == "policy" and "fixed" in e.value.problem and e.value.fix == "did you mean policy=fixed?"
+
+
+def test_the_cli_says_it_in_rodecos_words(tmp_path: Path):
+    p = cli(["policy.alfa=0.3"], cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("rodeco: error: policy.alfa=0.3: unknown key; the keys of policy are: alpha, name. "
+                                "Fix: did you mean alpha? Use policy.alpha=0.3")
+    p = cli(["policy=fixd"], cwd=tmp_path)
+    assert p.returncode == 2 and "did you mean policy=fixed?" in p.stderr and "Traceback" not in p.stderr
+    p = cli(["n=3", "'bad"], cwd=tmp_path)  # an override Hydra cannot parse: Hydra's own message, exit 1
+    assert p.returncode == 1 and p.stderr.startswith("rodeco: error: ") and "Traceback" not in p.stderr
