@@ -21,7 +21,8 @@ from rodeco.plugins import Plugins, default_plugins
 from rodeco.validation import ConfigError
 
 CONFIG_MODULE = "rodeco.conf"
-ALTERNATIVES = (("data.path", "data.prompts"),)  # keys that give the same thing two ways: the one typed wins
+# Keys that give the same thing two ways: the one typed replaces what a config group set for the other(s).
+ALTERNATIVES = {"data.path": ("data.prompts", "data.indices"), "data.prompts": ("data.path", "data.indices")}
 
 
 def conf_dir() -> Path:
@@ -88,11 +89,12 @@ def override_keys(overrides: list[str]) -> set[str]:
 def prefer_typed(cfg: DictConfig, overrides: list[str]) -> None:
     """Of two alternative keys, the one the user set replaces the other that a config group set."""
     keys = override_keys(overrides)
-    for a, b in ALTERNATIVES:
-        for given, other in ((a, b), (b, a)):
-            if given in keys and other not in keys and OmegaConf.select(cfg, given) is not None:
-                with open_dict(cfg):
-                    OmegaConf.update(cfg, other, None)
+    for given, others in ALTERNATIVES.items():
+        if given in keys and OmegaConf.select(cfg, given) is not None:
+            for other in others:
+                if other not in keys:
+                    with open_dict(cfg):
+                        OmegaConf.update(cfg, other, None)
 
 
 def explain(e: Exception, overrides: list[str]) -> ConfigError | None:

@@ -60,6 +60,7 @@ class DataConfig:
     path: Optional[str] = field(default=None, metadata={"help": "JSON or JSONL file of records with a prompt field"})
     prompts: Optional[list[str]] = None
     batch_prompts: int = field(default=4, metadata={"help": "prompts decoded together in one batch"})
+    indices: Optional[list[int]] = field(default=None, metadata={"help": "positions in the source to keep, in order"})
     offset: int = 0
     limit: Optional[int] = None
     field: str = "prompt"  # the record key that holds the prompt text (defined last: it shadows `field`)
@@ -84,6 +85,8 @@ class RodecoConfig:
     reward: Any = field(default_factory=lambda: {"name": MISSING})
     policy: Any = field(default_factory=lambda: {"name": MISSING})
     n: Any = 16  # rows per prompt, or "auto"
+    pool: Optional[str] = field(default=None, metadata={"help": "a pool directory (experiment=pool records one; "
+                                                                 "replay, efficiency, perplexity, correlation use it)"})
     seed: int = 0
     task: str = "decode"  # what `run` does: decode, or an experiment's name
     experiment_args: Any = field(default_factory=dict)

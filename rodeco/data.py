@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rodeco.validation import ConfigError
 
@@ -25,7 +26,9 @@ def _check_text(text: object, where: str, key: str) -> str:
 
 
 def load_prompts(path: str | None = None, prompts: list[str] | None = None, field: str = "prompt",
-                 offset: int = 0, limit: int | None = None) -> list[Prompt]:
+                 offset: int = 0, limit: int | None = None, indices: list[int] | None = None) -> list[Prompt]:
+    """The prompts of a file or an inline list, each keyed by its position there; ``indices`` picks positions (in
+    that order) before ``offset`` and ``limit`` apply."""
     if (path is None) == (prompts is None):
         raise ConfigError("data.path", path, "give exactly one of data.path and data.prompts",
                           "e.g. data.path=prompts.jsonl, or data.prompts='[\"Hello\"]' with data.path=null")
@@ -34,8 +37,19 @@ def load_prompts(path: str | None = None, prompts: list[str] | None = None, fiel
     else:
         texts = _read_file(Path(path), field)
     out = [Prompt(i, t) for i, t in enumerate(texts)]
+    if indices is not None:
+        bad = [i for i in indices if not 0 <= int(i) < len(out)]
+        if bad:
+            raise ConfigError("data.indices", bad[:5], f"positions outside the {len(out)} prompts",
+                              "give positions in the prompt source, or data.indices=null for all")
+        out = [out[int(i)] for i in indices]
     out = out[offset:]
     return out[:limit] if limit is not None else out
+
+
+def prompts_of(data: Any) -> list[Prompt]:
+    """The prompts a ``data`` config node describes."""
+    return load_prompts(data.path, data.prompts, data.field, data.offset, data.limit, data.get("indices"))
 
 
 def _read_file(path: Path, field: str) -> list[str]:

@@ -4,12 +4,53 @@ count need. ``rodeco.session.Session`` decodes candidate rows with it."""
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass
 
 import torch
 
+from rodeco.budget import kv_bytes_per_token
 from rodeco.engines import Engine, engine_class
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a causal LM that its FLOPs and its KV cache's bytes follow from."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_matmul_params: int  # parameters multiplied per token (the input embedding is a lookup)
+    dtype_bytes: int
+    max_context: int | None = None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelShape:
+        cfg = model.config
+        n_heads = cfg.num_attention_heads
+        n_all = sum(p.numel() for p in model.parameters())
+        emb = model.get_input_embeddings().weight
+        out = model.get_output_embeddings()
+        tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
+        return cls(n_layers=cfg.num_hidden_layers, n_heads=n_heads,
+                   n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads,
+                   n_matmul_params=n_all if tied else n_all - emb.numel(),
+                   dtype_bytes=next(model.parameters()).dtype.itemsize,
+                   max_context=getattr(cfg, "max_position_embeddings", None))
+
+    def flops_per_token(self, context: int) -> float:
+        """Forward FLOPs of one token: 2 per matmul parameter plus attention over ``context`` cached tokens."""
+        return 2.0 * self.n_matmul_params + 4.0 * self.n_layers * self.n_heads * self.head_dim * context
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype_bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 class Generator:
@@ -21,7 +62,6 @@ class Generator:
         self.use_chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.system_prompt = system_prompt
         self.engine_kind = engine
-        cfg = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         eos = getattr(model.generation_config, "eos_token_id", None)
@@ -29,22 +69,13 @@ class Generator:
         self.eos_ids = sorted({int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None})
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_ids[0])
-        self.n_layers = cfg.num_hidden_layers
-        self.n_heads = cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.max_context = getattr(cfg, "max_position_embeddings", None)
-        n_all = sum(p.numel() for p in model.parameters())
-        emb = model.get_input_embeddings().weight
-        out = model.get_output_embeddings()
-        tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
-        self.n_matmul_params = n_all if tied else n_all - emb.numel()  # parameters multiplied per token
-        self.kv_bytes_per_token = 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        self.shape = ModelShape.of(model)
+        self.max_context = self.shape.max_context
+        self.kv_bytes_per_token = self.shape.kv_bytes_per_token
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
 
     def flops_per_token(self, context: int) -> float:
-        """Forward FLOPs of one token: 2 per matmul parameter plus attention over ``context`` cached tokens."""
-        return 2.0 * self.n_matmul_params + 4.0 * self.n_layers * self.n_heads * self.head_dim * context
+        return self.shape.flops_per_token(context)
 
     def encode(self, prompt: str) -> list[int]:
         if self.use_chat_template:

@@ -41,18 +41,19 @@ class LoopSettings:
 
 
 def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[tuple[int, str]],
-                 s: LoopSettings, on_round: Callable | None = None,
-                 on_done: Callable | None = None) -> tuple[list[PromptResult], Compute]:
+                 s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
+                 session: Callable[..., Session] = Session) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts in one batch; ``prompts`` are (dataset index, text).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
-    each decision point and ``on_done(result)`` as soon as a prompt has no active row left."""
+    each decision point and ``on_done(result)`` as soon as a prompt has no active row left. ``session`` makes the
+    rows: a live ``Session``, or one that replays a recorded pool (``rodeco.replay.PoolSession``)."""
     ids = [gen.encode(text) for _, text in prompts]
     P = max(map(len, ids))
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
     budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
     n = _rows_per_prompt(s, budget, base, len(ids))
-    sess = Session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
+    sess = session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
                    keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs, ignore_eos=s.ignore_eos)
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.config import make_budget, split_node
 from rodeco.contracts import Scorer
-from rodeco.data import Prompt, load_prompts
+from rodeco.data import Prompt, prompts_of
 from rodeco.generator import Generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
@@ -49,7 +49,7 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
 
     r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
     plugins.rewards.get(r_name), plugins.policies.get(p_name)  # unknown names fail before any model is loaded
-    prompts = load_prompts(cfg.data.path, cfg.data.prompts, cfg.data.field, cfg.data.offset, cfg.data.limit)
+    prompts = prompts_of(cfg.data)
     gen = gen or load_generator(cfg.generator)
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
     scorer = Scorer(plugins.build_reward(cfg.reward, ctx), r_name)

@@ -18,7 +18,7 @@ import rodeco
 from rodeco.budget import Budget, budget_from_device
 from rodeco.compose import conf_dir
 from rodeco.config import make_budget, split_node, validate
-from rodeco.data import load_prompts
+from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, default_plugins
 
 
@@ -92,7 +92,7 @@ def test_every_data_option_loads():
         cwd = os.getcwd()
         os.chdir(REPO)
         try:
-            prompts = load_prompts(cfg.data.path, cfg.data.prompts, cfg.data.field, cfg.data.offset, cfg.data.limit)
+            prompts = prompts_of(cfg.data)
         finally:
             os.chdir(cwd)
         assert prompts and all(p.text.strip() for p in prompts)

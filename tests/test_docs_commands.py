@@ -18,7 +18,7 @@ from conftest import REPO, SHARED_DATA
 
 import rodeco
 from rodeco.config import validate
-from rodeco.data import load_prompts
+from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, get_plugin_manager
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]
@@ -98,7 +98,7 @@ def check_command(command: str, plugins) -> None:
     cwd = os.getcwd()
     os.chdir(REPO)  # documented paths are relative to the repository root
     try:
-        assert load_prompts(cfg.data.path, cfg.data.prompts, cfg.data.field, cfg.data.offset, cfg.data.limit)
+        assert prompts_of(cfg.data)
     finally:
         os.chdir(cwd)
 

@@ -59,6 +59,33 @@ def load_pairs(split: str, root: Path) -> list[Pair]:
     return out
 
 
+def _norm(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+def held_out(pairs: Sequence[Pair], files: Sequence[str], prompts: Sequence[str], root: Path,
+             key: str = "experiment_args.exclude_files") -> tuple[list[Pair], dict]:
+    """``pairs`` without those whose instruction is an evaluation prompt: one of ``files``' records (JSON list or
+    JSONL, relative to ``root``; matched by AlpacaEval index ``af_eval_idx``/``alpaca_eval_idx`` and by text) or one
+    of ``prompts`` (by text). Returns the kept pairs and what was removed."""
+    idx, texts = set(), {_norm(t) for t in prompts}
+    for name in files:
+        f = Path(name) if Path(name).is_absolute() else root / name
+        if not f.is_file():
+            raise ConfigError(key, name, f"no such file under {root}", "give prompt files relative to data_dir")
+        raw = f.read_text(encoding="utf-8")
+        recs = json.loads(raw) if f.suffix == ".json" else [json.loads(x) for x in raw.splitlines() if x.strip()]
+        for r in recs:
+            for k in ("af_eval_idx", "alpaca_eval_idx"):
+                if k in r:
+                    idx.add(str(r[k]))
+            texts.update(_norm(r[k]) for k in ("prompt", "instruction") if r.get(k))
+    kept = [p for p in pairs if p.group not in idx and _norm(p.prompt) not in texts]
+    removed = {p.group for p in pairs} - {p.group for p in kept}
+    return kept, {"files": list(files), "prompts": list(prompts), "pairs_removed": len(pairs) - len(kept),
+                  "instructions_removed": len(removed)}
+
+
 def similar_length(p: Pair, tolerance: float = 0.2) -> bool:
     """The two responses are within +-``tolerance`` of each other in characters."""
     a, b = len(p.chosen), len(p.rejected)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rodeco.experiments.args import CorrelationArgs, EfficiencyArgs, EngineBenchArgs
+from rodeco.experiments.args import CorrelationArgs, EfficiencyArgs, EngineBenchArgs, PoolArgs, ReplayArgs
 from rodeco.hookspecs import hookimpl
 
 
 @hookimpl
 def rodeco_register_experiments(register: Callable[..., None]) -> None:
-    from rodeco.experiments import correlation, efficiency, engine_bench, perplexity
+    from rodeco.experiments import correlation, efficiency, engine_bench, perplexity, pool, replay
 
+    register("pool", pool.run, "record M candidates per prompt into a pool directory, for replay", args=PoolArgs)
+    register("replay", replay.run, "a policy replayed over a recorded pool by the real loop", args=ReplayArgs)
     register("engine_bench", engine_bench.run, "rodeco's loop vs model.generate() on the same model: the speedup",
              args=EngineBenchArgs)
     register("correlation", correlation.run, "partial vs final reward correlation by decision length (Appendix B)",

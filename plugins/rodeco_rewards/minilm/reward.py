@@ -8,6 +8,7 @@ shares it, and it is scored again at every decision point).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -56,6 +57,9 @@ class MiniLMReward:
         self._prompt_cache = prompt_cache
         self.n_params = encoder.n_params + sum(p.numel() for p in head.parameters())
         self.cost = RewardCost()
+        # what the scores depend on beyond the config node: a pool's score cache is keyed by it
+        self.identity = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes()
+                                                for t in head.state_dict().values())).hexdigest()[:16]
 
     def _prompt_embeddings(self, prompts: Sequence[str]) -> np.ndarray:
         new = [p for p in dict.fromkeys(prompts) if p not in self._prompts]

@@ -1,0 +1,91 @@
+"""``rodeco experiment=pool``: record ``experiment_args.candidates`` candidates per prompt of the run's prompts into
+the pool directory ``pool=DIR`` (default: ``pool/`` in the run directory), with the run's reward's final scores.
+Each prompt is written as it finishes; a rerun records only the prompts missing and refuses a pool recorded with
+other settings. Other experiments (``replay``, ``efficiency``, ``perplexity``, ``correlation``) read pools."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rodeco.config import split_node
+from rodeco.contracts import Scorer
+from rodeco.data import Prompt, prompts_of
+from rodeco.generator import Generator
+from rodeco.plugins import BuildContext, Plugins
+from rodeco.pool import Pool, reward_key
+from rodeco.replay import PoolReward, pool_settings, record_prompt
+from rodeco.runner import check_lengths, loop_settings
+from rodeco.state import Compute, RunOutput, ScoreRequest
+
+log = logging.getLogger(__name__)
+
+
+def pool_dir(cfg: DictConfig, out_dir: Path | None) -> Path:
+    if cfg.pool is not None:
+        return Path(cfg.pool)
+    if out_dir is None:
+        from rodeco.validation import ConfigError
+
+        raise ConfigError("pool", None, "no pool directory", "give pool=DIR")
+    return Path(out_dir) / "pool"
+
+
+def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen) -> PoolReward:
+    """The run's reward, served from (and filling) the pool's cache."""
+    reward = plugins.build_reward(cfg.reward, BuildContext(generator=gen if isinstance(gen, Generator) else None,
+                                                           device="cpu", plugins=plugins))
+    node = OmegaConf.to_container(cfg.reward, resolve=True)
+    return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
+
+
+def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt], candidates: int,
+           gen: Generator | None = None) -> Pool:
+    """Record into the pool at ``path`` every prompt of ``prompts`` it lacks, with the run's reward's final scores."""
+    from tqdm.auto import tqdm
+
+    from rodeco.loading import load_generator
+
+    if path.is_dir() and (path / "pool.json").is_file():
+        pool = Pool(path)
+        todo = [p for p in prompts if not pool.has(p.index)]
+        if not todo:
+            return pool
+    gen = gen or load_generator(cfg.generator)
+    s = loop_settings(cfg, gen)
+    check_lengths(gen, prompts, s.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
+    pool = Pool.create(path, pool_settings(gen, s, candidates, OmegaConf.to_container(cfg.generator, resolve=True)))
+    if not (path / "tokenizer").is_dir():
+        tmp = Path(tempfile.mkdtemp(dir=path, prefix=".tokenizer-"))
+        gen.tokenizer.save_pretrained(tmp)
+        tmp.rename(path / "tokenizer")
+    reward = pool_reward(cfg, plugins, pool, gen)
+    scorer = Scorer(reward, split_node(cfg.reward, "reward")[0])
+    todo = [p for p in prompts if not pool.has(p.index)]
+    if len(todo) < len(prompts):
+        log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
+    for p in tqdm(todo, desc="pool", unit="prompt", disable=not cfg.output.progress):
+        rec = record_prompt(gen, pool, p, s)
+        scorer([ScoreRequest(p.text, c.text, tuple(c.token_ids), partial=False, prompt_index=p.index,
+                             candidate_id=i, logprobs=tuple(c.logprobs) if reward.needs_logprobs else None)
+                for i, c in enumerate(rec.candidates)])  # the final rewards, cached with their cost
+        reward.save()
+        pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards
+        log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
+    return pool
+
+
+def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
+    path = pool_dir(cfg, out_dir)
+    prompts = prompts_of(cfg.data)
+    pool = record(cfg, plugins, path, prompts, int(cfg.experiment_args.candidates))
+    seconds = sum(pool.prompt(p.index).record_seconds for p in prompts)
+    n_cands = sum(len(pool.prompt(p.index).candidates) for p in prompts)
+    print(f"pool: {path} ({len(prompts)} prompts, {n_cands} candidates)")
+    print(f"pool_seconds: {seconds:.1f}")
+    return RunOutput([], Compute(), out_dir, extra={"pool": str(path), "pool_seconds": seconds,
+                                                    "prompts": [p.index for p in prompts]})

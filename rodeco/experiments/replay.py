@@ -1,0 +1,53 @@
+"""``rodeco experiment=replay pool=DIR policy=... budget...``: the run's policy replayed over a recorded pool by
+the real loop, in seconds. Writes ``results.jsonl`` like a decode run (winners, round traces, compute charged as
+if decoded live) and prints the totals."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rodeco.budget import Budget, full_length_tokens
+from rodeco.config import split_node
+from rodeco.experiments.pool import pool_reward
+from rodeco.loop import LoopSettings
+from rodeco.plugins import BuildContext, Plugins
+from rodeco.replay import open_pool, replay_prompt
+from rodeco.results import ResultsWriter
+from rodeco.runner import loop_settings
+from rodeco.state import Compute, RunOutput
+from rodeco.validation import ConfigError
+
+
+def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
+    if cfg.pool is None:
+        raise ConfigError("pool", None, "replay needs a recorded pool", "give pool=DIR (rodeco experiment=pool)")
+    t0 = time.perf_counter()
+    pool, gen = open_pool(cfg.pool)
+    r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
+    reward = pool_reward(cfg, plugins, pool, gen)
+    policy = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
+    s = loop_settings(cfg, gen, p_name, r_name)
+    best_of = cfg.experiment_args.best_of
+    writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
+    results, total = [], Compute()
+    for index in pool.indices():
+        if best_of is not None:  # per prompt: the memory Best-of-n fills at full length
+            p = pool.prompt(index)
+            kv = full_length_tokens(best_of, len(p.prompt_ids), s.max_new_tokens, gen.shares_prefix)
+            s = LoopSettings(**{**s.__dict__, "budget": Budget(kv, s.budget.min_tokens_per_round)})
+        res, comp, _ = replay_prompt(pool, gen, reward, policy, index, s, on_round=plugins.round_end)
+        results.append(res)
+        total.add(comp)
+        if writer is not None:
+            writer.write(res.to_dict())
+    reward.save()
+    seconds = time.perf_counter() - t0
+    mean = sum(r.best.score for r in results) / max(1, len(results))
+    print(f"replayed {p_name} over {len(results)} prompts of {cfg.pool}: mean best reward {mean:.4f}, "
+          f"decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs charged, "
+          f"{reward.computed} reward requests computed (the rest from the cache)")
+    print(f"replay_seconds: {seconds:.2f}")
+    return RunOutput(results, total, out_dir, extra={"replay_seconds": seconds, "computed": reward.computed})

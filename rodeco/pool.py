@@ -1,0 +1,119 @@
+"""A pool: M candidates per prompt, decoded once with the same counter-based random streams as a live run, stored
+in a directory so that any rejection policy can be replayed over them (``rodeco.replay``).
+
+    DIR/pool.json                 settings (generator, sampling, seed, M, max_new_tokens, model shape, engine)
+    DIR/tokenizer/                the generator's tokenizer (replay decodes partial responses with it)
+    DIR/prompts/<index>.json      one prompt: its token ids, each candidate's tokens, text, log-probs and stop
+                                  token, the measured prefill and per-step decode costs
+    DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
+
+Every file is written atomically as soon as it is complete; a pool is extended prompt by prompt, and refuses to
+be extended with other settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rodeco.generator import ModelShape
+from rodeco.results import atomic_write
+from rodeco.validation import ConfigError
+
+SETTINGS = "pool.json"
+
+
+@dataclass
+class PoolCandidate:
+    token_ids: list[int]  # the response (a stop token excluded)
+    text: str
+    logprobs: list[float]  # the generator's log-probability of each response token
+    stop: int | None  # the EOS token that ended it, None if it reached max_new_tokens
+
+
+@dataclass
+class PoolPrompt:
+    index: int  # the prompt's position in its source (results are keyed by it)
+    text: str
+    prompt_ids: list[int]
+    candidates: list[PoolCandidate]
+    prefill_seconds: float
+    steps: dict[str, list[float]] = field(default_factory=dict)  # rows, context, seconds of each decode step
+    record_seconds: float = 0.0  # wall time of recording this prompt (prefill, decode, final rewards)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PoolPrompt:
+        return cls(**{**d, "candidates": [PoolCandidate(**c) for c in d["candidates"]]})
+
+
+def reward_key(node: dict[str, Any], identity: str | None = None) -> str:
+    """A directory name for one reward's cached scores: its name and a hash of its config (and identity, e.g. the
+    hash of a trained head's weights, so retraining a head does not serve stale scores)."""
+    blob = json.dumps({"node": node, "identity": identity}, sort_keys=True, default=str)
+    return f"{node.get('name', 'reward')}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+class Pool:
+    """A pool directory: its settings, its prompts (loaded on demand) and its score caches."""
+
+    def __init__(self, path: str | Path, key: str = "pool") -> None:
+        self.path, self.key = Path(path), key
+        f = self.path / SETTINGS
+        if not f.is_file():
+            raise ConfigError(key, str(path), "no pool there (no pool.json)",
+                              f"record one first: rodeco experiment=pool {key}={path}")
+        self.settings: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
+        self._prompts: dict[int, PoolPrompt] = {}
+
+    @staticmethod
+    def create(path: str | Path, settings: dict[str, Any], key: str = "pool") -> Pool:
+        """Open the pool at ``path``, creating it with ``settings``; an existing pool must have the same ones."""
+        path = Path(path)
+        f = path / SETTINGS
+        if f.is_file():
+            old = json.loads(f.read_text(encoding="utf-8"))
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            if diff:
+                raise ConfigError(key, str(path), f"the pool there was recorded with other settings ({diff})",
+                                  "give a new pool directory, or the settings it was recorded with")
+        else:
+            atomic_write(f, json.dumps(settings, indent=2) + "\n")
+        return Pool(path, key)
+
+    @property
+    def candidates(self) -> int:
+        return int(self.settings["candidates"])
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(**self.settings["shape"])
+
+    def indices(self) -> list[int]:
+        return sorted(int(p.stem) for p in (self.path / "prompts").glob("*.json"))
+
+    def has(self, index: int) -> bool:
+        return (self.path / "prompts" / f"{index}.json").is_file()
+
+    def prompt(self, index: int) -> PoolPrompt:
+        if index not in self._prompts:
+            f = self.path / "prompts" / f"{index}.json"
+            if not f.is_file():
+                raise ConfigError(self.key, str(self.path), f"prompt {index} is not in the pool",
+                                  "record it first (rodeco experiment=pool with the same data)")
+            self._prompts[index] = PoolPrompt.from_dict(json.loads(f.read_text(encoding="utf-8")))
+        return self._prompts[index]
+
+    def write_prompt(self, p: PoolPrompt) -> None:
+        atomic_write(self.path / "prompts" / f"{p.index}.json", json.dumps(asdict(p)) + "\n")
+        self._prompts[p.index] = p
+
+    def scores(self, key: str, index: int) -> dict[str, list[float]]:
+        """``"candidate:length:partial" -> [score, tokens, flops, seconds]`` of one reward on one prompt."""
+        f = self.path / "scores" / key / f"{index}.json"
+        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+
+    def write_scores(self, key: str, index: int, entries: dict[str, list[float]]) -> None:
+        atomic_write(self.path / "scores" / key / f"{index}.json", json.dumps(entries) + "\n")

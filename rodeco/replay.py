@@ -1,0 +1,229 @@
+"""Replay: the real loop (``decode_batch``: the same budget arithmetic, ``RoundView``s, policy plugins and checks,
+the same compute accounting) run over a recorded pool instead of a model.
+
+- ``ReplayGenerator`` stands in for the generator: the pool's prompt ids, its saved tokenizer, the model's sizes
+  (FLOPs and KV bytes) and a model-free engine layout (``rodeco.engines.layout``) that allocates as the engine the
+  pool was recorded with does.
+- ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate.
+- ``PoolReward`` serves rewards from the pool's cache, computing what is missing on first use, and charges every
+  request the tokens, FLOPs and seconds it cost when it was computed, as a live run would pay them.
+- ``record_prompt`` records one prompt of a pool with the live model.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rodeco.contracts import Scorer
+from rodeco.data import Prompt
+from rodeco.engines.layout import LAYOUTS
+from rodeco.generator import Generator
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.pool import Pool, PoolCandidate, PoolPrompt
+from rodeco.protocols import Policy, Reward, RewardCost
+from rodeco.session import Session
+from rodeco.state import Compute, PromptResult, ScoreRequest
+from rodeco.validation import ConfigError
+
+
+def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a pool's candidates depend on; replaying needs the same, extending the pool too."""
+    return {"candidates": candidates, "max_new_tokens": s.max_new_tokens, "seed": s.seed,
+            "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
+                         "top_p": s.sampling.top_p},
+            "generator": generator_cfg, "engine": type(gen.new_engine()).__name__, "shape": gen.shape.to_dict(),
+            "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id}
+
+
+def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -> PoolPrompt:
+    """Decode ``pool.candidates`` candidates of one prompt to the end, as Best-of-M with no budget would, with the
+    same random streams as a live run (candidate ``i`` of prompt ``index``), and store them with their costs."""
+    t0 = time.perf_counter()
+    sess = Session(gen, pool.candidates, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
+                   keys=[prompt.index], needs_logprobs=True)
+    ids = gen.encode(prompt.text)
+    sess.prefill([ids])
+    prefill_s = time.perf_counter() - t0
+    rows = sess.decode(until=s.max_new_tokens) + sess.retire_finished()
+    rows.sort(key=lambda r: r.candidate_id)
+    st = sess.stats
+    return PoolPrompt(index=prompt.index, text=prompt.text, prompt_ids=ids, prefill_seconds=prefill_s,
+                      candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop)
+                                  for r in rows],
+                      steps={"rows": st.step_rows, "context": st.step_context, "seconds": st.step_seconds},
+                      record_seconds=time.perf_counter() - t0)
+
+
+class ReplayGenerator:
+    """What the loop and the session read of a generator, from a pool: no model is loaded."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, pool: Pool) -> None:
+        from transformers import AutoTokenizer
+
+        s = pool.settings
+        self.pool, self.shape, self.name = pool, pool.shape, str(s["generator"].get("model", ""))
+        self.tokenizer = AutoTokenizer.from_pretrained(pool.path / "tokenizer")
+        self.eos_ids, self.pad_id = list(s["eos_ids"]), int(s["pad_id"])
+        self.eos_tensor = torch.tensor(self.eos_ids)
+        self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
+        self.layout = LAYOUTS[s["engine"]]
+        self.shares_prefix = self.layout.shares_prefix
+        self._ids: dict[str, list[int]] = {}
+
+    def add(self, p: PoolPrompt) -> None:
+        self._ids[p.text] = p.prompt_ids
+
+    def encode(self, text: str) -> list[int]:
+        return self._ids[text]
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def flops_per_token(self, context: int) -> float:
+        return self.shape.flops_per_token(context)
+
+    def new_engine(self):
+        return self.layout()
+
+
+class PoolSession(Session):
+    """A session whose candidates are the pool's: row ``(prompt, c)`` emits the recorded tokens of pool candidate
+    ``first + c`` of that prompt, and finishes where the recording did."""
+
+    def __init__(self, gen: ReplayGenerator, n: int, *, pool: Pool, first: int = 0, **kw: Any) -> None:
+        super().__init__(gen, n, **kw)
+        self.pool, self.first = pool, first
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        super().prefill(prompt_ids)
+        self.cand = self.cand + self.first  # pool candidate ids
+        B, T = self.rows, self.max_new
+        self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
+        self.rec_lp = torch.zeros((B, T))
+        for r, (p, c) in enumerate(zip(self.keys[self.prompt_of], self.cand)):
+            cand = self.pool.prompt(int(p)).candidates[int(c)]
+            toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
+            self.rec[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            self.rec_lp[r, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
+
+    def _next_tokens(self) -> torch.Tensor:
+        return self.rec[:, self.t]
+
+    def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
+        return self.rec_lp[:, self.t]
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        self.rec, self.rec_lp = self.rec[rows.cpu()], self.rec_lp[rows.cpu()]
+
+
+class PoolReward:
+    """A reward served from the pool's cache (``scores/<key>/``): each (prompt, candidate, length, partial) is
+    computed once by ``reward``, on first use, and charged to every run that asks for it with the tokens, FLOPs and
+    seconds it cost then (a call's cost is shared among its requests in proportion to their lengths)."""
+
+    def __init__(self, pool: Pool, reward: Reward, key: str) -> None:
+        self.pool, self.reward, self.key = pool, reward, key
+        self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
+        self.cost = RewardCost()
+        self.seconds = 0.0  # charged: what the requests served took when they were computed
+        self.computed = 0  # requests computed (cache misses)
+        self._entries: dict[int, dict[str, list[float]]] = {}
+        self._dirty: set[int] = set()
+
+    def entries(self, index: int) -> dict[str, list[float]]:
+        if index not in self._entries:
+            self._entries[index] = self.pool.scores(self.key, index)
+        return self._entries[index]
+
+    @staticmethod
+    def _key(r: ScoreRequest) -> str:
+        return f"{r.candidate_id}:{len(r.response_ids)}:{int(r.partial)}"
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
+        miss = [r for r in requests if self._key(r) not in self.entries(r.prompt_index)]
+        if miss:
+            self._compute(list({(r.prompt_index, self._key(r)): r for r in miss}.values()))
+        out = []
+        for r in requests:
+            score, tokens, flops, seconds = self.entries(r.prompt_index)[self._key(r)]
+            self.cost.tokens += tokens
+            self.cost.flops += flops
+            self.seconds += seconds
+            out.append(score)
+        self.cost.calls += 1
+        return out
+
+    def _compute(self, reqs: list[ScoreRequest]) -> None:
+        cost = getattr(self.reward, "cost", None)
+        t0, f0 = (cost.tokens, cost.flops) if cost is not None else (0, 0.0)
+        start = time.perf_counter()
+        scores = list(self.reward.score(reqs))
+        seconds = time.perf_counter() - start
+        t1, f1 = (cost.tokens, cost.flops) if cost is not None else (0, 0.0)
+        weights = np.array([len(r.response_ids) + 1 for r in reqs], dtype=np.float64)
+        share = weights / weights.sum()
+        for r, sc, w in zip(reqs, scores, share):
+            self.entries(r.prompt_index)[self._key(r)] = [float(sc), (t1 - t0) * w, (f1 - f0) * w, seconds * w]
+            self._dirty.add(r.prompt_index)
+        self.computed += len(reqs)
+
+    def save(self) -> None:
+        for index in sorted(self._dirty):
+            self.pool.write_scores(self.key, index, self._entries[index])
+        self._dirty.clear()
+
+
+def check_replayable(pool: Pool, s: LoopSettings, n: int | str, first: int = 0) -> None:
+    """The run's settings must be the pool's (the candidates depend on them) and ask for no more than it holds."""
+    ps = pool.settings
+    got = {"seed": s.seed, "temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
+           "top_p": s.sampling.top_p}
+    want = {"seed": ps["seed"], **ps["sampling"]}
+    for k in got:
+        if got[k] != want[k]:
+            key = "seed" if k == "seed" else f"sampling.{k}"
+            raise ConfigError(key, got[k], f"the pool was recorded with {key}={want[k]}",
+                              f"replay with {key}={want[k]}, or record a pool with these settings")
+    if s.max_new_tokens > ps["max_new_tokens"]:
+        raise ConfigError("sampling.max_new_tokens", s.max_new_tokens,
+                          f"the pool's candidates stop at {ps['max_new_tokens']} tokens",
+                          f"use at most {ps['max_new_tokens']}")
+    if s.ignore_eos:
+        raise ConfigError("sampling.ignore_eos", True, "a pool records candidates up to their EOS only",
+                          "replay with sampling.ignore_eos=false")
+    if n != "auto" and first + int(n) > pool.candidates:
+        raise ConfigError("n", n, f"the pool holds {pool.candidates} candidates per prompt",
+                          f"use n<={pool.candidates - first}")
+
+
+def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, index: int,
+                  s: LoopSettings, first: int = 0, on_round=None) -> tuple[PromptResult, Compute, float]:
+    """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
+    charged (the reward's time as computed live). ``n: auto`` is capped at the pool's candidates."""
+    p = pool.prompt(index)
+    gen.add(p)
+    sess = functools.partial(PoolSession, pool=pool, first=first)
+    seconds0 = reward.seconds
+    scorer = Scorer(reward, s.reward_name)
+    if s.n == "auto":
+        budget, base = s.budget.for_batch(1, len(p.prompt_ids), gen.shares_prefix)
+        n = min(budget.auto_n(1, base, base + s.max_new_tokens), pool.candidates - first)
+        s = LoopSettings(**{**s.__dict__, "n": n})
+    check_replayable(pool, s, s.n, first)
+    (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess)
+    return res, comp, reward.seconds - seconds0
+
+
+def open_pool(path: str | Path, key: str = "pool") -> tuple[Pool, ReplayGenerator]:
+    pool = Pool(path, key)
+    return pool, ReplayGenerator(pool)
