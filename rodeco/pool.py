@@ -6,6 +6,8 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
     DIR/prompts/<index>.json      one prompt: its token ids, each candidate's tokens, text, log-probs and stop
                                   token, the measured prefill and per-step decode costs
     DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
+    DIR/calibration.json          decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
+                                  complete (the time model of the efficiency experiment is fitted to them)
 
 Every file is written atomically as soon as it is complete; a pool is extended prompt by prompt, and refuses to
 be extended with other settings.
@@ -109,6 +111,14 @@ class Pool:
     def write_prompt(self, p: PoolPrompt) -> None:
         atomic_write(self.path / "prompts" / f"{p.index}.json", json.dumps(asdict(p)) + "\n")
         self._prompts[p.index] = p
+
+    @property
+    def calibration(self) -> dict[str, list[float]] | None:
+        f = self.path / "calibration.json"
+        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
+
+    def write_calibration(self, steps: dict[str, Any]) -> None:
+        atomic_write(self.path / "calibration.json", json.dumps(steps) + "\n")
 
     def scores(self, key: str, index: int) -> dict[str, list[float]]:
         """``"candidate:length:partial" -> [score, tokens, flops, seconds]`` of one reward on one prompt."""

@@ -61,6 +61,24 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -
                       record_seconds=time.perf_counter() - t0)
 
 
+def calibrate(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int, steps: int = 48) -> dict[str, Any]:
+    """Decode step times of the live engine at 1, 2, 4, ..., ``max_rows`` rows of one prompt (``steps`` steps each,
+    EOS ignored so the batch stays full): what the time model of replayed runs is fitted to."""
+    out: dict[str, Any] = {"rows": [], "context": [], "seconds": [], "prompt_index": prompt.index}
+    ids = gen.encode(prompt.text)
+    rows = [2**j for j in range(int(np.log2(max_rows)) + 1)]
+    for r in rows:
+        sess = Session(gen, r, sampling=s.sampling, max_new_tokens=steps + 1, seed=s.seed, keys=[prompt.index],
+                       needs_logprobs=False, ignore_eos=True)
+        sess.prefill([ids])
+        sess.decode(until=steps + 1)
+        st = sess.stats
+        out["rows"] += st.step_rows
+        out["context"] += st.step_context
+        out["seconds"] += st.step_seconds
+    return out
+
+
 class ReplayGenerator:
     """What the loop and the session read of a generator, from a pool: no model is loaded."""
 

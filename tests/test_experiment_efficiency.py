@@ -1,152 +1,166 @@
-"""``rodeco experiment=efficiency`` and ``experiment=perplexity`` end to end on the tiny random Llama."""
+"""``rodeco experiment=efficiency`` and ``experiment=perplexity`` end to end on a pool of the tiny random Llama:
+figures recomputed by hand from the JSON, choices made on the selection half, CIs, headline, resume."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import SHARED_DATA
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 import rodeco
-from rodeco.experiments import efficiency
+from rodeco.experiments import analysis, efficiency
 from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
 from rodeco.plugins import default_plugins
+from rodeco.pool import Pool
 from rodeco.validation import ConfigError
 
-PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying healthy"]
+PROMPTS = [f"w{i} w{i + 1} w{i + 2}" for i in range(0, 30, 3)]  # 10 prompts: halves of 5
+HEAD = ["speedup_fixed_alpha_0.5", "speedup_best_policy", "best_policy", "relative_compute_fixed_alpha_0.5",
+        "speedup_fixed_alpha_0.5_ci_low", "speedup_fixed_alpha_0.5_ci_high"]
 
 
-def tiny_cfg(experiment: str = "efficiency", **args):
-    cfg = rodeco.load_config([f"experiment={experiment}", "reward=logprob", "budget.min_tokens_per_round=2"])
+def tiny_cfg(pool: Path, experiment: str = "efficiency", **args):
+    reward = [] if experiment == "perplexity" else ["reward=logprob"]
+    cfg = rodeco.load_config([f"experiment={experiment}", *reward, "budget.min_tokens_per_round=2", f"pool={pool}",
+                              "sampling.max_new_tokens=12", "data.prompts=[" + ",".join(PROMPTS) + "]"])
     with open_dict(cfg):
-        cfg.sampling.max_new_tokens = 12
         cfg.output.progress = False
         a = cfg.experiment_args
-        a.prompts, a.k, a.n, a.pool_factor, a.n_start = PROMPTS, 2, 2, 8, 6
-        a.alphas, a.policies, a.scales = [0.5], ["adaptive"], [1, 2]
+        a.candidates, a.n, a.alphas, a.adaptive_deltas, a.policies = 16, 2, [0.3, 0.5], [0.05], ["correlation"]
+        a.starts, a.scales, a.bon_groups, a.bootstrap, a.live_check = [4, 32], [1, 2], 2, 200, 0
         for k, v in args.items():
             a[k] = v
     return cfg
 
 
-def test_efficiency_end_to_end(tiny_gen, tmp_path: Path, capsys):
-    gen = tiny_gen()
-    efficiency.run(tiny_cfg(), default_plugins(), tmp_path, gen=gen)
-    res = json.loads((tmp_path / "efficiency.json").read_text())
-    assert (tmp_path / "efficiency.png").stat().st_size > 1000
-    md = (tmp_path / "efficiency.md").read_text()
-    assert md.startswith("| method |") and "| Best-of-16 |" in md and "SR adaptive (budget x2)" in md
-    prompts, curve = res["per_prompt"], res["curve"]
-    assert [p["prompt_index"] for p in prompts] == [0, 1]
-    assert curve["N"] == [1, 2, 4, 8, 16]
-    assert curve["improvement"][curve["N"].index(2)] == pytest.approx(100.0)  # Best-of-n is the reference
-    hi = [expected_best_of(p["pool"]["scores"], 2) for p in prompts]
-    lo = [-expected_best_of([-x for x in p["pool"]["scores"]], 2) for p in prompts]
-    checked = 0
-    for p in prompts:
-        L0 = len(gen.encode(PROMPTS[p["prompt_index"]]))
-        assert len(p["pool"]["scores"]) == 16
-        assert p["budget"] == {"1": L0 + 2 * 12, "2": L0 + 4 * 12}  # what Best-of-n (2n) fills, prompt stored once
-        assert p["bon_n"]["peak_kv_tokens"] == p["budget"]["1"]  # Best-of-n fills it exactly
-        for label in ("fixed_alpha_0.5", "adaptive"):
-            for scale in ("1", "2"):
-                r = p["methods"][label][scale]
-                assert r["peak_kv_tokens"] <= p["budget"][scale]
-                # Speculative Rejection's candidates are the pool's samples (same seed), scored alike
-                assert r["best"] == pytest.approx(p["pool"]["scores"][r["best_id"]], abs=1e-4)
-                checked += 1
-    assert checked > 0
-    sr = res["methods"]["fixed_alpha_0.5@1"]
-    best = [p["methods"]["fixed_alpha_0.5"]["1"]["best"] for p in prompts]
-    assert sr["improvement"] == pytest.approx(improvement_score(best, hi, lo))
-    flops = sum(p["methods"]["fixed_alpha_0.5"]["1"]["gen_flops"] + p["methods"]["fixed_alpha_0.5"]["1"]["reward_flops"]
-                for p in prompts)
-    assert sr["flops"] == pytest.approx(flops)
-    match = compute_to_match(sr["improvement"], curve["flops"], curve["improvement"])
-    assert sr["speedup_flops"] == pytest.approx((match or curve["flops"][-1]) / flops)
-    assert sr["beyond_curve"] == (match is None)
-    for scale in (1, 2):  # the paper's metric, by hand: Best-of-(scale n) fills the same memory
-        m = res["methods"][f"fixed_alpha_0.5@{scale}"]
-        n_match = compute_to_match(m["improvement"], curve["N"], curve["improvement"]) or curve["N"][-1]
-        runs = [(p["methods"]["fixed_alpha_0.5"][str(scale)], p["bon_n"]) for p in prompts]
-        dev = sum(r["steps"] * b["decode_s"] / b["steps"] + r["score_s"] for r, b in runs)
-        ref = sum(b["decode_s"] + scale * b["score_s"] for _, b in runs)
-        assert m["relative_compute"] == pytest.approx(n_match / (2 * scale) * ref / dev)
-    pool_flops = [p["pool"]["gen_flops"] + p["pool"]["reward_flops"] for p in prompts]
-    assert curve["flops"][0] == pytest.approx(sum(f / 16 for f in pool_flops))  # Best-of-1 costs 1/M of the pool
-    lines = capsys.readouterr().out.strip().splitlines()
-    keys = [x.split(":")[0] for x in lines[-4:]]
-    assert keys == ["speedup_fixed_alpha_0.5", "speedup_best_policy", "best_policy", "relative_compute_fixed_alpha_0.5"]
-    assert lines[-2].split(": ")[1] in ("fixed_alpha_0.5", "adaptive")
-    assert float(lines[-4].split(": ")[1]) == pytest.approx(sr["speedup_flops"], rel=1e-3)
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """One efficiency run, with the live check on two report prompts."""
+    import contextlib
+    import io
+
+    from test_hooks import tiny_generator
+
+    d = tmp_path_factory.mktemp("eff")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = efficiency.run(tiny_cfg(d / "pool", live_check=2), default_plugins(), d / "run", gen=tiny_generator())
+    return d, out, buf.getvalue()
 
 
-def test_efficiency_n_from_the_budget(tiny_gen):
-    cfg = tiny_cfg(n="budget", scales=[1], alphas=[0.5], policies=[], pool_factor=4, n_start="auto")
-    gen = tiny_gen()
-    prompts = ["hi", "give three tips for staying healthy, and say in one short sentence why each of them works"]
-    L0 = max(len(gen.encode(p)) for p in prompts)
-    with open_dict(cfg):
-        cfg.experiment_args.prompts = prompts
-        cfg.budget.kv_tokens = L0 + 3 * 12  # Best-of-3 at full length on the longer prompt, more on the shorter
-    assert efficiency.choose_n(cfg, gen, efficiency.parse_args(cfg), [efficiency.Prompt(0, prompts[0])]) > 3
-    out = efficiency.run(cfg, default_plugins(), None, gen=gen)
-    assert out.extra["n"] == 3  # the n that fits every prompt
-    assert [len(p["pool"]["scores"]) for p in out.extra["per_prompt"]] == [12, 12]
+def test_efficiency_end_to_end(ran):
+    d, out, printed = ran
+    res = json.loads((d / "run" / "efficiency.json").read_text())
+    assert (d / "run" / "efficiency.png").stat().st_size > 1000
+    assert "| Best-of-16 |" in (d / "run" / "efficiency.md").read_text()
+    sel, rep = res["halves"]["selection"], res["halves"]["report"]
+    assert len(sel) == len(rep) == 5 and sorted(sel + rep) == list(range(10))
+    assert (sel, rep) == tuple(map(sorted, analysis.split_halves(list(range(10)))))
+    for half in ("selection", "report"):
+        c = res["curve"][half]
+        assert c["N"] == [1, 2, 4, 8, 16] and c["improvement"][1] == pytest.approx(100.0)  # Best-of-n = 100
+    lines = printed.strip().splitlines()
+    assert [x.split(":")[0] for x in lines[-6:]] == HEAD
+    assert any(x.startswith("pool_seconds: ") for x in lines)
+    assert any(x.startswith("replay_seconds_per_policy: ") for x in lines)
+    # replay is fair: three policies run live on two report prompts pick the same winners at the same cost
+    assert "live_vs_replay_same_winner: 6/6" in lines and "live_vs_replay_same_decode_tokens: 6/6" in lines
+    assert res["methods"]["fixed_alpha_0.5_start_32@1"] == {"infeasible": True}  # 32 rows do not fit Best-of-2's memory
 
 
-@pytest.mark.parametrize("key,value", [("k", 0), ("n", "many"), ("pool_factor", 0), ("alphas", [1.0]),
-                                       ("scales", [2]), ("n_start", -1)])
-def test_efficiency_bad_arguments_name_the_key(key, value):
+def test_the_report_half_figures_by_hand(ran):
+    d, out, printed = ran
+    res = json.loads((d / "run" / "efficiency.json").read_text())
+    recs = {p["prompt_index"]: p for p in res["per_prompt"]}
+    rep = [recs[i] for i in res["halves"]["report"]]
+    hi = [expected_best_of(p["final"], 2) for p in rep]
+    lo = [-expected_best_of([-x for x in p["final"]], 2) for p in rep]
+    curve_imp = [improvement_score([expected_best_of(p["final"], N) for p in rep], hi, lo) for N in (1, 2, 4, 8, 16)]
+    curve_flops = [sum(p["bon"][str(N)]["flops"] for p in rep) for N in (1, 2, 4, 8, 16)]
+    m = res["methods"]["fixed_alpha_0.5@1"]["report"]
+    best = [p["methods"]["fixed_alpha_0.5"]["1"]["best"] for p in rep]
+    assert m["improvement"] == pytest.approx(improvement_score(best, hi, lo))
+    flops = sum(p["methods"]["fixed_alpha_0.5"]["1"]["flops"] for p in rep)
+    assert m["flops"] == pytest.approx(flops)
+    match = compute_to_match(m["improvement"], curve_flops, curve_imp)
+    assert m["speedup_flops"] == pytest.approx((match or curve_flops[-1]) / flops)
+    lo_ci, hi_ci = m["speedup_flops_ci"]
+    assert lo_ci <= hi_ci
+    head = res["headline"]
+    assert head["speedup_fixed_alpha_0.5"] == m["speedup_flops"]
+    assert [head["speedup_fixed_alpha_0.5_ci_low"], head["speedup_fixed_alpha_0.5_ci_high"]] == [lo_ci, hi_ci]
+    # the best policy is chosen on the selection half, and reported on the report half
+    at1 = {k[:-2]: v for k, v in res["methods"].items() if k.endswith("@1") and "infeasible" not in v}
+    chosen = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
+    assert head["best_policy"] == chosen
+    assert head["speedup_best_policy"] == at1[chosen]["report"]["speedup_flops"]
+
+
+def test_best_of_n_is_charged_one_prefill_and_n_candidates(ran):
+    d, out, _ = ran
+    pool = Pool(d / "pool")
+    res = out.extra
+    p = res["per_prompt"][0]
+    L0 = p["L0"]
+    shape = pool.shape
+    for N in ("1", "4"):
+        bon = p["bon"][N]
+        prefill = L0 * shape.flops_per_token(L0 // 2)
+        # every FLOP beyond the single prefill is decode (and the logprob reward costs none)
+        assert bon["flops"] == pytest.approx(prefill + (bon["gen_flops"] - prefill))
+        assert bon["reward_flops"] == 0 and bon["decode_tokens"] > 0
+    assert p["bon"]["4"]["decode_tokens"] > 2 * p["bon"]["1"]["decode_tokens"]
+
+
+def test_efficiency_resumes_and_refuses_other_settings(ran, monkeypatch, capsys):
+    from test_hooks import tiny_generator
+
+    d, out, printed = ran
+    monkeypatch.setattr(efficiency.Measurer, "measure", lambda *a, **k: pytest.fail("measured again"))
+    again = efficiency.run(tiny_cfg(d / "pool", live_check=2), default_plugins(), d / "run", gen=tiny_generator())
+    assert again.extra["headline"] == out.extra["headline"]  # every prompt came from efficiency_prompts.jsonl
+    assert again.extra["live_check"]["same_winner"] == 6
+    with pytest.raises(ConfigError, match="other settings"):
+        efficiency.run(tiny_cfg(d / "pool", alphas=[0.4]), default_plugins(), d / "run", gen=None)
+
+
+@pytest.mark.parametrize("key,value", [("n", 0), ("candidates", 1), ("alphas", [1.0]), ("scales", [2]),
+                                       ("adaptive_deltas", [0.0]), ("starts", [0])])
+def test_efficiency_bad_arguments_name_the_key(tmp_path, key, value):
     with pytest.raises(ConfigError, match=f"experiment_args.{key}"):
-        efficiency.run(tiny_cfg(**{key: value}), default_plugins(), None, gen=object())
+        efficiency.run(tiny_cfg(tmp_path / "pool", **{key: value}), default_plugins(), None, gen=object())
 
 
-def test_efficiency_reads_the_papers_subset_with_full_alpacaeval_text():
-    a = {**OmegaConf.to_container(rodeco.load_config(["experiment=efficiency"]).experiment_args), "k": 30}
-    a["prompts_file"] = str(SHARED_DATA / "prompts/specrej_alpaca_farm_100.json")
-    a["text_file"] = str(SHARED_DATA / "prompts/alpaca_eval_805.jsonl")
-    if not Path(a["prompts_file"]).is_file():
-        pytest.skip("../shared/data is not beside the repository")
-    subset = json.loads(Path(a["prompts_file"]).read_text())[:30]
-    full = {json.loads(x)["idx"]: json.loads(x)["prompt"] for x in Path(a["text_file"]).read_text().splitlines()}
-    got = efficiency.load_subset(a)
-    assert [p.index for p in got] == [r["af_eval_idx"] for r in subset]
-    assert [p.text for p in got] == [full[r["af_eval_idx"]] for r in subset]
-    assert any(p.text != r["prompt"] for p, r in zip(got, subset))  # the subset file drops AlpacaFarm's input
-
-
-def test_perplexity_end_to_end(tiny_gen, tmp_path: Path, capsys):
+def test_perplexity_on_the_same_pool(ran, capsys):
     from rodeco.experiments import perplexity
 
-    cfg = tiny_cfg("perplexity")
-    perplexity.run(cfg, default_plugins(), tmp_path, gen=tiny_gen())
-    res = json.loads((tmp_path / "perplexity.json").read_text())
-    assert (tmp_path / "perplexity.png").stat().st_size > 1000
-    md = (tmp_path / "perplexity.md").read_text()
-    assert md.startswith("| method |") and "SR fixed_alpha_0.5 (budget x1)" in md
-    prompts, curve = res["per_prompt"], res["curve"]
-    for p in prompts:  # the perplexity form: every score is minus a perplexity
-        assert all(x <= -1.0 for x in p["pool"]["scores"])
-    for N, y in zip(curve["N"], curve["perplexity"]):  # Best-of-N keeps the lowest perplexity of N samples
-        assert y == pytest.approx(sum(-expected_best_of(p["pool"]["scores"], N) for p in prompts) / len(prompts))
-    assert curve["perplexity"] == sorted(curve["perplexity"], reverse=True)
-    row = next(r for r in res["table"] if r["method"] == "SR fixed_alpha_0.5 (budget x1)")
-    assert row["perplexity"] == pytest.approx(
-        sum(-p["methods"]["fixed_alpha_0.5"]["1"]["best"] for p in prompts) / len(prompts))
-    want = perplexity.at_compute(row["flops"], curve["flops"], curve["perplexity"])
-    assert row["bon_perplexity_same_flops"] == (None if want is None else pytest.approx(want))
+    d, _, _ = ran
+    cfg = tiny_cfg(d / "pool", "perplexity")
+    out = perplexity.run(cfg, default_plugins(), d / "ppl", gen=None)  # the pool is complete: no model
+    res = json.loads((d / "ppl" / "perplexity.json").read_text())
+    rep = [p for p in res["per_prompt"] if p["prompt_index"] in res["halves"]["report"]]
+    for p in rep:  # the perplexity form: every score is minus a perplexity
+        assert all(x <= -1.0 for x in p["final"])
+    rows = {r["method"]: r for r in res["table"]}
+    for N in (1, 2, 4, 8, 16):  # Best-of-N keeps the lowest perplexity of N samples
+        want = float(np.mean([-expected_best_of(p["final"], N) for p in rep]))
+        assert rows[f"Best-of-{N}"]["perplexity"] == pytest.approx(want)
+    chosen = out.extra["headline"]["chosen_alpha"]
+    sel = [r for r in res["table_selection"] if r.get("scale") == 1 and r["label"] in ("fixed_alpha_0.3",
+                                                                                      "fixed_alpha_0.5")]
+    assert chosen == perplexity.choose_alpha(res["table_selection"])
+    assert chosen in {r["label"] for r in sel}
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-5].startswith("perplexity_best_of_n_same_flops_fixed_alpha_0.5: ")
-    assert lines[-1].startswith("relative_compute_fixed_alpha_0.5: ")
+    assert lines[-6].startswith("speedup_fixed_alpha_0.5") and lines[-1].startswith("speedup_fixed_alpha_0.5_ci_high")
 
 
-def test_perplexity_refuses_another_reward():
+def test_perplexity_refuses_another_reward(tmp_path):
     from rodeco.experiments import perplexity
 
-    cfg = tiny_cfg("perplexity")
+    cfg = tiny_cfg(tmp_path / "pool", "perplexity")
     assert cfg.reward.form == "perplexity"  # the experiment's default
     with open_dict(cfg):
         cfg.reward.form = "mean"
@@ -161,53 +175,13 @@ def test_at_compute_interpolates_in_log_flops():
     assert at_compute(1000.0, [1.0, 100.0], [4.0, 2.0]) is None
 
 
-def test_efficiency_n_from_free_cuda_memory(monkeypatch):
-    """On CUDA with ``n: budget`` and ``budget=cuda``, Best-of-n's n is what free device memory holds at full
-    length (the device query is faked: no GPU in CI)."""
-    from types import SimpleNamespace
+def test_the_time_model_fits_a_known_cost(tmp_path):
+    class FakePool:
+        calibration = {"rows": [1, 2, 4, 8] * 3, "context": [10] * 4 + [20] * 4 + [40] * 4}
 
-    import torch
-
-    cfg = rodeco.load_config(["experiment=efficiency", "budget=cuda", "budget.reserve_gib=1",
-                              "budget.memory_fraction=0.5", "experiment_args.n=budget", "sampling.max_new_tokens=100"])
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
-    kv = 23040  # SmolLM2 in bf16: 2 * 30 layers * 3 kv heads * 64 * 2 bytes
-    B = int(8 * 2**30 * 0.5 // kv)
-    for shares in (True, False):
-        gen = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=kv, shares_prefix=shares,
-                              encode=lambda text: [0] * 40)
-        n = efficiency.choose_n(cfg, gen, efficiency.parse_args(cfg), [efficiency.Prompt(0, "hi")])
-        assert n == ((B - 40) // 100 if shares else B // 140)
-
-
-def test_reanalysis_from_the_json_matches_the_run(tiny_gen, tmp_path: Path, capsys):
-    cfg = tiny_cfg(scales=[1], policies=[])
-    out = efficiency.run(cfg, default_plugins(), tmp_path, gen=tiny_gen())
-    first = capsys.readouterr().out
-    (tmp_path / "efficiency.md").unlink()
-    efficiency.main([str(tmp_path)])
-    assert capsys.readouterr().out == first
-    again = json.loads((tmp_path / "efficiency.json").read_text())
-    assert again["methods"] == json.loads(json.dumps(out.extra["methods"]))
-    assert (tmp_path / "efficiency.md").is_file()
-
-
-def test_efficiency_writes_each_prompt_as_it_finishes_and_resumes(tiny_gen, tmp_path: Path, monkeypatch):
-    cfg = tiny_cfg(scales=[1], policies=[])
-    gen = tiny_gen()
-    first = efficiency.run(cfg, default_plugins(), tmp_path, gen=gen)
-    path = tmp_path / efficiency.PROMPTS_FILE
-    recs = [json.loads(x) for x in path.read_text().splitlines()]
-    assert [r["prompt_index"] for r in recs] == [0, 1]
-    path.write_text(json.dumps(recs[0]) + "\n")  # as if the run had died while measuring prompt 1
-    measured = []
-    real = efficiency.Runner.__call__
-    monkeypatch.setattr(efficiency.Runner, "__call__",
-                        lambda self, prompt, *rest: measured.append(prompt.index) or real(self, prompt, *rest))
-    again = efficiency.run(cfg, default_plugins(), tmp_path, gen=gen)
-    assert set(measured) == {1}  # prompt 0 was not decoded again
-    assert again.extra["per_prompt"][0] == json.loads(json.dumps(first.extra["per_prompt"][0]))
-    assert [json.loads(x)["prompt_index"] for x in path.read_text().splitlines()] == [0, 1]
-    other = tiny_cfg(scales=[1], policies=[], alphas=[0.3])
-    with pytest.raises(ConfigError, match="output.resume"):
-        efficiency.run(other, default_plugins(), tmp_path, gen=gen)
+    FakePool.calibration["seconds"] = [0.01 + 0.002 * r + 1e-5 * r * c for r, c in
+                                       zip(FakePool.calibration["rows"], FakePool.calibration["context"])]
+    tm = analysis.TimeModel.fit(FakePool(), [])
+    assert (tm.a, tm.b, tm.c) == pytest.approx((0.01, 0.002, 1e-5), rel=1e-6) and tm.r2 == pytest.approx(1.0)
+    run = {"steps": 10, "decode_tokens": 40, "rows_x_context": 800, "reward_s": 0.5}
+    assert tm.seconds(run, prefill_s=0.2) == pytest.approx(0.2 + 0.1 + 0.08 + 0.008 + 0.5)

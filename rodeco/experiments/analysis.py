@@ -1,144 +1,233 @@
 """The analysis behind ``experiment=efficiency`` and ``experiment=perplexity``: from each prompt's measurements
-(``efficiency.collect``), Best-of-N's curve, each method's improvement score, speedups and relative compute
-(definitions in ``rodeco/experiments/efficiency.py``), the Markdown table, the plot and the headline figures."""
+(``efficiency.collect``) and the pool's measured step times, Best-of-N's curve, each method's improvement score,
+speedups and relative compute, chosen on the selection half of the prompts and reported on the report half with
+bootstrap confidence intervals over prompts; the Markdown table, the plot and the headline figures."""
 
 from __future__ import annotations
 
-import math
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
+from rodeco.pool import Pool
 
 
-def bon_curve(prompts: list[dict[str, Any]], n: int, pool_factor: int,
-              anchors: tuple[list[float], list[float]]) -> dict[str, list[float]]:
-    """Best-of-N for N = 1, 2, 4, ..., pool_factor * n (and n itself): mean expected reward, improvement score
-    (``anchors``: from ``_anchors``), FLOPs, wall time and device time, summed over prompts."""
-    M = pool_factor * n
-    Ns = sorted({2**j for j in range(int(math.log2(M)) + 1)}
-                | {n * 2**j for j in range(int(math.log2(pool_factor)) + 1)})
-    curve: dict[str, list[float]] = {k: [] for k in ("N", "reward", "improvement", "flops", "seconds", "device_s")}
-    for N in Ns:
-        best = [expected_best_of(p["pool"]["scores"], N) for p in prompts]
-        curve["N"].append(N)
-        curve["reward"].append(float(np.mean(best)))
-        curve["improvement"].append(improvement_score(best, *anchors))
-        curve["flops"].append(sum(N / len(p["pool"]["scores"]) * _flops(p["pool"]) for p in prompts))
-        curve["seconds"].append(sum(N / p["n"] * p["bon_n"]["seconds"] for p in prompts))
-        curve["device_s"].append(sum(N / p["n"] * _device_s(p["bon_n"], p["bon_n"]) for p in prompts))
-    return curve
+def split_halves(indices: list[int]) -> tuple[list[int], list[int]]:
+    """(selection, report): the prompts ordered by a hash of their index, the first half selects. Deterministic,
+    and unrelated to the prompts' order or content."""
+    order = sorted(indices, key=lambda i: hashlib.sha256(str(i).encode()).hexdigest())
+    half = len(order) // 2
+    return sorted(order[:half]), sorted(order[half:])
 
 
-def _flops(r: dict[str, Any]) -> float:
-    return r["gen_flops"] + r["reward_flops"]
+@dataclass(frozen=True)
+class TimeModel:
+    """Seconds of one decode step on the machine that recorded the pool, fitted to its measured steps:
+    ``a + b * rows + c * rows * context`` (context: cached tokens per row)."""
+
+    a: float
+    b: float
+    c: float
+    r2: float
+    steps: int
+
+    @classmethod
+    def fit(cls, pool: Pool, indices: list[int]) -> TimeModel:
+        """Fitted to the pool's calibration (step times at 1 to M rows, measured after recording), else to the
+        steps measured while recording ``indices``."""
+        cal = pool.calibration
+        steps = [cal] if cal is not None else [pool.prompt(i).steps for i in indices]
+        rows, ctx, sec = [], [], []
+        for st in steps:
+            rows += st["rows"]
+            ctx += st["context"]
+            sec += st["seconds"]
+        r, c, y = (np.asarray(v, dtype=np.float64) for v in (rows, ctx, sec))
+        from scipy.optimize import nnls
+
+        X = np.stack([np.ones_like(r), r, r * c], axis=1)
+        coef, _ = nnls(X, y)  # no step gets cheaper with more rows or context
+        resid = y - X @ coef
+        r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-30)
+        return cls(*map(float, coef), r2=r2, steps=len(y))
+
+    def step(self, rows: float, context: float) -> float:
+        return self.a + self.b * rows + self.c * rows * context
+
+    def seconds(self, run: dict[str, float], prefill_s: float) -> float:
+        """A run's wall time: measured prefill, modelled decode steps, reward seconds as measured when computed."""
+        return (prefill_s + self.a * run["steps"] + self.b * run["decode_tokens"] + self.c * run["rows_x_context"]
+                + run["reward_s"])
 
 
-def _device_s(r: dict[str, Any], bon: dict[str, Any]) -> float:
-    """Memory-bound device time: decode steps at Best-of-n's seconds per step on this prompt, plus reward time."""
-    per_step = bon["decode_s"] / max(bon["steps"], 1)
-    return r["steps"] * per_step + r["score_s"]
+class Measurements:
+    """Per-prompt arrays of one set of prompt records, so that statistics over any multiset of prompts (a half, a
+    bootstrap resample) are sums and means of rows."""
+
+    def __init__(self, prompts: list[dict[str, Any]], n: int, tm: TimeModel, max_new: int) -> None:
+        self.prompts, self.n, self.tm = prompts, n, tm
+        self.index = [p["prompt_index"] for p in prompts]
+        final = [np.asarray(p["final"], dtype=np.float64) for p in prompts]
+        M = len(final[0])
+        self.Ns = [int(k) for k in prompts[0]["bon"]]
+        self.hi = np.array([expected_best_of(f, n) for f in final])
+        self.lo = np.array([-expected_best_of(-f, n) for f in final])
+        self.bon_best = np.array([[expected_best_of(f, N) for N in self.Ns] for f in final])  # [P, N]
+        pre = np.array([p["prefill_s"] for p in prompts])
+        self.bon_flops = np.array([[p["bon"][str(N)]["flops"] for N in self.Ns] for p in prompts])
+        self.bon_secs = np.array([[tm.seconds(p["bon"][str(N)], p["prefill_s"]) for N in self.Ns] for p in prompts])
+        self.mid = np.array([p["L0"] + max_new / 2 for p in prompts])  # mean context, for the memory-bound model
+        self.pre, self.M = pre, M
+
+    def bon_time(self, scale: int) -> np.ndarray:
+        """[P, N] Best-of-N's time when memory holds Best-of-n' (n' = scale * n): batches of n' one after another."""
+        k = self.Ns.index(scale * self.n)
+        ratio = np.maximum(1.0, np.asarray(self.Ns, dtype=np.float64) / (scale * self.n))
+        small = np.asarray(self.Ns) <= scale * self.n
+        return np.where(small[None, :], self.bon_secs, ratio[None, :] * self.bon_secs[:, [k]])
+
+    def method(self, label: str, scale: int) -> dict[str, np.ndarray] | None:
+        runs = [p["methods"][label][str(scale)] for p in self.prompts]
+        if any("infeasible" in r for r in runs):
+            return None
+        n1 = scale * self.n
+        s_ref = np.array([self.tm.step(n1, m) for m in self.mid])  # per step at the batch that fills the memory
+        bon = [p["bon"][str(n1)] for p in self.prompts]
+        return {"best": np.array([r["best"] for r in runs]),
+                "flops": np.array([r["flops"] for r in runs]),
+                "secs": np.array([self.tm.seconds(r, p["prefill_s"]) for r, p in zip(runs, self.prompts)]),
+                "mb": np.array([r["steps"] for r in runs]) * s_ref + np.array([r["reward_s"] for r in runs]),
+                "mb_bon": np.array([b["steps"] for b in bon]) * s_ref + np.array([b["reward_s"] for b in bon]),
+}
 
 
-def _anchors(prompts: list[dict[str, Any]], n: int) -> tuple[list[float], list[float]]:
-    """Each prompt's expected best and worst reward among ``n`` pool samples (Best-of-n's max and min)."""
-    hi = [expected_best_of(p["pool"]["scores"], n) for p in prompts]
-    lo = [-expected_best_of([-x for x in p["pool"]["scores"]], n) for p in prompts]
-    return hi, lo
+def curve_of(m: Measurements, S: np.ndarray) -> dict[str, list[float]]:
+    imp = [improvement_score(m.bon_best[S, j], m.hi[S], m.lo[S]) for j in range(len(m.Ns))]
+    return {"N": list(map(float, m.Ns)), "improvement": imp, "flops": m.bon_flops[S].sum(0).tolist(),
+            "reward": m.bon_best[S].mean(0).tolist()}
 
 
-def summarize(prompts: list[dict[str, Any]], a: dict[str, Any]) -> dict[str, Any]:
-    ns = {p["n"] for p in prompts}
-    if len(ns) != 1:  # collect() uses one n for all prompts; a hand-edited JSON may not
-        raise ValueError(f"the prompts have different Best-of-n sizes {sorted(ns)}: the curve needs one n")
-    n = ns.pop()
-    anchors = _anchors(prompts, n)
-    curve = bon_curve(prompts, n, a["pool_factor"], anchors)
-    table: dict[str, dict[str, Any]] = {}
-    for label in prompts[0]["methods"]:
-        for scale in map(str, a["scales"]):
-            runs = [(p["methods"][label][scale], p["bon_n"]) for p in prompts]
-            best = [r["best"] for r, _ in runs]
-            score = improvement_score(best, *anchors)
-            flops = sum(_flops(r) for r, _ in runs)
-            seconds = sum(r["seconds"] for r, _ in runs)
-            dev = sum(_device_s(r, b) for r, b in runs)
-            row: dict[str, Any] = {"reward": float(np.mean(best)), "improvement": score, "flops": flops,
-                                   "seconds": seconds, "device_s": dev, "beyond_curve": False}
-            for key, curve_x, cost in (("speedup_flops", curve["flops"], flops),
-                                       ("speedup_time", curve["seconds"], seconds),
-                                       ("n_match", curve["N"], None)):
-                x = compute_to_match(score, curve_x, curve["improvement"])
-                if x is None:  # better than Best-of-(pool_factor * n): a lower bound
-                    x, row["beyond_curve"] = curve_x[-1], True
-                row[key] = x / cost if cost else x
-            # the reference is Best-of-(scale * n), which fills the same memory: as many decode steps as
-            # Best-of-n at the same cost per step (memory-bound), and scale times its reward-model time
-            s = int(scale)
-            ref = sum(p["bon_n"]["decode_s"] + s * p["bon_n"]["score_s"] for p in prompts)
-            row["relative_compute"] = row["n_match"] / (s * n) * ref / dev
-            table[f"{label}@{scale}"] = row
-    return {"n": n, "curve": curve, "methods": table}
-
-
-def headline(summary: dict[str, Any]) -> dict[str, Any]:
-    """The last printed lines: fixed alpha 0.5 and the best method, at the budget of Best-of-n (scale 1)."""
-    at1 = {k[:-2]: v for k, v in summary["methods"].items() if k.endswith("@1")}
-    best = max(at1, key=lambda k: at1[k]["speedup_flops"])
-    out: dict[str, Any] = {}
-    if "fixed_alpha_0.5" in at1:
-        out["speedup_fixed_alpha_0.5"] = at1["fixed_alpha_0.5"]["speedup_flops"]
-    out["speedup_best_policy"] = at1[best]["speedup_flops"]
-    out["best_policy"] = best
-    if "fixed_alpha_0.5" in at1:
-        out["relative_compute_fixed_alpha_0.5"] = at1["fixed_alpha_0.5"]["relative_compute"]
+def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int,
+          curve: dict[str, list[float]]) -> dict[str, Any]:
+    """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed)."""
+    imp = improvement_score(run["best"][S], m.hi[S], m.lo[S])
+    flops, secs = float(run["flops"][S].sum()), float(run["secs"][S].sum())
+    out: dict[str, Any] = {"improvement": imp, "flops": flops, "seconds_model": secs, "beyond_curve": False,
+                           "reward": float(run["best"][S].mean())}
+    bon_t = m.bon_time(scale)[S].sum(0).tolist()
+    for key, xs, cost in (("speedup_flops", curve["flops"], flops), ("speedup_time_model", bon_t, secs),
+                          ("n_match", curve["N"], None)):
+        x = compute_to_match(imp, xs, curve["improvement"])
+        if x is None:  # better than Best-of-M: a lower bound
+            x, out["beyond_curve"] = xs[-1], True
+        out[key] = x / cost if cost else x
+    n1 = scale * m.n
+    out["relative_compute_memory_bound_model"] = out["n_match"] / n1 * float(run["mb_bon"][S].sum()) / float(
+        run["mb"][S].sum())
     return out
 
 
+def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, max_new: int, labels: list[str],
+              seed: int = 0) -> dict[str, Any]:
+    """Both halves' figures of every method at every scale, bootstrap CIs on the report half, the best method chosen
+    on the selection half."""
+    m = Measurements(prompts, a["n"], tm, max_new)
+    sel_idx, rep_idx = split_halves(m.index)
+    pos = {i: k for k, i in enumerate(m.index)}
+    halves = {"selection": np.array([pos[i] for i in sel_idx]), "report": np.array([pos[i] for i in rep_idx])}
+    rng = np.random.default_rng(seed)
+    boots = [rng.choice(halves["report"], size=len(halves["report"]), replace=True) for _ in range(a["bootstrap"])]
+    curves = {h: curve_of(m, S) for h, S in halves.items()}
+    boot_curves = [curve_of(m, S) for S in boots]
+    table: dict[str, dict[str, Any]] = {}
+    for label in labels:
+        for scale in a["scales"]:
+            run = m.method(label, scale)
+            if run is None:
+                table[f"{label}@{scale}"] = {"infeasible": True}
+                continue
+            row = {h: stats(m, S, run, scale, curves[h]) for h, S in halves.items()}
+            b = [stats(m, S, run, scale, c) for S, c in zip(boots, boot_curves)]
+            for key in ("speedup_flops", "speedup_time_model"):
+                row["report"][f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
+            table[f"{label}@{scale}"] = row
+    at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v}
+    best = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
+    return {"n": a["n"], "M": m.M, "halves": {"selection": sel_idx, "report": rep_idx}, "curve": curves,
+            "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"]}
+
+
+def headline(summary: dict[str, Any], ref: str = "fixed_alpha_0.5") -> dict[str, Any]:
+    """The last printed lines, on the report half at the budget of Best-of-n; the best policy chosen on the
+    selection half."""
+    t, best = summary["methods"], summary["best_policy"]
+    r = t[f"{ref}@1"]["report"]
+    return {f"speedup_{ref}": r["speedup_flops"], "speedup_best_policy": t[f"{best}@1"]["report"]["speedup_flops"],
+            "best_policy": best, f"relative_compute_{ref}": r["relative_compute_memory_bound_model"],
+            f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0], f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1]}
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The report half: Best-of-N's curve, then every method (CIs: bootstrap 95% over the report prompts)."""
+    c, n = summary["curve"]["report"], summary["n"]
+    P = len(summary["halves"]["report"])
+    out = [f"Report half: {P} prompts (selection half: {len(summary['halves']['selection'])}). Best-of-{n} = 100.",
+           "", "| method | mean reward | improvement | TFLOPs | time (model) s | speedup FLOPs [95% CI] | "
+           "speedup time (model) [95% CI] | relative compute (memory-bound model) | speedup FLOPs, selection half |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, N in enumerate(c["N"]):
+        out.append(f"| Best-of-{int(N)} | {c['reward'][i]:.4f} | {c['improvement'][i]:.1f} | "
+                   f"{c['flops'][i] / 1e12:.3f} | | | | {N / n:.2f} | |")
+    for key, row in summary["methods"].items():
+        label, scale = key.split("@")
+        if "infeasible" in row:
+            out.append(f"| SR {label} (budget x{scale}) | infeasible: the start does not fit the budget | | | | | | | |")
+            continue
+        r, s = row["report"], row["selection"]
+        lb = "≥" if r["beyond_curve"] else ""
+        ci_f, ci_t = r["speedup_flops_ci"], r["speedup_time_model_ci"]
+        out.append(f"| SR {label} (budget x{scale}) | {r['reward']:.4f} | {r['improvement']:.1f} | "
+                   f"{r['flops'] / 1e12:.3f} | {r['seconds_model']:.1f} | "
+                   f"{lb}{r['speedup_flops']:.2f} [{ci_f[0]:.2f}, {ci_f[1]:.2f}] | "
+                   f"{lb}{r['speedup_time_model']:.2f} [{ci_t[0]:.2f}, {ci_t[1]:.2f}] | "
+                   f"{lb}{r['relative_compute_memory_bound_model']:.2f} | {s['speedup_flops']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: str = "improvement score "
-         "(Best-of-n = 100)", title: str = "") -> None:
+         "(Best-of-n = 100)", title: str = "", labels: list[str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    c = summary["curve"]
-    ax.plot(c["flops"], c[y], "-o", color="black", label="Best-of-N (N = " + ", ".join(map(str, c["N"])) + ")")
-    labels = sorted({k.split("@")[0] for k in summary["methods"]})
-    for label in labels:
-        rows = sorted(((int(k.split("@")[1]), v) for k, v in summary["methods"].items()
-                       if k.split("@")[0] == label))
-        ax.plot([v["flops"] for _, v in rows], [v[y] for _, v in rows], "-s", label=f"SR {label}")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    c = summary["curve"]["report"]
+    ax.plot(c["flops"], c[y], "-o", color="black", label="Best-of-N (N = " + ", ".join(
+        str(int(N)) for N in c["N"]) + ")")
+    keys = [k for k, v in summary["methods"].items() if "infeasible" not in v and k.endswith("@1")]
+    alphas = sorted((k for k in keys if k.startswith("fixed_alpha_") and "start" not in k),
+                    key=lambda k: float(k.split("_")[2].split("@")[0]))
+    ax.plot([summary["methods"][k]["report"]["flops"] for k in alphas],
+            [summary["methods"][k]["report"][y] for k in alphas], "-s", label="SR fixed, alpha sweep (x1)")
+    for k in keys:
+        if k in alphas or (labels is not None and k.split("@")[0] not in labels):
+            continue
+        r = summary["methods"][k]["report"]
+        ax.plot([r["flops"]], [r[y]], "^", label=f"SR {k.split('@')[0]} (x1)")
     ax.set_xscale("log")
-    ax.set_xlabel("generator + reward FLOPs (all prompts)")
+    ax.set_xlabel("generator + reward FLOPs (report half, summed over prompts)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def markdown(summary: dict[str, Any]) -> str:
-    """The curve and every method as one table (FLOPs and times summed over prompts)."""
-    c, n = summary["curve"], summary["n"]
-    out = ["| method | mean reward | improvement | TFLOPs | wall s | device s | speedup FLOPs | speedup time | "
-           "relative compute |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for i, N in enumerate(c["N"]):
-        out.append(f"| Best-of-{N} | {c['reward'][i]:.4f} | {c['improvement'][i]:.1f} | {c['flops'][i] / 1e12:.3f} | "
-                   f"{c['seconds'][i]:.1f} | {c['device_s'][i]:.1f} | | | {N / n:.2f} |")
-    for key, m in summary["methods"].items():
-        label, scale = key.split("@")
-        lb = "≥" if m["beyond_curve"] else ""
-        out.append(f"| SR {label} (budget x{scale}) | {m['reward']:.4f} | {m['improvement']:.1f} | "
-                   f"{m['flops'] / 1e12:.3f} | {m['seconds']:.1f} | {m['device_s']:.1f} | "
-                   f"{lb}{m['speedup_flops']:.2f} | "
-                   f"{lb}{m['speedup_time']:.2f} | {lb}{m['relative_compute']:.2f} |")
-    return "\n".join(out) + "\n"
 
 
 def fmt(v: Any) -> str:

@@ -23,28 +23,24 @@ class EngineBenchArgs:
 
 @dataclass
 class CorrelationArgs:
-    prompts_file: Optional[str] = _help("JSON/JSONL records, relative to the working dir")
-    field: str = _help("the record key that holds the prompt text")
-    prompts: Optional[list[str]] = _help("an inline list of prompts (then prompts_file is not read)")
-    k: int = _help("the first k prompts")
-    n: int = _help("candidates per prompt")
+    candidates: int = _help("M: pool candidates per prompt (the pool is recorded where prompts are missing)")
     lengths: list[int] = _help("decision lengths (generator tokens)")
-    rewards: list[str] = _help("registered rewards to study")
-    batch_candidates: int = _help("candidates per teacher-forced forward pass (rewards that need log-probs)")
+    rewards: list[str] = _help("registered rewards to study, each with its config option's parameters")
+    bootstrap: int = _help("bootstrap resamples of the prompts, for the 95% CIs")
 
 
 @dataclass
 class EfficiencyArgs:
-    prompts_file: Optional[str] = _help("JSON list of records with a prompt field (the paper's subset)")
-    text_file: Optional[str] = _help("full prompt text by af_eval_idx (null: prompts_file's text)")
-    prompts: Optional[list[str]] = _help("an inline list of prompts (then the files are not read)")
-    k: int = _help("the first k prompts")
-    n: Any = _help("Best-of-n sets the budget; or 'budget': as many rows as budget.kv_tokens holds")
-    pool_factor: int = _help("Best-of-N up to N = pool_factor * n, from a pool of that many samples per prompt")
-    n_start: Any = _help("Speculative Rejection's first batch: auto (as many as the first round fits) or a number")
+    n: int = _help("Best-of-n sets the budget: the memory Best-of-n fills at full length, per prompt")
+    candidates: int = _help("M: pool candidates per prompt; Best-of-N's curve goes up to N = M")
     alphas: list[float] = _help("policy=fixed at each alpha")
+    adaptive_deltas: list[float] = _help("policy=adaptive at each delta")
     policies: list[str] = _help("other policies, with their config options' defaults")
+    starts: list[int] = _help("fixed alpha 0.5 started from each of these many rows (the others start at auto)")
     scales: list[int] = _help("budgets as multiples of Best-of-n's (1 must be there: the headline figures)")
+    bon_groups: int = _help("Best-of-N's cost: the mean over this many disjoint groups of N candidates")
+    bootstrap: int = _help("bootstrap resamples of the report half's prompts, for the 95% CIs")
+    live_check: int = _help("report-half prompts on which three policies also run live, to check replay")
 
 
 @dataclass

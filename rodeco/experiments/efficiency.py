@@ -1,242 +1,216 @@
-"""``rodeco experiment=efficiency``: Best-of-N vs Speculative Rejection at equal memory (the paper's Figure 3).
+"""``rodeco experiment=efficiency``: Best-of-N vs Speculative Rejection at equal memory (the paper's Figure 3), on a
+recorded pool (``rodeco.pool``) replayed by the real loop (``rodeco.replay``).
 
-Each prompt is decoded on its own, under the budget that Best-of-``n`` fills at full length
-(``L0 + n * max_new_tokens`` KV tokens with the fast engine, which stores the prompt once; ``n * (L0 +
-max_new_tokens)`` with the ``hf`` engine), times each of ``experiment_args.scales``.
+Per prompt of the run's prompts (``data``; the pool ``pool=DIR`` is recorded first where prompts are missing):
 
-- **Best-of-N** for ``N`` = 1, 2, 4, ... up to ``pool_factor * n``: one pool of ``M = pool_factor * n`` samples per
-  prompt, decoded without rejection and scored with the run's reward; the expected best of a random size-``N``
-  subset is Best-of-N's expected reward (``metrics.expected_best_of``). Its FLOPs are ``N / M`` of the pool's. Its
-  time is ``N / n`` times a real Best-of-``n`` run's under the budget (``N / n`` batches of ``n``, one after the
-  other).
-- **Speculative Rejection**: ``policy=fixed`` at each of ``alphas`` and each policy in ``policies``, starting from
-  ``n_start`` rows (``auto``: as many as the first round fits) under the same budget. Each is a real run; its
-  candidates are pool samples (same seed), so both methods pick from one set of samples.
+- **Best-of-N** for N = 1, 2, 4, ..., M: its expected reward is the expected best of a random size-N subset of the
+  prompt's M pool candidates (``metrics.expected_best_of``, unbiased). Its cost is that of a real Best-of-N run
+  replayed on disjoint groups of N candidates (averaged over ``bon_groups`` groups): one full prefill, N candidates'
+  decode, N final rewards.
+- **Speculative Rejection**: every swept method (``policy=fixed`` at each alpha, ``adaptive`` at each delta, the
+  other ``policies``, and fixed alpha 0.5 from each of ``starts``) replayed under the memory that Best-of-(scale*n)
+  fills at full length, for each of ``scales``. Its cost is what the loop charged: prefill, decode, every partial
+  and final reward request (each at what it cost when it was computed).
 
-Per method: mean final reward, the improvement score over Best-of-``n`` (``metrics.improvement_score``, with the
-expected best and worst of ``n`` pool samples as each prompt's anchors, so Best-of-``n`` scores exactly 100),
-generator + reward FLOPs and wall time, and the speedups: the FLOPs (time) Best-of-N needs to reach the method's
-improvement score, log-interpolated on its curve, divided by the method's. ``relative_compute`` is the paper's
-metric under a memory-bound model of an accelerator, where a decode step costs the same at any batch that fits the
-budget: ``(N_match / n') * (T_bon_n' / T_method)``, ``n' = scale * n`` the Best-of-n' that fills the method's
-memory, with ``T = decode steps * (seconds per step of Best-of-n on that prompt) + reward-model seconds``
-(Best-of-n' takes Best-of-n's steps and ``scale`` times its reward-model time). A method beyond the top of the
-Best-of-N curve gets a lower bound (flagged).
-
-Writes ``efficiency_prompts.jsonl`` (each prompt's measurements, as soon as they are done; a rerun into the same
-directory resumes), then ``efficiency.json``, ``efficiency.md`` (the table) and ``efficiency.png`` (improvement
-score vs FLOPs, log x) into the run directory.
+Each prompt's measurements are written to ``efficiency_prompts.jsonl`` as soon as they are done (a rerun resumes and
+refuses records measured with other settings). The analysis (``analysis.py``) splits the prompts into a selection
+half and a report half, chooses on the first, reports on the second with bootstrap CIs over prompts, and writes
+``efficiency.json``, ``efficiency.md`` and ``efficiency.png``. Time is *modelled*: the pool's measured per-step
+decode times fitted as ``a + b*rows + c*rows*context`` (``time_model``), plus measured prefill and reward seconds;
+``relative_compute_*`` is the paper's memory-bound model (a decode step costs the same at any batch that fits).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.budget import Budget, full_length_tokens, rows_at_full_length
+from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_params
-from rodeco.config import make_budget, split_node
-from rodeco.contracts import Scorer
-from rodeco.data import Prompt
-from rodeco.experiments.analysis import fmt, headline, markdown, plot, summarize
-from rodeco.loop import LoopSettings, decode_batch
+from rodeco.config import split_node
+from rodeco.data import prompts_of
+from rodeco.experiments import analysis
+from rodeco.experiments.pool import pool_dir, pool_reward, record
+from rodeco.loop import LoopSettings
 from rodeco.plugins import BuildContext, Plugins
+from rodeco.pool import Pool
+from rodeco.protocols import Policy
+from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, PromptResult, RunOutput
-from rodeco.validation import ConfigError
+from rodeco.runner import loop_settings
+from rodeco.state import Compute, RunOutput, ScoreRequest
+from rodeco.validation import ConfigError, check_number, check_positive_int
 
 log = logging.getLogger(__name__)
 
+PROMPTS_FILE = "{task}_prompts.jsonl"  # efficiency_prompts.jsonl, perplexity_prompts.jsonl
+
+
 def parse_args(cfg: DictConfig) -> dict[str, Any]:
-    """``experiment_args`` (keys and types checked by ``EfficiencyArgs`` when the config was composed) with the
-    checks a schema cannot express."""
+    """``experiment_args`` (keys and types checked by ``EfficiencyArgs`` at compose time) with the checks a schema
+    cannot express."""
     a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
-
-    def positive(key: str, value: Any, fix: str) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"experiment_args.{key}", value, "must be a positive integer", fix)
-
-    positive("k", a["k"], "e.g. 8")
-    if a["n"] != "budget":
-        positive("n", a["n"], "e.g. 4, or 'budget' for as many as the budget holds at full length")
-    positive("pool_factor", a["pool_factor"], "e.g. 32 (Best-of-N up to 32n)")
-    if a["n_start"] != "auto":
-        positive("n_start", a["n_start"], "e.g. 64, or auto")
+    for key, example in (("n", 4), ("candidates", 128), ("bon_groups", 4), ("bootstrap", 1000)):
+        check_positive_int(f"experiment_args.{key}", a[key], example)
+    if a["candidates"] < a["n"]:
+        raise ConfigError("experiment_args.candidates", a["candidates"], f"fewer than Best-of-n's n={a['n']}",
+                          "record at least n candidates per prompt, e.g. 32 * n")
     for x in a["alphas"]:
-        if not (isinstance(x, (int, float)) and 0 <= x < 1):
-            raise ConfigError("experiment_args.alphas", a["alphas"], f"alpha {x} is not in [0, 1)", "e.g. [0.5]")
+        check_number("experiment_args.alphas", x, 0.0, 1.0, hi_open=True, fix="rates in [0, 1), e.g. [0.5]")
+    for x in a["adaptive_deltas"]:
+        check_number("experiment_args.adaptive_deltas", x, 0.0, 1.0, lo_open=True, hi_open=True, fix="e.g. [0.05]")
+    for x in a["starts"]:
+        check_positive_int("experiment_args.starts", x, 64)
     if not a["scales"] or any(not isinstance(s, int) or s < 1 for s in a["scales"]) or 1 not in a["scales"]:
         raise ConfigError("experiment_args.scales", a["scales"], "must be positive integers including 1",
                           "e.g. [1, 2]: budgets of Best-of-n and Best-of-2n")
-    if not a["alphas"] and not a["policies"]:
+    if not (a["alphas"] or a["adaptive_deltas"] or a["policies"]):
         raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
-                          "give alphas or policies")
+                          "give alphas, adaptive_deltas or policies")
+    if a["live_check"] < 0:
+        raise ConfigError("experiment_args.live_check", a["live_check"], "must be >= 0", "e.g. 4, or 0 for none")
     return a
 
 
-def load_subset(a: dict[str, Any]) -> list[Prompt]:
-    """The first ``k`` prompts: inline ``prompts``, or records of ``prompts_file`` whose text is taken from
-    ``text_file`` by ``af_eval_idx`` when both are given (the paper's subset with the full AlpacaEval text)."""
-    if a["prompts"] is not None:
-        return [Prompt(i, str(t)) for i, t in enumerate(a["prompts"][: a["k"]])]
-    path = Path(a["prompts_file"])
-    if not path.is_file():
-        raise ConfigError("experiment_args.prompts_file", str(path), f"no such file (looked in {Path.cwd()})",
-                          "run from the repository root, or give the path of a JSON list of {prompt: ...}")
-    recs = json.loads(path.read_text(encoding="utf-8"))[: a["k"]]
-    if not a["text_file"]:
-        return [Prompt(int(r.get("af_eval_idx", i)), r["prompt"]) for i, r in enumerate(recs)]
-    texts = {}
-    with open(a["text_file"], encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                texts[int(r["idx"])] = r["prompt"]
-    out = []
-    for r in recs:
-        idx = r.get("af_eval_idx")
-        if idx is None or int(idx) not in texts:
-            raise ConfigError("experiment_args.text_file", a["text_file"], f"no record with idx={idx}",
-                              "set experiment_args.text_file=null to use the prompts_file text")
-        out.append(Prompt(int(idx), texts[int(idx)]))
+@dataclass(frozen=True)
+class Method:
+    label: str
+    policy: str
+    params: dict[str, Any]
+    start: int | str = "auto"  # rows at the start
+
+
+def methods(a: dict[str, Any]) -> list[Method]:
+    """Every Speculative Rejection method the experiment sweeps."""
+    out = [Method(f"fixed_alpha_{x:g}", "fixed", {"alpha": float(x)}) for x in a["alphas"]]
+    out += [Method(f"adaptive_delta_{d:g}", "adaptive", {"delta": float(d)}) for d in a["adaptive_deltas"]]
+    out += [Method(p, p, {}) for p in a["policies"]]
+    out += [Method(f"fixed_alpha_0.5_start_{k}", "fixed", {"alpha": 0.5}, k) for k in a["starts"]]
     return out
 
 
-@dataclass
-class Run:
-    """One method on one prompt."""
-
-    best: float  # final reward of the chosen response
-    best_id: int  # its candidate id
-    gen_flops: float
-    reward_flops: float
-    seconds: float  # prefill + decode + score + prune
-    decode_s: float
-    score_s: float
-    steps: int
-    peak_kv_tokens: int
-    scores: list[float] = field(default_factory=list)  # final rewards of the finished candidates, by candidate id
-
-    @property
-    def flops(self) -> float:
-        return self.gen_flops + self.reward_flops
+def bon_sizes(M: int) -> list[int]:
+    return [2**j for j in range(int(np.log2(M)) + 1)] + ([M] if M & (M - 1) else [])
 
 
-def _run(res: PromptResult, c: Compute) -> Run:
-    t = c.time_s
-    done = sorted((x for x in res.candidates or [] if x.finished), key=lambda x: x.candidate_id)
-    return Run(best=float(res.best.score), best_id=res.best.candidate_id, gen_flops=c.gen_flops,
-               reward_flops=c.reward_flops,
-               seconds=sum(t.values()), decode_s=t.get("decode", 0.0), score_s=t.get("score", 0.0),
-               steps=c.decode_steps, peak_kv_tokens=c.peak_kv_tokens, scores=[float(x.score) for x in done])
+class Measurer:
+    """Replays one prompt's methods on the pool, as the loop would run them live."""
+
+    def __init__(self, cfg: DictConfig, plugins: Plugins, pool: Pool, gen: ReplayGenerator, reward: PoolReward,
+                 a: dict[str, Any]) -> None:
+        self.pool, self.gen, self.reward, self.a = pool, gen, reward, a
+        self.reward_name = split_node(cfg.reward, "reward")[0]
+        self.base = loop_settings(cfg, gen, "", self.reward_name)
+        ctx = BuildContext(plugins=plugins)
+        self.none = plugins.build_policy({"name": "none"}, ctx)
+        self.policies: dict[str, Policy] = {}
+        for m in methods(a):
+            try:
+                plugins.policies.get(m.policy)
+            except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
+                raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
+            node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
+            self.policies[m.label] = plugins.build_policy(node, ctx)
+
+    def settings(self, policy: str, n: int | str, kv: int | None) -> LoopSettings:
+        return LoopSettings(**{**self.base.__dict__, "n": n, "policy_name": policy, "all_candidates": False,
+                               "budget": Budget(kv, self.base.budget.min_tokens_per_round)})
+
+    def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0) -> dict:
+        """One replayed run and what it cost (the time model needs the steps' rows and rows x context)."""
+        res, c, reward_s = replay_prompt(self.pool, self.gen, self.reward, policy, index,
+                                         self.settings(name, n, kv), first)
+        return {"best": float(res.best.score), "best_id": res.best.candidate_id, "n_start": res.n_start,
+                "gen_flops": c.gen_flops, "reward_flops": c.reward_flops, "flops": c.total_flops,
+                "decode_tokens": c.gen_decode_tokens, "steps": c.decode_steps, "peak_kv_tokens": c.peak_kv_tokens,
+                "rows_x_context": rows_x_context(c, self.gen.shape), "reward_s": reward_s, "rounds": len(res.rounds)}
+
+    def finals(self, index: int) -> list[float]:
+        """Every candidate's final reward (computed on first use, like any reward request)."""
+        p = self.pool.prompt(index)
+        self.gen.add(p)
+        return self.reward.score([ScoreRequest(p.text, c.text, tuple(c.token_ids), partial=False, prompt_index=index,
+                                               candidate_id=i, logprobs=tuple(c.logprobs))
+                                  for i, c in enumerate(p.candidates)])
+
+    def measure(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
+        a, M = self.a, self.pool.candidates
+        p = self.pool.prompt(index)
+        L0, new = len(p.prompt_ids), self.base.max_new_tokens
+        final = self.finals(index)
+        rec: dict[str, Any] = {"prompt_index": index, "settings": settings, "L0": L0,
+                               "prefill_s": p.prefill_seconds, "budget": {}, "bon": {}, "methods": {}}
+        bon = {}
+        for N in bon_sizes(M):
+            groups = [self.run(index, self.none, "none", N, None, g * N) for g in range(min(a["bon_groups"], M // N))]
+            bon[str(N)] = {k: float(np.mean([g[k] for g in groups])) for k in groups[0] if k != "best_id"}
+        rec["bon"] = bon
+        rec["final"] = final
+        for scale in a["scales"]:
+            kv = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
+            rec["budget"][str(scale)] = kv
+            for m in methods(a):
+                start = m.start if m.start == "auto" else int(m.start)
+                try:
+                    r = self.run(index, self.policies[m.label], m.label, start, kv)
+                except ConfigError as e:  # e.g. a start of 128 rows does not fit Best-of-4's memory
+                    if e.key != "n":
+                        raise
+                    r = {"infeasible": str(e)}
+                rec["methods"].setdefault(m.label, {})[str(scale)] = r
+        return rec
 
 
-class Runner:
-    """Decodes one prompt at a time with one reward and prebuilt policies."""
 
-    def __init__(self, cfg: DictConfig, plugins: Plugins, gen) -> None:
-        self.cfg, self.gen = cfg, gen
-        ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
-        self.reward_name, self.ctx, self.plugins = split_node(cfg.reward, "reward")[0], ctx, plugins
-        self.scorer = Scorer(plugins.build_reward(cfg.reward, ctx), self.reward_name)
-        s = cfg.sampling
-        self.sampling = SamplingParams(s.temperature, s.top_k, s.top_p)
-        self.max_new = s.max_new_tokens
-
-    def policy(self, name: str, **params: Any):
-        try:
-            self.plugins.policies.get(name)
-        except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
-            raise ConfigError("experiment_args.policies", name, e.problem, e.fix) from None
-        node = {**option_params("policy", name, self.plugins), **params, "name": name}
-        return self.plugins.build_policy(node, self.ctx)
-
-    def budget(self, prompt: Prompt, n: int, scale: int) -> int:
-        """KV tokens Best-of-(scale * n) fills at full length on this prompt."""
-        return full_length_tokens(scale * n, len(self.gen.encode(prompt.text)), self.max_new, self.gen.shares_prefix)
-
-    def __call__(self, prompt: Prompt, policy_name: str, policy, n: int | str, kv_tokens: int | None) -> Run:
-        settings = LoopSettings(n=n, sampling=self.sampling, max_new_tokens=self.max_new,
-                                budget=Budget(kv_tokens, self.cfg.budget.min_tokens_per_round), seed=self.cfg.seed,
-                                all_candidates=True, policy_name=policy_name, reward_name=self.reward_name)
-        (res,), comp = decode_batch(self.gen, self.scorer, policy, [(prompt.index, prompt.text)], settings)
-        return _run(res, comp)
+def rows_x_context(c: Compute, shape) -> float:
+    """Sum over decode steps of rows x cached tokens per row (what attention reads), from the FLOPs the loop
+    counted: decode FLOPs = 2 * matmul params * tokens + 4 * layers * heads * head_dim * sum(rows x context)."""
+    L0 = c.gen_prefill_tokens
+    decode_flops = c.gen_flops - L0 * shape.flops_per_token(L0 // 2)
+    attn = decode_flops - 2.0 * shape.n_matmul_params * c.gen_decode_tokens
+    return float(attn / (4.0 * shape.n_layers * shape.n_heads * shape.head_dim))
 
 
-def choose_n(cfg: DictConfig, gen, a: dict[str, Any], subset: list[Prompt]) -> int:
-    """Best-of-n's n: ``experiment_args.n``, or (``budget``) the most rows the run's budget (``budget.kv_tokens``,
-    or free device memory on CUDA) holds at full length on every prompt of ``subset``."""
-    if a["n"] != "budget":
-        return int(a["n"])
-    B = make_budget(cfg, gen).kv_tokens
-    if B is None:
-        raise ConfigError("experiment_args.n", "budget", "needs a finite budget",
-                          "set budget.kv_tokens (CPU), run on CUDA, or give n as a number")
-    new = cfg.sampling.max_new_tokens
-    n = min(rows_at_full_length(B, len(gen.encode(p.text)), new, gen.shares_prefix) for p in subset)
-    if n < 1:
-        raise ConfigError("budget.kv_tokens", B, "holds no full-length row", "raise it or lower max_new_tokens")
-    return n
+def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool) -> dict[str, Any]:
+    """What a prompt's measurements depend on: a resumed record must have been measured with the same."""
+    keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups")
+    return {**{k: a[k] for k in keep}, "pool": pool.settings,
+            "reward": OmegaConf.to_container(cfg.reward, resolve=True), "max_new_tokens": cfg.sampling.max_new_tokens,
+            "min_tokens_per_round": cfg.budget.min_tokens_per_round}
 
 
-def methods(a: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, policy name, parameters) of every Speculative Rejection method."""
-    out = [(f"fixed_alpha_{x:g}", "fixed", {"alpha": float(x)}) for x in a["alphas"]]
-    return out + [(p, p, {}) for p in a["policies"]]
-
-
-def collect(cfg: DictConfig, plugins: Plugins, gen, a: dict[str, Any], subset: list[Prompt],
-            out_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Per prompt of ``subset``: the pool, a real Best-of-n run and every method at every scale. Each prompt's
-    record is written to ``efficiency_prompts.jsonl`` in ``out_dir`` as soon as it is measured; a rerun into the
-    same directory (``output.resume``) measures only the prompts not there yet."""
+def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None, gen=None,
+            reward_node: Any = None) -> tuple[list[dict[str, Any]], Pool, PoolReward]:
+    """The pool (recorded where prompts are missing) and each prompt's measurements, written as they finish."""
     from tqdm.auto import tqdm
 
-    n = choose_n(cfg, gen, a, subset)
-    settings = _settings(cfg, a, n)
-    writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=PROMPTS_FILE) if out_dir is not None else None
+    prompts = prompts_of(cfg.data)
+    path = pool_dir(cfg, out_dir)
+    record(cfg, plugins, path, prompts, a["candidates"], gen=gen)
+    pool, rgen = open_pool(path)
+    reward = pool_reward(cfg, plugins, pool, rgen)
+    settings = settings_of(cfg, a, pool)
+    name = PROMPTS_FILE.format(task=cfg.task)
+    writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=name) if out_dir is not None else None
     done = _resumable(writer, settings)
-    run = Runner(cfg, plugins, gen)
-    none = run.policy("none")
-    built = [(label, run.policy(name, **params)) for label, name, params in methods(a)]
+    measurer = Measurer(cfg, plugins, pool, rgen, reward, a)
     out = []
-    for p in tqdm(subset, desc="prompts", unit="prompt", disable=not cfg.output.progress):
+    for p in tqdm(prompts, desc="replays", unit="prompt", disable=not cfg.output.progress):
         if p.index in done:
             out.append(done[p.index])
             continue
-        rec: dict[str, Any] = {"prompt_index": p.index, "n": n, "budget": {}, "settings": settings}
-        rec["pool"] = asdict(run(p, "none", none, a["pool_factor"] * n, None))
-        B = run.budget(p, n, 1)
-        rec["bon_n"] = asdict(run(p, "none", none, n, B))
-        rec["methods"] = {}
-        for scale in a["scales"]:
-            B = run.budget(p, n, scale)
-            rec["budget"][str(scale)] = B
-            for label, policy in built:
-                r = run(p, label, policy, a["n_start"] if a["n_start"] == "auto" else a["n_start"] * scale, B)
-                rec["methods"].setdefault(label, {})[str(scale)] = asdict(r)
-                log.info("prompt %d, %s, scale %d: best %.4f, %.3g FLOPs", p.index, label, scale, r.best, r.flops)
+        rec = measurer.measure(p.index, settings)
+        reward.save()
         if writer is not None:
             writer.write(rec)
         out.append(rec)
-    return out
-
-
-PROMPTS_FILE = "efficiency_prompts.jsonl"
-
-
-def _settings(cfg: DictConfig, a: dict[str, Any], n: int) -> dict[str, Any]:
-    """What a prompt's measurements depend on: a resumed record must have been measured with the same."""
-    keep = ("pool_factor", "n_start", "alphas", "policies", "scales")
-    return {"n": n, **{k: a[k] for k in keep}, "seed": cfg.seed,
-            **{k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("generator", "reward", "sampling")},
-            "min_tokens_per_round": cfg.budget.min_tokens_per_round}
+    return out, pool, reward
 
 
 def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -251,52 +225,94 @@ def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[i
     return dict(writer.records)
 
 
-def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+LIVE_CHECK = ("fixed_alpha_0.5", "adaptive_delta_0.05", "correlation")  # replayed and run live on a few prompts
+
+
+def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer, records: dict[int, dict[str, Any]],
+               indices: list[int], tm: analysis.TimeModel, gen=None) -> dict[str, Any]:
+    """Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n and compare
+    with their replays: the same winners and token counts make replay fair; the wall times check the time model."""
+    from rodeco.contracts import Scorer
     from rodeco.loading import load_generator
+    from rodeco.loop import decode_batch
 
-    a = parse_args(cfg)
-    subset = load_subset(a)  # a bad prompt file fails before any model is loaded
     gen = gen or load_generator(cfg.generator)
-    prompts = collect(cfg, plugins, gen, a, subset, out_dir)
-    meta = {"args": a, "reward": split_node(cfg.reward, "reward")[0], "max_new_tokens": cfg.sampling.max_new_tokens,
-            "generator": str(cfg.generator.model), "device": str(gen.device)}
-    res = report(meta, prompts, out_dir)
-    return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)
+    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), measurer.reward_name)
+    rows = []
+    for index in indices:
+        p, rec = pool.prompt(index), records[index]
+        for label in [x for x in LIVE_CHECK if x in measurer.policies]:
+            replayed = rec["methods"][label]["1"]
+            s = measurer.settings(label, "auto", rec["budget"]["1"])
+            t0 = time.perf_counter()
+            (res,), c = decode_batch(gen, scorer, measurer.policies[label], [(index, p.text)], s)
+            live_s = time.perf_counter() - t0
+            rows.append({"prompt_index": index, "policy": label, "same_winner": res.best.candidate_id ==
+                         replayed["best_id"], "same_tokens": c.gen_decode_tokens == replayed["decode_tokens"],
+                         "same_steps": c.decode_steps == replayed["steps"], "live_seconds": live_s,
+                         "model_seconds": tm.seconds(replayed, p.prefill_seconds),
+                         "live_decode_tokens": c.gen_decode_tokens, "replay_decode_tokens": replayed["decode_tokens"]})
+            log.info("live check %s", rows[-1])
+    return {"runs": rows, "same_winner": sum(r["same_winner"] for r in rows),
+            "same_tokens": sum(r["same_tokens"] for r in rows), "n": len(rows),
+            "live_over_model_seconds": float(sum(r["live_seconds"] for r in rows) /
+                                             max(1e-9, sum(r["model_seconds"] for r in rows)))}
 
 
-def report(meta: dict[str, Any], prompts: list[dict[str, Any]], out_dir: str | Path | None) -> dict[str, Any]:
-    """Summary, table, plot and headline lines from the per-prompt measurements."""
-    summary = summarize(prompts, meta["args"])
-    head = headline(summary)
-    res = {**meta, **summary, "headline": head, "per_prompt": prompts}
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    a = parse_args(cfg)
+    out_dir = Path(out_dir) if out_dir is not None else None
+    prompts, pool, reward = collect(cfg, plugins, a, out_dir, gen=gen)
+    res = report(cfg, plugins, a, prompts, pool, reward, out_dir, gen=gen)
+    return RunOutput([], Compute(), out_dir, extra=res)
+
+
+def timings(a: dict[str, Any], measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """pool_seconds (recording the prompts) and replay_seconds_per_policy (fixed alpha 0.5 at the budget of
+    Best-of-n over the same prompts, its rewards cached)."""
+    pool = measurer.pool
+    t0 = time.perf_counter()
+    for index, rec in records.items():
+        measurer.run(index, measurer.policies["fixed_alpha_0.5"], "fixed_alpha_0.5", "auto", rec["budget"]["1"])
+    replay_s = time.perf_counter() - t0
+    pool_s = sum(pool.prompt(i).record_seconds for i in records)
+    return {"pool_seconds": pool_s, "replay_seconds_per_policy": replay_s,
+            "replay_fraction_of_pool": replay_s / max(pool_s, 1e-9)}
+
+
+def report(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], prompts: list[dict[str, Any]], pool: Pool,
+           reward: PoolReward, out_dir: Path | None, gen=None, name: str = "efficiency") -> dict[str, Any]:
+    """Summary (both halves, CIs), timings, the live check, table, plot and headline lines (printed last)."""
+    records = {p["prompt_index"]: p for p in prompts}
+    tm = analysis.TimeModel.fit(pool, list(records))
+    labels = [m.label for m in methods(a)]
+    summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
+    measurer = Measurer(cfg, plugins, pool, ReplayGenerator(pool), reward, a)
+    res: dict[str, Any] = {"args": a, "reward": split_node(cfg.reward, "reward")[0], "pool": str(pool.path),
+                           "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(a, measurer, records)}
+    if a["live_check"]:
+        res["live_check"] = live_check(cfg, plugins, pool, measurer, records,
+                                       summary["halves"]["report"][: a["live_check"]], tm, gen)
+    head = analysis.headline(summary)
+    res["headline"] = head
+    res["per_prompt"] = prompts
     if out_dir is not None:
-        ResultsWriter(out_dir, resume=False).write_json("efficiency.json", res)
-        (Path(out_dir) / "efficiency.md").write_text(markdown(summary), encoding="utf-8")
-        plot(summary, Path(out_dir) / "efficiency.png",
-             title=f"{len(prompts)} prompts, reward {res['reward']}, {res['max_new_tokens']} new tokens")
-    print(markdown(summary), end="")
+        ResultsWriter(out_dir, resume=False).write_json(f"{name}.json", res)
+        (out_dir / f"{name}.md").write_text(analysis.markdown(summary), encoding="utf-8")
+        analysis.plot(summary, out_dir / f"{name}.png", title=f"{len(summary['halves']['report'])} report prompts, "
+                      f"reward {res['reward']}, {res['max_new_tokens']} new tokens, pool of {summary['M']}")
+    print(analysis.markdown(summary), end="")
+    t = summary["time_model"]
+    print(f"time model (per decode step, fitted to {t['steps']} measured steps): {t['a'] * 1e3:.2f} ms + "
+          f"{t['b'] * 1e3:.3f} ms x rows + {t['c'] * 1e6:.4f} us x rows x context (R^2 {t['r2']:.3f})")
+    for key in ("pool_seconds", "replay_seconds_per_policy", "replay_fraction_of_pool"):
+        print(f"{key}: {res[key]:.4g}")
+    if "live_check" in res:
+        lc = res["live_check"]
+        print(f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}")
+        print(f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}")
+        print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
     for key, v in head.items():
-        print(f"{key}: {fmt(v)}")
+        print(f"{key}: {analysis.fmt(v)}")
     return res
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m rodeco.experiments.efficiency RUN_DIR``: redo the analysis of a run's ``efficiency.json`` (or of
-    an ``experiment=perplexity`` run's ``perplexity.json``: the same measurements) without decoding again, and
-    (re)write ``efficiency.json``, ``efficiency.md`` and ``efficiency.png`` there."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("run_dir", type=Path)
-    d = ap.parse_args(argv).run_dir
-    src = next((d / f for f in ("efficiency.json", "perplexity.json") if (d / f).is_file()), None)
-    if src is None:
-        raise SystemExit(f"{d}: no efficiency.json or perplexity.json (give the run directory of either experiment)")
-    res = json.loads(src.read_text(encoding="utf-8"))
-    res.setdefault("reward", "logprob")  # experiment=perplexity
-    meta = {k: res[k] for k in ("args", "reward", "max_new_tokens", "generator", "device")}
-    report(meta, res["per_prompt"], d)
-
-
-if __name__ == "__main__":
-    main()

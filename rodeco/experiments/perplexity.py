@@ -1,13 +1,14 @@
 """``rodeco experiment=perplexity``: maximize the generator's own likelihood (Sun et al. 2024, Section 5.3).
 
 The reward is ``logprob`` in its ``perplexity`` form (``-exp(mean negative log-likelihood)``), so the chosen
-response is the one with the lowest perplexity under the generator. The samples and runs are those of
-``experiment=efficiency`` (one pool for Best-of-N, real Speculative Rejection runs under Best-of-n's budget).
-The table compares each method's mean perplexity of the chosen responses with Best-of-N's at the same FLOPs
-(Best-of-N's curve, linear in log FLOPs between its points; ``-`` beyond the curve). Best-of-N's perplexity at
-``N`` is the expected minimum over random size-``N`` subsets of the pool (``metrics.expected_best_of``).
+response is the one with the lowest perplexity under the generator. The pool, the replays and the analysis are
+those of ``experiment=efficiency`` (the same pool serves both: this reward's scores are computed from the pool's
+stored log-probabilities and cached beside the other reward's). The table compares each method's mean perplexity
+of the chosen responses with Best-of-N's at the same FLOPs (its curve, linear in log FLOPs between points; ``-``
+beyond it), on the report half of the prompts. The alpha the headline reports is chosen on the selection half
+(the largest perplexity reduction over Best-of-N at the same FLOPs).
 
-Writes ``perplexity.json``, ``perplexity.md`` (the table) and ``perplexity.png`` into the run directory.
+Writes ``perplexity_prompts.jsonl``, ``perplexity.json``, ``perplexity.md`` and ``perplexity.png``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from omegaconf import DictConfig
 
 from rodeco.config import split_node
 from rodeco.experiments import analysis, efficiency
-from rodeco.experiments.metrics import expected_best_of
 from rodeco.plugins import Plugins
 from rodeco.results import ResultsWriter
 from rodeco.state import Compute, RunOutput
@@ -43,24 +43,27 @@ def at_compute(flops: float, curve_flops: list[float], curve_y: list[float]) -> 
     return float(np.interp(np.log(flops), x, np.asarray(curve_y, dtype=np.float64)))
 
 
-def table(prompts: list[dict[str, Any]], summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per Best-of-N point and per method: FLOPs, mean perplexity of the chosen responses, and for the
-    methods Best-of-N's perplexity at the same FLOPs."""
-    curve = summary["curve"]
-    bon_ppl = [float(np.mean([-expected_best_of(p["pool"]["scores"], N) for p in prompts])) for N in curve["N"]]
-    curve["perplexity"] = bon_ppl
-    rows = [{"method": f"Best-of-{N}", "flops": f, "perplexity": y, "bon_perplexity_same_flops": y}
-            for N, f, y in zip(curve["N"], curve["flops"], bon_ppl)]
-    for key, m in summary["methods"].items():
+def table(summary: dict[str, Any], half: str) -> list[dict[str, Any]]:
+    """One row per Best-of-N point and per method of one half: FLOPs, mean perplexity of the chosen responses, and
+    for the methods Best-of-N's perplexity at the same FLOPs."""
+    c = summary["curve"][half]
+    ppl = [-r for r in c["reward"]]
+    rows = [{"method": f"Best-of-{int(N)}", "flops": f, "perplexity": y, "bon_perplexity_same_flops": y}
+            for N, f, y in zip(c["N"], c["flops"], ppl)]
+    for key, row in summary["methods"].items():
+        if "infeasible" in row:
+            continue
         label, scale = key.split("@")
-        m["perplexity"] = float(np.mean([-p["methods"][label][scale]["best"] for p in prompts]))
-        rows.append({"method": f"SR {label} (budget x{scale})", "flops": m["flops"], "perplexity": m["perplexity"],
-                     "bon_perplexity_same_flops": at_compute(m["flops"], curve["flops"], bon_ppl)})
+        r = row[half]
+        rows.append({"method": f"SR {label} (budget x{scale})", "label": label, "scale": int(scale),
+                     "flops": r["flops"], "perplexity": -r["reward"],
+                     "bon_perplexity_same_flops": at_compute(r["flops"], c["flops"], ppl)})
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    out = ["| method | TFLOPs | mean perplexity of chosen | Best-of-N at the same FLOPs |", "|---|---:|---:|---:|"]
+def markdown(rows: list[dict[str, Any]], n_prompts: int) -> str:
+    out = [f"Report half: {n_prompts} prompts.", "",
+           "| method | TFLOPs | mean perplexity of chosen | Best-of-N at the same FLOPs |", "|---|---:|---:|---:|"]
     for r in rows:
         same = r["bon_perplexity_same_flops"]
         out.append(f"| {r['method']} | {r['flops'] / 1e12:.3f} | {r['perplexity']:.3f} | "
@@ -68,36 +71,40 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    from rodeco.loading import load_generator
+def choose_alpha(rows: list[dict[str, Any]]) -> str:
+    """The fixed-alpha method (budget x1, auto start) with the largest perplexity reduction over Best-of-N at the
+    same FLOPs."""
+    cands = [r for r in rows if r.get("scale") == 1 and r["label"].startswith("fixed_alpha_")
+             and "start" not in r["label"] and r["bon_perplexity_same_flops"] is not None]
+    return max(cands, key=lambda r: r["bon_perplexity_same_flops"] - r["perplexity"])["label"]
 
+
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
     _check_reward(cfg)
     a = efficiency.parse_args(cfg)
-    subset = efficiency.load_subset(a)
-    gen = gen or load_generator(cfg.generator)
-    prompts = efficiency.collect(cfg, plugins, gen, a, subset, out_dir)
-    summary = analysis.summarize(prompts, a)
-    rows = table(prompts, summary)
-    head = analysis.headline(summary)
-    ref = "fixed_alpha_0.5@1" if "fixed_alpha_0.5@1" in summary["methods"] else next(iter(summary["methods"]))
+    out_dir = Path(out_dir) if out_dir is not None else None
+    prompts, pool, _ = efficiency.collect(cfg, plugins, a, out_dir, gen=gen)
+    tm = analysis.TimeModel.fit(pool, [p["prompt_index"] for p in prompts])
+    labels = [m.label for m in efficiency.methods(a)]
+    summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
+    selection, report = table(summary, "selection"), table(summary, "report")
+    chosen = choose_alpha(selection)
+    row = next(r for r in report if r.get("label") == chosen and r["scale"] == 1)
     n = summary["n"]
-    last = {f"perplexity_best_of_{n}": summary["curve"]["perplexity"][summary["curve"]["N"].index(n)],
-            f"perplexity_{ref.split('@')[0]}": summary["methods"][ref]["perplexity"],
-            f"perplexity_best_of_n_same_flops_{ref.split('@')[0]}":
-                next(r for r in rows if r["method"].startswith(f"SR {ref.split('@')[0]} (budget x1)"))[
-                    "bon_perplexity_same_flops"], **head}
-    res = {"args": a, "reward": "logprob", "max_new_tokens": cfg.sampling.max_new_tokens,
-           "generator": str(cfg.generator.model),
-           "device": str(gen.device), **summary, "table": rows, "headline": last, "per_prompt": prompts}
+    head = {f"perplexity_best_of_{n}": next(r["perplexity"] for r in report if r["method"] == f"Best-of-{n}"),
+            "chosen_alpha": chosen, f"perplexity_{chosen}": row["perplexity"],
+            f"perplexity_best_of_n_same_flops_{chosen}": row["bon_perplexity_same_flops"],
+            **analysis.headline(summary)}
+    P = len(summary["halves"]["report"])
+    res = {"args": a, "reward": "logprob (perplexity)", "pool": str(pool.path), **summary,
+           "table": report, "table_selection": selection, "headline": head, "per_prompt": prompts}
     if out_dir is not None:
-        w = ResultsWriter(out_dir, resume=False)
-        w.write_json("perplexity.json", res)
-        (Path(out_dir) / "perplexity.md").write_text(markdown(rows), encoding="utf-8")
-        analysis.plot(summary, Path(out_dir) / "perplexity.png", y="perplexity",
-                        ylabel="mean perplexity of the chosen responses (lower is better)",
-                        title=f"{len(prompts)} prompts, reward logprob (perplexity), "
-                              f"{res['max_new_tokens']} new tokens")
-    print(markdown(rows), end="")
-    for key, v in last.items():
+        ResultsWriter(out_dir, resume=False).write_json("perplexity.json", res)
+        (out_dir / "perplexity.md").write_text(markdown(report, P), encoding="utf-8")
+        analysis.plot(summary, out_dir / "perplexity.png", y="reward",
+                      ylabel="mean -perplexity of the chosen responses (higher is better)",
+                      title=f"{P} report prompts, reward logprob (perplexity), pool of {summary['M']}")
+    print(markdown(report, P), end="")
+    for key, v in head.items():
         print(f"{key}: {'nan' if v is None else analysis.fmt(v)}")
-    return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)
+    return RunOutput([], Compute(), out_dir, extra=res)

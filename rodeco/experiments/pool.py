@@ -6,7 +6,6 @@ other settings. Other experiments (``replay``, ``efficiency``, ``perplexity``, `
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from rodeco.data import Prompt, prompts_of
 from rodeco.generator import Generator
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool, reward_key
-from rodeco.replay import PoolReward, pool_settings, record_prompt
+from rodeco.replay import PoolReward, calibrate, pool_settings, record_prompt
 from rodeco.runner import check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput, ScoreRequest
 
@@ -53,7 +52,7 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
     if path.is_dir() and (path / "pool.json").is_file():
         pool = Pool(path)
         todo = [p for p in prompts if not pool.has(p.index)]
-        if not todo:
+        if not todo and pool.calibration is not None:
             return pool
     gen = gen or load_generator(cfg.generator)
     s = loop_settings(cfg, gen)
@@ -76,6 +75,9 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
         reward.save()
         pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards
         log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
+    if pool.calibration is None:  # once the pool is complete, on a machine as quiet as the recording's
+        log.info("measuring decode step times at 1 to %d rows", candidates)
+        pool.write_calibration(calibrate(gen, prompts[0], s, candidates))
     return pool
 
 
