@@ -40,7 +40,7 @@ class SessionStats:
     peak_kv_bytes: int = 0
     step_rows: list[int] = field(default_factory=list)  # rows forwarded at each decode step
     step_context: list[int] = field(default_factory=list)  # cached tokens per row before each step
-    step_seconds: list[float] = field(default_factory=list)  # wall time of each forward (no device sync)
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each step (forward, sampling; no sync)
 
 
 class Session:
@@ -119,10 +119,10 @@ class Session:
         self.engine.reserve(self.prompt_len + until)
         left: list[Row] = []
         while self.t < until and self.rows:
-            if self.pending is not None:
-                st, context, t0 = self.stats, self.engine.length, time.perf_counter()
+            t0, stepped = time.perf_counter(), self.pending is not None
+            if stepped:
+                st, context = self.stats, self.engine.length
                 self.logits = self.engine.step(self.pending)  # [B, V]
-                st.step_seconds.append(time.perf_counter() - t0)
                 counts = np.bincount(self.prompt_of, minlength=len(st.decode_tokens))
                 st.decode_tokens += counts
                 st.decode_flops += counts * self.gen.flops_per_token(context)
@@ -143,6 +143,8 @@ class Session:
                 left += self._retire(torch.ones_like(self.finished))
             elif n_fin >= max(1, self.compact_fraction * self.rows):
                 left += self._retire(self.finished)
+            if stepped:  # the whole step: forward, sampling, bookkeeping
+                self.stats.step_seconds.append(time.perf_counter() - t0)
         return left
 
     def retire_finished(self) -> list[Row]:

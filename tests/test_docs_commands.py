@@ -32,6 +32,7 @@ OTHERS = {
     "pip install ./plugins/rodeco_example": "conftest.py::installed_example",
     "python -m rodeco.experiments.efficiency": "test_experiment_efficiency.py (efficiency.main on a run directory)",
     "python -m rodeco.results": "test_python_m_rodeco_results_as_documented below",
+    "python lab.py": "test_policy_lab_docs.py (docs/policy-lab.md's lab.py on a tiny pool)",
 }
 
 

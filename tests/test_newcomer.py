@@ -53,7 +53,7 @@ def test_a_misspelled_key_names_the_valid_keys_and_the_likely_one():
 @pytest.mark.parametrize("override, key, hint", [
     ("sampling.temprature=0.7", "sampling.temprature", "did you mean temperature?"),
     ("nn=8", "nn", "did you mean n?"),
-    ("experiment=efficiency experiment_args.kk=3", "experiment_args.kk", "did you mean k?"),
+    ("experiment=efficiency experiment_args.alpha=[0.5]", "experiment_args.alpha", "did you mean alphas?"),
 ])
 def test_misspelled_keys_in_typed_nodes_too(override, key, hint):
     with pytest.raises(ConfigError) as e:
@@ -63,8 +63,8 @@ def test_misspelled_keys_in_typed_nodes_too(override, key, hint):
 
 def test_a_value_of_the_wrong_type_names_its_key():
     with pytest.raises(ConfigError) as e:
-        rodeco.load_config(["experiment=efficiency", "experiment_args.k=many"])
-    assert e.value.key == "experiment_args.k" and e.value.value == "many"
+        rodeco.load_config(["experiment=efficiency", "experiment_args.n=many"])
+    assert e.value.key == "experiment_args.n" and e.value.value == "many"
 
 
 def test_a_misspelled_option_suggests_the_option():
@@ -82,3 +82,11 @@ def test_the_cli_says_it_in_rodecos_words(tmp_path: Path):
     assert p.returncode == 2 and "did you mean policy=fixed?" in p.stderr and "Traceback" not in p.stderr
     p = cli(["n=3", "'bad"], cwd=tmp_path)  # an override Hydra cannot parse: Hydra's own message, exit 1
     assert p.returncode == 1 and p.stderr.startswith("rodeco: error: ") and "Traceback" not in p.stderr
+
+
+def test_a_prompt_file_replaces_the_experiments_prompt_set():
+    cfg = rodeco.load_config(["experiment=efficiency", "data.path=mine.jsonl"])  # the experiment sets AlpacaFarm
+    assert (cfg.data.path, cfg.data.prompts, cfg.data.indices) == ("mine.jsonl", None, None)
+    assert cfg.data.limit == 48  # the experiment's size stays unless given
+    cfg = rodeco.load_config(["experiment=efficiency"])
+    assert cfg.data.path.endswith("alpaca_eval_805.jsonl") and len(cfg.data.indices) == 100

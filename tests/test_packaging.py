@@ -26,7 +26,7 @@ COMPOSE = textwrap.dedent("""
     print(json.dumps({"rodeco": rodeco.__file__, "conf": str(conf_dir()), "rewards": rodeco_rewards.__file__,
                       "policies": rodeco_policies.__file__, "dirs": default_plugins().config_dirs(),
                       "task": cfg.task, "policy": cfg.policy.name, "reward": dict(cfg.reward),
-                      "k": cfg.experiment_args.k}))
+                      "n": cfg.experiment_args.n}))
 """)
 
 
@@ -68,5 +68,5 @@ def test_an_installed_wheel_composes_from_its_own_configs(wheel: Path, tmp_path:
     assert out["conf"] == str(target / "rodeco" / "conf")
     builtin = [d for d in out["dirs"] if "/rodeco_rewards/" in d + "/" or "/rodeco_policies/" in d + "/"]
     assert sorted(builtin) == [str(target / "rodeco_policies" / "conf"), str(target / "rodeco_rewards" / "conf")]
-    assert (out["task"], out["policy"], out["k"]) == ("perplexity", "fixed", 8)
+    assert (out["task"], out["policy"], out["n"]) == ("perplexity", "fixed", 4)
     assert out["reward"] == {"name": "logprob", "form": "perplexity", "model": None}  # plugin config + override
