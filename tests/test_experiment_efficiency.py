@@ -89,6 +89,9 @@ def test_the_report_half_figures_by_hand(ran):
     assert m["speedup_flops"] == pytest.approx((match or curve_flops[-1]) / flops)
     lo_ci, hi_ci = m["speedup_flops_ci"]
     assert lo_ci <= hi_ci
+    # the improvement score's CI: the 2.5 and 97.5 percentiles over resamples of the report prompts
+    i_lo, i_hi = m["improvement_ci"]
+    assert min(improvement_score(best, hi, lo), i_lo) <= i_hi and i_lo < i_hi
     head = res["headline"]
     assert head["speedup_fixed_alpha_0.5"] == m["speedup_flops"]
     assert [head["speedup_fixed_alpha_0.5_ci_low"], head["speedup_fixed_alpha_0.5_ci_high"]] == [lo_ci, hi_ci]

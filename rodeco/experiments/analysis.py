@@ -152,7 +152,7 @@ def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, m
                 continue
             row = {h: stats(m, S, run, scale, curves[h]) for h, S in halves.items()}
             b = [stats(m, S, run, scale, c) for S, c in zip(boots, boot_curves)]
-            for key in ("speedup_flops", "speedup_time_model"):
+            for key in ("improvement", "speedup_flops", "speedup_time_model"):
                 row["report"][f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
             table[f"{label}@{scale}"] = row
     at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v}
@@ -176,7 +176,7 @@ def markdown(summary: dict[str, Any]) -> str:
     c, n = summary["curve"]["report"], summary["n"]
     P = len(summary["halves"]["report"])
     out = [f"Report half: {P} prompts (selection half: {len(summary['halves']['selection'])}). Best-of-{n} = 100.",
-           "", "| method | mean reward | improvement | TFLOPs | time (model) s | speedup FLOPs [95% CI] | "
+           "", "| method | mean reward | improvement [95% CI] | TFLOPs | time (model) s | speedup FLOPs [95% CI] | "
            "speedup time (model) [95% CI] | relative compute (memory-bound model) | speedup FLOPs, selection half |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, N in enumerate(c["N"]):
@@ -189,8 +189,9 @@ def markdown(summary: dict[str, Any]) -> str:
             continue
         r, s = row["report"], row["selection"]
         lb = "≥" if r["beyond_curve"] else ""
-        ci_f, ci_t = r["speedup_flops_ci"], r["speedup_time_model_ci"]
-        out.append(f"| SR {label} (budget x{scale}) | {r['reward']:.4f} | {r['improvement']:.1f} | "
+        ci_f, ci_t, ci_i = r["speedup_flops_ci"], r["speedup_time_model_ci"], r["improvement_ci"]
+        out.append(f"| SR {label} (budget x{scale}) | {r['reward']:.4f} | "
+                   f"{r['improvement']:.1f} [{ci_i[0]:.1f}, {ci_i[1]:.1f}] | "
                    f"{r['flops'] / 1e12:.3f} | {r['seconds_model']:.1f} | "
                    f"{lb}{r['speedup_flops']:.2f} [{ci_f[0]:.2f}, {ci_f[1]:.2f}] | "
                    f"{lb}{r['speedup_time_model']:.2f} [{ci_t[0]:.2f}, {ci_t[1]:.2f}] | "
