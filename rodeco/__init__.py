@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rodeco.api import decode, load_config, run
+from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
@@ -35,7 +36,7 @@ __all__ = [
     # checking parameters
     "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
     # building blocks for rewards and experiments
-    "ResultsWriter", *_LAZY,
+    "ResultsWriter", "required", *_LAZY,
 ]
 __version__ = "0.1.0"
 

@@ -92,6 +92,12 @@ class RodecoConfig:
     experiment_args: Any = field(default_factory=dict)
 
 
+def required(help: str) -> Any:
+    """A schema field whose value must come from the YAML that extends the schema (``MISSING`` here), with its
+    help text: ``alphas: list[float] = required("rejection rates to try")``."""
+    return field(default=MISSING, metadata={"help": help})
+
+
 def register_configs(experiment_schemas: Iterable[tuple[str, type]] = ()) -> None:
     """Put the schema in Hydra's ConfigStore, with each experiment's arguments schema as
     ``experiment_args/<name>`` (called by the CLI and the API before composing, never on import)."""

@@ -8,19 +8,19 @@ and hands it to ``rodeco.run``, the same entry the CLI uses.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import MISSING, DictConfig, open_dict
+from omegaconf import DictConfig, open_dict
 
-from rodeco import Compute, ConfigError, Plugins, RunOutput, check_number, run
+from rodeco import Compute, ConfigError, Plugins, RunOutput, check_number, required, run
 
 
 @dataclass
 class SweepArgs:
     """The schema of ``experiment_args`` (values in ``conf/experiment/example_sweep.yaml``)."""
 
-    alphas: list[float] = field(default=MISSING, metadata={"help": "rejection rates to try with policy=fixed"})
+    alphas: list[float] = required("rejection rates to try with policy=fixed")
 
 
 def sweep(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
