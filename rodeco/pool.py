@@ -23,6 +23,7 @@ from typing import Any
 
 from rodeco.generator import ModelShape
 from rodeco.results import atomic_write
+from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError
 
 SETTINGS = "pool.json"
@@ -49,6 +50,17 @@ class PoolPrompt:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PoolPrompt:
         return cls(**{**d, "candidates": [PoolCandidate(**c) for c in d["candidates"]]})
+
+    def request(self, i: int, length: int | None = None, text: str | None = None) -> ScoreRequest:
+        """Candidate ``i`` as a reward request: its finished response, or (``length``) its first ``length`` tokens
+        as a partial one, ``text`` being their decoding."""
+        c = self.candidates[i]
+        ids = c.token_ids if length is None else c.token_ids[:length]
+        return ScoreRequest(self.text, c.text if length is None else str(text), tuple(ids), partial=length is not None,
+                            prompt_index=self.index, candidate_id=i, logprobs=tuple(c.logprobs[: len(ids)]))
+
+    def final_requests(self) -> list[ScoreRequest]:
+        return [self.request(i) for i in range(len(self.candidates))]
 
 
 def reward_key(node: dict[str, Any], identity: str | None = None) -> str:

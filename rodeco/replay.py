@@ -12,6 +12,7 @@ the same compute accounting) run over a recorded pool instead of a model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -236,7 +237,7 @@ def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: 
     if s.n == "auto":
         budget, base = s.budget.for_batch(1, len(p.prompt_ids), gen.shares_prefix)
         n = min(budget.auto_n(1, base, base + s.max_new_tokens), pool.candidates - first)
-        s = LoopSettings(**{**s.__dict__, "n": n})
+        s = dataclasses.replace(s, n=n)
     check_replayable(pool, s, s.n, first)
     (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess)
     return res, comp, reward.seconds - seconds0

@@ -71,14 +71,10 @@ def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: in
     """Partial scores at each length (candidates longer than L) and final scores of one prompt's candidates."""
     p = pool.prompt(index)
 
-    def req(i: int, L: int | None) -> ScoreRequest:
-        c = p.candidates[i]
-        ids = c.token_ids if L is None else c.token_ids[:L]
-        text = c.text if L is None else gen.decode_text(ids)
-        return ScoreRequest(p.text, text, tuple(ids), partial=L is not None, prompt_index=index, candidate_id=i,
-                            logprobs=tuple(c.logprobs[: len(ids)]))
+    def req(i: int, L: int) -> ScoreRequest:
+        return p.request(i, L, gen.decode_text(p.candidates[i].token_ids[:L]))
 
-    final = [float(x) for x in reward.score([req(i, None) for i in range(len(p.candidates))])]
+    final = [float(x) for x in reward.score(p.final_requests())]
     per_len = {}
     for L in lengths:
         idx = [i for i, c in enumerate(p.candidates) if len(c.token_ids) > L]

@@ -22,6 +22,7 @@ decode times fitted as ``a + b*rows + c*rows*context`` (``time_model``), plus me
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
 from rodeco.runner import loop_settings
-from rodeco.state import Compute, RunOutput, ScoreRequest
+from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_number, check_positive_int
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ class Measurer:
             self.policies[m.label] = plugins.build_policy(node, ctx)
 
     def settings(self, policy: str, n: int | str, kv: int | None) -> LoopSettings:
-        return LoopSettings(**{**self.base.__dict__, "n": n, "policy_name": policy, "all_candidates": False,
-                               "budget": Budget(kv, self.base.budget.min_tokens_per_round)})
+        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False,
+                                   budget=Budget(kv, self.base.budget.min_tokens_per_round))
 
     def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0) -> dict:
         """One replayed run and what it cost (the time model needs the steps' rows and rows x context)."""
@@ -135,9 +136,7 @@ class Measurer:
         """Every candidate's final reward (computed on first use, like any reward request)."""
         p = self.pool.prompt(index)
         self.gen.add(p)
-        return self.reward.score([ScoreRequest(p.text, c.text, tuple(c.token_ids), partial=False, prompt_index=index,
-                                               candidate_id=i, logprobs=tuple(c.logprobs))
-                                  for i, c in enumerate(p.candidates)])
+        return self.reward.score(p.final_requests())
 
     def measure(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
         a, M = self.a, self.pool.candidates

@@ -19,7 +19,7 @@ from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool, reward_key
 from rodeco.replay import PoolReward, calibrate, pool_settings, record_prompt
 from rodeco.runner import check_lengths, loop_settings
-from rodeco.state import Compute, RunOutput, ScoreRequest
+from rodeco.state import Compute, RunOutput
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,7 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
     for p in tqdm(todo, desc="pool", unit="prompt", disable=not cfg.output.progress):
         rec = record_prompt(gen, pool, p, s)
-        scorer([ScoreRequest(p.text, c.text, tuple(c.token_ids), partial=False, prompt_index=p.index,
-                             candidate_id=i, logprobs=tuple(c.logprobs) if reward.needs_logprobs else None)
-                for i, c in enumerate(rec.candidates)])  # the final rewards, cached with their cost
+        scorer(rec.final_requests())  # the final rewards, cached with their cost
         reward.save()
         pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards
         log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)

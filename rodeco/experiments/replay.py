@@ -4,6 +4,7 @@ if decoded live) and prints the totals."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -12,7 +13,6 @@ from omegaconf import DictConfig
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.config import split_node
 from rodeco.experiments.pool import pool_reward
-from rodeco.loop import LoopSettings
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.replay import open_pool, replay_prompt
 from rodeco.results import ResultsWriter
@@ -37,7 +37,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
         if best_of is not None:  # per prompt: the memory Best-of-n fills at full length
             p = pool.prompt(index)
             kv = full_length_tokens(best_of, len(p.prompt_ids), s.max_new_tokens, gen.shares_prefix)
-            s = LoopSettings(**{**s.__dict__, "budget": Budget(kv, s.budget.min_tokens_per_round)})
+            s = dataclasses.replace(s, budget=Budget(kv, s.budget.min_tokens_per_round))
         res, comp, _ = replay_prompt(pool, gen, reward, policy, index, s, on_round=plugins.round_end)
         results.append(res)
         total.add(comp)
