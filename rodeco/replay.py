@@ -89,7 +89,7 @@ class ReplayGenerator:
         from transformers import AutoTokenizer
 
         s = pool.settings
-        self.pool, self.shape, self.name = pool, pool.shape, str(s["generator"].get("model", ""))
+        self.shape, self.name = pool.shape, str(s["generator"].get("model", ""))
         self.tokenizer = AutoTokenizer.from_pretrained(pool.path / "tokenizer")
         self.eos_ids, self.pad_id = list(s["eos_ids"]), int(s["pad_id"])
         self.eos_tensor = torch.tensor(self.eos_ids)

@@ -134,9 +134,7 @@ class Measurer:
 
     def finals(self, index: int) -> list[float]:
         """Every candidate's final reward (computed on first use, like any reward request)."""
-        p = self.pool.prompt(index)
-        self.gen.add(p)
-        return self.reward.score(p.final_requests())
+        return self.reward.score(self.pool.prompt(index).final_requests())
 
     def measure(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
         a, M = self.a, self.pool.candidates
@@ -166,7 +164,6 @@ class Measurer:
         return rec
 
 
-
 def rows_x_context(c: Compute, shape) -> float:
     """Sum over decode steps of rows x cached tokens per row (what attention reads), from the FLOPs the loop
     counted: decode FLOPs = 2 * matmul params * tokens + 4 * layers * heads * head_dim * sum(rows x context)."""
@@ -184,8 +181,8 @@ def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool) -> dict[str, Any
             "min_tokens_per_round": cfg.budget.min_tokens_per_round}
 
 
-def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None, gen=None,
-            reward_node: Any = None) -> tuple[list[dict[str, Any]], Pool, PoolReward]:
+def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None,
+            gen=None) -> tuple[list[dict[str, Any]], Pool, PoolReward]:
     """The pool (recorded where prompts are missing) and each prompt's measurements, written as they finish."""
     from tqdm.auto import tqdm
 
