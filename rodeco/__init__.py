@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rodeco.api import decode, load_config, run
+from rodeco.calibration import Calibration, keep_probability, standardize
 from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
@@ -21,18 +22,33 @@ from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.ranking import keep_top
 from rodeco.results import ResultsWriter
-from rodeco.state import Candidate, Compute, PromptResult, PromptView, Round, RoundView, RunOutput, ScoreRequest
+from rodeco.state import (
+    Candidate,
+    Compute,
+    PromptResult,
+    PromptView,
+    Round,
+    RoundView,
+    RunOutput,
+    ScoreRequest,
+    StartView,
+)
 from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, take_params
 
 _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
-         "cache_dir": "rodeco.loading"}
+         "cache_dir": "rodeco.loading",
+         # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
+         "open_pool": "rodeco.replay", "PoolReward": "rodeco.replay", "reward_key": "rodeco.pool",
+         "check_training_prompts": "rodeco.experiments.calibrate", "prompts_of": "rodeco.data"}
 
 __all__ = [
     # running
     "decode", "load_config", "run", "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
     "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
-    "ScoreRequest", "PromptView", "RoundView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
+    "ScoreRequest", "PromptView", "RoundView", "StartView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
+    # decision-time calibration (rodeco experiment=calibrate; policy=calibrated)
+    "Calibration", "keep_probability", "standardize",
     # checking parameters
     "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
     # building blocks for rewards and experiments

@@ -1,5 +1,6 @@
-"""Compute accounting of one batch: generator tokens and FLOPs (from the session's counts), reward tokens, FLOPs
-and calls (from the reward's own tally), wall time per phase, peak KV memory."""
+"""Compute accounting of one batch: generator tokens and FLOPs (from the session's counts), each scoring role's
+tokens, FLOPs, calls and time (the ``reward`` that scores finished rows, the ``partial_reward`` that scores active
+rows at decision points; one scorer may play both), wall time per phase, peak KV memory."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ from rodeco.generator import Generator
 from rodeco.session import SessionStats
 from rodeco.state import Compute
 
+ROLES = ("reward", "partial_reward")
+PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key of each role's scoring
+
 
 class Accounting:
-    def __init__(self, gen: Generator, scorer: Scorer, n_prompts: int) -> None:
-        self.gen, self.scorer, self.n_prompts = gen, scorer, n_prompts
+    def __init__(self, gen: Generator, n_prompts: int) -> None:
+        self.gen, self.n_prompts = gen, n_prompts
         self.times: dict[str, float] = {}
-        self.reward_requests = np.zeros(n_prompts)  # requests scored per prompt
-        c0 = scorer.cost()
-        self.cost0, self.calls0 = (c0.tokens, c0.flops), scorer.calls  # the reward may outlive this batch
+        self.requests = {r: np.zeros(n_prompts) for r in ROLES}  # requests scored per prompt, per role
+        self.cost = {r: np.zeros(3) for r in ROLES}  # tokens, FLOPs, calls spent in each role
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -31,30 +34,40 @@ class Accounting:
         finally:
             self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
 
-    def requested(self, prompts: list[int]) -> None:
-        for p in prompts:
-            self.reward_requests[p] += 1
+    @contextmanager
+    def scoring(self, role: str, scorer: Scorer, prompts: list[int]) -> Iterator[None]:
+        """Charge one scorer call to ``role``: what the scorer's tally grew by, and the requests per prompt."""
+        c0 = scorer.cost()  # a reward's own tally is one object that grows: read its values before and after
+        t0, f0, calls0 = c0.tokens, c0.flops, scorer.calls
+        with self.timed(PHASE[role]):
+            yield
+        c1 = scorer.cost()
+        self.cost[role] += (c1.tokens - t0, c1.flops - f0, scorer.calls - calls0)
+        np.add.at(self.requests[role], prompts, 1)
 
     def prompt(self, p: int, st: SessionStats) -> Compute:
         """Prompt ``p``'s share of the batch so far: its own tokens, and time and reward cost in proportion."""
         tok_share = st.decode_tokens[p] / max(1, st.decode_tokens.sum())
-        req_share = self.reward_requests[p] / max(1, self.reward_requests.sum())
-        times = {k: v * (req_share if k == "score" else tok_share if k == "decode" else 1 / self.n_prompts)
-                 for k, v in self.times.items()}
-        return self._build(st, [p], req_share, times)
+        req = sum(self.requests.values())
+        share = {r: self.requests[r][p] / max(1, self.requests[r].sum()) for r in ROLES}
+        share["all"] = req[p] / max(1, req.sum())
+        times = {k: v * (share["reward"] if k == "score" else share["partial_reward"] if k == "partial_score"
+                         else tok_share if k == "decode" else 1 / self.n_prompts) for k, v in self.times.items()}
+        return self._build(st, [p], share, times)
 
     def batch(self, st: SessionStats) -> Compute:
         """The whole batch's compute (exact totals, not shares)."""
-        return self._build(st, list(range(self.n_prompts)), 1.0, dict(self.times))
+        return self._build(st, list(range(self.n_prompts)), {"all": 1.0, "partial_reward": 1.0}, dict(self.times))
 
-    def _build(self, st: SessionStats, prompts: list[int], reward_share: float, times: dict[str, float]) -> Compute:
-        c = self.scorer.cost()
-        r_tokens, r_flops = c.tokens - self.cost0[0], c.flops - self.cost0[1]
+    def _build(self, st: SessionStats, prompts: list[int], share: dict[str, float],
+               times: dict[str, float]) -> Compute:
+        total, part = sum(self.cost.values()), self.cost["partial_reward"]
         prefill_flops = sum(st.prefill_tokens[p] * self.gen.flops_per_token(st.prefill_tokens[p] // 2) for p in prompts)
         return Compute(
             gen_prefill_tokens=int(st.prefill_tokens[prompts].sum()),
             gen_decode_tokens=int(st.decode_tokens[prompts].sum()),
             gen_flops=float(prefill_flops + st.decode_flops[prompts].sum()),
-            reward_tokens=int(r_tokens * reward_share), reward_flops=float(r_flops * reward_share),
-            reward_calls=self.scorer.calls - self.calls0, peak_kv_bytes=st.peak_kv_bytes,
-            peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps, time_s=times)
+            reward_tokens=int(total[0] * share["all"]), reward_flops=float(total[1] * share["all"]),
+            reward_calls=int(total[2]), partial_reward_tokens=int(part[0] * share["partial_reward"]),
+            partial_reward_flops=float(part[1] * share["partial_reward"]), partial_reward_calls=int(part[2]),
+            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps, time_s=times)

@@ -45,11 +45,24 @@ def prepare(plugins: Plugins | None = None) -> Plugins:
     global _composing
     _composing = plugins or default_plugins()
     register_configs(_composing.experiment_schemas())
+    register_partial_reward_options([conf_dir(), *map(Path, _composing.config_dirs())])
     OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(_composing), replace=True)  # --help
     # Hydra finds the plugin by scanning the hydra_plugins namespace package; an editable install hides that package
     # from the scan, so it is also registered here (registering twice is harmless: one entry per class name).
     HydraPlugins.instance().register(RodecoSearchPathPlugin)
     return _composing
+
+
+def register_partial_reward_options(dirs: list[Path]) -> None:
+    """Every ``reward`` option can also decide: ``partial_reward=logprob`` selects ``reward/logprob.yaml`` into the
+    ``partial_reward`` node (the group's own files, ``same`` and ``oracle``, come first)."""
+    from hydra.core.config_store import ConfigStore
+
+    own = {f.stem for d in dirs for f in (d / "partial_reward").glob("*.yaml")}
+    for d in reversed(dirs):  # the first dir wins, as on the search path
+        for f in sorted((d / "reward").glob("*.yaml")):
+            if f.stem not in own:
+                ConfigStore.instance().store(group="partial_reward", name=f.stem, node=OmegaConf.load(f))
 
 
 def plugin_config_dirs() -> list[str]:
@@ -163,7 +176,7 @@ def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
     return {}
 
 
-HELP_GROUPS = ("generator", "reward", "policy", "budget", "data", "experiment")
+HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "data", "experiment")
 
 
 def help_groups(plugins: Plugins, width: int = 116) -> str:

@@ -83,8 +83,10 @@ class RodecoConfig:
     data: DataConfig = field(default_factory=DataConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     reward: Any = field(default_factory=lambda: {"name": MISSING})
+    # scores active rows at decision points: `same` (the reward), or any reward option (partial_reward=logprob)
+    partial_reward: Any = field(default_factory=lambda: {"name": "same"})
     policy: Any = field(default_factory=lambda: {"name": MISSING})
-    n: Any = 16  # rows per prompt, or "auto"
+    n: Any = 16  # rows per prompt, "auto" (as many as fit), or "calibrated" (the calibrated policy's choice)
     pool: Optional[str] = field(default=None, metadata={"help": "a pool directory (experiment=pool records one; "
                                                                  "replay, efficiency, perplexity, correlation use it)"})
     seed: int = 0
@@ -112,8 +114,9 @@ def register_configs(experiment_schemas: Iterable[tuple[str, type]] = ()) -> Non
 def validate(cfg: DictConfig) -> None:
     """Checks the schema cannot express; each error names the key and the fix."""
     n = cfg.n
-    if not (n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
-        raise ConfigError("n", n, "must be a positive integer or 'auto'", "set n=16, say, or n=auto")
+    if not (n in ("auto", "calibrated") or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
+        raise ConfigError("n", n, "must be a positive integer, 'auto' or 'calibrated'",
+                          "set n=16, say, or n=auto (n=calibrated with policy=calibrated)")
     s = cfg.sampling
     if not (s.temperature >= 0 and math.isfinite(s.temperature)):
         raise ConfigError("sampling.temperature", s.temperature, "must be >= 0", "use 1.0 (the paper), or 0 for greedy")

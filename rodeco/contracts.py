@@ -10,15 +10,21 @@ import numpy as np
 
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.state import RoundView, ScoreRequest
-from rodeco.validation import PluginError
+from rodeco.validation import ConfigError, PluginError
 
 
 class Scorer:
-    """Wraps a reward: checks its output and counts its calls (its own ``cost``, if it keeps one, is read as is)."""
+    """Wraps a reward in one role (``reward``: finished rows; ``partial_reward``: active rows at decision points):
+    checks its output and counts its calls (its own ``cost``, if it keeps one, is read as is)."""
 
-    def __init__(self, reward: Reward, name: str) -> None:
-        self.reward, self.name = reward, name
+    def __init__(self, reward: Reward, name: str, role: str = "reward") -> None:
+        self.reward, self.name, self.role = reward, name, role
         self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
+        self.needs_hidden_states = bool(getattr(reward, "needs_hidden_states", False))
+        if self.needs_hidden_states and role == "reward":
+            raise ConfigError("reward", name, "it reads the generator's hidden states, which only partial responses "
+                              "at decision points carry (finished ones are scored after they leave the batch)",
+                              f"use it to decide, not to pick the winner: partial_reward={name}")
         self.calls = 0
 
     def cost(self) -> RewardCost:

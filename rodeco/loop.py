@@ -3,7 +3,7 @@
 prefill each prompt once, fan its cache out to n rows
 while rows are active:
     decode until the cache would exceed the budget   (the decision point)
-    score finished rows (final) and active rows (partial)
+    score finished rows (reward) and active rows (partial_reward)
     keep = policy(view of every prompt)               (rejected rows leave the cache)
 the best finished candidate of each prompt wins
 """
@@ -22,14 +22,14 @@ from rodeco.generator import Generator
 from rodeco.protocols import Policy
 from rodeco.sampling import SamplingParams
 from rodeco.session import Row, Session
-from rodeco.state import Compute, PromptResult, PromptView, RoundView, ScoreRequest
+from rodeco.state import Compute, PromptResult, PromptView, RoundView, ScoreRequest, StartView
 from rodeco.trace import Trace
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, PluginError
 
 
 @dataclass(frozen=True)
 class LoopSettings:
-    n: int | str  # rows per prompt, or "auto": as many as the first round's budget allows
+    n: int | str  # rows per prompt; "auto": as many as the first round's budget allows; "calibrated": the policy's
     sampling: SamplingParams
     max_new_tokens: int
     budget: Budget
@@ -38,26 +38,31 @@ class LoopSettings:
     all_candidates: bool = False
     policy_name: str = ""
     reward_name: str = ""
+    partial_name: str = ""  # the partial_reward's name ("" for the reward itself)
 
 
 def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[tuple[int, str]],
                  s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
-                 session: Callable[..., Session] = Session) -> tuple[list[PromptResult], Compute]:
+                 session: Callable[..., Session] = Session,
+                 partial: Scorer | None = None) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts in one batch; ``prompts`` are (dataset index, text).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
     each decision point and ``on_done(result)`` as soon as a prompt has no active row left. ``session`` makes the
-    rows: a live ``Session``, or one that replays a recorded pool (``rodeco.replay.PoolSession``)."""
+    rows: a live ``Session``, or one that replays a recorded pool (``rodeco.replay.PoolSession``). ``partial``
+    scores active rows at decision points (the ``partial_reward`` role); by default ``scorer`` does."""
+    partial = partial or scorer
     ids = [gen.encode(text) for _, text in prompts]
     P = max(map(len, ids))
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
     budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
-    n = _rows_per_prompt(s, budget, base, len(ids))
+    n = rows_per_prompt(s, budget, base, len(ids), policy)
     sess = session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs, ignore_eos=s.ignore_eos)
+                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs or partial.needs_logprobs,
+                   ignore_eos=s.ignore_eos, needs_hidden=partial.needs_hidden_states)
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name)
-    acct = Accounting(gen, scorer, len(prompts))
+    acct = Accounting(gen, len(prompts))
     results: dict[int, PromptResult] = {}
 
     def report_done() -> None:  # every prompt that has no active row left, once
@@ -78,7 +83,7 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
         report_done()
         if not sess.rows:
             break
-        scores = score_rows(scorer, gen, prompts, sess.active(), partial=True, acct=acct)  # partial rewards
+        scores = score_rows(partial, gen, prompts, sess.active(), partial=True, acct=acct)  # partial rewards
         trace.scored(sess.prompt_of, sess.cand, scores)
         with acct.timed("prune"):
             fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
@@ -95,21 +100,34 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
 
 def score_rows(scorer: Scorer, gen: Generator, prompts: list[tuple[int, str]], rows: Sequence[Row],
                partial: bool, acct: Accounting) -> np.ndarray:
-    """Score rows with the reward: their response so far (``partial``) or their finished response."""
-    with acct.timed("score"):
+    """Score rows: their response so far (``partial``, the partial_reward role) or their finished response."""
+    with acct.scoring("partial_reward" if partial else "reward", scorer, [r.prompt for r in rows]):
         reqs = [ScoreRequest(prompt=prompts[r.prompt][1], response=gen.decode_text(r.token_ids),
                              response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt][0],
                              candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
-                             else None) for r in rows]
-        scores = scorer(reqs)
-        acct.requested([r.prompt for r in rows])
-    return scores
+                             else None, hidden_state=r.hidden) for r in rows]
+        return scorer(reqs)
 
 
-def _rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int) -> int:
-    """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``)."""
-    if s.n == "auto":
-        return budget.auto_n(n_prompts, base, base + s.max_new_tokens)
+def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, policy: Policy,
+                    cap: int | None = None) -> int:
+    """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``); ``cap``:
+    at most this many rows for ``auto`` and ``calibrated`` (a pool's candidates)."""
+    if s.n in ("auto", "calibrated"):
+        most = budget.auto_n(n_prompts, base, base + s.max_new_tokens)
+        most = min(most, cap) if cap is not None else most
+        if s.n == "auto":
+            return most
+        choose = getattr(policy, "choose_start", None)
+        if choose is None:
+            raise ConfigError("n", "calibrated", f"policy {s.policy_name!r} does not choose a start",
+                              "use policy=calibrated, or n=auto")
+        view = StartView(kv_tokens=int(budget.kv_tokens) // n_prompts, base=base, max_rows=most,
+                         max_new_tokens=s.max_new_tokens, min_tokens_per_round=budget.min_tokens_per_round)
+        n = int(choose(view))
+        if not 1 <= n <= most:
+            raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
+        return n
     n = int(s.n)
     first = base + min(budget.min_tokens_per_round, s.max_new_tokens)
     if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:

@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,9 @@ class BuildContext:
     generator: Generator | None = None  # the run's generator, when one is loaded
     device: str = "cpu"
     plugins: Plugins | None = None  # the registries, for plugins built from other plugins (composite, custom)
+    # what the run's scores come from: {"generator", "reward", "partial_reward"} (rodeco.calibration.identities);
+    # empty when a plugin is built outside a run
+    identities: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,11 @@ class Plugins:
     def build_reward(self, node: Any, ctx: BuildContext, key: str = "reward") -> Reward:
         """The reward a config node (``{name: ..., <params>}``) describes, built by its registered factory."""
         name, params = split_node(node, key)
-        return self.rewards.get(name).factory(params, self._ctx(ctx))
+        try:
+            entry = self.rewards.get(name)
+        except ConfigError as e:  # the registry speaks of reward.name; the name may come from partial_reward
+            raise ConfigError(f"{key}.name", name, e.problem, e.fix) from None
+        return entry.factory(params, self._ctx(ctx))
 
     def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy") -> Policy:
         name, params = split_node(node, key)

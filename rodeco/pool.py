@@ -5,6 +5,9 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
     DIR/tokenizer/                the generator's tokenizer (replay decodes partial responses with it)
     DIR/prompts/<index>.json      one prompt: its token ids, each candidate's tokens, text, log-probs and stop
                                   token, the measured prefill and per-step decode costs
+    DIR/hidden/<index>.npy        the generator's final-layer hidden states [M, max_new_tokens, hidden] (float16):
+                                  [c, t] sampled candidate c's token t (what a reward that needs hidden states
+                                  gets at a decision point after t + 1 tokens)
     DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
     DIR/calibration.json          decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
                                   complete (the time model of the efficiency experiment is fitted to them)
@@ -17,9 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rodeco.generator import ModelShape
 from rodeco.results import atomic_write
@@ -51,13 +57,15 @@ class PoolPrompt:
     def from_dict(cls, d: dict[str, Any]) -> PoolPrompt:
         return cls(**{**d, "candidates": [PoolCandidate(**c) for c in d["candidates"]]})
 
-    def request(self, i: int, length: int | None = None, text: str | None = None) -> ScoreRequest:
+    def request(self, i: int, length: int | None = None, text: str | None = None,
+                hidden: np.ndarray | None = None) -> ScoreRequest:
         """Candidate ``i`` as a reward request: its finished response, or (``length``) its first ``length`` tokens
-        as a partial one, ``text`` being their decoding."""
+        as a partial one, ``text`` being their decoding (``hidden``: the state that sampled the last of them)."""
         c = self.candidates[i]
         ids = c.token_ids if length is None else c.token_ids[:length]
         return ScoreRequest(self.text, c.text if length is None else str(text), tuple(ids), partial=length is not None,
-                            prompt_index=self.index, candidate_id=i, logprobs=tuple(c.logprobs[: len(ids)]))
+                            prompt_index=self.index, candidate_id=i, logprobs=tuple(c.logprobs[: len(ids)]),
+                            hidden_state=hidden)
 
     def final_requests(self) -> list[ScoreRequest]:
         return [self.request(i) for i in range(len(self.candidates))]
@@ -119,6 +127,23 @@ class Pool:
                                   "record it first (rodeco experiment=pool with the same data)")
             self._prompts[index] = PoolPrompt.from_dict(json.loads(f.read_text(encoding="utf-8")))
         return self._prompts[index]
+
+    def hidden(self, index: int) -> np.ndarray:
+        """Prompt ``index``'s hidden states ``[M, max_new_tokens, hidden]`` (memory-mapped)."""
+        f = self.path / "hidden" / f"{index}.npy"
+        if not f.is_file():
+            raise ConfigError(self.key, str(self.path), f"prompt {index} has no hidden states (pools recorded "
+                              "before rodeco stored them lack them)",
+                              "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR")
+        return np.load(f, mmap_mode="r")
+
+    def write_hidden(self, index: int, hidden: np.ndarray) -> None:
+        d = self.path / "hidden"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{index}.npy.tmp"
+        with open(tmp, "wb") as fh:
+            np.save(fh, hidden)
+        os.replace(tmp, d / f"{index}.npy")
 
     def write_prompt(self, p: PoolPrompt) -> None:
         atomic_write(self.path / "prompts" / f"{p.index}.json", json.dumps(asdict(p)) + "\n")

@@ -24,7 +24,9 @@ class Reward(Protocol):
     """Scores (prompt, response) pairs, partial or complete.
 
     Optional class attributes: ``needs_logprobs = True`` makes the loop fill ``ScoreRequest.logprobs`` with the
-    generator's per-token log-probabilities; ``cost: RewardCost`` is read for compute accounting.
+    generator's per-token log-probabilities; ``needs_hidden_states = True`` fills ``ScoreRequest.hidden_state`` of
+    partial requests with the generator's final-layer hidden state (such a reward can only be a ``partial_reward``);
+    ``cost: RewardCost`` is read for compute accounting.
     """
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:

@@ -7,6 +7,8 @@ the same compute accounting) run over a recorded pool instead of a model.
 - ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate.
 - ``PoolReward`` serves rewards from the pool's cache, computing what is missing on first use, and charges every
   request the tokens, FLOPs and seconds it cost when it was computed, as a live run would pay them.
+- ``OracleReward`` (``partial_reward=oracle``) scores a partial response with its candidate's final reward: the
+  ceiling a perfect decision-time scorer would reach with the same schedule and samples.
 - ``record_prompt`` records one prompt of a pool with the live model.
 """
 
@@ -26,7 +28,7 @@ from rodeco.contracts import Scorer
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import Generator
-from rodeco.loop import LoopSettings, decode_batch
+from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.session import Session
@@ -43,23 +45,30 @@ def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cf
             "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id}
 
 
-def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -> PoolPrompt:
+def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -> tuple[PoolPrompt, np.ndarray]:
     """Decode ``pool.candidates`` candidates of one prompt to the end, as Best-of-M with no budget would, with the
-    same random streams as a live run (candidate ``i`` of prompt ``index``), and store them with their costs."""
+    same random streams as a live run (candidate ``i`` of prompt ``index``). Returns them with their costs, and the
+    hidden states ``[M, max_new_tokens, hidden]`` (float16): ``[c, t]`` is the state that sampled candidate ``c``'s
+    token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end)."""
     t0 = time.perf_counter()
     sess = Session(gen, pool.candidates, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[prompt.index], needs_logprobs=True)
+                   keys=[prompt.index], needs_logprobs=True, needs_hidden=True)
+    sess.hidden_log = []
     ids = gen.encode(prompt.text)
     sess.prefill([ids])
     prefill_s = time.perf_counter() - t0
     rows = sess.decode(until=s.max_new_tokens) + sess.retire_finished()
     rows.sort(key=lambda r: r.candidate_id)
     st = sess.stats
+    width = sess.hidden_log[0][2].shape[-1]
+    hidden = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
+    for t, cand, h in sess.hidden_log:
+        hidden[cand, t] = h.float().cpu().numpy()
     return PoolPrompt(index=prompt.index, text=prompt.text, prompt_ids=ids, prefill_seconds=prefill_s,
                       candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop)
                                   for r in rows],
                       steps={"rows": st.step_rows, "context": st.step_context, "seconds": st.step_seconds},
-                      record_seconds=time.perf_counter() - t0)
+                      record_seconds=time.perf_counter() - t0), hidden
 
 
 def calibrate(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int, steps: int = 48) -> dict[str, Any]:
@@ -137,6 +146,18 @@ class PoolSession(Session):
     def _next_tokens(self) -> torch.Tensor:
         return self.rec[:, self.t]
 
+    def _hidden(self) -> torch.Tensor | None:
+        """The recorded state that sampled each row's latest token."""
+        if self.t == 0:
+            return None
+        idx = torch.from_numpy(self.keys[self.prompt_of].astype(np.int64))
+        parts = {p: self.pool.hidden(p) for p in idx.unique().tolist()}
+        out = torch.empty(self.rows, next(iter(parts.values())).shape[-1])
+        for p, h in parts.items():
+            rows = (idx == p).nonzero()[:, 0]
+            out[rows] = torch.from_numpy(np.asarray(h[self.cand[rows.numpy()], self.t - 1], dtype=np.float32))
+        return out
+
     def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
         return self.rec_lp[:, self.t]
 
@@ -153,11 +174,16 @@ class PoolReward:
     def __init__(self, pool: Pool, reward: Reward, key: str) -> None:
         self.pool, self.reward, self.key = pool, reward, key
         self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
+        self.needs_hidden_states = bool(getattr(reward, "needs_hidden_states", False))
         self.cost = RewardCost()
         self.seconds = 0.0  # charged: what the requests served took when they were computed
         self.computed = 0  # requests computed (cache misses)
         self._entries: dict[int, dict[str, list[float]]] = {}
         self._dirty: set[int] = set()
+
+    @property
+    def identity(self) -> str | None:
+        return getattr(self.reward, "identity", None)
 
     def entries(self, index: int) -> dict[str, list[float]]:
         if index not in self._entries:
@@ -182,6 +208,13 @@ class PoolReward:
         self.cost.calls += 1
         return out
 
+    def final_score(self, index: int, candidate: int) -> float:
+        """Candidate ``candidate``'s final reward (computed on first use), charged to no one."""
+        req = self.pool.prompt(index).request(candidate)
+        if self._key(req) not in self.entries(index):
+            self._compute([req])
+        return self.entries(index)[self._key(req)][0]
+
     def _compute(self, reqs: list[ScoreRequest]) -> None:
         cost = getattr(self.reward, "cost", None)
         t0, f0 = (cost.tokens, cost.flops) if cost is not None else (0, 0.0)
@@ -200,6 +233,22 @@ class PoolReward:
         for index in sorted(self._dirty):
             self.pool.write_scores(self.key, index, self._entries[index])
         self._dirty.clear()
+
+
+class OracleReward:
+    """``partial_reward=oracle``: each partial response scored with its candidate's final reward under ``final``,
+    and charged what ``final`` costs on the partial response (what ``partial_reward=same`` pays), so that oracle
+    rows differ from ``same`` rows only in what they decide."""
+
+    identity = None
+
+    def __init__(self, final: PoolReward) -> None:
+        self.final = final
+        self.cost = final.cost  # one tally: charging a partial request goes through the final reward's cache
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
+        self.final.score(requests)  # the charge
+        return [self.final.final_score(r.prompt_index, r.candidate_id) for r in requests]
 
 
 def check_replayable(pool: Pool, s: LoopSettings, n: int | str, first: int = 0) -> None:
@@ -226,21 +275,25 @@ def check_replayable(pool: Pool, s: LoopSettings, n: int | str, first: int = 0) 
 
 
 def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, index: int,
-                  s: LoopSettings, first: int = 0, on_round=None) -> tuple[PromptResult, Compute, float]:
+                  s: LoopSettings, first: int = 0, on_round=None,
+                  partial: PoolReward | OracleReward | None = None) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
-    charged (the reward's time as computed live). ``n: auto`` is capped at the pool's candidates."""
+    charged (the rewards' time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's candidates. ``partial``
+    scores partial responses (the ``partial_reward`` role; default: ``reward``)."""
     p = pool.prompt(index)
     gen.add(p)
     sess = functools.partial(PoolSession, pool=pool, first=first)
-    seconds0 = reward.seconds
+    charged = [reward] + ([partial] if isinstance(partial, PoolReward) and partial is not reward else [])
+    seconds0 = sum(r.seconds for r in charged)
     scorer = Scorer(reward, s.reward_name)
-    if s.n == "auto":
+    part = Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None
+    if s.n in ("auto", "calibrated"):
         budget, base = s.budget.for_batch(1, len(p.prompt_ids), gen.shares_prefix)
-        n = min(budget.auto_n(1, base, base + s.max_new_tokens), pool.candidates - first)
-        s = dataclasses.replace(s, n=n)
+        s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, 1, policy, cap=pool.candidates - first))
     check_replayable(pool, s, s.n, first)
-    (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess)
-    return res, comp, reward.seconds - seconds0
+    (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess,
+                                partial=part)
+    return res, comp, sum(r.seconds for r in charged) - seconds0
 
 
 def open_pool(path: str | Path, key: str = "pool") -> tuple[Pool, ReplayGenerator]:

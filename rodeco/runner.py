@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rodeco.calibration import identities
 from rodeco.config import make_budget, split_node
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt, prompts_of
@@ -20,6 +21,8 @@ from rodeco.state import Compute, PromptResult, RunOutput
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
+
+SAME, ORACLE = "same", "oracle"  # partial_reward options that are not rewards of their own
 
 
 def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> None:
@@ -41,6 +44,39 @@ def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward
         policy_name=policy_name, reward_name=reward_name)
 
 
+def live_partial_name(cfg: DictConfig, plugins: Plugins) -> str:
+    """``partial_reward``'s name, checked for a live run (before any model is loaded)."""
+    name = split_node(cfg.partial_reward, "partial_reward")[0]
+    if name == ORACLE:
+        raise ConfigError("partial_reward", ORACLE, "the oracle scores a partial response with its final reward, "
+                          "which only a recorded pool knows", "use it when replaying a pool: rodeco "
+                          "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
+    if name != SAME:
+        try:
+            plugins.rewards.get(name)
+        except ConfigError as e:
+            raise ConfigError("partial_reward.name", name, e.problem, e.fix) from None
+    return name
+
+
+def build_scorers(cfg: DictConfig, plugins: Plugins, ctx: BuildContext) -> tuple[Scorer, Scorer | None]:
+    """The ``reward`` scorer and the ``partial_reward`` one (``None`` for ``partial_reward=same``: the reward
+    scores partial responses too)."""
+    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), split_node(cfg.reward, "reward")[0])
+    name = live_partial_name(cfg, plugins)
+    if name == SAME:
+        return scorer, None
+    return scorer, Scorer(plugins.build_reward(cfg.partial_reward, ctx, "partial_reward"), name, "partial_reward")
+
+
+def run_identities(gen_name: str, scorer: Scorer, partial: Scorer | None) -> dict[str, str]:
+    """What the run's scores come from, for plugins tied to them (a calibration file): ``BuildContext.identities``."""
+    def one(x: Scorer) -> tuple[str, str | None]:
+        return x.name, getattr(x.reward, "identity", None)
+
+    return identities(gen_name, one(scorer), one(partial) if partial is not None else None)
+
+
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
                gen: Generator | None = None) -> RunOutput:
     from tqdm.auto import tqdm
@@ -49,10 +85,12 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
 
     r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
     plugins.rewards.get(r_name), plugins.policies.get(p_name)  # unknown names fail before any model is loaded
+    live_partial_name(cfg, plugins)
     prompts = prompts_of(cfg.data)
     gen = gen or load_generator(cfg.generator)
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
-    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), r_name)
+    scorer, partial = build_scorers(cfg, plugins, ctx)
+    ctx.identities = run_identities(gen.name, scorer, partial)
     policy = plugins.build_policy(cfg.policy, ctx)
     check_lengths(gen, prompts, cfg.sampling.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
     settings = loop_settings(cfg, gen, p_name, r_name)
@@ -73,14 +111,16 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
     for i in range(0, len(todo), bs):
         batch = [(p.index, p.text) for p in todo[i: i + bs]]
-        res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=plugins.round_end, on_done=done)
+        res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=plugins.round_end, on_done=done,
+                                 partial=partial)
         results += res
         total.add(comp)
         bar.update(len(batch))
     bar.close()
     if writer is not None:
         writer.write_json("summary.json", {"compute": total.to_dict(), "n_prompts": len(results),
-                                           "policy": p_name, "reward": r_name})
+                                           "policy": p_name, "reward": r_name,
+                                           "partial_reward": split_node(cfg.partial_reward, "partial_reward")[0]})
         if cfg.output.alpaca_eval:
             export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
     plugins.run_end(results=results, compute=total)

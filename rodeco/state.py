@@ -18,7 +18,10 @@ class ScoreRequest:
 
     ``response_ids`` are the generator's token ids; rewards that have their own tokenizer re-tokenize
     ``response``. ``logprobs`` holds the generator's log-probability of each response token and is filled only
-    when the reward declares ``needs_logprobs = True``.
+    when the reward declares ``needs_logprobs = True``. ``hidden_state`` is the generator's final-layer hidden state
+    (the final norm's output) at the position that sampled the response's last token, i.e. after reading the prompt
+    and all response tokens but the last; it is filled for partial requests when the reward declares
+    ``needs_hidden_states = True`` (finished responses get ``None``).
     """
 
     prompt: str
@@ -28,6 +31,7 @@ class ScoreRequest:
     prompt_index: int = 0
     candidate_id: int = 0
     logprobs: tuple[float, ...] | None = None
+    hidden_state: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -62,6 +66,18 @@ class RoundView:
     @property
     def min_reject_total(self) -> int:
         return max(0, sum(p.k for p in self.prompts) - self.max_rows_next)
+
+
+@dataclass(frozen=True)
+class StartView:
+    """What a policy that chooses its own start (``n: calibrated``) sees: per prompt, the budget for the rows' own
+    tokens, the length each row starts from, and the most rows whose first round fits."""
+
+    kv_tokens: int  # per prompt: cache slots for the rows' own tokens (the budget's share)
+    base: int  # cached tokens a row starts with (its prompt copy when prompts are not shared)
+    max_rows: int  # the most rows per prompt whose first round decodes min_tokens_per_round tokens
+    max_new_tokens: int
+    min_tokens_per_round: int
 
 
 @dataclass
@@ -99,6 +115,10 @@ class Compute:
     reward_tokens: int = 0
     reward_flops: float = 0.0
     reward_calls: int = 0
+    # of the reward figures above, what the partial_reward role (scoring active rows at decision points) spent
+    partial_reward_tokens: int = 0
+    partial_reward_flops: float = 0.0
+    partial_reward_calls: int = 0
     peak_kv_bytes: int = 0
     peak_kv_tokens: int = 0
     decode_steps: int = 0
@@ -114,7 +134,8 @@ class Compute:
     def add(self, other: Compute) -> None:
         """Add another batch's compute: counts and times summed, peaks maximized."""
         for f in ("gen_prefill_tokens", "gen_decode_tokens", "gen_flops", "reward_tokens", "reward_flops",
-                  "reward_calls", "decode_steps"):
+                  "reward_calls", "partial_reward_tokens", "partial_reward_flops", "partial_reward_calls",
+                  "decode_steps"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
         self.peak_kv_tokens = max(self.peak_kv_tokens, other.peak_kv_tokens)

@@ -18,8 +18,11 @@ from rodeco.pool import Pool
 from rodeco.validation import ConfigError
 
 PROMPTS = [f"w{i} w{i + 1} w{i + 2}" for i in range(0, 30, 3)]  # 10 prompts: halves of 5
-HEAD = ["speedup_fixed_alpha_0.5", "speedup_best_policy", "best_policy", "relative_compute_fixed_alpha_0.5",
-        "speedup_fixed_alpha_0.5_ci_low", "speedup_fixed_alpha_0.5_ci_high"]
+HEAD = ["speedup_fixed_alpha_0.5", "relative_compute_fixed_alpha_0.5", "speedup_fixed_alpha_0.5_ci_low",
+        "speedup_fixed_alpha_0.5_ci_high", "relative_compute_best_policy", "speedup_best_policy_ci_low",
+        "speedup_best_policy_ci_high"]
+LAST = ["speedup_best_policy", "best_policy", "speedup_fixed_alpha_0.5_oracle", "gap_closed"]  # printed last
+# (with the embedded reward, whose calibration is committed, speedup_calibrated comes after best_policy)
 
 
 def tiny_cfg(pool: Path, experiment: str = "efficiency", **args):
@@ -63,7 +66,8 @@ def test_efficiency_end_to_end(ran):
         c = res["curve"][half]
         assert c["N"] == [1, 2, 4, 8, 16] and c["improvement"][1] == pytest.approx(100.0)  # Best-of-n = 100
     lines = printed.strip().splitlines()
-    assert [x.split(":")[0] for x in lines[-6:]] == HEAD
+    keys = [x.split(":")[0] for x in lines[-len(res["headline"]):]]
+    assert keys == list(res["headline"]) and keys[-4:] == LAST and set(HEAD) <= set(keys)
     assert any(x.startswith("pool_seconds: ") for x in lines)
     assert any(x.startswith("replay_seconds_per_policy: ") for x in lines)
     # replay is fair: three policies run live on two report prompts pick the same winners at the same cost
@@ -96,10 +100,17 @@ def test_the_report_half_figures_by_hand(ran):
     assert head["speedup_fixed_alpha_0.5"] == m["speedup_flops"]
     assert [head["speedup_fixed_alpha_0.5_ci_low"], head["speedup_fixed_alpha_0.5_ci_high"]] == [lo_ci, hi_ci]
     # the best policy is chosen on the selection half, and reported on the report half
-    at1 = {k[:-2]: v for k, v in res["methods"].items() if k.endswith("@1") and "infeasible" not in v}
+    at1 = {k[:-2]: v for k, v in res["methods"].items() if k.endswith("@1") and "infeasible" not in v
+           and not k[:-2].endswith("_oracle")}  # a ceiling, not a method: never chosen
     chosen = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     assert head["best_policy"] == chosen
     assert head["speedup_best_policy"] == at1[chosen]["report"]["speedup_flops"]
+    # the oracle ceiling: fixed alpha 0.5 deciding by final rewards does at least as well on every prompt
+    for p in rep:
+        assert p["methods"]["fixed_alpha_0.5_oracle"]["1"]["best"] >= p["methods"]["fixed_alpha_0.5"]["1"]["best"]
+    ceiling, base = head["speedup_fixed_alpha_0.5_oracle"], head["speedup_fixed_alpha_0.5"]
+    if ceiling > base:
+        assert head["gap_closed"] == pytest.approx(np.log(head["speedup_best_policy"] / base) / np.log(ceiling / base))
 
 
 def test_best_of_n_is_charged_one_prefill_and_n_candidates(ran):
@@ -157,7 +168,7 @@ def test_perplexity_on_the_same_pool(ran, capsys):
     assert chosen == perplexity.choose_alpha(res["table_selection"])
     assert chosen in {r["label"] for r in sel}
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-6].startswith("speedup_fixed_alpha_0.5") and lines[-1].startswith("speedup_fixed_alpha_0.5_ci_high")
+    assert lines[-1].startswith("gap_closed") and any(x.startswith("chosen_alpha: fixed_alpha_0.") for x in lines)
 
 
 def test_perplexity_refuses_another_reward(tmp_path):

@@ -19,7 +19,7 @@ from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.state import PromptView, RoundView
 from rodeco.validation import ConfigError, PluginError
 
-BUILTIN = ("none", "fixed", "adaptive", "correlation")
+BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated")
 NEVER_REJECTS = {"none"}  # Best-of-N: fails (select_checked) when the budget forces a rejection
 
 

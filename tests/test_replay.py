@@ -170,3 +170,28 @@ def test_the_replay_experiment_writes_results(pools, tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("replay_seconds: ")
     with pytest.raises(ConfigError, match="pool"):
         rodeco.run(rodeco.load_config(["experiment=replay", *BASE]), out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("kv", [70, 110])
+def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
+    """partial_reward=oracle decides by each candidate's final reward: fixed alpha 0.5 then keeps the best of the
+    started candidates to the end (the budget forces no more than half out here), at the cost `same` pays."""
+    from rodeco.replay import OracleReward
+
+    gen, path = pools["fast"]
+    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", "n=8"])
+    plugins = default_plugins()
+    pool, rgen = open_pool(path)
+    reward = pool_reward(cfg, plugins, pool, rgen)
+    pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
+    s = loop_settings(cfg, rgen, "fixed", "logprob")
+    decided = 0
+    for p in PROMPTS:
+        final = reward.score(pool.prompt(p.index).final_requests())[:8]
+        res, comp, _ = replay_prompt(pool, rgen, reward, pol, p.index, s, partial=OracleReward(reward))
+        same, comp_same, _ = replay_prompt(pool, rgen, reward, pol, p.index, s)
+        if all(r.min_reject <= r.rows_before // 2 for r in res.rounds):
+            assert res.best.score == pytest.approx(max(final)) and res.best.score >= same.best.score - 1e-9
+        decided += len(res.rounds)
+        assert comp.gen_decode_tokens > 0 and comp.partial_reward_calls == len(res.rounds)
+    assert decided > 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from rodeco import hookimpl
 from rodeco_policies.adaptive import build_adaptive
 from rodeco_policies.basic import build_fixed, build_none
+from rodeco_policies.calibrated import build_calibrated
 from rodeco_policies.correlation import build_correlation
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -22,6 +23,8 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
              "per prompt, keep rows whose estimated chance to finish above the best exceeds delta")
     register("correlation", build_correlation,
              "rejection rate from the Kendall tau between consecutive decision points' scores")
+    register("calibrated", build_calibrated,
+             "keep rows likely to end above the best under a calibration of partial scores by decision length")
 
 
 @hookimpl

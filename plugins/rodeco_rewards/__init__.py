@@ -33,17 +33,34 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     register("length", value_function(response_length, params={"scale": 1.0}),
              "characters of the response / scale (a value function; the length-only baseline)")
     register("custom", build_custom, "any registered reward or value function, named by reward.function")
+    from rodeco_rewards.value import build_text_value, build_value_head
+
+    register("value_head", build_value_head, "learned partial scorer: a head on the generator's hidden state "
+             "(partial_reward only; rodeco experiment=value_train)")
+    register("text_value", build_text_value, "learned partial scorer: a head on the embedded RM's features of the "
+             "partial text (rodeco experiment=value_train)")
 
 
 @hookimpl
 def rodeco_register_experiments(register: Callable[..., None]) -> None:
-    from rodeco_rewards.experiments import RMBenchArgs, RMEvalArgs, RMTrainArgs, rm_bench, rm_eval, rm_train
+    from rodeco_rewards.experiments import (
+        RMBenchArgs,
+        RMEvalArgs,
+        RMTrainArgs,
+        ValueTrainArgs,
+        rm_bench,
+        rm_eval,
+        rm_train,
+        value_train,
+    )
 
     register("rm_train", rm_train.run, "train the embedded RM's Bradley-Terry head on AlpacaEval preferences",
              args=RMTrainArgs)
     register("rm_eval", rm_eval.run, "a reward's held-out pairwise accuracy next to the length-only baseline",
              args=RMEvalArgs)
     register("rm_bench", rm_bench.run, "a reward's scoring throughput at typical partial lengths", args=RMBenchArgs)
+    register("value_train", value_train.run, "train the learned partial scorers (value_head, text_value) on a "
+             "training pool; do they beat same?", args=ValueTrainArgs)
 
 
 @hookimpl

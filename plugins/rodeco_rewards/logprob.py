@@ -40,6 +40,8 @@ class LogProbReward:
         if lm is not None:
             self.needs_logprobs = False  # a separate LM computes its own: the loop need not collect them
         self.cost = RewardCost()
+        # what its scores mean beyond its name (a calibration is tied to it): the form, and another LM's name
+        self.identity = f"form={form}" + (f",model={lm.name}" if lm is not None and getattr(lm, "name", None) else "")
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
         self.cost.calls += 1

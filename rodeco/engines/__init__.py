@@ -6,7 +6,9 @@
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
 - ``length``: cached tokens per row (padding included), ``rows``: batch size,
   ``allocated_tokens``: cache slots held now (what the budget bounds);
-- ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once).
+- ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
+- ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
+  LM head reads) of each row's last position after ``prefill``/``step``: ``[rows, hidden]``, no extra forward.
 
 ``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``;
 ``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache.
@@ -28,6 +30,8 @@ class Engine(Protocol):
     length: int
     allocated_tokens: int
     shares_prefix: bool
+    keep_hidden: bool
+    last_hidden: torch.Tensor | None
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
     def select(self, rows: torch.Tensor) -> None: ...

@@ -109,6 +109,8 @@ class FastLlamaEngine:
         self.plen = 0  # P: padded prompt length
         self.sfx = 0  # generated tokens cached per row
         self._rows: torch.Tensor | None = None  # pending row selection, applied at the next realloc
+        self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
+        self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
 
     @property
     def rows(self) -> int:
@@ -185,7 +187,7 @@ class FastLlamaEngine:
             k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], scale=self.scale)
             x = self._finish_layer(x, o.transpose(1, 2).reshape(G, L, -1), lay)
-        return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps))
+        return self._head(x[:, -1])
 
     def _qkv(self, x: torch.Tensor, lay: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = lay.qkv(_rms_norm(x, lay.ln1, self.eps))
@@ -236,7 +238,13 @@ class FastLlamaEngine:
             o = self._by_prefix(p[..., :P], list(self.vp[li])) + p[..., P:] @ vs  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
         self.sfx, self.pos = S + 1, self.pos + 1
-        return self.lm_head(_rms_norm(x, self.norm, self.eps))
+        return self._head(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the last layer's output; its normed state is kept in ``last_hidden`` when asked."""
+        h = _rms_norm(x, self.norm, self.eps)
+        self.last_hidden = h if self.keep_hidden else None
+        return self.lm_head(h)
 
 
 def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:

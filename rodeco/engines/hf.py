@@ -20,6 +20,8 @@ class HFEngine:
         self.cache = None
         self.mask = torch.empty(0, 0, dtype=torch.long)
         self.next_pos = torch.empty(0, dtype=torch.long)
+        self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
+        self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
 
     @property
     def rows(self) -> int:
@@ -40,8 +42,13 @@ class HFEngine:
         self.cache = DynamicCache()
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self.cache_kw: self.cache})
+                         output_hidden_states=self.keep_hidden, **{self.cache_kw: self.cache})
         self.mask, self.next_pos = mask, pos[:, -1] + 1
+        return self._out(out)
+
+    def _out(self, out) -> torch.Tensor:
+        # hidden_states[-1] is the final norm's output, the lm_head's input (transformers' convention)
+        self.last_hidden = out.hidden_states[-1][:, -1] if self.keep_hidden else None
         return out.logits[:, -1]
 
     def select(self, rows: torch.Tensor) -> None:
@@ -55,6 +62,6 @@ class HFEngine:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                         use_cache=True, **{self.cache_kw: self.cache})
+                         use_cache=True, output_hidden_states=self.keep_hidden, **{self.cache_kw: self.cache})
         self.next_pos = self.next_pos + 1
-        return out.logits[:, -1]
+        return self._out(out)

@@ -13,6 +13,7 @@ class HFLayout:
     """``HFEngine``: every row holds the prompt and its own tokens; the cache grows by one slot per step."""
 
     shares_prefix = False
+    keep_hidden, last_hidden = False, None  # no model, no hidden states (a replay reads the pool's)
 
     def __init__(self) -> None:
         self.rows, self.length = 0, 0
@@ -41,6 +42,7 @@ class FastLayout:
     slots per row, reallocated when a round reserves, when the batch shrinks, and when a step would overflow."""
 
     shares_prefix = True
+    keep_hidden, last_hidden = False, None
 
     def __init__(self) -> None:
         self.plen = self.sfx = self.own = self.prefixes = 0  # own: the buffer's slots per row

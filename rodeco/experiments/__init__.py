@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rodeco.experiments.args import CorrelationArgs, EfficiencyArgs, EngineBenchArgs, PoolArgs, ReplayArgs
+from rodeco.experiments.args import (
+    CalibrateArgs,
+    CorrelationArgs,
+    EfficiencyArgs,
+    EngineBenchArgs,
+    PoolArgs,
+    ReplayArgs,
+)
 from rodeco.hookspecs import hookimpl
 
 
 @hookimpl
 def rodeco_register_experiments(register: Callable[..., None]) -> None:
-    from rodeco.experiments import correlation, efficiency, engine_bench, perplexity, pool, replay
+    from rodeco.experiments import calibrate, correlation, efficiency, engine_bench, perplexity, pool, replay
 
     register("pool", pool.run, "record M candidates per prompt into a pool directory, for replay", args=PoolArgs)
     register("replay", replay.run, "a policy replayed over a recorded pool by the real loop", args=ReplayArgs)
@@ -20,6 +27,8 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
              args=EngineBenchArgs)
     register("correlation", correlation.run, "partial vs final reward correlation by decision length (Appendix B)",
              args=CorrelationArgs)
+    register("calibrate", calibrate.run, "how predictive partial scores are by decision length: a calibration file",
+             args=CalibrateArgs)
     register("efficiency", efficiency.run, "Best-of-N vs Speculative Rejection at equal memory (Figure 3)",
              args=EfficiencyArgs)
     register("perplexity", perplexity.run, "lowest perplexity: Best-of-N vs Speculative Rejection (Table 2)",

@@ -155,20 +155,46 @@ def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, m
             for key in ("improvement", "speedup_flops", "speedup_time_model"):
                 row["report"][f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
             table[f"{label}@{scale}"] = row
-    at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v}
+    at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v
+           and not is_oracle(k[:-2])}  # the oracle is a ceiling, not a method one can run
     best = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
+    cal = [k for k in at1 if k.startswith("calibrated_")]
     return {"n": a["n"], "M": m.M, "halves": {"selection": sel_idx, "report": rep_idx}, "curve": curves,
-            "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"]}
+            "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"],
+            "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None}
+
+
+def is_oracle(label: str) -> bool:
+    return label.endswith("_oracle")
 
 
 def headline(summary: dict[str, Any], ref: str = "fixed_alpha_0.5") -> dict[str, Any]:
     """The last printed lines, on the report half at the budget of Best-of-n; the best policy chosen on the
     selection half."""
     t, best = summary["methods"], summary["best_policy"]
-    r = t[f"{ref}@1"]["report"]
-    return {f"speedup_{ref}": r["speedup_flops"], "speedup_best_policy": t[f"{best}@1"]["report"]["speedup_flops"],
-            "best_policy": best, f"relative_compute_{ref}": r["relative_compute_memory_bound_model"],
-            f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0], f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1]}
+    r, b = t[f"{ref}@1"]["report"], t[f"{best}@1"]["report"]
+    out: dict[str, Any] = {
+        f"speedup_{ref}": r["speedup_flops"], f"relative_compute_{ref}": r["relative_compute_memory_bound_model"],
+        f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0], f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1],
+        "relative_compute_best_policy": b["relative_compute_memory_bound_model"],
+        "speedup_best_policy_ci_low": b["speedup_flops_ci"][0], "speedup_best_policy_ci_high": b["speedup_flops_ci"][1]}
+    for label in (f"{best}_oracle", f"{ref}_oracle"):  # the ceilings: the same policy and schedule, perfect scores
+        if f"{label}@1" in t and "infeasible" not in t[f"{label}@1"]:
+            out[f"speedup_{label}"] = t[f"{label}@1"]["report"]["speedup_flops"]
+    cal = summary.get("best_calibrated")
+    if cal:
+        out["calibrated_choice"] = cal
+    last = {"speedup_best_policy": b["speedup_flops"], "best_policy": best}  # printed last, in this order
+    if cal:
+        last["speedup_calibrated"] = t[f"{cal}@1"]["report"]["speedup_flops"]
+    ceiling = out.pop(f"speedup_{ref}_oracle", None)
+    if ceiling:
+        last[f"speedup_{ref}_oracle"] = ceiling
+        # the log-scale share of the way from fixed alpha 0.5 to its oracle ceiling that the best policy covers
+        base = r["speedup_flops"]
+        last["gap_closed"] = float(np.log(b["speedup_flops"] / base) / np.log(ceiling / base)) if ceiling > base \
+            else float("nan")
+    return {**out, **last}
 
 
 def markdown(summary: dict[str, Any]) -> str:

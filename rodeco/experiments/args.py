@@ -26,12 +26,24 @@ class CorrelationArgs:
 
 
 @dataclass
+class CalibrateArgs:
+    candidates: int = required("M: pool candidates per prompt (the pool is recorded where prompts are missing)")
+    lengths: list[int] = required("decision lengths (generator tokens) to measure; the policy interpolates")
+    top_k: list[int] = required("k of P(the eventual best is in the partial scores' top k)")
+    bootstrap: int = required("bootstrap resamples of the prompts, for the 95% CIs")
+    exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be calibrated on")
+    output: Optional[str] = required("where to write the calibration file (null: calibration.json in the run dir)")
+
+
+@dataclass
 class EfficiencyArgs:
     n: int = required("Best-of-n sets the budget: the memory Best-of-n fills at full length, per prompt")
     candidates: int = required("M: pool candidates per prompt; Best-of-N's curve goes up to N = M")
     alphas: list[float] = required("policy=fixed at each alpha")
     adaptive_deltas: list[float] = required("policy=adaptive at each delta")
     policies: list[str] = required("other policies, with their config options' defaults")
+    calibrated_deltas: list[float] = required("policy=calibrated at each delta, from n=auto and n=calibrated")
+    partial_rewards: list[str] = required("what decides: same, oracle (the ceiling), reward options (learned heads)")
     starts: list[int] = required("fixed alpha 0.5 started from each of these many rows (the others start at auto)")
     scales: list[int] = required("budgets as multiples of Best-of-n's (1 must be there: the headline figures)")
     bon_groups: int = required("Best-of-N's cost: the mean over this many disjoint groups of N candidates")

@@ -67,14 +67,18 @@ def pool_reward_named(name: str, plugins: Plugins, pool: Pool) -> PoolReward:
 
 
 def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: int,
-                 lengths: Sequence[int]) -> dict[str, Any]:
-    """Partial scores at each length (candidates longer than L) and final scores of one prompt's candidates."""
+                 lengths: Sequence[int], final_reward: PoolReward | None = None) -> dict[str, Any]:
+    """Partial scores (by ``reward``) at each length (candidates longer than L) and final scores (by
+    ``final_reward``, default ``reward``) of one prompt's candidates. A reward that needs hidden states gets the
+    pool's."""
     p = pool.prompt(index)
+    hidden = pool.hidden(index) if reward.needs_hidden_states else None
 
     def req(i: int, L: int) -> ScoreRequest:
-        return p.request(i, L, gen.decode_text(p.candidates[i].token_ids[:L]))
+        return p.request(i, L, gen.decode_text(p.candidates[i].token_ids[:L]),
+                         hidden=None if hidden is None else np.asarray(hidden[i, L - 1], dtype=np.float32))
 
-    final = [float(x) for x in reward.score(p.final_requests())]
+    final = [float(x) for x in (final_reward or reward).score(p.final_requests())]
     per_len = {}
     for L in lengths:
         idx = [i for i, c in enumerate(p.candidates) if len(c.token_ids) > L]

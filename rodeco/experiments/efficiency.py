@@ -35,16 +35,17 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_params
 from rodeco.config import split_node
+from rodeco.contracts import Scorer
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis
-from rodeco.experiments.pool import pool_dir, pool_reward, record
+from rodeco.experiments.pool import pool_dir, pool_partial, pool_reward, record
 from rodeco.loop import LoopSettings
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
 from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.runner import loop_settings
+from rodeco.runner import ORACLE, SAME, loop_settings, run_identities
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_number, check_positive_int
 
@@ -64,8 +65,9 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
                           "record at least n candidates per prompt, e.g. 32 * n")
     for x in a["alphas"]:
         check_number("experiment_args.alphas", x, 0.0, 1.0, hi_open=True, fix="rates in [0, 1), e.g. [0.5]")
-    for x in a["adaptive_deltas"]:
-        check_number("experiment_args.adaptive_deltas", x, 0.0, 1.0, lo_open=True, hi_open=True, fix="e.g. [0.05]")
+    for key in ("adaptive_deltas", "calibrated_deltas"):
+        for x in a[key]:
+            check_number(f"experiment_args.{key}", x, 0.0, 1.0, lo_open=True, hi_open=True, fix="e.g. [0.05]")
     for x in a["starts"]:
         check_positive_int("experiment_args.starts", x, 64)
     if not a["scales"] or any(not isinstance(s, int) or s < 1 for s in a["scales"]) or 1 not in a["scales"]:
@@ -84,15 +86,26 @@ class Method:
     label: str
     policy: str
     params: dict[str, Any]
-    start: int | str = "auto"  # rows at the start
+    start: int | str = "auto"  # rows at the start: a number, auto, or calibrated (the calibrated policy's choice)
+    partial: str = SAME  # the partial_reward that decides: same, oracle, or a reward option
 
 
 def methods(a: dict[str, Any]) -> list[Method]:
-    """Every Speculative Rejection method the experiment sweeps."""
-    out = [Method(f"fixed_alpha_{x:g}", "fixed", {"alpha": float(x)}) for x in a["alphas"]]
-    out += [Method(f"adaptive_delta_{d:g}", "adaptive", {"delta": float(d)}) for d in a["adaptive_deltas"]]
-    out += [Method(p, p, {}) for p in a["policies"]]
-    out += [Method(f"fixed_alpha_0.5_start_{k}", "fixed", {"alpha": 0.5}, k) for k in a["starts"]]
+    """Every Speculative Rejection method the experiment sweeps: each policy with each partial reward (``oracle``
+    rows: the ceiling of that policy and schedule), the calibrated policy from ``auto`` and ``calibrated`` starts
+    (with the partial reward it was calibrated for), fixed alpha 0.5 from each of ``starts``."""
+    out = []
+    for part in a["partial_rewards"]:
+        sfx = "" if part == SAME else f"_{part}"
+        out += [Method(f"fixed_alpha_{x:g}{sfx}", "fixed", {"alpha": float(x)}, partial=part) for x in a["alphas"]]
+        out += [Method(f"adaptive_delta_{d:g}{sfx}", "adaptive", {"delta": float(d)}, partial=part)
+                for d in a["adaptive_deltas"]]
+        out += [Method(f"{p}{sfx}", p, {}, partial=part) for p in a["policies"]]
+        if part in (SAME, ORACLE):
+            out += [Method(f"fixed_alpha_0.5_start_{k}{sfx}", "fixed", {"alpha": 0.5}, k, part) for k in a["starts"]]
+    for d in a["calibrated_deltas"]:
+        out += [Method(f"calibrated_delta_{d:g}" + ("" if st == "auto" else "_start_calibrated"), "calibrated",
+                       {"delta": float(d)}, st) for st in ("auto", "calibrated")]
     return out
 
 
@@ -108,26 +121,37 @@ class Measurer:
         self.pool, self.gen, self.reward, self.a = pool, gen, reward, a
         self.reward_name = split_node(cfg.reward, "reward")[0]
         self.base = loop_settings(cfg, gen, "", self.reward_name)
-        ctx = BuildContext(plugins=plugins)
-        self.none = plugins.build_policy({"name": "none"}, ctx)
+        self.none = plugins.build_policy({"name": "none"}, BuildContext(plugins=plugins))
+        self.partials: dict[str, Any] = {}
+        for part in a["partial_rewards"]:
+            node = {"name": part} if part in (SAME, ORACLE) else {**option_params("reward", part, plugins),
+                                                                  "name": part}
+            self.partials[part] = pool_partial(cfg, plugins, pool, reward, node)
         self.policies: dict[str, Policy] = {}
+        self.method = {m.label: m for m in methods(a)}
         for m in methods(a):
             try:
                 plugins.policies.get(m.policy)
             except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
                 raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
             node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
-            self.policies[m.label] = plugins.build_policy(node, ctx)
+            part = self.partials[m.partial]
+            ids = run_identities(gen.name, Scorer(reward, self.reward_name),
+                                 Scorer(part, m.partial, "partial_reward") if part is not None else None)
+            self.policies[m.label] = plugins.build_policy(node, BuildContext(plugins=plugins, identities=ids))
 
-    def settings(self, policy: str, n: int | str, kv: int | None) -> LoopSettings:
-        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False,
+    def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
+        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False, partial_name=partial,
                                    budget=Budget(kv, self.base.budget.min_tokens_per_round))
 
-    def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0) -> dict:
+    def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0,
+            partial: str = SAME) -> dict:
         """One replayed run and what it cost (the time model needs the steps' rows and rows x context)."""
         res, c, reward_s = replay_prompt(self.pool, self.gen, self.reward, policy, index,
-                                         self.settings(name, n, kv), first)
+                                         self.settings(name, n, kv, partial), first,
+                                         partial=self.partials.get(partial))
         return {"best": float(res.best.score), "best_id": res.best.candidate_id, "n_start": res.n_start,
+                "partial_flops": c.partial_reward_flops,
                 "gen_flops": c.gen_flops, "reward_flops": c.reward_flops, "flops": c.total_flops,
                 "decode_tokens": c.gen_decode_tokens, "steps": c.decode_steps, "peak_kv_tokens": c.peak_kv_tokens,
                 "rows_x_context": rows_x_context(c, self.gen.shape), "reward_s": reward_s, "rounds": len(res.rounds)}
@@ -153,9 +177,9 @@ class Measurer:
             kv = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
             rec["budget"][str(scale)] = kv
             for m in methods(a):
-                start = m.start if m.start == "auto" else int(m.start)
+                start = m.start if m.start in ("auto", "calibrated") else int(m.start)
                 try:
-                    r = self.run(index, self.policies[m.label], m.label, start, kv)
+                    r = self.run(index, self.policies[m.label], m.label, start, kv, partial=m.partial)
                 except ConfigError as e:  # e.g. a start of 128 rows does not fit Best-of-4's memory
                     if e.key != "n":
                         raise
@@ -175,10 +199,26 @@ def rows_x_context(c: Compute, shape) -> float:
 
 def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool) -> dict[str, Any]:
     """What a prompt's measurements depend on: a resumed record must have been measured with the same."""
-    keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups")
+    keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups",
+            "partial_rewards", "calibrated_deltas")
     return {**{k: a[k] for k in keep}, "pool": pool.settings,
             "reward": OmegaConf.to_container(cfg.reward, resolve=True), "max_new_tokens": cfg.sampling.max_new_tokens,
             "min_tokens_per_round": cfg.budget.min_tokens_per_round}
+
+
+def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], pool: Pool, reward: PoolReward) -> None:
+    """The calibrated policy needs a calibration measured with this pool's generator and this reward: without one,
+    its methods are dropped (``a["calibrated_skipped"]`` says why) rather than run on a wrong model."""
+    if not a["calibrated_deltas"]:
+        return
+    name = split_node(cfg.reward, "reward")[0]
+    ids = run_identities(str(pool.settings["generator"].get("model", "")), Scorer(reward, name), None)
+    node = {**option_params("policy", "calibrated", plugins), "name": "calibrated"}
+    try:
+        plugins.build_policy(node, BuildContext(plugins=plugins, identities=ids))
+    except ConfigError as e:
+        log.warning("policy=calibrated left out: %s", e)
+        a["calibrated_skipped"], a["calibrated_deltas"] = str(e), []
 
 
 def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None,
@@ -195,6 +235,7 @@ def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path 
     name = PROMPTS_FILE.format(task=cfg.task)
     writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=name) if out_dir is not None else None
     done = _resumable(writer, settings)
+    check_calibrated(cfg, plugins, a, pool, reward)
     measurer = Measurer(cfg, plugins, pool, rgen, reward, a)
     out = []
     for p in tqdm(prompts, desc="replays", unit="prompt", disable=not cfg.output.progress):
@@ -202,7 +243,9 @@ def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path 
             out.append(done[p.index])
             continue
         rec = measurer.measure(p.index, settings)
-        reward.save()
+        for r in [reward, *measurer.partials.values()]:
+            if isinstance(r, PoolReward):
+                r.save()
         if writer is not None:
             writer.write(rec)
         out.append(rec)

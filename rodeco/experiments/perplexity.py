@@ -75,7 +75,8 @@ def choose_alpha(rows: list[dict[str, Any]]) -> str:
     """The fixed-alpha method (budget x1, auto start) with the largest perplexity reduction over Best-of-N at the
     same FLOPs."""
     cands = [r for r in rows if r.get("scale") == 1 and r["label"].startswith("fixed_alpha_")
-             and "start" not in r["label"] and r["bon_perplexity_same_flops"] is not None]
+             and "start" not in r["label"] and not analysis.is_oracle(r["label"])
+             and r["bon_perplexity_same_flops"] is not None]
     return max(cands, key=lambda r: r["bon_perplexity_same_flops"] - r["perplexity"])["label"]
 
 

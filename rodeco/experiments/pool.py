@@ -17,8 +17,8 @@ from rodeco.data import Prompt, prompts_of
 from rodeco.generator import Generator
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool, reward_key
-from rodeco.replay import PoolReward, calibrate, pool_settings, record_prompt
-from rodeco.runner import check_lengths, loop_settings
+from rodeco.replay import OracleReward, PoolReward, calibrate, pool_settings, record_prompt
+from rodeco.runner import ORACLE, SAME, check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,20 @@ def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen) -> PoolRewar
     reward = plugins.build_reward(cfg.reward, BuildContext(generator=gen if isinstance(gen, Generator) else None,
                                                            device="cpu", plugins=plugins))
     node = OmegaConf.to_container(cfg.reward, resolve=True)
+    return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
+
+
+def pool_partial(cfg: DictConfig, plugins: Plugins, pool: Pool, final: PoolReward,
+                 node: dict | None = None) -> PoolReward | OracleReward | None:
+    """The ``partial_reward`` (or ``node``) of a replay: ``None`` for ``same``, the oracle, or a reward served from
+    (and filling) the pool's cache."""
+    node = node if node is not None else OmegaConf.to_container(cfg.partial_reward, resolve=True)
+    name = split_node(node, "partial_reward")[0]
+    if name == SAME:
+        return None
+    if name == ORACLE:
+        return OracleReward(final)
+    reward = plugins.build_reward(node, BuildContext(device="cpu", plugins=plugins), "partial_reward")
     return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
 
 
@@ -68,10 +82,11 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
     if len(todo) < len(prompts):
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
     for p in tqdm(todo, desc="pool", unit="prompt", disable=not cfg.output.progress):
-        rec = record_prompt(gen, pool, p, s)
+        rec, hidden = record_prompt(gen, pool, p, s)
         scorer(rec.final_requests())  # the final rewards, cached with their cost
         reward.save()
-        pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards
+        pool.write_hidden(p.index, hidden)
+        pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards and hidden states
         log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
     if pool.calibration is None:  # once the pool is complete, on a machine as quiet as the recording's
         log.info("measuring decode step times at 1 to %d rows", candidates)

@@ -12,11 +12,12 @@ from omegaconf import DictConfig
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.config import split_node
-from rodeco.experiments.pool import pool_reward
+from rodeco.contracts import Scorer
+from rodeco.experiments.pool import pool_partial, pool_reward
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.replay import open_pool, replay_prompt
+from rodeco.replay import PoolReward, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.runner import loop_settings
+from rodeco.runner import loop_settings, run_identities
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError
 
@@ -28,8 +29,12 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     pool, gen = open_pool(cfg.pool)
     r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
     reward = pool_reward(cfg, plugins, pool, gen)
-    policy = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
-    s = loop_settings(cfg, gen, p_name, r_name)
+    partial = pool_partial(cfg, plugins, pool, reward)
+    s = dataclasses.replace(loop_settings(cfg, gen, p_name, r_name),
+                            partial_name=split_node(cfg.partial_reward, "partial_reward")[0])
+    ids = run_identities(gen.name, Scorer(reward, r_name),
+                         Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None)
+    policy = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins, identities=ids))
     best_of = cfg.experiment_args.best_of
     writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
     results, total = [], Compute()
@@ -38,12 +43,15 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
             p = pool.prompt(index)
             kv = full_length_tokens(best_of, len(p.prompt_ids), s.max_new_tokens, gen.shares_prefix)
             s = dataclasses.replace(s, budget=Budget(kv, s.budget.min_tokens_per_round))
-        res, comp, _ = replay_prompt(pool, gen, reward, policy, index, s, on_round=plugins.round_end)
+        res, comp, _ = replay_prompt(pool, gen, reward, policy, index, s, on_round=plugins.round_end,
+                                     partial=partial)
         results.append(res)
         total.add(comp)
         if writer is not None:
             writer.write(res.to_dict())
     reward.save()
+    if isinstance(partial, PoolReward):
+        partial.save()
     seconds = time.perf_counter() - t0
     mean = sum(r.best.score for r in results) / max(1, len(results))
     print(f"replayed {p_name} over {len(results)} prompts of {cfg.pool}: mean best reward {mean:.4f}, "

@@ -27,6 +27,19 @@ class RMTrainArgs:
 
 
 @dataclass
+class ValueTrainArgs:
+    kinds: list[str] = required("heads to train: value_head (hidden state), text_value (the RM's text features)")
+    lengths: list[int] = required("decision lengths whose partial states are the examples")
+    validation_fraction: float = required("share of the prompts held out to choose and judge the heads")
+    hidden_units: int = required("0: a linear (ridge) head; else a one-hidden-layer MLP this wide")
+    ridge_alphas: list[float] = required("ridge penalties tried (linear heads), chosen on validation")
+    epochs: int = required("MLP epochs (the best on validation is kept)")
+    bootstrap: int = required("bootstrap resamples of the validation prompts, for the CI of head minus same")
+    exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
+    install: bool = required("also write the heads to rodeco_rewards/assets (the committed heads)")
+
+
+@dataclass
 class RMEvalArgs:
     data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
     cache: bool = required("route the embedded RM's encoder through its disk cache of embeddings")

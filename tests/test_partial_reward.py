@@ -1,0 +1,286 @@
+"""Decision-time scorers: the ``partial_reward`` role (its default ``same`` changes nothing; another scorer decides
+while ``reward`` picks the winner; each role's cost is reported), and hidden states for rewards that ask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rodeco.budget import Budget
+from rodeco.contracts import Scorer
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.plugins import BuildContext, default_plugins
+from rodeco.sampling import SamplingParams
+from rodeco.validation import ConfigError
+
+PROMPTS = [(0, "write a haiku about autumn leaves"), (1, "give three tips")]
+
+
+class HiddenProbe:
+    """A partial reward that records the hidden states it is given, and scores by their first coordinate."""
+
+    needs_hidden_states = True
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def score(self, requests):
+        self.seen += list(requests)
+        return [float(r.hidden_state[0]) for r in requests]
+
+
+def settings(gen, n: int = 6) -> LoopSettings:
+    """A budget that forces decision points after about 4 and 8 tokens."""
+    P, rows = max(len(gen.encode(t)) for _, t in PROMPTS), len(PROMPTS) * n
+    kv = len(PROMPTS) * P + rows * 4 if gen.shares_prefix else rows * (P + 4)
+    return LoopSettings(n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=12, budget=Budget(kv, 2), seed=3,
+                        all_candidates=True)
+
+
+def reward(ctx_gen):
+    return default_plugins().build_reward({"name": "logprob", "form": "mean"}, BuildContext(generator=ctx_gen))
+
+
+def fixed(alpha: float = 0.5):
+    return default_plugins().build_policy({"name": "fixed", "alpha": alpha}, BuildContext())
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_hidden_state_equals_a_fresh_forward_pass(tiny_gen, engine):
+    """At every decision point (rows pruned in between), a partial request's hidden state is the final-layer state a
+    fresh forward pass over the prompt and all response tokens but the last gives at its last position."""
+    gen = tiny_gen(engine)
+    probe = HiddenProbe()
+    decode_batch(gen, Scorer(reward(gen), "logprob"), fixed(0.2), PROMPTS, settings(gen),
+                 partial=Scorer(probe, "probe", "partial_reward"))
+    lengths = {len(r.response_ids) for r in probe.seen}
+    assert len(lengths) >= 2, "want several decision points, with pruning between them"
+    model = gen.model
+    for r in probe.seen:
+        ids = gen.encode(r.prompt) + list(r.response_ids[:-1])
+        with torch.no_grad():
+            ref = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        assert r.hidden_state is not None and r.hidden_state.shape == ref.shape
+        np.testing.assert_allclose(r.hidden_state, ref.numpy(), atol=2e-4, rtol=1e-3)
+
+
+def test_a_hidden_state_reward_cannot_pick_the_winner():
+    with pytest.raises(ConfigError, match="partial_reward=probe"):
+        Scorer(HiddenProbe(), "probe", "reward")
+
+
+def test_same_is_the_reward_deciding(tiny_gen):
+    """partial=None and partial=the same scorer are one run: same winners, candidates, rounds and compute."""
+    gen = tiny_gen()
+    r = Scorer(reward(gen), "logprob")
+    a, ca = decode_batch(gen, r, fixed(), PROMPTS, settings(gen))
+    b, cb = decode_batch(gen, r, fixed(), PROMPTS, settings(gen), partial=r)
+    assert [x.to_dict() for x in a] == [x.to_dict() for x in b] or _same_but_time(a, b)
+    assert (ca.gen_flops, ca.reward_flops, ca.reward_calls) == (cb.gen_flops, cb.reward_flops, cb.reward_calls)
+    assert 0 < ca.partial_reward_calls < ca.reward_calls
+
+
+def _same_but_time(a, b) -> bool:
+    def strip(x):
+        d = x.to_dict()
+        d["compute"].pop("time_s")
+        return d
+    return [strip(x) for x in a] == [strip(x) for x in b]
+
+
+class Length:
+    def score(self, requests):
+        return [float(len(r.response_ids)) for r in requests]
+
+
+def test_another_scorer_decides_and_each_role_is_charged(tiny_gen):
+    """The partial scorer alone decides who survives; the reward alone scores finished rows; the compute report
+    splits their requests."""
+    gen = tiny_gen()
+    final = Scorer(reward(gen), "logprob")
+    probe = HiddenProbe()
+    res, comp = decode_batch(gen, final, fixed(), PROMPTS, settings(gen), partial=Scorer(probe, "probe", "partial_reward"))
+    assert probe.seen and all(r.partial for r in probe.seen)
+    rejected = [c for p in res for c in p.candidates if c.stop_reason == "rejected"]
+    assert rejected
+    for p in res:  # each round's survivors are the probe's top scores
+        for rnd in p.rounds:
+            if rnd.rejected_ids:
+                assert min(rnd.scores[c] for c in rnd.kept_ids) >= max(rnd.scores[c] for c in rnd.rejected_ids)
+    finals = {c.candidate_id: c.score for p in res for c in p.candidates if c.finished}
+    assert finals and all(s <= 0 for s in finals.values())  # mean log-probs, not the probe's hidden coordinates
+    assert comp.partial_reward_calls >= 1 and comp.reward_calls > comp.partial_reward_calls
+    assert "partial_score" in comp.time_s and "score" in comp.time_s
+
+
+# --- calibration and the calibrated policy -------------------------------------------------------------------------
+
+def calibration(rho: float, sd: float, **ident):
+    from rodeco import Calibration
+
+    return Calibration(generator=ident.get("generator", "g"), partial_reward=ident.get("partial_reward", "r"),
+                       reward=ident.get("reward", "r"), lengths=[4, 64], slope=[rho, rho], resid_sd=[sd, sd])
+
+
+def calibrated(cal, delta: float = 0.05):
+    from rodeco_policies.calibrated import CalibratedPolicy
+
+    return CalibratedPolicy(cal, delta, simulations=50)
+
+
+def view(scores, min_reject: int, length: int = 16):
+    from rodeco import PromptView, RoundView
+
+    k = len(scores)
+    pv = PromptView(prompt_index=0, candidate_ids=list(range(k)), scores=np.asarray(scores, dtype=float),
+                    history=np.zeros((k, 0)), finished_scores=[], tokens_generated=length, min_reject=min_reject)
+    return RoundView(round=0, prompts=[pv], max_rows_next=k - min_reject, max_new_tokens=128)
+
+
+@pytest.mark.parametrize("min_reject", [0, 3])
+def test_calibrated_with_rho_one_keeps_only_the_top_row(min_reject):
+    scores = [0.3, 2.0, -1.0, 0.9, 1.1, 0.2, -0.4, 1.7]
+    assert calibrated(calibration(1.0, 0.0)).select(view(scores, min_reject)) == [[1]]
+
+
+@pytest.mark.parametrize("min_reject", [0, 1, 5])
+def test_calibrated_with_rho_zero_rejects_exactly_the_forced_minimum(min_reject):
+    scores = [0.3, 2.0, -1.0, 0.9, 1.1, 0.2, -0.4, 1.7]
+    keep = calibrated(calibration(0.0, 1.0)).select(view(scores, min_reject))[0]
+    assert len(keep) == len(scores) - min_reject
+    assert sorted(keep) == sorted(np.argsort(scores)[::-1][: len(keep)].tolist())  # the top rows
+
+
+def test_calibrated_rejects_more_where_partial_scores_predict_more():
+    scores = np.random.default_rng(0).standard_normal(32)
+    cal = calibration(0.0, 1.0)
+    cal.lengths, cal.slope, cal.resid_sd = [8, 64], [0.1, 0.9], [0.99, 0.44]
+    pol = calibrated(cal)
+    assert len(pol.select(view(scores, 0, 64))[0]) < len(pol.select(view(scores, 0, 8))[0]) <= 32
+
+
+def test_a_calibration_of_another_generator_or_reward_is_refused(tmp_path):
+    from rodeco_policies.calibrated import build_calibrated
+
+    f = tmp_path / "cal.json"
+    calibration(0.5, 0.8, generator="smollm2", reward="minilm_rm:abc", partial_reward="minilm_rm:abc").save(f)
+    ok = {"generator": "smollm2", "reward": "minilm_rm:abc", "partial_reward": "minilm_rm:abc"}
+    build_calibrated({"calibration": str(f)}, BuildContext(identities=ok))
+    for key, other in (("generator", "llama-8b"), ("reward", "logprob")):
+        run = {**ok, key: other}
+        with pytest.raises(ConfigError) as e:
+            build_calibrated({"calibration": str(f)}, BuildContext(identities=run))
+        msg = str(e.value)
+        assert ok[key] in msg and other in msg and key in msg
+
+
+def test_the_committed_calibration_is_the_embedded_pairs():
+    from rodeco_policies.calibrated import DEFAULT
+
+    from rodeco import Calibration
+
+    cal = Calibration.load(DEFAULT)
+    assert cal.generator == "smollm2" and cal.reward.startswith("minilm_rm:") and cal.partial_reward == cal.reward
+    assert len(cal.source["prompts"]) >= 300 and cal.source["candidates"] >= 32
+    assert all(0 <= cal.rho(L) <= 1 for L in (1, 8, 64, 1000))
+
+
+def test_n_calibrated_asks_the_policy_for_its_start(tiny_gen):
+    gen = tiny_gen()
+    r = Scorer(reward(gen), "logprob")
+    s = settings(gen, n=6)
+    starts = []
+
+    class Chooser:
+        def select(self, view):
+            return [list(range(pv.k - pv.min_reject)) for pv in view.prompts]
+
+        def choose_start(self, sv):
+            starts.append(sv)
+            return 3
+
+    import dataclasses
+
+    res, _ = decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="calibrated", policy_name="chooser"))
+    assert starts and all(p.n_start == 3 for p in res) and starts[0].max_rows >= 3
+    with pytest.raises(ConfigError, match="does not choose a start"):
+        decode_batch(gen, r, fixed(), PROMPTS, dataclasses.replace(s, n="calibrated", policy_name="fixed"))
+
+
+def test_the_calibrated_start_follows_predictiveness():
+    """Under a predictive calibration the modelled speedup favours a large start; under an unpredictive one, the
+    rows that fit at full length (Best-of-N: rejecting blind wastes the tokens)."""
+    from rodeco import StartView
+
+    sv = StartView(kv_tokens=4 * 128, base=0, max_rows=64, max_new_tokens=128, min_tokens_per_round=8)
+    assert calibrated(calibration(0.0, 1.0)).choose_start(sv) == 4
+    assert calibrated(calibration(0.95, 0.3)).choose_start(sv) > 4
+
+
+# --- learned heads -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hidden_units", [0, 32])
+def test_a_head_recovers_a_known_function_of_the_hidden_state(hidden_units):
+    """The final reward is a fixed function of the hidden state (plus noise): the trained head predicts it on held-out
+    examples with correlation above 0.9."""
+    from rodeco_rewards.experiments.value_train import fit_mlp, fit_ridge
+    from rodeco_rewards.value import Head, pearson
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 24))
+    w = rng.standard_normal(24)
+    y = X @ w + (np.tanh(X[:, 0] * X[:, 1]) if hidden_units else 0) + 0.2 * rng.standard_normal(3000)
+    tr, va = slice(0, 2400), slice(2400, None)
+    mean, std = X[tr].mean(0), X[tr].std(0)
+    Z = (X - mean) / std
+    if hidden_units == 0:
+        wt, b = fit_ridge(Z[tr], y[tr], 0.01)
+        head = Head(mean, std, np.zeros((0, 0)), np.zeros(0), wt, b, {})
+    else:
+        P, _, _ = fit_mlp(Z[tr], y[tr], Z[va], lambda f: pearson(f(Z[va]), y[va]), hidden_units, 40, 0, False)
+        head = Head(mean, std, P[0].T, P[1], P[2][0], float(P[3][0]), {})
+    assert pearson(head(X[va]), y[va]) > 0.9
+
+
+def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen, capsys, monkeypatch):
+    """The whole value_train path on a pool recorded with hidden states: a head file with its verdict against
+    `same`; a rerun reads the cached features instead of computing them; the head then scores partial requests."""
+    from omegaconf import open_dict
+    from rodeco_rewards.experiments import value_train
+    from rodeco_rewards.value import Head, ValueHead
+
+    import rodeco
+    from rodeco.data import Prompt
+    from rodeco.experiments.pool import record
+
+    prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
+                                                   "explain why the sky is blue", "name two rivers",
+                                                   "describe a cat", "say hello twice"])]
+    ov = ["reward=logprob", "sampling.max_new_tokens=16", "experiment=value_train", f"pool={tmp_path / 'pool'}",
+          "experiment_args.lengths=[2,4,8]", "experiment_args.kinds=[value_head]", "experiment_args.exclude_data=[]",
+          "experiment_args.validation_fraction=0.34", "experiment_args.bootstrap=50", "output.progress=false"]
+    cfg = rodeco.load_config(ov)
+    with open_dict(cfg):
+        cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
+    record(cfg, default_plugins(), tmp_path / "pool", prompts, 8, gen=tiny_gen())
+    assert np.load(tmp_path / "pool" / "hidden" / "0.npy").shape[:2] == (8, 16)
+    out = value_train.run(cfg, default_plugins(), tmp_path / "run")
+    verdict = out.extra["kinds"]["value_head"]
+    assert set(verdict) >= {"mean_diff", "diff_ci", "beats_same", "by_length"}
+    assert "value_train_value_head_minus_same:" in capsys.readouterr().out
+    head = Head.load(tmp_path / "run" / "value_head")
+    assert head.meta["validation"]["beats_same"] == verdict["beats_same"] and len(head.meta["validation_prompts"]) == 2
+    assert not set(head.meta["train_prompts"]) & set(head.meta["validation_prompts"])
+    monkeypatch.setattr(value_train.Featurizer, "compute", lambda *a: pytest.fail("features computed again"))
+    again = value_train.run(cfg, default_plugins(), tmp_path / "run")  # resumes from the cached features
+    assert again.extra["kinds"]["value_head"]["mean_diff"] == verdict["mean_diff"]  # seeded: the same head
+    d = dict(np.load(tmp_path / "run" / "features_value_head" / "0.npz"))
+    hs = np.load(tmp_path / "pool" / "hidden" / "0.npy")
+    assert d["x"].shape[1] == hs.shape[-1] + 2 and (d["length"] > 0).all()  # the hidden state, two position features
+    req = ScoreRequestT(prompt="p", response="r", response_ids=(1, 2, 3, 4), partial=True,
+                        hidden_state=np.asarray(hs[0, 3], dtype=np.float32))
+    assert np.isfinite(ValueHead(head).score([req])[0])
+
+
+from rodeco.state import ScoreRequest as ScoreRequestT  # noqa: E402
