@@ -29,7 +29,8 @@ def summarize(out: RunOutput, cfg: DictConfig) -> str:
     c = out.compute
     lines.append("\n--- compute")
     lines.append(f"generator tokens: prefill {c.gen_prefill_tokens}, decode {c.gen_decode_tokens}; "
-                 f"reward tokens {c.reward_tokens}; total {c.total_flops / 1e9:.1f} GFLOPs")
+                 f"reward tokens {c.reward_tokens} ({c.partial_reward_tokens} of them at decision points, "
+                 f"{c.partial_reward_calls} of {c.reward_calls} reward calls); total {c.total_flops / 1e9:.1f} GFLOPs")
     lines.append(f"peak KV cache: {c.peak_kv_tokens} tokens ({c.peak_kv_bytes / 2**20:.1f} MiB), "
                  f"budget {cfg.budget.kv_tokens}")
     lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(c.time_s.items())))

@@ -284,3 +284,39 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
 
 
 from rodeco.state import ScoreRequest as ScoreRequestT  # noqa: E402
+
+
+def test_a_live_run_with_policy_calibrated_and_n_calibrated(tmp_path, tiny_gen):
+    """Through the config: the run's identities reach the policy (a calibration of this generator and reward is
+    accepted, the committed one of another is refused), and n=calibrated starts where the policy says."""
+    from helpers import run_tiny
+
+    gen = tiny_gen()
+    f = tmp_path / "cal.json"
+    cal = calibration(0.9, 0.4, generator="tiny", reward="logprob:form=mean", partial_reward="logprob:form=mean")
+    cal.save(f)
+    ov = ["budget.kv_tokens=600", "sampling.max_new_tokens=24", f"policy.calibration={f}"]
+    out = run_tiny(gen, [p for _, p in PROMPTS], n="calibrated", policy="calibrated", overrides=ov)
+    starts = {r.n_start for r in out.results}
+    assert len(starts) == 1 and 1 <= starts.pop() <= 600
+    assert all(r.best.score is not None for r in out.results)
+    with pytest.raises(ConfigError, match="the run's 'tiny'"):
+        run_tiny(gen, [PROMPTS[0][1]], n="calibrated", policy="calibrated", overrides=ov[:2])
+
+
+def test_composite_works_in_either_role(tiny_gen):
+    """A composite partial reward decides exactly as its component would (here one logprob form); as the reward it
+    scores finished rows while another scorer decides."""
+    gen = tiny_gen()
+    plugins, ctx = default_plugins(), BuildContext(generator=gen)
+    comp = {"name": "composite", "components": {"lp": {"name": "logprob", "form": "mean"}}, "weights": {"lp": 1.0}}
+    final = Scorer(plugins.build_reward({"name": "logprob", "form": "sum"}, ctx), "logprob")
+    as_partial = Scorer(plugins.build_reward(comp, ctx), "composite", "partial_reward")
+    direct = Scorer(reward(gen), "logprob", "partial_reward")
+    a, _ = decode_batch(gen, final, fixed(), PROMPTS, settings(gen), partial=as_partial)
+    b, _ = decode_batch(gen, final, fixed(), PROMPTS, settings(gen), partial=direct)
+    assert [[r.scores for r in p.rounds] for p in a] == [[r.scores for r in p.rounds] for p in b]
+    assert sum(len(p.rounds) for p in a) > 0
+    c, cc = decode_batch(gen, Scorer(plugins.build_reward(comp, ctx), "composite"), fixed(), PROMPTS, settings(gen),
+                         partial=Scorer(HiddenProbe(), "probe", "partial_reward"))
+    assert all(x.score <= 0 for p in c for x in p.candidates if x.finished) and cc.partial_reward_calls > 0

@@ -15,6 +15,8 @@ speedup over Best-of-N (the calibration model simulated on the budget's schedule
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,8 @@ DEFAULTS: dict[str, Any] = {"delta": 0.05, "calibration": None, "simulations": 4
 class CalibratedPolicy:
     def __init__(self, cal: Calibration, delta: float, simulations: int = 400, seed: int = 0) -> None:
         self.cal, self.delta, self.simulations, self.seed = cal, delta, simulations, seed
+        # what its decisions depend on beyond its parameters: the calibration's numbers (a resumed sweep checks it)
+        self.identity = hashlib.sha256(json.dumps([cal.lengths, cal.slope, cal.resid_sd]).encode()).hexdigest()[:16]
 
     def keep_count(self, scores: np.ndarray, length: int) -> int:
         """How many rows the model keeps (before the budget's minimum)."""

@@ -197,11 +197,15 @@ def rows_x_context(c: Compute, shape) -> float:
     return float(attn / (4.0 * shape.n_layers * shape.n_heads * shape.head_dim))
 
 
-def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool) -> dict[str, Any]:
-    """What a prompt's measurements depend on: a resumed record must have been measured with the same."""
+def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measurer) -> dict[str, Any]:
+    """What a prompt's measurements depend on: a resumed record must have been measured with the same (including
+    what the policies and partial rewards were built from: a calibration file's, a learned head's identity)."""
     keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups",
             "partial_rewards", "calibrated_deltas")
+    built = {**{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
+             **{f"partial_{k}": getattr(r, "identity", None) for k, r in measurer.partials.items()}}
     return {**{k: a[k] for k in keep}, "pool": pool.settings,
+            "identities": {k: v for k, v in built.items() if v is not None},
             "reward": OmegaConf.to_container(cfg.reward, resolve=True), "max_new_tokens": cfg.sampling.max_new_tokens,
             "min_tokens_per_round": cfg.budget.min_tokens_per_round}
 
@@ -231,12 +235,12 @@ def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path 
     record(cfg, plugins, path, prompts, a["candidates"], gen=gen)
     pool, rgen = open_pool(path)
     reward = pool_reward(cfg, plugins, pool, rgen)
-    settings = settings_of(cfg, a, pool)
+    check_calibrated(cfg, plugins, a, pool, reward)
+    measurer = Measurer(cfg, plugins, pool, rgen, reward, a)
+    settings = settings_of(cfg, a, pool, measurer)
     name = PROMPTS_FILE.format(task=cfg.task)
     writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=name) if out_dir is not None else None
     done = _resumable(writer, settings)
-    check_calibrated(cfg, plugins, a, pool, reward)
-    measurer = Measurer(cfg, plugins, pool, rgen, reward, a)
     out = []
     for p in tqdm(prompts, desc="replays", unit="prompt", disable=not cfg.output.progress):
         if p.index in done:
