@@ -63,6 +63,8 @@ class DataConfig:
     indices: Optional[list[int]] = field(default=None, metadata={"help": "positions in the source to keep, in order"})
     offset: int = 0
     limit: Optional[int] = None
+    num_shards: int = field(default=1, metadata={"help": "split the prompts into this many strided shards"})
+    shard: int = field(default=0, metadata={"help": "which shard to run, 0 to num_shards - 1"})
     field: str = "prompt"  # the record key that holds the prompt text (defined last: it shadows `field`)
 
 

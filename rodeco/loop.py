@@ -114,6 +114,9 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
     """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``); ``cap``:
     at most this many rows for ``auto`` and ``calibrated`` (a pool's candidates)."""
     if s.n in ("auto", "calibrated"):
+        if budget.kv_tokens is None:
+            raise ConfigError("n", s.n, "needs a finite budget to size the start",
+                              "set budget.kv_tokens (or budget=cuda on a GPU), or give n as a number")
         most = budget.auto_n(n_prompts, base, base + s.max_new_tokens)
         most = min(most, cap) if cap is not None else most
         if s.n == "auto":

@@ -122,3 +122,20 @@ def test_full_length_tokens_and_its_inverse_by_hand():
         assert rows_at_full_length(B, 50, 128, shared) == 4
         assert rows_at_full_length(B - 1, 50, 128, shared) == 3
     assert rows_at_full_length(40, 50, 128, shared_prefix=True) == 0
+
+
+def test_shards_are_disjoint_strided_and_keep_prompt_indices():
+    from omegaconf import OmegaConf
+
+    from rodeco.data import prompts_of
+    from rodeco.validation import ConfigError
+
+    base = {"path": None, "prompts": [f"prompt {i}" for i in range(10)], "field": "prompt", "offset": 0,
+            "limit": None, "indices": None}
+    every = prompts_of(OmegaConf.create(base))
+    shards = [prompts_of(OmegaConf.create({**base, "num_shards": 3, "shard": i})) for i in range(3)]
+    assert [p.index for p in shards[1]] == [1, 4, 7]
+    assert sorted((p.index, p.text) for s in shards for p in s) == [(p.index, p.text) for p in every]
+    for bad in ({"num_shards": 0}, {"num_shards": 3, "shard": 3}, {"num_shards": 2, "shard": -1}):
+        with pytest.raises(ConfigError, match="data.num_shards|data.shard"):
+            prompts_of(OmegaConf.create({**base, **bad}))

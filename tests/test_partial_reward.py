@@ -206,6 +206,8 @@ def test_n_calibrated_asks_the_policy_for_its_start(tiny_gen):
     assert starts and all(p.n_start == 3 for p in res) and starts[0].max_rows >= 3
     with pytest.raises(ConfigError, match="does not choose a start"):
         decode_batch(gen, r, fixed(), PROMPTS, dataclasses.replace(s, n="calibrated", policy_name="fixed"))
+    with pytest.raises(ConfigError, match="finite budget"):
+        decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="calibrated", budget=Budget(None, 2)))
 
 
 def test_the_calibrated_start_follows_predictiveness():
