@@ -322,3 +322,36 @@ def test_composite_works_in_either_role(tiny_gen):
     c, cc = decode_batch(gen, Scorer(plugins.build_reward(comp, ctx), "composite"), fixed(), PROMPTS, settings(gen),
                          partial=Scorer(HiddenProbe(), "probe", "partial_reward"))
     assert all(x.score <= 0 for p in c for x in p.candidates if x.finished) and cc.partial_reward_calls > 0
+
+
+def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
+    """The committed calibrations and learned heads were measured and trained on training prompts only: none of
+    their prompts is one of the evaluation sets' (AlpacaFarm/HH subsets, the demo), by position and by text."""
+    import json
+
+    from conftest import REPO, SHARED_DATA
+
+    import rodeco
+    from rodeco.data import prompts_of
+
+    held: set[str] = set()
+    for name in ("alpacafarm100", "specrej100", "demo"):
+        cfg = rodeco.load_config([f"data={name}", "data.limit=null"])
+        if cfg.data.path:
+            cfg.data.path = str(SHARED_DATA / cfg.data.path.split("data/", 1)[1])
+        held |= {p.text.strip() for p in prompts_of(cfg.data)}
+    hh = json.loads((SHARED_DATA / "prompts" / "specrej_hh_rlhf_100.json").read_text())
+    held |= {r["prompt"].strip() for r in hh}
+    texts = [json.loads(line)["prompt"].strip()
+             for line in (SHARED_DATA / "prompts" / "alpaca_eval_805.jsonl").read_text().splitlines()]
+    used = {}
+    for f in (REPO / "plugins" / "rodeco_policies" / "calibrations").glob("*.json"):
+        used[f.name] = json.loads(f.read_text())["source"]["prompts"]
+    for kind in ("value_head", "text_value"):
+        meta = json.loads((REPO / "plugins" / "rodeco_rewards" / "assets" / f"{kind}.json").read_text())
+        used[kind] = meta["train_prompts"] + meta["validation_prompts"]
+        assert len(meta["train_prompts"]) + len(meta["validation_prompts"]) >= 300
+    assert len(used) >= 4
+    for what, idx in used.items():
+        clash = [i for i in idx if texts[i] in held]
+        assert not clash, f"{what} was fit on evaluation prompts {clash[:5]}"

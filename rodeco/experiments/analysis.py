@@ -237,12 +237,20 @@ def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: st
     ax.plot(c["flops"], c[y], "-o", color="black", label="Best-of-N (N = " + ", ".join(
         str(int(N)) for N in c["N"]) + ")")
     keys = [k for k, v in summary["methods"].items() if "infeasible" not in v and k.endswith("@1")]
-    alphas = sorted((k for k in keys if k.startswith("fixed_alpha_") and "start" not in k),
-                    key=lambda k: float(k.split("_")[2].split("@")[0]))
-    ax.plot([summary["methods"][k]["report"]["flops"] for k in alphas],
-            [summary["methods"][k]["report"][y] for k in alphas], "-s", label="SR fixed, alpha sweep (x1)")
+    sweeps = {}  # the alpha sweep deciding by each partial reward (same, the oracle ceiling, learned heads)
     for k in keys:
-        if k in alphas or (labels is not None and k.split("@")[0] not in labels):
+        parts = k.split("@")[0].split("_")
+        if k.startswith("fixed_alpha_") and "start" not in parts:
+            sweeps.setdefault("_".join(parts[3:]) or "same", []).append(k)
+    for part, ks in sweeps.items():
+        ks.sort(key=lambda k: float(k.split("_")[2].split("@")[0]))
+        ax.plot([summary["methods"][k]["report"]["flops"] for k in ks],
+                [summary["methods"][k]["report"][y] for k in ks], "-s" if part == "same" else "--.",
+                label=f"SR fixed, alpha sweep (x1), partial_reward={part}")
+    swept = {k for ks in sweeps.values() for k in ks}
+    for k in keys:
+        other = any(k[:-2].endswith(f"_{part}") for part in sweeps if part != "same")  # another partial reward
+        if k in swept or other or is_oracle(k[:-2]) or (labels is not None and k.split("@")[0] not in labels):
             continue
         r = summary["methods"][k]["report"]
         ax.plot([r["flops"]], [r[y]], "^", label=f"SR {k.split('@')[0]} (x1)")
