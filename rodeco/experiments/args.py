@@ -23,6 +23,7 @@ class CorrelationArgs:
     lengths: list[int] = required("decision lengths (generator tokens)")
     rewards: list[str] = required("registered rewards to study, each with its config option's parameters")
     bootstrap: int = required("bootstrap resamples of the prompts, for the 95% CIs")
+    final: Optional[str] = required("null: each reward's partial vs its own final score; a reward: vs its final")
 
 
 @dataclass

@@ -3,7 +3,8 @@ Appendix B), on a recorded pool (``pool=DIR``, recorded first where the run's pr
 
 For each reward in ``experiment_args.rewards`` (with its config option's parameters), every pool candidate's
 prefix of ``L`` generator tokens (``L`` in ``experiment_args.lengths``) is scored as a partial response and its full
-response as a final one; the scores come from the pool's cache, computed on first use (a candidate's partial
+response as a final one (by the same reward, or by ``experiment_args.final``: how well a decision-time scorer
+predicts another reward's final score); the scores come from the pool's cache, computed on first use (a candidate's partial
 score at ``L`` is what a live run scores at a decision point at ``L``). Per prompt and length, Pearson r and
 Kendall tau (scipy.stats) between partial and final scores are computed over the candidates *longer than L tokens*
 (shorter ones finished before the decision point). Prompts with fewer than 3 such candidates, or with constant
@@ -159,15 +160,17 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         rgen.add(pool.prompt(p.index))
     per_reward: dict[str, list[dict[str, Any]]] = {}
     summary: dict[str, dict[str, Any]] = {}
+    final = pool_reward_named(a["final"], plugins, pool) if a["final"] else None
     for name in a["rewards"]:
         reward = pool_reward_named(name, plugins, pool)
-        rows = [score_prompt(reward, rgen, pool, p.index, lengths) for p in prompts]
+        rows = [score_prompt(reward, rgen, pool, p.index, lengths, final_reward=final) for p in prompts]
         reward.save()
         per_reward[name] = rows
         summary[name] = summarize(rows, lengths, a["bootstrap"], cfg.seed)
         log.info("scored %d prompts with %s (%d requests computed, the rest cached)", len(rows), name,
                  reward.computed)
     res = {"lengths": lengths, "candidates": pool.candidates, "prompts": len(prompts), "pool": str(path),
+           "final": a["final"] or "each reward's own",
            "max_new_tokens": pool.settings["max_new_tokens"],
            "note": "at length L only candidates with more than L response tokens count; prompts with fewer than "
                    f"{MIN_CANDIDATES} such candidates or constant scores are skipped (prompts_used)",
