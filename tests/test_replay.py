@@ -195,3 +195,40 @@ def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
         decided += len(res.rounds)
         assert comp.gen_decode_tokens > 0 and comp.partial_reward_calls == len(res.rounds)
     assert decided > 0
+
+
+def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
+    """A partial reward that reads hidden states decides the same in a replay as live: the pool's stored states are
+    the live run's at every decision point (rows pruned in between)."""
+    import numpy as np
+
+    from rodeco.contracts import Scorer
+    from rodeco.loop import decode_batch
+
+    class Probe:
+        needs_hidden_states = True
+
+        def __init__(self):
+            self.seen = {}
+
+        def score(self, requests):
+            for r in requests:
+                self.seen[(r.prompt_index, r.candidate_id, len(r.response_ids))] = np.asarray(r.hidden_state)
+            return [float(r.hidden_state[0]) for r in requests]
+
+    gen, path = pools["fast"]
+    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=70", "n=8"])
+    plugins = default_plugins()
+    pool, rgen = open_pool(path)
+    reward = pool_reward(cfg, plugins, pool, rgen)
+    pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
+    s = loop_settings(cfg, rgen, "fixed", "logprob")
+    live, replayed = Probe(), Probe()
+    for p in PROMPTS:
+        (lv,), _ = decode_batch(gen, Scorer(reward, "logprob"), pol, [(p.index, p.text)], loop_settings(cfg, gen),
+                                partial=Scorer(live, "probe", "partial_reward"))
+        rp, _, _ = replay_prompt(pool, rgen, reward, pol, p.index, s, partial=replayed)
+        assert [r.kept_ids for r in rp.rounds] == [r.kept_ids for r in lv.rounds]
+    assert live.seen and live.seen.keys() == replayed.seen.keys()
+    for k, h in live.seen.items():  # float16 in the pool
+        np.testing.assert_allclose(replayed.seen[k], h, rtol=2e-3, atol=2e-3)
