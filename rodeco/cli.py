@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import signal
 import sys
 
 from omegaconf import DictConfig
@@ -11,7 +13,7 @@ from omegaconf import DictConfig
 from rodeco.api import run
 from rodeco.compose import CONFIG_MODULE, explain, prefer_typed, prepare
 from rodeco.report import summarize
-from rodeco.validation import ConfigError, PluginError
+from rodeco.validation import ConfigError, Interrupted, PluginError
 
 log = logging.getLogger("rodeco")
 
@@ -26,6 +28,12 @@ def _main(cfg: DictConfig) -> None:
         out = run(cfg, out_dir=out_dir)
     except (ConfigError, PluginError) as e:
         _fail(e)
+    except Interrupted as e:
+        args = [shlex.quote(a) for a in sys.argv[1:]]
+        if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+            args.append(f"hydra.run.dir={shlex.quote(str(out_dir))}")
+        _fail(RuntimeError(f"{e}. Resume with: rodeco {' '.join(args)}"), code=128 + int(
+            getattr(signal.Signals, e.signal_name, signal.SIGTERM)))
     if cfg.task == "decode":
         print(summarize(out, cfg))
 

@@ -4,6 +4,10 @@ the generator, decodes batch after batch, and writes each prompt's result as soo
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,7 +22,7 @@ from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, PromptResult, RunOutput
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,29 @@ def run_identities(gen_name: str, scorer: Scorer, partial: Scorer | None) -> dic
     return identities(gen_name, one(scorer), one(partial) if partial is not None else None)
 
 
+@contextmanager
+def stop_on_signals() -> Iterator[list[str]]:
+    """While open, SIGTERM and SIGINT only record their name (the run stops at the next decision point or batch
+    boundary, its results intact); a second SIGINT interrupts at once. Main thread only (elsewhere: no handlers)."""
+    got: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if got and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        got.append(signal.Signals(signum).name)
+        log.warning("%s: stopping at the next decision point (the results so far are kept)", got[-1])
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
                gen: Generator | None = None) -> RunOutput:
     from tqdm.auto import tqdm
@@ -109,13 +136,29 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     results, total = [], Compute()
     bs = cfg.data.batch_prompts
     bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
-    for i in range(0, len(todo), bs):
-        batch = [(p.index, p.text) for p in todo[i: i + bs]]
-        res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=plugins.round_end, on_done=done,
-                                 partial=partial)
-        results += res
-        total.add(comp)
-        bar.update(len(batch))
+    written: list[PromptResult] = []
+
+    def stop_if_asked(stop: list[str]) -> None:
+        if stop:
+            raise Interrupted(stop[0], len(written), len(todo), str(writer.path) if writer is not None else None)
+
+    with stop_on_signals() as stop:
+        def on_round(view, kept) -> None:  # a decision point: stop here if a signal came
+            plugins.round_end(view, kept)
+            stop_if_asked(stop)
+
+        def on_done(result: PromptResult) -> None:
+            done(result)
+            written.append(result)
+
+        for i in range(0, len(todo), bs):
+            stop_if_asked(stop)
+            batch = [(p.index, p.text) for p in todo[i: i + bs]]
+            res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=on_round, on_done=on_done,
+                                     partial=partial)
+            results += res
+            total.add(comp)
+            bar.update(len(batch))
     bar.close()
     if writer is not None:
         writer.write_json("summary.json", {"compute": total.to_dict(), "n_prompts": len(results),

@@ -46,3 +46,13 @@ def check_positive_int(key: str, value: object, example: int, allow_none: bool =
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(key, value, "must be a positive integer" + (" or null" if allow_none else ""),
                           f"set {key}={example}")
+
+
+class Interrupted(Exception):
+    """A run stopped by a signal (SIGTERM from a scheduler, SIGINT from the keyboard) at a decision point or batch
+    boundary; every prompt finished before is in its results file."""
+
+    def __init__(self, signal_name: str, done: int, total: int, path: str | None) -> None:
+        self.signal_name, self.done, self.total, self.path = signal_name, done, total, path
+        where = f"; their results are in {path}" if path else ""
+        super().__init__(f"stopped by {signal_name} after {done} of {total} prompts{where}")

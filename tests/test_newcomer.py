@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,36 @@ def test_a_prompt_file_replaces_the_experiments_prompt_set():
     assert cfg.data.limit == 48  # the experiment's size stays unless given
     cfg = rodeco.load_config(["experiment=efficiency"])
     assert cfg.data.path.endswith("alpaca_eval_805.jsonl") and len(cfg.data.indices) == 100
+
+
+def test_sigterm_stops_at_a_decision_point_keeps_results_and_the_rerun_completes(tiny_model_dir: Path,
+                                                                                   tmp_path: Path):
+    """A scheduler's SIGTERM: the run stops at the next decision point or batch boundary, exits non-zero with the
+    command that resumes it, results.jsonl parses, and that command decodes only the missing prompts."""
+    import signal
+    import time
+
+    prompts = [f"w{i} w{i + 1} w{i + 2}" for i in range(30)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    args = ["data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob", "n=4",
+            "sampling.max_new_tokens=24", "budget.kv_tokens=200", "data.batch_prompts=1", "output.progress=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([str(RODECO), *args, "hydra.run.dir=out"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "out" / "results.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not (results.is_file() and results.read_text().strip()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and "Resume with: rodeco " in err
+    first = [json.loads(x) for x in results.read_text().splitlines()]
+    assert 1 <= len(first) < len(prompts)
+    resume = err.split("Resume with: rodeco ", 1)[1].strip().splitlines()[0]
+    p = cli(shlex.split(resume), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"resuming: {len(first)} of {len(prompts)} prompts already" in p.stderr + p.stdout
+    done = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(r["prompt_index"] for r in done) == list(range(len(prompts)))
+    assert done[: len(first)] == first  # what was written before the signal is untouched
