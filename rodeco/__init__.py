@@ -21,7 +21,7 @@ from rodeco.hookspecs import hookimpl
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.ranking import keep_top
-from rodeco.results import ResultsWriter
+from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
     Candidate,
     Compute,
@@ -52,7 +52,7 @@ __all__ = [
     # checking parameters
     "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
     # building blocks for rewards and experiments
-    "ResultsWriter", "required", *_LAZY,
+    "ResultsWriter", "atomic_write", "required", *_LAZY,
 ]
 __version__ = "0.1.0"
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rodeco.results import atomic_write
 from rodeco.validation import ConfigError
 
 FORMAT = 1
@@ -56,12 +56,7 @@ class Calibration:
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
-        """Written atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(asdict(self), indent=1) + "\n")
 
     def check(self, run: dict[str, str], key: str = "policy.calibration") -> None:
         """The run's identities (``identities``) must be the ones this calibration was measured with."""

@@ -164,16 +164,24 @@ def _text(value: Any) -> str:
     return "..." if value is None else str(value)
 
 
-def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
-    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
-    Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
+def option_file(group: str, name: str, plugins: Plugins) -> Path | None:
+    """The file of ``<group>=<name>``'s config option (rodeco's first, then the plugins'), or None."""
     for d in [conf_dir(), *map(Path, plugins.config_dirs())]:
         f = d / group / f"{name}.yaml"
         if f.is_file():
-            params = split_node(OmegaConf.load(f), group)[1]
-            params.pop("defaults", None)
-            return params
-    return {}
+            return f
+    return None
+
+
+def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
+    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
+    Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
+    f = option_file(group, name, plugins)
+    if f is None:
+        return {}
+    params = split_node(OmegaConf.load(f), group)[1]
+    params.pop("defaults", None)
+    return params
 
 
 HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "data", "experiment")

@@ -79,12 +79,14 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
-    def get(self, name: str) -> Entry:
+    def get(self, name: str, key: str | None = None) -> Entry:
+        """The entry registered as ``name``; an unknown name is a ``ConfigError`` on ``key`` (default: the
+        registry's own, e.g. ``reward.name``; ``partial_reward.name`` when the name came from there)."""
         try:
             return self._entries[name]
         except KeyError:
             raise ConfigError(
-                self.key, name, f"unknown {self.kind}; known: {', '.join(self.names()) or '(none)'}",
+                key or self.key, name, f"unknown {self.kind}; known: {', '.join(self.names()) or '(none)'}",
                 f"use one of the known names, or install the plugin that provides {name!r}",
             ) from None
 
@@ -167,11 +169,7 @@ class Plugins:
     def build_reward(self, node: Any, ctx: BuildContext, key: str = "reward") -> Reward:
         """The reward a config node (``{name: ..., <params>}``) describes, built by its registered factory."""
         name, params = split_node(node, key)
-        try:
-            entry = self.rewards.get(name)
-        except ConfigError as e:  # the registry speaks of reward.name; the name may come from partial_reward
-            raise ConfigError(f"{key}.name", name, e.problem, e.fix) from None
-        return entry.factory(params, self._ctx(ctx))
+        return self.rewards.get(name, f"{key}.name").factory(params, self._ctx(ctx))
 
     def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy") -> Policy:
         name, params = split_node(node, key)

@@ -19,8 +19,8 @@ be extended with other settings.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ class Pool:
                               f"record one first: rodeco experiment=pool {key}={path}")
         self.settings: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
         self._prompts: dict[int, PoolPrompt] = {}
+        self._hidden: dict[int, np.ndarray] = {}
 
     @staticmethod
     def create(path: str | Path, settings: dict[str, Any], key: str = "pool") -> Pool:
@@ -130,20 +131,20 @@ class Pool:
 
     def hidden(self, index: int) -> np.ndarray:
         """Prompt ``index``'s hidden states ``[M, max_new_tokens, hidden]`` (memory-mapped)."""
-        f = self.path / "hidden" / f"{index}.npy"
-        if not f.is_file():
-            raise ConfigError(self.key, str(self.path), f"prompt {index} has no hidden states (pools recorded "
-                              "before rodeco stored them lack them)",
-                              "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR")
-        return np.load(f, mmap_mode="r")
+        if index not in self._hidden:
+            f = self.path / "hidden" / f"{index}.npy"
+            if not f.is_file():
+                raise ConfigError(self.key, str(self.path), f"prompt {index} has no hidden states (pools recorded "
+                                  "before rodeco stored them lack them)",
+                                  "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR")
+            self._hidden[index] = np.load(f, mmap_mode="r")
+        return self._hidden[index]
 
     def write_hidden(self, index: int, hidden: np.ndarray) -> None:
-        d = self.path / "hidden"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{index}.npy.tmp"
-        with open(tmp, "wb") as fh:
-            np.save(fh, hidden)
-        os.replace(tmp, d / f"{index}.npy")
+        buf = io.BytesIO()
+        np.save(buf, hidden)
+        atomic_write(self.path / "hidden" / f"{index}.npy", buf.getvalue())
+        self._hidden.pop(index, None)
 
     def write_prompt(self, p: PoolPrompt) -> None:
         atomic_write(self.path / "prompts" / f"{p.index}.json", json.dumps(asdict(p)) + "\n")

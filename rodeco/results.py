@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through a temporary file renamed into place: readers
+    see the old file or the whole new one, never a half-written one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -56,10 +56,7 @@ def live_partial_name(cfg: DictConfig, plugins: Plugins) -> str:
                           "which only a recorded pool knows", "use it when replaying a pool: rodeco "
                           "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
     if name != SAME:
-        try:
-            plugins.rewards.get(name)
-        except ConfigError as e:
-            raise ConfigError("partial_reward.name", name, e.problem, e.fix) from None
+        plugins.rewards.get(name, "partial_reward.name")
     return name
 
 

@@ -76,7 +76,7 @@ def test_same_is_the_reward_deciding(tiny_gen):
     r = Scorer(reward(gen), "logprob")
     a, ca = decode_batch(gen, r, fixed(), PROMPTS, settings(gen))
     b, cb = decode_batch(gen, r, fixed(), PROMPTS, settings(gen), partial=r)
-    assert [x.to_dict() for x in a] == [x.to_dict() for x in b] or _same_but_time(a, b)
+    assert _same_but_time(a, b)
     assert (ca.gen_flops, ca.reward_flops, ca.reward_calls) == (cb.gen_flops, cb.reward_flops, cb.reward_calls)
     assert 0 < ca.partial_reward_calls < ca.reward_calls
 

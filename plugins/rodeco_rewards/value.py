@@ -14,6 +14,7 @@ reward standardized within the prompt: only the ranking within a prompt matters 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, take_params
+from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, atomic_write, take_params
 
 ASSETS = Path(__file__).parent / "assets"
 KINDS = ("value_head", "text_value")
@@ -49,6 +50,10 @@ class Head:
         return z @ self.w2 + self.b2
 
     @property
+    def matmul_params(self) -> int:
+        return int(self.w1.size + self.w2.size)
+
+    @property
     def identity(self) -> str:
         h = hashlib.sha256()
         for a in (self.mean, self.std, self.w1, self.b1, self.w2, np.asarray([self.b2])):
@@ -56,15 +61,9 @@ class Head:
         return h.hexdigest()[:16]
 
     def save(self, stem: Path) -> None:
-        import os
-
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        tmp = stem.with_name(f".{stem.name}.tmp.npz")
-        np.savez(tmp, mean=self.mean, std=self.std, w1=self.w1, b1=self.b1, w2=self.w2, b2=np.asarray(self.b2))
-        os.replace(tmp, stem.with_suffix(".npz"))
-        tmpj = stem.with_name(f".{stem.name}.tmp.json")
-        tmpj.write_text(json.dumps({**self.meta, "identity": self.identity}, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmpj, stem.with_suffix(".json"))
+        atomic_write(stem.with_suffix(".npz"), npz_bytes(mean=self.mean, std=self.std, w1=self.w1, b1=self.b1,
+                                                         w2=self.w2, b2=np.asarray(self.b2)))
+        atomic_write(stem.with_suffix(".json"), json.dumps({**self.meta, "identity": self.identity}, indent=1) + "\n")
 
     @classmethod
     def load(cls, stem: Path, key: str = "reward.head") -> Head:
@@ -74,6 +73,12 @@ class Head:
         d = np.load(stem.with_suffix(".npz"))
         meta = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
         return cls(d["mean"], d["std"], d["w1"], d["b1"], d["w2"], float(d["b2"]), meta)
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
 
 
 def position_features(lengths: np.ndarray, max_new: int) -> np.ndarray:
@@ -98,8 +103,7 @@ class ValueHead:
         h = np.stack([np.asarray(r.hidden_state, dtype=np.float64) for r in requests])
         x = np.concatenate([h, position_features([len(r.response_ids) for r in requests], self.max_new)], axis=1)
         self.cost.calls += 1
-        self.cost.flops += 2.0 * x.shape[1] * len(requests) * max(1, self.head.w2.shape[0] if self.head.w1.size
-                                                                       else 1)
+        self.cost.flops += 2.0 * self.head.matmul_params * len(requests)
         return self.head(x).tolist()
 
 
@@ -111,20 +115,25 @@ class TextValue:
         self.max_new = int(head.meta["max_new_tokens"])
         self.cost = RewardCost()
 
-    def features(self, requests: Sequence[ScoreRequest]) -> np.ndarray:
-        from rodeco_rewards.minilm.reward import features
-
+    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
+        if not requests:
+            return []
         before = self.encoder.tokens
-        x = features(self.encoder, [r.prompt for r in requests], [r.response for r in requests])
+        x = text_features(self.encoder, requests, self.max_new)
         n = self.encoder.tokens - before
         self.cost.tokens += n
         self.cost.flops += 2.0 * self.encoder.n_matmul_params * n
         self.cost.calls += 1
-        return np.concatenate([x.astype(np.float64),
-                               position_features([len(r.response_ids) for r in requests], self.max_new)], axis=1)
+        return self.head(x).tolist()
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
-        return self.head(self.features(requests)).tolist() if requests else []
+
+def text_features(encoder, requests: Sequence[ScoreRequest], max_new: int) -> np.ndarray:
+    """``text_value``'s inputs: the embedded reward's features of each (prompt, partial response), and the position."""
+    from rodeco_rewards.minilm.reward import features
+
+    x = features(encoder, [r.prompt for r in requests], [r.response for r in requests])
+    return np.concatenate([x.astype(np.float64),
+                           position_features([len(r.response_ids) for r in requests], max_new)], axis=1)
 
 
 def minilm_encoder(device: str = "cpu"):

@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.calibration import Calibration, identities, standardize
-from rodeco.compose import conf_dir
+from rodeco.compose import option_file
 from rodeco.config import split_node
 from rodeco.data import load_prompts, prompts_of
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
@@ -40,11 +40,10 @@ def check_training_prompts(prompts, exclude: list[str], plugins: Plugins) -> Non
     """No prompt of an evaluation data option may be calibrated on."""
     texts = {p.text.strip(): p.index for p in prompts}
     for name in exclude:
-        files = [Path(d) / "data" / f"{name}.yaml" for d in [conf_dir(), *plugins.config_dirs()]]
-        found = [f for f in files if f.is_file()]
-        if not found:
+        f = option_file("data", name, plugins)
+        if f is None:
             raise ConfigError("experiment_args.exclude_data", name, "no such data option", "e.g. [alpacafarm100]")
-        d = OmegaConf.to_container(OmegaConf.load(found[0]), resolve=True)
+        d = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
         held = load_prompts(d.get("path"), d.get("prompts"), d.get("field", "prompt"), d.get("offset", 0), None,
                             d.get("indices"))
         clash = [texts[h.text.strip()] for h in held if h.text.strip() in texts]

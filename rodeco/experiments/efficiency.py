@@ -123,10 +123,13 @@ class Measurer:
         self.base = loop_settings(cfg, gen, "", self.reward_name)
         self.none = plugins.build_policy({"name": "none"}, BuildContext(plugins=plugins))
         self.partials: dict[str, Any] = {}
+        ids: dict[str, dict[str, str]] = {}  # per partial reward: what a calibrated policy must match
         for part in a["partial_rewards"]:
             node = {"name": part} if part in (SAME, ORACLE) else {**option_params("reward", part, plugins),
                                                                   "name": part}
-            self.partials[part] = pool_partial(cfg, plugins, pool, reward, node)
+            self.partials[part] = p = pool_partial(cfg, plugins, pool, reward, node)
+            ids[part] = run_identities(gen.name, Scorer(reward, self.reward_name),
+                                       Scorer(p, part, "partial_reward") if p is not None else None)
         self.policies: dict[str, Policy] = {}
         self.method = {m.label: m for m in methods(a)}
         for m in methods(a):
@@ -135,10 +138,8 @@ class Measurer:
             except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
                 raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
             node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
-            part = self.partials[m.partial]
-            ids = run_identities(gen.name, Scorer(reward, self.reward_name),
-                                 Scorer(part, m.partial, "partial_reward") if part is not None else None)
-            self.policies[m.label] = plugins.build_policy(node, BuildContext(plugins=plugins, identities=ids))
+            self.policies[m.label] = plugins.build_policy(node, BuildContext(plugins=plugins,
+                                                                             identities=ids[m.partial]))
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
         return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False, partial_name=partial,

@@ -29,14 +29,23 @@ from rodeco import (
     ConfigError,
     PoolReward,
     RunOutput,
-    ScoreRequest,
+    atomic_write,
     check_positive_int,
     check_training_prompts,
     open_pool,
     prompts_of,
     reward_key,
 )
-from rodeco_rewards.value import ASSETS, KINDS, Head, TextValue, minilm_encoder, pearson, position_features
+from rodeco_rewards.value import (
+    ASSETS,
+    KINDS,
+    Head,
+    minilm_encoder,
+    npz_bytes,
+    pearson,
+    position_features,
+    text_features,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +63,7 @@ class Featurizer:
 
     def __init__(self, kind: str, pool, gen, cache: Path | None, max_new: int) -> None:
         self.kind, self.pool, self.gen, self.cache, self.max_new = kind, pool, gen, cache, max_new
-        self.text = TextValue(Head(*(np.zeros(0),) * 5, 0.0, {"max_new_tokens": max_new}), minilm_encoder()) \
-            if kind == "text_value" else None
+        self.encoder = minilm_encoder() if kind == "text_value" else None
 
     def __call__(self, index: int, lengths: list[int]) -> dict[str, np.ndarray]:
         f = self.cache / f"{index}.npz" if self.cache is not None else None
@@ -65,12 +73,7 @@ class Featurizer:
                 return d
         d = self.compute(index, lengths)
         if f is not None:
-            import os
-
-            f.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_name(f".{f.name}.tmp.npz")
-            np.savez(tmp, **d)
-            os.replace(tmp, f)
+            atomic_write(f, npz_bytes(**d))
         return d
 
     def compute(self, index: int, lengths: list[int]) -> dict[str, np.ndarray]:
@@ -86,9 +89,8 @@ class Featurizer:
             x = np.concatenate([np.asarray(h[cand_a, L_a - 1], dtype=np.float64),
                                 position_features(L_a, self.max_new)], axis=1) if cand else np.zeros((0, 1))
         else:
-            reqs = [ScoreRequest(p.text, self.gen.decode_text(p.candidates[i].token_ids[:n]),
-                                 tuple(p.candidates[i].token_ids[:n]), True, index, i) for i, n in zip(cand, L)]
-            x = self.text.features(reqs) if reqs else np.zeros((0, 1))
+            reqs = [p.request(i, n, self.gen.decode_text(p.candidates[i].token_ids[:n])) for i, n in zip(cand, L)]
+            x = text_features(self.encoder, reqs, self.max_new) if reqs else np.zeros((0, 1))
         return {"x": x.astype(np.float32), "candidate": cand_a, "length": L_a, "lengths_asked": np.asarray(lengths)}
 
 
