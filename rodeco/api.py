@@ -22,13 +22,17 @@ __all__ = ["decode", "load_config", "run"]
 
 
 def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | None = None) -> RunOutput:
-    """Run what ``cfg.task`` names: ``decode``, or a registered experiment."""
+    """Run what ``cfg.task`` names: ``decode``, ``merge`` (the shards of a multirun), or a registered experiment."""
     from rodeco.runner import run_decode
 
     plugins = plugins or default_plugins()
     validate(cfg)
     if cfg.task == "decode":
         return run_decode(cfg, plugins, out_dir)
+    if cfg.task == "merge":
+        from rodeco.merge import merge
+
+        return merge(cfg, cfg.output.dir)
     entry = plugins.experiments.get(cfg.task)
     return entry.factory(cfg, plugins, Path(out_dir) if out_dir is not None else None)
 

@@ -104,3 +104,14 @@ def budget_from_device(free_bytes: int, kv_bytes: int, memory_fraction: float, r
     """KV tokens that fit in a device's free memory (the CUDA formula in the module docstring)."""
     usable = max(0, free_bytes - reserve_bytes) * memory_fraction
     return int(usable // kv_bytes)
+
+
+def budget_from_devices(free_bytes: dict[str, int], layers: dict[str, int], kv_bytes: int, memory_fraction: float,
+                        reserve_bytes: int) -> int:
+    """KV tokens that fit when a model's layers are spread over devices (``generator.device_map``): device ``d``
+    holds ``layers[d]`` of the ``sum(layers)`` layers, so a token's keys and values cost it that share of
+    ``kv_bytes``; the budget is what the tightest device allows."""
+    n = sum(layers.values())
+    return min(budget_from_device(free_bytes[d], -(-kv_bytes * k // n), memory_fraction, reserve_bytes)
+               for d, k in layers.items() if k > 0)
+

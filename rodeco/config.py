@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rodeco.budget import Budget, budget_from_device
+from rodeco.budget import Budget
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ class GeneratorConfig:
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, cuda:N"})
     engine: str = field(default="auto", metadata={"help": "auto (fast Llama path when it applies), fast, hf"})
+    device_map: Optional[str] = field(default=None, metadata={"help": "auto: spread a model too big for one device "
+                                                                      "over all of them (accelerate; hf engine)"})
     chat_template: bool = field(default=True, metadata={"help": "apply the tokenizer's chat template if it has one"})
     system_prompt: Optional[str] = None
     trust_remote_code: bool = False
@@ -63,7 +65,7 @@ class DataConfig:
     indices: Optional[list[int]] = field(default=None, metadata={"help": "positions in the source to keep, in order"})
     offset: int = 0
     limit: Optional[int] = None
-    num_shards: int = field(default=1, metadata={"help": "split the prompts into this many strided shards"})
+    num_shards: int = field(default=1, metadata={"help": "split the prompts into this many shards (batches dealt round-robin)"})
     shard: int = field(default=0, metadata={"help": "which shard to run, 0 to num_shards - 1"})
     field: str = "prompt"  # the record key that holds the prompt text (defined last: it shadows `field`)
 
@@ -78,12 +80,18 @@ class OutputConfig:
 
 
 @dataclass
+class MergeConfig:
+    dir: Optional[str] = field(default=None, metadata={"help": "task=merge: a sharded multirun's sweep dir"})
+
+
+@dataclass
 class RodecoConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
     reward: Any = field(default_factory=lambda: {"name": MISSING})
     # scores active rows at decision points: `same` (the reward), or any reward option (partial_reward=logprob)
     partial_reward: Any = field(default_factory=lambda: {"name": "same"})
@@ -92,7 +100,7 @@ class RodecoConfig:
     pool: Optional[str] = field(default=None, metadata={"help": "a pool directory (experiment=pool records one; "
                                                                  "replay, efficiency, perplexity, correlation use it)"})
     seed: int = 0
-    task: str = "decode"  # what `run` does: decode, or an experiment's name
+    task: str = "decode"  # what `run` does: decode, merge, or an experiment's name
     experiment_args: Any = field(default_factory=dict)
 
 
@@ -142,14 +150,22 @@ def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def make_budget(cfg: DictConfig, gen: Generator) -> Budget:
-    """The run's budget: ``budget.kv_tokens``, or (null on CUDA) what the device's free memory holds."""
+def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0) -> Budget:
+    """The run's budget: ``budget.kv_tokens``, or (null on CUDA) what the free memory of every device holding the
+    generator's layers allows. ``scale`` < 1 shrinks the budget's share after an out-of-memory error (``Backoff``)."""
     b = cfg.budget
     kv = b.kv_tokens
     if kv is None and gen.device.type == "cuda":
         import torch
 
-        free, _ = torch.cuda.mem_get_info(gen.device)
-        kv = budget_from_device(free, gen.kv_bytes_per_token, b.memory_fraction, int(b.reserve_gib * 2**30))
-        log.info("budget from free CUDA memory: %d KV tokens (%.1f GiB free)", kv, free / 2**30)
+        from rodeco.budget import budget_from_devices
+
+        layers = {d: k for d, k in gen.layer_devices().items() if d.startswith("cuda")} or {str(gen.device): 1}
+        free = {d: torch.cuda.mem_get_info(torch.device(d))[0] for d in layers}
+        kv = budget_from_devices(free, layers, gen.kv_bytes_per_token, b.memory_fraction * scale,
+                                 int(b.reserve_gib * 2**30))
+        log.info("budget from free CUDA memory: %d KV tokens (%s GiB free)", kv,
+                 ", ".join(f"{d} {f / 2**30:.1f}" for d, f in free.items()))
+    elif kv is not None and scale < 1:
+        kv = max(1, int(kv * scale))
     return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round)

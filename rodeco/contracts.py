@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rodeco.backoff import is_oom
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.state import RoundView, ScoreRequest
 from rodeco.validation import ConfigError, PluginError
@@ -33,7 +34,10 @@ class Scorer:
     def __call__(self, requests: Sequence[ScoreRequest]) -> np.ndarray:
         if not requests:
             return np.zeros(0)
-        out = self.reward.score(list(requests))
+        try:
+            out = self.reward.score(list(requests))
+        except Exception as e:
+            raise plugin_failure(e, f"{self.role} {self.name!r}", "scoring", [r.prompt_index for r in requests])
         self.calls += 1
         try:
             scores = [float(x) for x in out]
@@ -48,9 +52,20 @@ class Scorer:
         return np.asarray(scores, dtype=np.float64)
 
 
+def plugin_failure(e: Exception, plugin: str, doing: str, prompts: Sequence[int]) -> Exception:
+    """What to raise when a plugin raised ``e``: rodeco's own errors and out-of-memory (which the run backs off
+    from) as they are; anything else as a ``PluginError`` naming the plugin and the prompts it was working on."""
+    if isinstance(e, (PluginError, ConfigError)) or is_oom(e):
+        return e
+    return PluginError(f"{plugin} raised {type(e).__name__}: {e} (while {doing} prompt(s) {sorted(set(prompts))})")
+
+
 def select_checked(policy: Policy, name: str, view: RoundView) -> list[list[int]]:
     """Run the policy and check its answer against the contract in ``rodeco.protocols.Policy``."""
-    keep = policy.select(view)
+    try:
+        keep = policy.select(view)
+    except Exception as e:
+        raise plugin_failure(e, f"policy {name!r}", "deciding for", [p.prompt_index for p in view.prompts])
     if len(keep) != len(view.prompts):
         raise PluginError(f"policy {name!r} returned {len(keep)} keep lists for {len(view.prompts)} prompts")
     out = []

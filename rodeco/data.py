@@ -50,18 +50,24 @@ def load_prompts(path: str | None = None, prompts: list[str] | None = None, fiel
 def prompts_of(data: Any) -> list[Prompt]:
     """The prompts a ``data`` config node describes (its shard ``data.shard`` of ``data.num_shards``, if set)."""
     out = load_prompts(data.path, data.prompts, data.field, data.offset, data.limit, data.get("indices"))
-    return shard_of(out, data.get("num_shards", 1), data.get("shard", 0))
+    return shard_of(out, data.get("num_shards", 1), data.get("shard", 0), data.get("batch_prompts", 1))
 
 
-def shard_of(prompts: list[Prompt], num_shards: int, shard: int) -> list[Prompt]:
-    """Every ``num_shards``-th prompt from position ``shard``: shards are disjoint, together they are all prompts,
-    and long and short prompts spread evenly over them. Prompts keep their ``index``."""
+def batches_of(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    """Consecutive batches of ``size`` prompts: how a run groups its prompts (and how shards deal them out)."""
+    return [prompts[i: i + size] for i in range(0, len(prompts), size)]
+
+
+def shard_of(prompts: list[Prompt], num_shards: int, shard: int, batch: int = 1) -> list[Prompt]:
+    """Shard ``shard`` of ``num_shards``: the run's batches of ``batch`` prompts dealt round-robin, so every batch
+    is the one the unsharded run decodes (same prompts, same budget split, same results), shards are disjoint and
+    together all prompts, and long and short prompts spread evenly. Prompts keep their ``index``."""
     if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
         raise ConfigError("data.num_shards", num_shards, "must be a positive integer", "e.g. data.num_shards=4")
     if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard < num_shards:
         raise ConfigError("data.shard", shard, f"must be in 0..{num_shards - 1} (data.num_shards={num_shards})",
                           f"e.g. data.shard=0, or 'data.shard=range({num_shards})' with --multirun")
-    return prompts[shard::num_shards]
+    return [p for b in batches_of(prompts, max(1, batch))[shard::num_shards] for p in b]
 
 
 def _read_file(path: Path, field: str) -> list[str]:

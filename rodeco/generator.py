@@ -77,6 +77,18 @@ class Generator:
     def flops_per_token(self, context: int) -> float:
         return self.shape.flops_per_token(context)
 
+    def layer_devices(self) -> dict[str, int]:
+        """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
+        n = self.shape.n_layers
+        stack = next((m for m in self.model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+        if stack is None:
+            return {str(self.device): n}
+        out: dict[str, int] = {}
+        for layer in stack:
+            dev = str(next(layer.parameters(), torch.empty(0, device=self.device)).device)
+            out[dev] = out.get(dev, 0) + 1
+        return out
+
     def encode(self, prompt: str) -> list[int]:
         if self.use_chat_template:
             msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])

@@ -81,14 +81,14 @@ def _gguf_cache(src: str, gguf_file: str) -> Path:
 
 
 def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str = "auto",
-                             trust_remote_code: bool = False):
-    """A causal LM in eval mode on ``device`` and its tokenizer."""
+                             trust_remote_code: bool = False, device_map: str | None = None):
+    """A causal LM in eval mode on ``device`` (or spread by accelerate's ``device_map``) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     src, gguf = locate(model, gguf_file)
-    kw = {"trust_remote_code": trust_remote_code}
+    kw: dict = {"trust_remote_code": trust_remote_code}
     if gguf is not None and Path(src).is_dir():
         cached = _gguf_cache(src, gguf)
         if not (cached / "config.json").is_file():
@@ -98,11 +98,12 @@ def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype:
         kw["gguf_file"] = gguf
     try:
         tok = AutoTokenizer.from_pretrained(src, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kw)
+        lm = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kw, **({"device_map": device_map} if device_map
+                                                                         else {}))
     except OSError as e:
         raise ConfigError("generator.model", model, f"could not load it ({e.__class__.__name__}: {e})",
                           "check the name; without internet use a local directory, a .gguf file, or 'smollm2'") from e
-    return lm.to(dev).eval(), tok
+    return (lm if device_map else lm.to(dev)).eval(), tok
 
 
 def _convert_gguf(src: str, gguf: str, dest: Path) -> None:
@@ -129,7 +130,11 @@ def _convert_gguf(src: str, gguf: str, dest: Path) -> None:
 def load_generator(cfg: DictConfig) -> Generator:
     """The generator the ``generator`` config node describes."""
 
+    device_map, engine = cfg.get("device_map"), cfg.engine
+    if device_map and engine == "fast":
+        raise ConfigError("generator.engine", engine, f"the fast engine keeps the model on one device, but "
+                          f"generator.device_map={device_map} spreads it", "use generator.engine=hf (or auto)")
     lm, tok = load_model_and_tokenizer(cfg.model, cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
-                                       trust_remote_code=cfg.trust_remote_code)
-    return Generator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt, engine=cfg.engine,
-                     name=cfg.model)
+                                       trust_remote_code=cfg.trust_remote_code, device_map=device_map)
+    return Generator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
+                     engine="hf" if device_map else engine, name=cfg.model)

@@ -3,26 +3,30 @@ the generator, decodes batch after batch, and writes each prompt's result as soo
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.calibration import identities
 from rodeco.config import make_budget, split_node
 from rodeco.contracts import Scorer
-from rodeco.data import Prompt, prompts_of
+from rodeco.data import Prompt, batches_of, prompts_of
 from rodeco.generator import Generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, PromptResult, RunOutput
-from rodeco.validation import ConfigError, Interrupted
+from rodeco.validation import ConfigError, Interrupted, PluginError
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +85,14 @@ def run_identities(gen_name: str, scorer: Scorer, partial: Scorer | None) -> dic
 @contextmanager
 def stop_on_signals() -> Iterator[list[str]]:
     """While open, SIGTERM and SIGINT only record their name (the run stops at the next decision point or batch
-    boundary, its results intact); a second SIGINT interrupts at once. Main thread only (elsewhere: no handlers)."""
+    boundary, its results intact); a second SIGINT interrupts at once. Main thread only (elsewhere: no handlers).
+    Under submitit only SIGINT: its own handlers requeue a preempted job, which then resumes from its results."""
     got: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield got
         return
+    # under submitit, SIGTERM and SIGUSR2 are submitit's: it requeues a preempted job, which then resumes
+    signals = (signal.SIGINT,) if os.environ.get("SUBMITIT_EXECUTOR") else (signal.SIGTERM, signal.SIGINT)
 
     def handler(signum: int, frame: object) -> None:
         if got and signum == signal.SIGINT:
@@ -93,12 +100,29 @@ def stop_on_signals() -> Iterator[list[str]]:
         got.append(signal.Signals(signum).name)
         log.warning("%s: stopping at the next decision point (the results so far are kept)", got[-1])
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, handler) for s in signals}
     try:
         yield got
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def shard_device(cfg: DictConfig) -> DictConfig:
+    """The generator node of a shard: with ``generator.device=auto`` and several GPUs visible, shard ``i`` runs on
+    ``cuda:(i % device_count)`` (one shard per GPU under the joblib launcher)."""
+    import torch
+
+    g, d = cfg.generator, cfg.data
+    if g.device != "auto" or g.get("device_map") or d.get("num_shards", 1) < 2 or not torch.cuda.is_available():
+        return g
+    count = torch.cuda.device_count()
+    if count < 2:
+        return g
+    g = g.copy()
+    g.device = f"cuda:{d.shard % count}"
+    log.info("shard %d of %d runs on %s", d.shard, d.num_shards, g.device)
+    return g
 
 
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
@@ -109,9 +133,9 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
 
     r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
     plugins.rewards.get(r_name), plugins.policies.get(p_name)  # unknown names fail before any model is loaded
-    live_partial_name(cfg, plugins)
+    pr_name = live_partial_name(cfg, plugins)
     prompts = prompts_of(cfg.data)
-    gen = gen or load_generator(cfg.generator)
+    gen = gen or load_generator(shard_device(cfg))
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
     scorer, partial = build_scorers(cfg, plugins, ctx)
     ctx.identities = run_identities(gen.name, scorer, partial)
@@ -120,48 +144,85 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     settings = loop_settings(cfg, gen, p_name, r_name)
     out_dir = out_dir if out_dir is not None else cfg.output.dir
     writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
-    todo = [p for p in prompts if writer is None or p.index not in writer.done()]
-    if writer is not None and len(todo) < len(prompts):
+    done_before = writer.done() if writer is not None else set()
+    # the batches are fixed by the whole prompt list, so a resumed run decodes the batches it would have decoded
+    batches = [b for b in ([p for p in b if p.index not in done_before]
+                           for b in batches_of(prompts, cfg.data.batch_prompts)) if b]
+    todo = [p for b in batches for p in b]
+    if done_before:
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), writer.path)
+    log.info("decoding %d of %d prompts in %d batch(es)", len(todo), len(prompts), len(batches))
     plugins.run_start(config=OmegaConf.to_container(cfg, resolve=True), n_prompts=len(todo))
-
-    def done(result: PromptResult) -> None:
-        if writer is not None:
-            writer.write(result.to_dict())
-        plugins.prompt_done(result)
-
-    results, total = [], Compute()
-    bs = cfg.data.batch_prompts
+    before, total = previous_compute(writer) if writer is not None else Compute(), Compute()
+    results: list[PromptResult] = []
+    backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.kv_tokens is None
+                      else "budget.kv_tokens")
     bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
-    written: list[PromptResult] = []
 
-    def stop_if_asked(stop: list[str]) -> None:
-        if stop:
-            raise Interrupted(stop[0], len(written), len(todo), str(writer.path) if writer is not None else None)
+    def summary() -> None:  # everything the results in out_dir cost, this run and the ones it resumed
+        if writer is not None:
+            spent = Compute()
+            spent.add(before)
+            spent.add(total)
+            writer.write_json("summary.json", {
+                "compute": spent.to_dict(), "n_prompts": len(writer.records), "prompts_total": len(prompts),
+                "complete": len(writer.records) >= len(prompts), "policy": p_name, "reward": r_name,
+                "partial_reward": pr_name})
 
     with stop_on_signals() as stop:
+        def stop_if_asked() -> None:
+            if stop:
+                raise Interrupted(stop[0], len(results), len(todo), str(writer.path) if writer is not None else None)
+
         def on_round(view, kept) -> None:  # a decision point: stop here if a signal came
             plugins.round_end(view, kept)
-            stop_if_asked(stop)
+            stop_if_asked()
 
         def on_done(result: PromptResult) -> None:
-            done(result)
-            written.append(result)
+            if writer is not None:
+                writer.write(result.to_dict())
+            plugins.prompt_done(result)
+            results.append(result)
+            bar.update(1)
 
-        for i in range(0, len(todo), bs):
-            stop_if_asked(stop)
-            batch = [(p.index, p.text) for p in todo[i: i + bs]]
-            res, comp = decode_batch(gen, scorer, policy, batch, settings, on_round=on_round, on_done=on_done,
-                                     partial=partial)
-            results += res
-            total.add(comp)
-            bar.update(len(batch))
+        for k, batch in enumerate(batches):
+            pending = batch
+            while pending:
+                stop_if_asked()
+                part = pending[:backoff.batch_prompts]
+                try:
+                    _, comp = decode_batch(gen, scorer, policy, [(p.index, p.text) for p in part], settings,
+                                           on_round=on_round, on_done=on_done, partial=partial)
+                except Exception as e:
+                    if is_oom(e):
+                        free_cached_memory()
+                        backoff.shrink(e, len(part))
+                        settings = replace(settings, budget=make_budget(cfg, gen, backoff.budget_scale))
+                        finished = {r.prompt_index for r in results}
+                        pending = [p for p in pending if p.index not in finished]
+                        continue
+                    if isinstance(e, PluginError):
+                        where = writer.path if writer is not None else "the results returned so far"
+                        raise PluginError(f"{e} [batch {k + 1} of {len(batches)}, prompts {[p.index for p in part]}; "
+                                          f"the {len(results)} prompt(s) finished before are kept in {where}]") from e
+                    raise
+                pending = pending[len(part):]
+                total.add(comp)
+                summary()
     bar.close()
-    if writer is not None:
-        writer.write_json("summary.json", {"compute": total.to_dict(), "n_prompts": len(results),
-                                           "policy": p_name, "reward": r_name,
-                                           "partial_reward": split_node(cfg.partial_reward, "partial_reward")[0]})
-        if cfg.output.alpaca_eval:
-            export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
+    summary()
+    if writer is not None and cfg.output.alpaca_eval:
+        export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
+    order = {p.index: i for i, p in enumerate(todo)}
+    results.sort(key=lambda r: order[r.prompt_index])
     plugins.run_end(results=results, compute=total)
     return RunOutput(results, total, Path(out_dir) if out_dir is not None else None)
+
+
+def previous_compute(writer: ResultsWriter) -> Compute:
+    """The compute a run in the same directory spent before (``summary.json``; counted again only for prompts it had
+    not finished), so a resumed run's summary charges everything."""
+    path = writer.path.parent / "summary.json"
+    if not writer.records or not path.is_file():
+        return Compute()
+    return Compute.from_dict(json.loads(path.read_text(encoding="utf-8")).get("compute", {}))

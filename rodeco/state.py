@@ -5,7 +5,7 @@ Nothing here imports torch: rewards and policies can be written and tested with 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,12 @@ class Compute:
         d = asdict(self)
         d["total_flops"] = self.total_flops
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Compute:
+        """The inverse of ``to_dict`` (derived and unknown keys are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: (dict(v) if k == "time_s" else v) for k, v in d.items() if k in known})
 
 
 @dataclass

@@ -58,7 +58,10 @@ def test_results_written_per_prompt_and_resumed(tiny_gen, tmp_path):
     recs2 = [json.loads(x) for x in path.read_text().splitlines()]
     assert [r["prompt_index"] for r in recs2] == [0, 1, 2]
     assert recs2[1]["best"]["token_ids"] == recs[1]["best"]["token_ids"]  # same seed, same answer
-    assert json.loads((tmp_path / "summary.json").read_text())["n_prompts"] == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["n_prompts"] == 3 and summary["complete"]  # the directory's results, this run's and the earlier
+    spent = first.compute.gen_decode_tokens + second.compute.gen_decode_tokens  # both runs are charged
+    assert summary["compute"]["gen_decode_tokens"] == spent > first.compute.gen_decode_tokens
 
 
 def test_result_is_written_before_later_prompts_finish(tiny_gen, tmp_path):
@@ -98,8 +101,18 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
 
     cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
-    gen = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024)
+    gen = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024,
+                          layer_devices=lambda: {"cuda:0": 24})
     assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
+    assert make_budget(cfg, gen, scale=0.5).kv_tokens == int(8 * 2**30 * 0.25 // 1024)  # OOM back-off's halving
+    # generator.device_map=auto: 8 of 24 layers on cuda:0 (9 GiB free), 16 on cuda:1 (3 GiB free). A token's
+    # keys and values cost cuda:1 two thirds of 1 KiB; the tighter device sets the budget.
+    free = {0: 9 * 2**30, 1: 3 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[torch.device(device).index], 0))
+    split = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024,
+                            layer_devices=lambda: {"cuda:0": 8, "cuda:1": 16})
+    per_token_1 = -(-1024 * 16 // 24)
+    assert make_budget(cfg, split).kv_tokens == int(2 * 2**30 * 0.5 // per_token_1)
     cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)
     assert make_budget(cfg, cpu).kv_tokens is None  # no device memory to read: unlimited on CPU
 
@@ -135,6 +148,9 @@ def test_shards_are_disjoint_strided_and_keep_prompt_indices():
     every = prompts_of(OmegaConf.create(base))
     shards = [prompts_of(OmegaConf.create({**base, "num_shards": 3, "shard": i})) for i in range(3)]
     assert [p.index for p in shards[1]] == [1, 4, 7]
+    # with batches of 2 prompts, whole batches are dealt out: each shard decodes the unsharded run's batches
+    paired = [prompts_of(OmegaConf.create({**base, "num_shards": 2, "shard": i, "batch_prompts": 2})) for i in (0, 1)]
+    assert [[p.index for p in s] for s in paired] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7]]
     assert sorted((p.index, p.text) for s in shards for p in s) == [(p.index, p.text) for p in every]
     for bad in ({"num_shards": 0}, {"num_shards": 3, "shard": 3}, {"num_shards": 2, "shard": -1}):
         with pytest.raises(ConfigError, match="data.num_shards|data.shard"):

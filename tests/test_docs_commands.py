@@ -33,6 +33,9 @@ OTHERS = {
     "python -m rodeco.experiments.efficiency": "test_experiment_efficiency.py (efficiency.main on a run directory)",
     "python -m rodeco.results": "test_python_m_rodeco_results_as_documented below",
     "python lab.py": "test_policy_lab_docs.py (docs/policy-lab.md's lab.py on a tiny pool)",
+    "pip install 'rodeco[scale]'": "make setup and CI install the scale extra (test_scale.py uses its launchers)",
+    "python scripts/scale_bench.py": "test_scale.py::test_scale_bench_script_prints_the_ratio (on the tiny model)",
+    "python scripts/cost_model.py": "test_scale.py::test_cost_model_script_prints_the_table",
 }
 
 
@@ -72,8 +75,8 @@ def overrides_of(command: str) -> list[str]:
     args = shlex.split(command, comments=True)[1:]
     out, skip = [], False
     for a in args:
-        if skip or a in ("-m", "--multirun", "--help", "-h", "--info"):
-            skip = False
+        if skip or a in ("-m", "--multirun", "--help", "-h", "--info") or a.startswith("hydra"):
+            skip = False  # flags, and Hydra's own settings (hydra/launcher=..., hydra.sweep.dir=...): test_scale.py
             continue
         if a in ("--cfg", "-c", "--package", "-p"):
             skip = True
@@ -88,7 +91,7 @@ def check_command(command: str, plugins) -> None:
     validate(cfg)
     plugins.rewards.get(cfg.reward.name)
     plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))  # checks the policy's parameters
-    if cfg.task != "decode":
+    if cfg.task not in ("decode", "merge"):
         plugins.experiments.get(cfg.task)
     if cfg.data.path is not None:
         assert cfg.data.prompts is None  # a path replaces the prompts a data option set

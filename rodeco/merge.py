@@ -1,0 +1,121 @@
+"""``rodeco task=merge merge.dir=SWEEP_DIR``: the shards of a sharded multirun as one run.
+
+Every directory under ``merge.dir`` with a ``.hydra/config.yaml`` is a shard. Their settings must agree on every key
+but the shard's own (``MAY_DIFFER``); the merge writes one ``results.jsonl`` ordered by ``prompt_index``, one
+``summary.json`` with the shards' compute summed, and (``output.alpaca_eval=NAME``) AlpacaEval's
+``model_outputs.json``. While prompts of the data set are missing it writes what it has, lists them, and fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rodeco.compose import prefer_typed
+from rodeco.data import load_prompts
+from rodeco.results import ResultsWriter, atomic_write, export_alpaca_eval
+from rodeco.state import Compute, RunOutput
+from rodeco.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+# keys that may differ between shards of one run: which shard, and where and how its output was written
+MAY_DIFFER = ("data.shard", "output.dir", "output.progress", "output.resume", "output.alpaca_eval", "merge.dir")
+
+
+class IncompleteMerge(RuntimeError):
+    """Some prompts of the data set are in no shard's results (yet)."""
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def shard_dirs(root: Path) -> list[Path]:
+    """The run directories under ``root`` (a multirun's sweep dir): those holding ``.hydra/config.yaml``."""
+    return sorted((p.parent.parent for p in root.glob("**/.hydra/config.yaml")), key=lambda p: str(p))
+
+
+def run_config(d: Path) -> DictConfig:
+    """The settings a run directory's job ran with: its composed config, adjusted for what the user typed as the
+    CLI does (``compose.prefer_typed``)."""
+    cfg = OmegaConf.load(d / ".hydra/config.yaml")
+    overrides = d / ".hydra/overrides.yaml"
+    prefer_typed(cfg, list(OmegaConf.load(overrides)) if overrides.is_file() else [])
+    return cfg
+
+
+def differing_keys(settings: list[dict[str, Any]]) -> list[str]:
+    keys = sorted(set().union(*settings))
+    return [k for k in keys if k not in MAY_DIFFER and len({json.dumps(s.get(k), sort_keys=True)
+                                                             for s in settings}) > 1]
+
+
+def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
+    root = cfg.merge.dir
+    if not root:
+        raise ConfigError("merge.dir", root, "task=merge needs the sweep directory of a sharded multirun",
+                          "rodeco task=merge merge.dir=multirun/DATE/TIME (the dir with one subdir per shard)")
+    root = Path(root)
+    dirs = shard_dirs(root) if root.is_dir() else []
+    if not dirs:
+        raise ConfigError("merge.dir", str(root), "holds no run directory (none has .hydra/config.yaml)",
+                          "give the multirun's sweep dir (hydra.sweep.dir), e.g. multirun/DATE/TIME")
+    settings = [flatten(OmegaConf.to_container(run_config(d), resolve=False)) for d in dirs]
+    diff = differing_keys(settings)
+    if diff:
+        def values(k: str) -> str:
+            return ", ".join(f"{d.name}: {s.get(k)!r}" for d, s in zip(dirs, settings))
+        raise ConfigError("merge.dir", str(root), "its runs differ in settings that change results: "
+                          + "; ".join(f"{k} ({values(k)})" for k in diff),
+                          "merge only the shards of one setting (run each setting in its own hydra.sweep.dir)")
+    s0 = settings[0]
+    if s0.get("task", "decode") != "decode":
+        raise ConfigError("merge.dir", str(root), f"its runs are task={s0.get('task')!r}, not decode runs",
+                          "merge the sweep dir of a sharded decode")
+    data = OmegaConf.create({k[5:]: v for k, v in s0.items() if k.startswith("data.")})
+    expected = [p.index for p in load_prompts(data.path, data.prompts, data.get("field", "prompt"),
+                                              data.get("offset", 0), data.get("limit"), data.get("indices"))]
+    records: dict[int, dict[str, Any]] = {}
+    total, shards = Compute(), []
+    for d, setting in zip(dirs, settings):
+        recs = ResultsWriter(d).records
+        for i, r in recs.items():
+            records.setdefault(i, r)
+        summary = d / "summary.json"
+        info = json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {}
+        total.add(Compute.from_dict(info.get("compute", {})))
+        shards.append({"dir": str(d), "shard": setting.get("data.shard"), "n_prompts": len(recs),
+                       "complete": bool(info.get("complete", False)), "has_summary": bool(info)})
+    missing = [i for i in expected if i not in records]
+    out = Path(out_dir) if out_dir is not None else root
+    merged = ResultsWriter(out, resume=False)
+    merged.records = {i: records[i] for i in sorted(records)}
+    if merged.records:
+        atomic_write(merged.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged.records.values()))
+    merged.write_json("summary.json", {
+        "compute": total.to_dict(), "n_prompts": len(records), "prompts_total": len(expected),
+        "complete": not missing, "missing": missing, "shards": shards,
+        "policy": s0.get("policy.name"), "reward": s0.get("reward.name"),
+        "partial_reward": s0.get("partial_reward.name")})
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise IncompleteMerge(f"{len(missing)} of {len(expected)} prompts are in no shard's results: prompt_index "
+                              f"{shown}. The {len(records)} present are merged into {merged.path}. Rerun the same "
+                              f"multirun command (with the same hydra.sweep.dir) to compute only the missing ones, "
+                              f"then merge again")
+    if cfg.output.alpaca_eval:
+        export_alpaca_eval(merged.path, out / "model_outputs.json", cfg.output.alpaca_eval)
+    log.info("merged %d prompts from %d shard(s) into %s", len(records), len(dirs), merged.path)
+    return RunOutput([], total, out, extra={"merged": str(merged.path), "n_prompts": len(records),
+                                            "shards": len(dirs)})
+

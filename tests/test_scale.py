@@ -1,0 +1,372 @@
+"""Scaling out (issue 12): shards over Hydra launchers, merge, kill and resume, OOM back-off, plugin failures,
+``generator.device_map``. CLI runs use the tiny model saved to disk; each launcher runs real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_tiny
+
+import rodeco
+from rodeco import hookimpl
+from rodeco.validation import ConfigError, PluginError
+
+RODECO = Path(sys.executable).with_name("rodeco")
+SETTINGS = ["data.path=prompts.jsonl", "reward=logprob", "n=4", "sampling.max_new_tokens=24",
+            "budget.kv_tokens=300", "output.progress=false"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+
+
+def rodeco_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(RODECO), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=ENV)
+
+
+def write_prompts(where: Path, n: int) -> None:
+    (where / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n"
+                                                 for i in range(n)))
+
+
+def records(path: Path) -> list[dict]:
+    """A results file's records without their compute shares (their timings differ from run to run)."""
+    return [{k: v for k, v in json.loads(x).items() if k != "compute"} for x in path.read_text().splitlines()]
+
+
+def unsharded(tmp_path: Path, args: list[str]) -> Path:
+    p = rodeco_cli([*args, "hydra.run.dir=single"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    return tmp_path / "single"
+
+
+def launcher_installed(name: str) -> None:
+    pytest.importorskip(f"hydra_plugins.hydra_{name}_launcher", reason="pip install 'rodeco[scale]'")
+
+
+def test_two_joblib_shards_merged_equal_one_unsharded_run(tiny_model_dir: Path, tmp_path: Path):
+    """Whole batches are dealt to shards, so even with Speculative Rejection deciding per batch (2 prompts share
+    the budget) the merged shards are the unsharded run: winners, texts, scores, rounds, and the compute."""
+    launcher_installed("joblib")
+    write_prompts(tmp_path, 8)
+    args = [*SETTINGS[:-2], "budget.kv_tokens=120", "output.progress=false", f"generator.model={tiny_model_dir}",
+            "data.batch_prompts=2"]
+    single = unsharded(tmp_path, args)
+    p = rodeco_cli(["--multirun", *args, "data.num_shards=2", "data.shard=range(2)", "hydra/launcher=joblib",
+                    "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "1 thread(s) of" in (tmp_path / "sweep/0/cli.log").read_text() or os.cpu_count() > 2
+    m = rodeco_cli(["task=merge", "merge.dir=sweep", "output.alpaca_eval=tiny"], cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    merged = records(tmp_path / "sweep/results.jsonl")
+    assert [r["prompt_index"] for r in merged] == list(range(8))
+    assert merged == records(single / "results.jsonl")
+    assert any(r["rounds"] for r in merged)  # decisions were made: the batches matter
+    total, parts = (json.loads((d / "summary.json").read_text()) for d in (single, tmp_path / "sweep"))
+    for k in ("gen_prefill_tokens", "gen_decode_tokens", "gen_flops", "reward_calls", "decode_steps"):
+        assert parts["compute"][k] == total["compute"][k], k
+    assert parts["complete"] and [s["n_prompts"] for s in parts["shards"]] == [4, 4]
+    outputs = json.loads((tmp_path / "sweep/model_outputs.json").read_text())
+    assert [o["output"] for o in outputs] == [r["best"]["text"] for r in merged]
+
+
+def shard_pid(log: Path) -> int | None:
+    """The process that holds ``log`` (a shard's Hydra job log) open."""
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == str(log.resolve()):
+                return int(fd.parts[2])
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the shard's process through /proc")
+def test_a_shard_killed_mid_run_is_completed_by_rerunning_the_multirun(tiny_model_dir: Path, tmp_path: Path):
+    """SIGKILL one joblib shard mid-run (nothing can be saved at that moment). Rerunning the same multirun command
+    decodes only the prompts missing from each shard, and the merge equals the unsharded run."""
+    launcher_installed("joblib")
+    write_prompts(tmp_path, 30)
+    args = [*SETTINGS, f"generator.model={tiny_model_dir}", "data.batch_prompts=1"]
+    single = unsharded(tmp_path, args)
+    multirun = [str(RODECO), "--multirun", *args, "data.num_shards=2", "data.shard=range(2)",
+                "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"]
+    proc = subprocess.Popen(multirun, cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    shard1, log1 = tmp_path / "sweep/1/results.jsonl", tmp_path / "sweep/1/cli.log"
+    deadline, pid = time.time() + 240, None
+    while time.time() < deadline and proc.poll() is None:
+        if shard1.is_file() and shard1.read_text().strip():
+            pid = shard_pid(log1)
+            break
+        time.sleep(0.1)
+    assert pid is not None, "shard 1 never wrote a result"
+    os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=240)
+    before = {d: records(tmp_path / f"sweep/{d}/results.jsonl") for d in (0, 1)
+              if (tmp_path / f"sweep/{d}/results.jsonl").is_file()}
+    n_before = sum(map(len, before.values()))
+    assert 1 <= len(before[1]) < 15, "shard 1 was not killed mid-run"
+    m = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
+    assert m.returncode == 1 and "prompts are in no shard's results" in m.stderr, m.stderr
+    again = rodeco_cli(multirun[1:], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    decoded = [int(x) for x in re.findall(r"decoding (\d+) of 15 prompts", again.stdout + again.stderr)]
+    assert len(decoded) == 2 and sum(decoded) == 30 - n_before  # only the missing prompts, counted
+    for d, recs in before.items():  # what was written before the kill is untouched
+        assert records(tmp_path / f"sweep/{d}/results.jsonl")[: len(recs)] == recs
+    m = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    assert records(tmp_path / "sweep/results.jsonl") == records(single / "results.jsonl")
+
+
+def test_submitit_local_runs_a_shard(tiny_model_dir: Path, tmp_path: Path):
+    launcher_installed("submitit")
+    write_prompts(tmp_path, 6)
+    args = [*SETTINGS, f"generator.model={tiny_model_dir}", "data.batch_prompts=1"]
+    single = unsharded(tmp_path, args)
+    p = rodeco_cli(["--multirun", *args, "data.num_shards=3", "data.shard=1", "hydra/launcher=submitit_local",
+                    "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    got = records(tmp_path / "sweep/0/results.jsonl")
+    assert [r["prompt_index"] for r in got] == [1, 4]
+    assert got == [r for r in records(single / "results.jsonl") if r["prompt_index"] in (1, 4)]
+
+
+def test_ray_runs_two_shards_on_a_local_instance(tiny_model_dir: Path, tmp_path: Path):
+    launcher_installed("ray")
+    write_prompts(tmp_path, 6)
+    args = [*SETTINGS, f"generator.model={tiny_model_dir}", "data.batch_prompts=2"]
+    single = unsharded(tmp_path, args)
+    p = rodeco_cli(["--multirun", *args, "data.num_shards=2", "data.shard=range(2)", "hydra/launcher=ray",
+                    "+hydra.launcher.ray.init.num_cpus=2", "hydra.sweep.dir=sweep"], cwd=tmp_path, timeout=600)
+    assert p.returncode == 0, p.stderr
+    m = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    assert records(tmp_path / "sweep/results.jsonl") == records(single / "results.jsonl")
+
+
+@pytest.mark.parametrize("launcher", ["rodeco_slurm", "rodeco_ray"])
+def test_the_shipped_cluster_launcher_configs_compose(launcher: str, tmp_path: Path):
+    """The SLURM and Ray-cluster configs (they need a cluster to run): they compose over the plugins' own."""
+    launcher_installed("submitit" if "slurm" in launcher else "ray")
+    p = rodeco_cli([f"hydra/launcher={launcher}", "--cfg", "hydra", "--package", "hydra.launcher"],
+                   cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    if launcher == "rodeco_slurm":
+        assert "gpus_per_task: 1" in p.stdout and "timeout_min: 240" in p.stdout and "partition:" in p.stdout
+        assert "SlurmLauncher" in p.stdout
+    else:
+        assert "address: auto" in p.stdout and "num_gpus: 1" in p.stdout and "RayLauncher" in p.stdout
+
+
+def fake_shard(root: Path, name: str, overrides: dict, prompts: list[int]) -> None:
+    cfg = rodeco.load_config([f"{k}={v}" for k, v in overrides.items()])
+    d = root / name
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra/config.yaml").write_text(__import__("omegaconf").OmegaConf.to_yaml(cfg))
+    (d / "results.jsonl").write_text("".join(json.dumps({"prompt_index": i, "prompt": f"p{i}",
+                                                         "best": {"text": f"r{i}"}}) + "\n" for i in prompts))
+
+
+def test_merge_refuses_shards_run_with_different_settings_and_names_the_keys(tmp_path: Path):
+    common = {"data.prompts": "[a,b,c,d]", "data.path": "null", "data.num_shards": 2}
+    fake_shard(tmp_path / "sweep", "0", {**common, "data.shard": 0, "n": 8}, [0, 2])
+    fake_shard(tmp_path / "sweep", "1", {**common, "data.shard": 1, "n": 16, "policy.alpha": 0.7}, [1, 3])
+    p = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
+    assert p.returncode == 2
+    assert "differ in settings" in p.stderr and "n (0: 8, 1: 16)" in p.stderr and "policy.alpha" in p.stderr
+    assert "data.shard" not in p.stderr.split("Fix:")[0]  # the shard's own key may differ
+    assert not (tmp_path / "sweep/results.jsonl").exists()
+
+
+def test_merge_lists_missing_prompts_and_fails_until_none_are_missing(tmp_path: Path):
+    common = {"data.prompts": "[a,b,c,d,e]", "data.path": "null", "data.num_shards": 2}
+    fake_shard(tmp_path / "sweep", "0", {**common, "data.shard": 0}, [0, 4])
+    fake_shard(tmp_path / "sweep", "1", {**common, "data.shard": 1}, [1])
+    p = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
+    assert p.returncode == 1 and "2 of 5 prompts are in no shard's results: prompt_index 2, 3" in p.stderr
+    summary = json.loads((tmp_path / "sweep/summary.json").read_text())
+    assert summary["missing"] == [2, 3] and not summary["complete"]
+    assert [json.loads(x)["prompt_index"] for x in (tmp_path / "sweep/results.jsonl").read_text().splitlines()] \
+        == [0, 1, 4]
+    p = rodeco_cli(["task=merge"], cwd=tmp_path)
+    assert p.returncode == 2 and "merge.dir" in p.stderr
+
+
+class FaultyEngine:
+    """Fault injection: an engine that raises CUDA's out-of-memory error when a forward pass has more than
+    ``max_rows`` rows, as a GPU would for a batch that does not fit."""
+
+    def __init__(self, inner, max_rows: int, log: list[int]) -> None:
+        self.inner, self.max_rows, self.log = inner, max_rows, log
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        if name in ("inner", "max_rows", "log"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+    def _check(self, rows: int) -> None:
+        self.log.append(rows)
+        if rows > self.max_rows:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {rows} rows > {self.max_rows})")
+
+    def prefill(self, ids, mask):
+        self._check(ids.shape[0])
+        return self.inner.prefill(ids, mask)
+
+    def step(self, tokens):
+        self._check(tokens.shape[0])
+        return self.inner.step(tokens)
+
+
+def faulty(gen, max_rows: int) -> list[int]:
+    seen: list[int] = []
+    new_engine = gen.new_engine
+    gen.new_engine = lambda: FaultyEngine(new_engine(), max_rows, seen)
+    return seen
+
+
+PROMPTS6 = [f"w{i} w{i + 1}" for i in range(6)]
+
+
+def test_oom_back_off_halves_the_batch_and_gets_the_same_results(tiny_gen, tmp_path, caplog):
+    ov = ["budget.kv_tokens=400", "sampling.max_new_tokens=16", "data.batch_prompts=4"]
+    ref = run_tiny(tiny_gen(), PROMPTS6, n=4, overrides=[*ov, "data.batch_prompts=2"])  # what the back-off runs
+    gen = tiny_gen()
+    seen = faulty(gen, max_rows=8)  # 4 prompts x 4 rows do not fit, 2 x 4 do
+    with caplog.at_level("WARNING"):
+        out = run_tiny(gen, PROMPTS6, n=4, overrides=ov, out_dir=tmp_path)
+    assert max(seen) > 8 and "retrying it with data.batch_prompts -> 2" in caplog.text
+    assert [r.best.token_ids for r in out.results] == [r.best.token_ids for r in ref.results]
+    assert [r.best.score for r in out.results] == [r.best.score for r in ref.results]
+    assert sorted(json.loads(x)["prompt_index"] for x in (tmp_path / "results.jsonl").read_text().splitlines()) \
+        == list(range(6))
+    # Best-of-N does not depend on the batches at all: same winners as an unfaulted run at the full batch
+    bon = ["budget=unlimited", "sampling.max_new_tokens=16", "data.batch_prompts=4"]
+    gen = tiny_gen()
+    faulty(gen, max_rows=4)
+    a = run_tiny(gen, PROMPTS6, n=4, policy="none", overrides=bon)
+    b = run_tiny(tiny_gen(), PROMPTS6, n=4, policy="none", overrides=bon)
+    assert [r.best.token_ids for r in a.results] == [r.best.token_ids for r in b.results]
+
+
+def test_oom_at_the_minimum_names_the_keys_to_change(tiny_gen, caplog):
+    gen = tiny_gen()
+    faulty(gen, max_rows=0)  # nothing fits
+    with caplog.at_level("WARNING"), pytest.raises(ConfigError) as e:
+        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
+                                                    "data.batch_prompts=2"])
+    msg = str(e.value)
+    assert "data.batch_prompts" in msg and "budget.memory_fraction" in msg and "Fix:" in msg
+    assert "budget.memory_fraction x 0.125" in caplog.text  # the budget was halved three times first
+
+
+def test_a_failing_reward_loses_nothing_and_names_the_plugin_prompt_and_batch(tiny_gen, tmp_path):
+    from rodeco_rewards import value_function
+
+    from rodeco.plugins import get_plugin_manager
+
+    def boom(reqs):
+        if any(r.prompt_index == 3 for r in reqs):
+            raise ValueError("the reward server went away")
+        return [float(len(r.response)) for r in reqs]
+
+    class Flaky:
+        @hookimpl
+        def rodeco_register_rewards(self, register):
+            register("boom", value_function(boom, batched=True))
+
+    with pytest.raises(PluginError) as e:
+        rodeco.decode(PROMPTS6, generator=tiny_gen(), n=2, policy="none", plugins=get_plugin_manager(extra=[Flaky()]),
+                      overrides=["reward=custom", "reward.function=boom", "budget=unlimited",
+                                 "sampling.max_new_tokens=6", "data.batch_prompts=2"], out_dir=tmp_path)
+    msg = str(e.value)
+    assert "reward 'custom'" in msg and "ValueError: the reward server went away" in msg
+    assert "prompt(s) [2, 3]" in msg and "batch 2 of 3" in msg and "2 prompt(s) finished before are kept" in msg
+    kept = [json.loads(x)["prompt_index"] for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert kept == [0, 1]
+
+
+def test_a_failing_policy_names_itself_and_the_prompts(tiny_gen):
+    from rodeco.plugins import get_plugin_manager
+
+    class Broken:
+        def select(self, view):
+            raise KeyError("no such row")
+
+    class Plugin:
+        @hookimpl
+        def rodeco_register_policies(self, register):
+            register("broken", lambda params, ctx: Broken())
+
+    with pytest.raises(PluginError, match=r"policy 'broken' raised KeyError.*prompt\(s\) \[0\].*batch 1 of 1"):
+        run_tiny(tiny_gen(), PROMPTS6[:1], n=4, policy="fixed", plugins=get_plugin_manager(extra=[Plugin()]),
+                 overrides=["policy.name=broken", "budget.kv_tokens=40", "sampling.max_new_tokens=16"])
+
+
+def test_cpu_share_of_threads_under_joblib():
+    from rodeco.cli import cpu_share
+
+    assert cpu_share(n_jobs=-1, jobs=2, cpus=16) == 8  # 2 shards, all cores: 8 threads each
+    assert cpu_share(n_jobs=4, jobs=8, cpus=16) == 4  # 4 at a time
+    assert cpu_share(n_jobs=-1, jobs=32, cpus=16) == 1
+    assert cpu_share(n_jobs=-2, jobs=64, cpus=9) == 1
+
+
+def test_device_map_auto_runs_with_the_hf_engine(tiny_model_dir: Path):
+    """``generator.device_map=auto`` loads through accelerate (here: every layer on the CPU), picks the hf engine,
+    and decodes what the same model on one device decodes."""
+    pytest.importorskip("accelerate")
+    from omegaconf import OmegaConf
+
+    from rodeco.loading import load_generator
+
+    base = {"model": str(tiny_model_dir), "gguf_file": None, "dtype": "float32", "device": "cpu", "engine": "hf",
+            "chat_template": True, "system_prompt": None, "trust_remote_code": False}
+    spread = load_generator(OmegaConf.create({**base, "engine": "auto", "device_map": "auto"}))
+    assert spread.engine_kind == "hf" and set(spread.layer_devices()) == {"cpu"}
+    one = load_generator(OmegaConf.create({**base, "device_map": None}))
+    ov = ["budget.kv_tokens=200", "sampling.max_new_tokens=12"]
+    a, b = (run_tiny(g, PROMPTS6[:2], n=4, overrides=ov) for g in (spread, one))
+    assert [r.best.token_ids for r in a.results] == [r.best.token_ids for r in b.results]
+    with pytest.raises(ConfigError, match="generator.engine"):
+        load_generator(OmegaConf.create({**base, "engine": "fast", "device_map": "auto"}))
+
+
+def test_scale_bench_script_prints_the_ratio(tiny_model_dir: Path, tmp_path: Path):
+    """docs/scale.md's throughput command, on the tiny model: both sides run, merge, and agree."""
+    write_prompts(tmp_path, 8)
+    script = Path(__file__).resolve().parents[1] / "scripts/scale_bench.py"
+    p = subprocess.run([sys.executable, str(script), "--out", "bench", "--threads", "2", "--",
+                        "data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob",
+                        "budget.kv_tokens=300", "sampling.max_new_tokens=16"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr + p.stdout
+    res = json.loads((tmp_path / "bench/scale_bench.json").read_text())
+    assert res["same_results"] and res["tokens_single"] == res["tokens_sharded"] > 0
+    assert f"ratio_sharded_over_single: {res['ratio_sharded_over_single']}" in p.stdout
+
+
+def test_cost_model_script_prints_the_table(tmp_path: Path):
+    script = Path(__file__).resolve().parents[1] / "scripts/cost_model.py"
+    p = subprocess.run([sys.executable, str(script), "--prompt-tokens", "67", "--json", str(tmp_path / "c.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    bon = {r["gpus"]: r for r in rows if r["method"] == "Best-of-N"}
+    sr = {r["gpus"]: r for r in rows if r["method"] != "Best-of-N"}
+    assert set(bon) == {1, 8, 64} and "| Best-of-N | 64 |" in p.stdout
+    assert bon[1]["wall_h"] > bon[8]["wall_h"] > bon[64]["wall_h"]  # more GPUs: shorter
+    assert bon[64]["gpu_h_slurm"] > bon[1]["gpu_h_slurm"]  # ... but each shard loads the models once more
+    assert sr[1]["gpu_h_slurm"] < bon[1]["gpu_h_slurm"]
