@@ -54,6 +54,13 @@ def run_config(d: Path) -> DictConfig:
     return cfg
 
 
+def launch_dir(d: Path) -> str:
+    """The directory a run was started from (``hydra.runtime.cwd``), or the current one if unknown."""
+    hydra = d / ".hydra/hydra.yaml"
+    cwd = OmegaConf.select(OmegaConf.load(hydra), "hydra.runtime.cwd") if hydra.is_file() else None
+    return cwd or "."
+
+
 def differing_keys(settings: list[dict[str, Any]]) -> list[str]:
     keys = sorted(set().union(*settings))
     return [k for k in keys if k not in MAY_DIFFER and len({json.dumps(s.get(k), sort_keys=True)
@@ -83,6 +90,8 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         raise ConfigError("merge.dir", str(root), f"its runs are task={s0.get('task')!r}, not decode runs",
                           "merge the sweep dir of a sharded decode")
     data = OmegaConf.create({k[5:]: v for k, v in s0.items() if k.startswith("data.")})
+    if data.path is not None and not Path(data.path).is_absolute():  # relative to where the shards ran
+        data.path = str(Path(launch_dir(dirs[0])) / data.path)
     expected = [p.index for p in load_prompts(data.path, data.prompts, data.get("field", "prompt"),
                                               data.get("offset", 0), data.get("limit"), data.get("indices"))]
     records: dict[int, dict[str, Any]] = {}

@@ -32,6 +32,9 @@ def parse() -> argparse.Namespace:
     a("--bandwidth", type=float, default=4.8e12, help="ASSUMED H200 memory bandwidth, bytes/s")
     a("--flops", type=float, default=989e12, help="ASSUMED H200 dense bf16 FLOP/s")
     a("--bw-efficiency", type=float, default=0.6, help="ASSUMED share of bandwidth a decode step reaches")
+    a("--decode-tokens-per-s", type=float, default=None,
+      help="a MEASURED decode rate of one GPU at this batch (rodeco experiment=engine_bench on it) instead of the "
+           "roofline model")
     a("--mfu", type=float, default=0.4, help="ASSUMED share of peak FLOP/s of prefill and reward scoring")
     a("--speedup", type=float, default=2.17,
       help="Speculative Rejection's FLOPs speedup over Best-of-N at equal reward; MEASURED here: 2.17 [1.37, 3.47] "
@@ -73,6 +76,8 @@ def best_of_n_seconds(a: argparse.Namespace, lp: float) -> dict[str, float]:
     # a batch steps until its longest row ends; rows that end leave, but the weights are read every step
     decode = batches * a.max_new_tokens * weights / (a.bw_efficiency * a.bandwidth) \
         + a.prompts * a.n * a.response_tokens * ctx * a.kv_bytes / (a.bw_efficiency * a.bandwidth)
+    if a.decode_tokens_per_s:
+        decode = a.prompts * a.n * a.response_tokens / a.decode_tokens_per_s
     prefill = 2 * a.params * a.prompts * lp / (a.mfu * a.flops)
     reward = 2 * a.rm_params * a.prompts * a.n * (lp + a.response_tokens) / (a.mfu * a.flops)
     return {"rows_per_batch": b, "prompts_per_batch": prompts_per_batch, "step_ms_full_batch": 1e3 * step,
