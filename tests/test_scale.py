@@ -87,6 +87,18 @@ def shard_pid(log: Path) -> int | None:
     return None
 
 
+def pid_after_first_result(proc: subprocess.Popen, run_dir: Path) -> int:
+    """Once the job of ``run_dir`` has written its first result: its process (it holds the job's log open)."""
+    results, deadline = run_dir / "results.jsonl", time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if results.is_file() and results.read_text().strip():
+            pid = shard_pid(run_dir / "cli.log")
+            if pid is not None:
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"{run_dir} never wrote a result (the multirun exited {proc.poll()})")
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the shard's process through /proc")
 def test_a_shard_killed_mid_run_is_completed_by_rerunning_the_multirun(tiny_model_dir: Path, tmp_path: Path):
     """SIGKILL one joblib shard mid-run (nothing can be saved at that moment). Rerunning the same multirun command
@@ -99,15 +111,7 @@ def test_a_shard_killed_mid_run_is_completed_by_rerunning_the_multirun(tiny_mode
                 "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"]
     proc = subprocess.Popen(multirun, cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    shard1, log1 = tmp_path / "sweep/1/results.jsonl", tmp_path / "sweep/1/cli.log"
-    deadline, pid = time.time() + 240, None
-    while time.time() < deadline and proc.poll() is None:
-        if shard1.is_file() and shard1.read_text().strip():
-            pid = shard_pid(log1)
-            break
-        time.sleep(0.1)
-    assert pid is not None, "shard 1 never wrote a result"
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid_after_first_result(proc, tmp_path / "sweep/1"), signal.SIGKILL)
     proc.communicate(timeout=240)
     before = {d: records(tmp_path / f"sweep/{d}/results.jsonl") for d in (0, 1)
               if (tmp_path / f"sweep/{d}/results.jsonl").is_file()}
@@ -152,14 +156,7 @@ def test_submitit_requeues_a_preempted_shard_which_resumes_after_its_last_prompt
                              "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     results, log = tmp_path / "sweep/0/results.jsonl", tmp_path / "sweep/0/cli.log"
-    deadline, pid = time.time() + 240, None
-    while time.time() < deadline and proc.poll() is None:
-        if results.is_file() and results.read_text().strip():
-            pid = shard_pid(log)
-            break
-        time.sleep(0.1)
-    assert pid is not None, "the job never wrote a result"
-    os.kill(pid, signal.SIGUSR2)
+    os.kill(pid_after_first_result(proc, tmp_path / "sweep/0"), signal.SIGUSR2)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     job_logs = "".join(p.read_text() for p in (tmp_path / "sweep/.submitit").glob("**/*_log.*"))
