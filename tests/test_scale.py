@@ -397,3 +397,28 @@ def test_cost_model_script_prints_the_table(tmp_path: Path):
     assert bon[1]["wall_h"] > bon[8]["wall_h"] > bon[64]["wall_h"]  # more GPUs: shorter
     assert bon[64]["gpu_h_slurm"] > bon[1]["gpu_h_slurm"]  # ... but each shard loads the models once more
     assert sr[1]["gpu_h_slurm"] < bon[1]["gpu_h_slurm"]
+
+
+def test_shard_i_runs_on_gpu_i_mod_device_count(monkeypatch):
+    """One shard per GPU under joblib: generator.device=auto becomes cuda:(shard % device_count)."""
+    from rodeco.runner import shard_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    devices = [shard_device(rodeco.load_config(["data.num_shards=6", f"data.shard={i}"])).device for i in range(6)]
+    assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    assert shard_device(rodeco.load_config(["data.num_shards=6", "data.shard=5", "generator.device=cuda:3"])).device \
+        == "cuda:3"  # an explicit device is kept
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert shard_device(rodeco.load_config(["data.num_shards=6", "data.shard=5"])).device == "auto"
+
+
+def test_a_failing_job_of_a_multirun_is_reported_after_the_others_ran(tiny_model_dir: Path, tmp_path: Path):
+    """Shard 2 of 2 does not exist: that job fails with the key named, the other jobs complete, the exit is 2."""
+    write_prompts(tmp_path, 4)
+    p = rodeco_cli(["--multirun", *SETTINGS, f"generator.model={tiny_model_dir}", "data.num_shards=2",
+                    "data.batch_prompts=1", "data.shard=2,0,1", "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    assert p.returncode == 2
+    assert re.search(r"rodeco: error: job 0 \(.*data.shard=2\): data.shard=2: must be in 0..1", p.stderr), p.stderr
+    for d in ("1", "2"):  # jobs 1 and 2 ran shards 0 and 1
+        assert (tmp_path / f"sweep/{d}/results.jsonl").read_text().strip()
