@@ -202,9 +202,10 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
                         pending = [p for p in pending if p.index not in finished]
                         continue
                     if isinstance(e, PluginError):
-                        where = writer.path if writer is not None else "the results returned so far"
+                        kept = (f"kept in {writer.path}" if writer is not None else
+                                "not kept: no output dir (out_dir=... keeps results as they finish)")
                         raise PluginError(f"{e} [batch {k + 1} of {len(batches)}, prompts {[p.index for p in part]}; "
-                                          f"the {len(results)} prompt(s) finished before are kept in {where}]") from e
+                                          f"the {len(results)} prompt(s) finished before are {kept}]") from e
                     raise
                 pending = pending[len(part):]
                 total.add(comp)
@@ -220,8 +221,8 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
 
 
 def previous_compute(writer: ResultsWriter) -> Compute:
-    """The compute a run in the same directory spent before (``summary.json``; counted again only for prompts it had
-    not finished), so a resumed run's summary charges everything."""
+    """What the earlier runs into this directory spent (their ``summary.json``), so that a resumed run's summary
+    charges all the work behind its results."""
     path = writer.path.parent / "summary.json"
     if not writer.records or not path.is_file():
         return Compute()
