@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.compose import prefer_typed
 from rodeco.data import load_prompts
-from rodeco.results import ResultsWriter, atomic_write, export_alpaca_eval
+from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError
 
@@ -108,9 +108,9 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
     missing = [i for i in expected if i not in records]
     out = Path(out_dir) if out_dir is not None else root
     merged = ResultsWriter(out, resume=False)
-    merged.records = {i: records[i] for i in sorted(records)}
-    if merged.records:
-        atomic_write(merged.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged.records.values()))
+    merged.records = records
+    if records:
+        merged.save()
     merged.write_json("summary.json", {
         "compute": total.to_dict(), "n_prompts": len(records), "prompts_total": len(expected),
         "complete": not missing, "missing": missing, "shards": shards,

@@ -44,6 +44,10 @@ class ResultsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         self.records[int(record["prompt_index"])] = record
+        self.save()
+
+    def save(self) -> None:
+        """Rewrite the file from ``records``, ordered by ``prompt_index``."""
         lines = (json.dumps(self.records[k], ensure_ascii=False) for k in sorted(self.records))
         atomic_write(self.path, "\n".join(lines) + "\n")
 
