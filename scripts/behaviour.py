@@ -32,9 +32,9 @@ RUNS: dict[str, list[str]] = {
 POOL = ["experiment=pool", "data=alpacafarm100", "data.limit=3", "experiment_args.candidates=12",
         "sampling.max_new_tokens=32"]
 REPLAYS: dict[str, list[str]] = {
-    "replay_fixed": ["experiment=replay", "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=600",
+    "replay_fixed": ["experiment=replay", "n=12", "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=600",
                      "sampling.max_new_tokens=32"],
-    "replay_adaptive": ["experiment=replay", "policy=adaptive", "budget.kv_tokens=600", "sampling.max_new_tokens=32"],
+    "replay_adaptive": ["experiment=replay", "n=12", "policy=adaptive", "budget.kv_tokens=600", "sampling.max_new_tokens=32"],
 }
 TIME_KEY = re.compile(r"(^time_s$|_seconds$|^seconds$|_s$|^wall)")
 
