@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rodeco.calibration import identities
 from rodeco.config import split_node
 from rodeco.contracts import Scorer
-from rodeco.plugins import BuildContext, Plugins
+from rodeco.plugins import BuildContext, Entry, Plugins
 from rodeco.pool import reward_key
 from rodeco.protocols import Policy, Reward
 from rodeco.replay import OracleReward, PoolReward
@@ -34,11 +34,13 @@ SAME, ORACLE = "same", "oracle"  # partial_reward options that are not rewards o
 
 @dataclass(frozen=True)
 class Choice:
-    """One role's config node, split (``name``, ``params``) under its config ``key``."""
+    """One role's config node, split (``name``, ``params``) under its config ``key``, with the registry entry that
+    builds it (None for ``same`` and ``oracle``)."""
 
     key: str
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+    entry: Entry | None = field(default=None, compare=False, repr=False)
 
     @property
     def node(self) -> dict[str, Any]:
@@ -54,7 +56,7 @@ class Choices:
     partial: Choice  # name SAME: the reward scores partial responses too
     policy: Choice
 
-    def with_(self, partial: Any = None, policy: Any = None, plugins: Plugins | None = None) -> Choices:
+    def with_(self, plugins: Plugins, partial: Any = None, policy: Any = None) -> Choices:
         """These choices with another ``partial_reward`` and/or ``policy`` node (checked like the run's own)."""
         out = self
         if partial is not None:
@@ -64,23 +66,21 @@ class Choices:
         return out
 
 
-def _choose(node: Any, key: str, plugins: Plugins | None) -> Choice:
+def _choose(node: Any, key: str, plugins: Plugins) -> Choice:
     name, params = split_node(node, key)
-    if plugins is not None:
-        registry = plugins.policies if key == "policy" else plugins.rewards
-        registry.get(name, f"{key}.name")
-    return Choice(key, name, params)
+    registry = plugins.policies if key == "policy" else plugins.rewards
+    return Choice(key, name, params, registry.get(name, f"{key}.name"))
 
 
-def _choose_partial(node: Any, plugins: Plugins | None, live: bool) -> Choice:
+def _choose_partial(node: Any, plugins: Plugins, live: bool) -> Choice:
     name, params = split_node(node, "partial_reward")
     if name == ORACLE and live:
         raise ConfigError("partial_reward", ORACLE, "the oracle scores a partial response with its final reward, "
                           "which only a recorded pool knows", "use it when replaying a pool: rodeco "
                           "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
-    if name not in (SAME, ORACLE) and plugins is not None:
-        plugins.rewards.get(name, "partial_reward.name")
-    return Choice("partial_reward", name, params)
+    if name in (SAME, ORACLE):
+        return Choice("partial_reward", name, params)
+    return Choice("partial_reward", name, params, plugins.rewards.get(name, "partial_reward.name"))
 
 
 def choose_roles(cfg: Any, plugins: Plugins, live: bool = True) -> Choices:
@@ -118,8 +118,7 @@ class RoleBuilder:
         """The reward ``choice`` names, built once (from a pool: a ``PoolReward`` serving the pool's cache)."""
         k = (choice.key, choice.cache_key())
         if k not in self._built:
-            entry = self.plugins.rewards.get(choice.name, f"{choice.key}.name")
-            built = entry.factory(dict(choice.params), self._ctx())
+            built = choice.entry.factory(dict(choice.params), self._ctx())
             if self.pool is not None:
                 built = PoolReward(self.pool, built, reward_key(choice.node, getattr(built, "identity", None)))
             self._built[k] = built
@@ -152,9 +151,8 @@ class RoleBuilder:
     def roles(self, choices: Choices) -> Roles:
         """The scorers, then the policy, built with the identities of what the scores come from."""
         reward, partial, ids = self.scorers(choices)
-        entry = self.plugins.policies.get(choices.policy.name, "policy.name")
         ctx = replace(self._ctx(), identities=ids)
-        return Roles(reward, partial, entry.factory(dict(choices.policy.params), ctx), ids, choices)
+        return Roles(reward, partial, choices.policy.entry.factory(dict(choices.policy.params), ctx), ids, choices)
 
     def _ctx(self) -> BuildContext:
         if self.ctx.plugins is None:

@@ -124,7 +124,7 @@ class Measurer:
         self.reward = builder.reward(self.choices.reward)
         self.reward_name = self.choices.reward.name
         self.base = loop_settings(cfg, gen, "", self.reward_name)
-        self.none = builder.roles(self.choices.with_(partial={"name": SAME}, policy={"name": "none"})).policy
+        self.none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"})).policy
         self.methods = methods(a)
         self.method = {m.label: m for m in self.methods}
         self.policies: dict[str, Policy] = {}
@@ -143,7 +143,7 @@ class Measurer:
         except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
             raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
         node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
-        return self.choices.with_(partial=part, policy=node, plugins=plugins)
+        return self.choices.with_(plugins, partial=part, policy=node)
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
         return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False, partial_name=partial,
@@ -223,7 +223,7 @@ def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], build
         return a
     node = {**option_params("policy", "calibrated", plugins), "name": "calibrated"}
     try:
-        builder.roles(choose_roles(cfg, plugins, live=False).with_(partial={"name": SAME}, policy=node))
+        builder.roles(choose_roles(cfg, plugins, live=False).with_(plugins, partial={"name": SAME}, policy=node))
     except ConfigError as e:
         log.warning("policy=calibrated left out: %s", e)
         return {**a, "calibrated_skipped": str(e), "calibrated_deltas": []}
