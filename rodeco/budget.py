@@ -90,12 +90,6 @@ def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_p
     return shared + rows * (base + max_new_tokens)
 
 
-def rows_at_full_length(kv_tokens: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool) -> int:
-    """The most rows of one prompt that ``kv_tokens`` holds at full length (the inverse of the above)."""
-    shared, base = _split(prompt_len, shared_prefix)
-    return max(0, kv_tokens - shared) // (base + max_new_tokens)
-
-
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
 

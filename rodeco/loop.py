@@ -51,15 +51,15 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     each decision point and ``on_done(result)`` as soon as a prompt has no active row left. ``session`` makes the
     rows: a live ``Session``, or one that replays a recorded pool (``rodeco.replay.PoolSession``). ``partial``
     scores active rows at decision points (the ``partial_reward`` role); by default ``scorer`` does."""
-    partial = partial or scorer
+    decider = partial or scorer  # the partial_reward role: by default the reward itself
     ids = [gen.encode(text) for _, text in prompts]
     P = max(map(len, ids))
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
     budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
     n = rows_per_prompt(s, budget, base, len(ids), policy)
     sess = session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs or partial.needs_logprobs,
-                   ignore_eos=s.ignore_eos, needs_hidden=partial.needs_hidden_states)
+                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
+                   ignore_eos=s.ignore_eos, needs_hidden=decider.needs_hidden_states)
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name)
     acct = Accounting(gen, len(prompts))
@@ -79,11 +79,11 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
             cap = budget.capacity(sess.rows, base + s.max_new_tokens)
             left = sess.decode(until=cap - base)  # to the decision point
             left += sess.retire_finished()
-        trace.finished(left, score_rows(scorer, gen, prompts, left, partial=False, acct=acct))  # final rewards
+        trace.finished(left, score_rows(scorer, "reward", gen, prompts, left, acct))
         report_done()
         if not sess.rows:
             break
-        scores = score_rows(partial, gen, prompts, sess.active(), partial=True, acct=acct)  # partial rewards
+        scores = score_rows(decider, "partial_reward", gen, prompts, sess.active(), acct)
         trace.scored(sess.prompt_of, sess.cand, scores)
         with acct.timed("prune"):
             fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
@@ -98,10 +98,12 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
     return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
 
 
-def score_rows(scorer: Scorer, gen: Generator, prompts: list[tuple[int, str]], rows: Sequence[Row],
-               partial: bool, acct: Accounting) -> np.ndarray:
-    """Score rows: their response so far (``partial``, the partial_reward role) or their finished response."""
-    with acct.scoring("partial_reward" if partial else "reward", scorer, [r.prompt for r in rows]):
+def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: list[tuple[int, str]], rows: Sequence[Row],
+               acct: Accounting) -> np.ndarray:
+    """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
+    decision point), charged to that role."""
+    partial = role == "partial_reward"
+    with acct.scoring(role, scorer, [r.prompt for r in rows]):
         reqs = [ScoreRequest(prompt=prompts[r.prompt][1], response=gen.decode_text(r.token_ids),
                              response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt][0],
                              candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None

@@ -9,8 +9,9 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
                                   [c, t] sampled candidate c's token t (what a reward that needs hidden states
                                   gets at a decision point after t + 1 tokens)
     DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
-    DIR/calibration.json          decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
-                                  complete (the time model of the efficiency experiment is fitted to them)
+    DIR/step_costs.json           decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
+                                  complete (the time model of the efficiency experiment is fitted to them);
+                                  pools recorded before the name changed hold it as calibration.json
 
 Every file is written atomically as soon as it is complete; a pool is extended prompt by prompt, and refuses to
 be extended with other settings.
@@ -69,6 +70,9 @@ class PoolPrompt:
 
     def final_requests(self) -> list[ScoreRequest]:
         return [self.request(i) for i in range(len(self.candidates))]
+
+
+STEP_COSTS, OLD_STEP_COSTS = "step_costs.json", "calibration.json"  # the second: pools recorded before the rename
 
 
 def reward_key(node: dict[str, Any], identity: str | None = None) -> str:
@@ -151,12 +155,16 @@ class Pool:
         self._prompts[p.index] = p
 
     @property
-    def calibration(self) -> dict[str, list[float]] | None:
-        f = self.path / "calibration.json"
-        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
+    def step_costs(self) -> dict[str, list[float]] | None:
+        """The measured decode step times (``rows``, ``context``, ``seconds``), or None before they are measured."""
+        for name in (STEP_COSTS, OLD_STEP_COSTS):
+            f = self.path / name
+            if f.is_file():
+                return json.loads(f.read_text(encoding="utf-8"))
+        return None
 
-    def write_calibration(self, steps: dict[str, Any]) -> None:
-        atomic_write(self.path / "calibration.json", json.dumps(steps) + "\n")
+    def write_step_costs(self, steps: dict[str, Any]) -> None:
+        atomic_write(self.path / STEP_COSTS, json.dumps(steps) + "\n")
 
     def scores(self, key: str, index: int) -> dict[str, list[float]]:
         """``"candidate:length:partial" -> [score, tokens, flops, seconds]`` of one reward on one prompt."""

@@ -71,7 +71,8 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -
                       record_seconds=time.perf_counter() - t0), hidden
 
 
-def calibrate(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int, steps: int = 48) -> dict[str, Any]:
+def measure_step_costs(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int,
+                       steps: int = 48) -> dict[str, Any]:
     """Decode step times of the live engine at 1, 2, 4, ..., ``max_rows`` rows of one prompt (``steps`` steps each,
     EOS ignored so the batch stays full): what the time model of replayed runs is fitted to."""
     out: dict[str, Any] = {"rows": [], "context": [], "seconds": [], "prompt_index": prompt.index}

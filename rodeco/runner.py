@@ -16,21 +16,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
-from rodeco.calibration import identities
-from rodeco.config import make_budget, split_node
-from rodeco.contracts import Scorer
+from rodeco.config import make_budget
 from rodeco.data import Prompt, batches_of, prompts_of
 from rodeco.generator import Generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
+from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, PromptResult, RunOutput
+from rodeco.state import Compute, PromptResult, RoundView, RunOutput
 from rodeco.validation import ConfigError, Interrupted, PluginError
 
 log = logging.getLogger(__name__)
-
-SAME, ORACLE = "same", "oracle"  # partial_reward options that are not rewards of their own
 
 
 def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> None:
@@ -50,36 +47,6 @@ def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
         budget=make_budget(cfg, gen), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
         policy_name=policy_name, reward_name=reward_name)
-
-
-def live_partial_name(cfg: DictConfig, plugins: Plugins) -> str:
-    """``partial_reward``'s name, checked for a live run (before any model is loaded)."""
-    name = split_node(cfg.partial_reward, "partial_reward")[0]
-    if name == ORACLE:
-        raise ConfigError("partial_reward", ORACLE, "the oracle scores a partial response with its final reward, "
-                          "which only a recorded pool knows", "use it when replaying a pool: rodeco "
-                          "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
-    if name != SAME:
-        plugins.rewards.get(name, "partial_reward.name")
-    return name
-
-
-def build_scorers(cfg: DictConfig, plugins: Plugins, ctx: BuildContext) -> tuple[Scorer, Scorer | None]:
-    """The ``reward`` scorer and the ``partial_reward`` one (``None`` for ``partial_reward=same``: the reward
-    scores partial responses too)."""
-    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), split_node(cfg.reward, "reward")[0])
-    name = live_partial_name(cfg, plugins)
-    if name == SAME:
-        return scorer, None
-    return scorer, Scorer(plugins.build_reward(cfg.partial_reward, ctx, "partial_reward"), name, "partial_reward")
-
-
-def run_identities(gen_name: str, scorer: Scorer, partial: Scorer | None) -> dict[str, str]:
-    """What the run's scores come from, for plugins tied to them (a calibration file): ``BuildContext.identities``."""
-    def one(x: Scorer) -> tuple[str, str | None]:
-        return x.name, getattr(x.reward, "identity", None)
-
-    return identities(gen_name, one(scorer), one(partial) if partial is not None else None)
 
 
 @contextmanager
@@ -127,97 +94,134 @@ def shard_device(cfg: DictConfig) -> DictConfig:
 
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
                gen: Generator | None = None) -> RunOutput:
-    from tqdm.auto import tqdm
-
+    """One decode run: the roles chosen (unknown names fail before any model is loaded), the prompts and the
+    generator loaded, the roles built, then batch after batch decoded with each result written as it is final."""
     from rodeco.loading import load_generator
 
-    r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
-    plugins.rewards.get(r_name), plugins.policies.get(p_name)  # unknown names fail before any model is loaded
-    pr_name = live_partial_name(cfg, plugins)
+    choices = choose_roles(cfg, plugins)
     prompts = prompts_of(cfg.data)
     gen = gen or load_generator(shard_device(cfg))
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
-    scorer, partial = build_scorers(cfg, plugins, ctx)
-    ctx.identities = run_identities(gen.name, scorer, partial)
-    policy = plugins.build_policy(cfg.policy, ctx)
+    roles = RoleBuilder(plugins, gen.name, ctx).roles(choices)
     check_lengths(gen, prompts, cfg.sampling.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
-    settings = loop_settings(cfg, gen, p_name, r_name)
-    out_dir = out_dir if out_dir is not None else cfg.output.dir
-    writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
-    done_before = writer.done() if writer is not None else set()
-    # the batches are fixed by the whole prompt list, so a resumed run decodes the batches it would have decoded
-    batches = [b for b in ([p for p in b if p.index not in done_before]
-                           for b in batches_of(prompts, cfg.data.batch_prompts)) if b]
-    todo = [p for b in batches for p in b]
-    if done_before:
-        log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), writer.path)
-    log.info("decoding %d of %d prompts in %d batch(es)", len(todo), len(prompts), len(batches))
-    plugins.run_start(config=OmegaConf.to_container(cfg, resolve=True), n_prompts=len(todo))
-    before, total = previous_compute(writer) if writer is not None else Compute(), Compute()
-    results: list[PromptResult] = []
-    backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.kv_tokens is None
-                      else "budget.kv_tokens")
-    bar = tqdm(total=len(todo), desc="prompts", unit="prompt", disable=not cfg.output.progress, delay=2.0)
+    return DecodeRun(cfg, plugins, gen, roles, prompts, out_dir if out_dir is not None else cfg.output.dir).run()
 
-    def summary() -> None:  # everything the results in out_dir cost, this run and the ones it resumed
-        if writer is not None:
-            spent = Compute()
-            spent.add(before)
-            spent.add(total)
-            writer.write_json("summary.json", {
-                "compute": spent.to_dict(), "n_prompts": len(writer.records), "prompts_total": len(prompts),
-                "complete": len(writer.records) >= len(prompts), "policy": p_name, "reward": r_name,
-                "partial_reward": pr_name})
 
-    with stop_on_signals() as stop:
-        def stop_if_asked() -> None:
-            if stop:
-                raise Interrupted(stop[0], len(results), len(todo), str(writer.path) if writer is not None else None)
+class DecodeRun:
+    """The steps of one decode run: plan the batches (skipping what an earlier run into the directory finished),
+    decode each (backing off after an out-of-memory error, stopping cleanly on a signal), keep the summary."""
 
-        def on_round(view, kept) -> None:  # a decision point: stop here if a signal came
-            plugins.round_end(view, kept)
-            stop_if_asked()
+    def __init__(self, cfg: DictConfig, plugins: Plugins, gen: Generator, roles: Roles, prompts: list[Prompt],
+                 out_dir: str | Path | None) -> None:
+        self.cfg, self.plugins, self.gen, self.roles, self.prompts = cfg, plugins, gen, roles, prompts
+        self.out_dir = out_dir
+        self.settings = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
+        self.writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
+        self.batches = self.plan()
+        self.todo = [p for b in self.batches for p in b]
+        self.before = previous_compute(self.writer) if self.writer is not None else Compute()
+        self.total, self.results = Compute(), []
+        self.backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.kv_tokens is None
+                               else "budget.kv_tokens")
+        self.stop: list[str] = []
 
-        def on_done(result: PromptResult) -> None:
-            if writer is not None:
-                writer.write(result.to_dict())
-            plugins.prompt_done(result)
-            results.append(result)
-            bar.update(1)
+    def plan(self) -> list[list[Prompt]]:
+        """The batches still to decode. They are fixed by the whole prompt list, so a resumed run decodes the
+        batches it would have decoded."""
+        done = self.writer.done() if self.writer is not None else set()
+        batches = [b for b in ([p for p in b if p.index not in done]
+                               for b in batches_of(self.prompts, self.cfg.data.batch_prompts)) if b]
+        todo = sum(map(len, batches))
+        if done:
+            log.info("resuming: %d of %d prompts already in %s", len(self.prompts) - todo, len(self.prompts),
+                     self.writer.path)
+        log.info("decoding %d of %d prompts in %d batch(es)", todo, len(self.prompts), len(batches))
+        return batches
 
-        for k, batch in enumerate(batches):
-            pending = batch
-            while pending:
-                stop_if_asked()
-                part = pending[:backoff.batch_prompts]
-                try:
-                    _, comp = decode_batch(gen, scorer, policy, [(p.index, p.text) for p in part], settings,
-                                           on_round=on_round, on_done=on_done, partial=partial)
-                except Exception as e:
-                    if is_oom(e):
-                        free_cached_memory()
-                        backoff.shrink(e, len(part))
-                        settings = replace(settings, budget=make_budget(cfg, gen, backoff.budget_scale))
-                        finished = {r.prompt_index for r in results}
-                        pending = [p for p in pending if p.index not in finished]
-                        continue
-                    if isinstance(e, PluginError):
-                        kept = (f"kept in {writer.path}" if writer is not None else
-                                "not kept: no output dir (out_dir=... keeps results as they finish)")
-                        raise PluginError(f"{e} [batch {k + 1} of {len(batches)}, prompts {[p.index for p in part]}; "
-                                          f"the {len(results)} prompt(s) finished before are {kept}]") from e
+    def run(self) -> RunOutput:
+        from tqdm.auto import tqdm
+
+        self.plugins.run_start(config=OmegaConf.to_container(self.cfg, resolve=True), n_prompts=len(self.todo))
+        self.bar = tqdm(total=len(self.todo), desc="prompts", unit="prompt", disable=not self.cfg.output.progress,
+                        delay=2.0)
+        with stop_on_signals() as self.stop:
+            for k, batch in enumerate(self.batches):
+                self.decode(k, batch)
+        self.bar.close()
+        self.write_summary()
+        if self.writer is not None and self.cfg.output.alpaca_eval:
+            export_alpaca_eval(self.writer.path, self.writer.path.parent / "model_outputs.json",
+                               self.cfg.output.alpaca_eval)
+        order = {p.index: i for i, p in enumerate(self.todo)}
+        self.results.sort(key=lambda r: order[r.prompt_index])
+        self.plugins.run_end(results=self.results, compute=self.total)
+        return RunOutput(self.results, self.total, Path(self.out_dir) if self.out_dir is not None else None)
+
+    def decode(self, k: int, batch: list[Prompt]) -> None:
+        """Batch ``k``, in parts of the back-off's batch size; after an out-of-memory error, its unfinished
+        prompts again, smaller."""
+        pending = batch
+        while pending:
+            self.stop_if_asked()
+            part = pending[:self.backoff.batch_prompts]
+            try:
+                _, comp = decode_batch(self.gen, self.roles.reward, self.roles.policy,
+                                       [(p.index, p.text) for p in part], self.settings, on_round=self.on_round,
+                                       on_done=self.on_done, partial=self.roles.partial)
+            except Exception as e:
+                if isinstance(e, PluginError):
+                    raise self.located(e, k, part) from e
+                if not is_oom(e):
                     raise
-                pending = pending[len(part):]
-                total.add(comp)
-                summary()
-    bar.close()
-    summary()
-    if writer is not None and cfg.output.alpaca_eval:
-        export_alpaca_eval(writer.path, writer.path.parent / "model_outputs.json", cfg.output.alpaca_eval)
-    order = {p.index: i for i, p in enumerate(todo)}
-    results.sort(key=lambda r: order[r.prompt_index])
-    plugins.run_end(results=results, compute=total)
-    return RunOutput(results, total, Path(out_dir) if out_dir is not None else None)
+                self.back_off(e, part)
+                finished = {r.prompt_index for r in self.results}
+                pending = [p for p in pending if p.index not in finished]
+                continue
+            pending = pending[len(part):]
+            self.total.add(comp)
+            self.write_summary()
+
+    def back_off(self, e: BaseException, part: list[Prompt]) -> None:
+        free_cached_memory()
+        self.backoff.shrink(e, len(part))
+        self.settings = replace(self.settings, budget=make_budget(self.cfg, self.gen, self.backoff.budget_scale))
+
+    def located(self, e: PluginError, k: int, part: list[Prompt]) -> PluginError:
+        """A plugin's failure, with where the run was and where what it finished is kept."""
+        kept = (f"kept in {self.writer.path}" if self.writer is not None else
+                "not kept: no output dir (out_dir=... keeps results as they finish)")
+        return PluginError(f"{e} [batch {k + 1} of {len(self.batches)}, prompts {[p.index for p in part]}; "
+                           f"the {len(self.results)} prompt(s) finished before are {kept}]")
+
+    def stop_if_asked(self) -> None:
+        if self.stop:
+            raise Interrupted(self.stop[0], len(self.results), len(self.todo),
+                              str(self.writer.path) if self.writer is not None else None)
+
+    def on_round(self, view: RoundView, kept: list[list[int]]) -> None:
+        """A decision point: the hook, then stop here if a signal came."""
+        self.plugins.round_end(view, kept)
+        self.stop_if_asked()
+
+    def on_done(self, result: PromptResult) -> None:
+        if self.writer is not None:
+            self.writer.write(result.to_dict())
+        self.plugins.prompt_done(result)
+        self.results.append(result)
+        self.bar.update(1)
+
+    def write_summary(self) -> None:
+        """``summary.json``: everything the results in the directory cost, this run and the ones it resumed."""
+        if self.writer is None:
+            return
+        spent = Compute()
+        spent.add(self.before)
+        spent.add(self.total)
+        c = self.roles.choices
+        self.writer.write_json("summary.json", {
+            "compute": spent.to_dict(), "n_prompts": len(self.writer.records), "prompts_total": len(self.prompts),
+            "complete": len(self.writer.records) >= len(self.prompts), "policy": c.policy.name,
+            "reward": c.reward.name, "partial_reward": c.partial.name})
 
 
 def previous_compute(writer: ResultsWriter) -> Compute:

@@ -125,16 +125,16 @@ def test_alpaca_eval_export(tiny_gen, tmp_path):
                     for p, r in zip(PROMPTS, out.results)]
 
 
-def test_full_length_tokens_and_its_inverse_by_hand():
-    from rodeco.budget import full_length_tokens, rows_at_full_length
+def test_full_length_tokens_by_hand():
+    from rodeco.budget import Budget, full_length_tokens
 
     assert full_length_tokens(4, 50, 128, shared_prefix=True) == 50 + 4 * 128  # the prompt stored once
     assert full_length_tokens(4, 50, 128, shared_prefix=False) == 4 * (50 + 128)  # copied into every row
-    for shared in (True, False):
-        B = full_length_tokens(4, 50, 128, shared)
-        assert rows_at_full_length(B, 50, 128, shared) == 4
-        assert rows_at_full_length(B - 1, 50, 128, shared) == 3
-    assert rows_at_full_length(40, 50, 128, shared_prefix=True) == 0
+    for shared in (True, False):  # Best-of-4's memory holds 4 rows at full length in the loop's arithmetic, not 5
+        B, base = Budget(full_length_tokens(4, 50, 128, shared)).for_batch(1, 50, shared)
+        assert B.max_rows(base + 128, base + 128) == 4
+        B1, _ = Budget(full_length_tokens(4, 50, 128, shared) - 1).for_batch(1, 50, shared)
+        assert B1.max_rows(base + 128, base + 128) == 3
 
 
 def test_shards_are_disjoint_strided_and_keep_prompt_indices():

@@ -38,7 +38,7 @@ def test_replay_equals_live_on_smollm2_with_the_default_reward(smollm2, tmp_path
 
     import rodeco
     from rodeco.data import Prompt
-    from rodeco.experiments.pool import pool_reward, record
+    from rodeco.experiments.record import pool_reward, record
     from rodeco.plugins import BuildContext, default_plugins
     from rodeco.replay import open_pool, replay_prompt
     from rodeco.runner import loop_settings, run_decode

@@ -191,10 +191,10 @@ def test_at_compute_interpolates_in_log_flops():
 
 def test_the_time_model_fits_a_known_cost(tmp_path):
     class FakePool:
-        calibration = {"rows": [1, 2, 4, 8] * 3, "context": [10] * 4 + [20] * 4 + [40] * 4}
+        step_costs = {"rows": [1, 2, 4, 8] * 3, "context": [10] * 4 + [20] * 4 + [40] * 4}
 
-    FakePool.calibration["seconds"] = [0.01 + 0.002 * r + 1e-5 * r * c for r, c in
-                                       zip(FakePool.calibration["rows"], FakePool.calibration["context"])]
+    FakePool.step_costs["seconds"] = [0.01 + 0.002 * r + 1e-5 * r * c for r, c in
+                                       zip(FakePool.step_costs["rows"], FakePool.step_costs["context"])]
     tm = analysis.TimeModel.fit(FakePool(), [])
     assert (tm.a, tm.b, tm.c) == pytest.approx((0.01, 0.002, 1e-5), rel=1e-6) and tm.r2 == pytest.approx(1.0)
     run = {"steps": 10, "decode_tokens": 40, "rows_x_context": 800, "reward_s": 0.5}

@@ -254,7 +254,7 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
 
     import rodeco
     from rodeco.data import Prompt
-    from rodeco.experiments.pool import record
+    from rodeco.experiments.record import record
 
     prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
                                                    "explain why the sky is blue", "name two rivers",
@@ -298,9 +298,23 @@ def test_a_live_run_with_policy_calibrated_and_n_calibrated(tmp_path, tiny_gen):
     cal = calibration(0.9, 0.4, generator="tiny", reward="logprob:form=mean", partial_reward="logprob:form=mean")
     cal.save(f)
     ov = ["budget.kv_tokens=600", "sampling.max_new_tokens=24", f"policy.calibration={f}"]
-    out = run_tiny(gen, [p for _, p in PROMPTS], n="calibrated", policy="calibrated", overrides=ov)
-    starts = {r.n_start for r in out.results}
-    assert len(starts) == 1 and 1 <= starts.pop() <= 600
+    from rodeco_policies.calibrated import CalibratedPolicy
+
+    chosen = []  # (the view the loop gave the policy, the start it chose)
+    choose = CalibratedPolicy.choose_start
+
+    def spy(self, view):
+        chosen.append((view, choose(self, view)))
+        return chosen[-1][1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CalibratedPolicy, "choose_start", spy)
+        out = run_tiny(gen, [p for _, p in PROMPTS], n="calibrated", policy="calibrated", overrides=ov)
+    assert len(chosen) == 1  # one batch of both prompts: one start
+    view, start = chosen[0]
+    assert view.max_rows > 1 and 1 <= start <= view.max_rows
+    assert [r.n_start for r in out.results] == [start, start]  # every prompt starts where the policy said
+    assert [len(r.candidates) for r in out.results] == [start, start]  # output.all_candidates: every row started
     assert all(r.best.score is not None for r in out.results)
     with pytest.raises(ConfigError, match="the run's 'tiny'"):
         run_tiny(gen, [PROMPTS[0][1]], n="calibrated", policy="calibrated", overrides=ov[:2])

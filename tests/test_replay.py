@@ -14,7 +14,7 @@ from omegaconf import open_dict
 import rodeco
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
-from rodeco.experiments.pool import pool_reward, record
+from rodeco.experiments.record import pool_reward, record
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.pool import Pool
 from rodeco.replay import check_replayable, open_pool, replay_prompt
@@ -133,6 +133,20 @@ def test_a_pool_resumes_and_refuses_other_settings(pools, tmp_path):
     with pytest.raises(ConfigError) as e:
         record(rodeco.load_config([*BASE, "seed=1"]), default_plugins(), path, [Prompt(4, "x")], 12, gen=gen)
     assert e.value.key == "pool" and "seed" in e.value.problem
+
+
+def test_a_pool_recorded_before_step_costs_were_renamed_still_loads(pools, tmp_path):
+    """Pools record their decode step times as step_costs.json; older ones hold the same as calibration.json."""
+    gen, shared = pools["fast"]
+    path = tmp_path / "pool"
+    shutil.copytree(shared, path)
+    costs = Pool(path).step_costs
+    assert costs is not None and set(costs) >= {"rows", "context", "seconds"} and len(costs["rows"]) > 0
+    (path / "step_costs.json").rename(path / "calibration.json")
+    assert Pool(path).step_costs == costs
+    mtime = (path / "calibration.json").stat().st_mtime_ns
+    record(rodeco.load_config(BASE), default_plugins(), path, PROMPTS, 12, gen=gen)  # complete: nothing measured
+    assert not (path / "step_costs.json").exists() and (path / "calibration.json").stat().st_mtime_ns == mtime
 
 
 def test_replay_refuses_settings_the_pool_was_not_recorded_with(pools):

@@ -19,10 +19,10 @@ from rodeco.hookspecs import hookimpl
 
 @hookimpl
 def rodeco_register_experiments(register: Callable[..., None]) -> None:
-    from rodeco.experiments import calibrate, correlation, efficiency, engine_bench, perplexity, pool, replay
+    from rodeco.experiments import calibrate, correlation, efficiency, engine_bench, perplexity, record, replay_policy
 
-    register("pool", pool.run, "record M candidates per prompt into a pool directory, for replay", args=PoolArgs)
-    register("replay", replay.run, "a policy replayed over a recorded pool by the real loop", args=ReplayArgs)
+    register("pool", record.run, "record M candidates per prompt into a pool directory, for replay", args=PoolArgs)
+    register("replay", replay_policy.run, "a policy replayed over a recorded pool by the real loop", args=ReplayArgs)
     register("engine_bench", engine_bench.run, "rodeco's loop vs model.generate() on the same model: the speedup",
              args=EngineBenchArgs)
     register("correlation", correlation.run, "partial vs final reward correlation by decision length (Appendix B)",

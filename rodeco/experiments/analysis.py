@@ -37,10 +37,10 @@ class TimeModel:
 
     @classmethod
     def fit(cls, pool: Pool, indices: list[int]) -> TimeModel:
-        """Fitted to the pool's calibration (step times at 1 to M rows, measured after recording), else to the
+        """Fitted to the pool's step costs (step times at 1 to M rows, measured after recording), else to the
         steps measured while recording ``indices``."""
-        cal = pool.calibration
-        steps = [cal] if cal is not None else [pool.prompt(i).steps for i in indices]
+        costs = pool.step_costs
+        steps = [costs] if costs is not None else [pool.prompt(i).steps for i in indices]
         rows, ctx, sec = [], [], []
         for st in steps:
             rows += st["rows"]

@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.calibration import Calibration, identities, standardize
+from rodeco.calibration import Calibration, standardize
 from rodeco.compose import option_file
-from rodeco.config import split_node
 from rodeco.data import load_prompts, prompts_of
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
-from rodeco.experiments.pool import pool_dir, pool_partial, pool_reward, record
+from rodeco.experiments.record import pool_dir, pool_roles, record
 from rodeco.plugins import Plugins
 from rodeco.replay import open_pool
-from rodeco.runner import ORACLE, SAME
+from rodeco.roles import ORACLE, choose_roles
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_positive_int
 
@@ -98,7 +97,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     lengths = sorted(set(a["lengths"]))
     if not lengths or lengths[0] < 1:
         raise ConfigError("experiment_args.lengths", a["lengths"], "need positive decision lengths", "e.g. [8, 16]")
-    p_name = split_node(cfg.partial_reward, "partial_reward")[0]
+    choices = choose_roles(cfg, plugins, live=False)
+    p_name = choices.partial.name
     if p_name == ORACLE:
         raise ConfigError("partial_reward", ORACLE, "the oracle is perfectly predictive by construction",
                           "calibrate a real scorer: partial_reward=same, or a reward option")
@@ -109,8 +109,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     pool, rgen = open_pool(path)
     for p in prompts:
         rgen.add(pool.prompt(p.index))
-    final = pool_reward(cfg, plugins, pool, rgen)
-    partial = pool_partial(cfg, plugins, pool, final) or final
+    final_scorer, partial_scorer, ident = pool_roles(cfg, plugins, pool, rgen).scorers(choices)
+    final = final_scorer.reward
+    partial = partial_scorer.reward if partial_scorer is not None else final
     from tqdm.auto import tqdm
 
     rows = []
@@ -119,9 +120,6 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         for r in {id(final): final, id(partial): partial}.values():
             r.save()
     stats = calibration_stats(rows, lengths, sorted(set(a["top_k"])), a["bootstrap"], cfg.seed)
-    ident = identities(str(pool.settings["generator"].get("model", "")),
-                       (split_node(cfg.reward, "reward")[0], getattr(final.reward, "identity", None)),
-                       None if p_name == SAME else (p_name, getattr(partial.reward, "identity", None)))
     cal = Calibration(**ident, lengths=lengths, **stats,
                       source={"pool": str(path), "prompts": [p.index for p in prompts], "candidates": pool.candidates,
                               "data": OmegaConf.to_container(cfg.data, resolve=True).get("path"),

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.compose import option_params
 from rodeco.data import prompts_of
-from rodeco.experiments.pool import pool_dir, record
+from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool, reward_key
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool

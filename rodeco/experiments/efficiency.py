@@ -34,18 +34,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_params
-from rodeco.config import split_node
 from rodeco.contracts import Scorer
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis
-from rodeco.experiments.pool import pool_dir, pool_partial, pool_reward, record
+from rodeco.experiments.record import pool_dir, pool_roles, record
 from rodeco.loop import LoopSettings
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
 from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.runner import ORACLE, SAME, loop_settings, run_identities
+from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
+from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_number, check_positive_int
 
@@ -114,32 +114,36 @@ def bon_sizes(M: int) -> list[int]:
 
 
 class Measurer:
-    """Replays one prompt's methods on the pool, as the loop would run them live."""
+    """Replays one prompt's methods on the pool, as the loop would run them live. Every method's roles are built
+    once, by one ``RoleBuilder`` (each distinct reward node once: the methods share the pool's score caches)."""
 
-    def __init__(self, cfg: DictConfig, plugins: Plugins, pool: Pool, gen: ReplayGenerator, reward: PoolReward,
+    def __init__(self, cfg: DictConfig, plugins: Plugins, pool: Pool, gen: ReplayGenerator, builder: RoleBuilder,
                  a: dict[str, Any]) -> None:
-        self.pool, self.gen, self.reward, self.a = pool, gen, reward, a
-        self.reward_name = split_node(cfg.reward, "reward")[0]
+        self.pool, self.gen, self.a = pool, gen, a
+        self.choices = choose_roles(cfg, plugins, live=False)
+        self.reward = builder.reward(self.choices.reward)
+        self.reward_name = self.choices.reward.name
         self.base = loop_settings(cfg, gen, "", self.reward_name)
-        self.none = plugins.build_policy({"name": "none"}, BuildContext(plugins=plugins))
-        self.partials: dict[str, Any] = {}
-        ids: dict[str, dict[str, str]] = {}  # per partial reward: what a calibrated policy must match
-        for part in a["partial_rewards"]:
-            node = {"name": part} if part in (SAME, ORACLE) else {**option_params("reward", part, plugins),
-                                                                  "name": part}
-            self.partials[part] = p = pool_partial(cfg, plugins, pool, reward, node)
-            ids[part] = run_identities(gen.name, Scorer(reward, self.reward_name),
-                                       Scorer(p, part, "partial_reward") if p is not None else None)
+        self.none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"})).policy
+        self.methods = methods(a)
+        self.method = {m.label: m for m in self.methods}
         self.policies: dict[str, Policy] = {}
-        self.method = {m.label: m for m in methods(a)}
-        for m in methods(a):
-            try:
-                plugins.policies.get(m.policy)
-            except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
-                raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
-            node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
-            self.policies[m.label] = plugins.build_policy(node, BuildContext(plugins=plugins,
-                                                                             identities=ids[m.partial]))
+        self.partials: dict[str, Any] = {}  # per partial reward: its (pool-served) reward; None for same
+        for m in self.methods:
+            roles = builder.roles(self.method_choices(m, plugins))
+            self.policies[m.label] = roles.policy
+            self.partials[m.partial] = roles.partial.reward if roles.partial is not None else None
+
+    def method_choices(self, m: Method, plugins: Plugins) -> Choices:
+        """The run's choices with the method's partial reward and policy (their option files' parameters)."""
+        part = {"name": m.partial} if m.partial in (SAME, ORACLE) else {**option_params("reward", m.partial, plugins),
+                                                                          "name": m.partial}
+        try:
+            plugins.policies.get(m.policy)
+        except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
+            raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
+        node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
+        return self.choices.with_(plugins, partial=part, policy=node)
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
         return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False, partial_name=partial,
@@ -177,7 +181,7 @@ class Measurer:
         for scale in a["scales"]:
             kv = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
             rec["budget"][str(scale)] = kv
-            for m in methods(a):
+            for m in self.methods:
                 start = m.start if m.start in ("auto", "calibrated") else int(m.start)
                 try:
                     r = self.run(index, self.policies[m.label], m.label, start, kv, partial=m.partial)
@@ -211,34 +215,34 @@ def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measur
             "min_tokens_per_round": cfg.budget.min_tokens_per_round}
 
 
-def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], pool: Pool, reward: PoolReward) -> None:
+def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], builder: RoleBuilder) -> dict[str, Any]:
     """The calibrated policy needs a calibration measured with this pool's generator and this reward: without one,
-    its methods are dropped (``a["calibrated_skipped"]`` says why) rather than run on a wrong model."""
+    the returned arguments drop its methods (``calibrated_skipped`` says why) rather than run them on a wrong
+    model. ``a`` itself is left as it is."""
     if not a["calibrated_deltas"]:
-        return
-    name = split_node(cfg.reward, "reward")[0]
-    ids = run_identities(str(pool.settings["generator"].get("model", "")), Scorer(reward, name), None)
+        return a
     node = {**option_params("policy", "calibrated", plugins), "name": "calibrated"}
     try:
-        plugins.build_policy(node, BuildContext(plugins=plugins, identities=ids))
+        builder.roles(choose_roles(cfg, plugins, live=False).with_(plugins, partial={"name": SAME}, policy=node))
     except ConfigError as e:
         log.warning("policy=calibrated left out: %s", e)
-        a["calibrated_skipped"], a["calibrated_deltas"] = str(e), []
+        return {**a, "calibrated_skipped": str(e), "calibrated_deltas": []}
+    return a
 
 
 def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None,
-            gen=None) -> tuple[list[dict[str, Any]], Pool, PoolReward]:
-    """The pool (recorded where prompts are missing) and each prompt's measurements, written as they finish."""
+            gen=None) -> tuple[list[dict[str, Any]], Measurer]:
+    """The pool (recorded where prompts are missing) and each prompt's measurements, written as they finish; the
+    ``Measurer`` that took them (its ``a``: the arguments as run)."""
     from tqdm.auto import tqdm
 
     prompts = prompts_of(cfg.data)
     path = pool_dir(cfg, out_dir)
     record(cfg, plugins, path, prompts, a["candidates"], gen=gen)
     pool, rgen = open_pool(path)
-    reward = pool_reward(cfg, plugins, pool, rgen)
-    check_calibrated(cfg, plugins, a, pool, reward)
-    measurer = Measurer(cfg, plugins, pool, rgen, reward, a)
-    settings = settings_of(cfg, a, pool, measurer)
+    builder = pool_roles(cfg, plugins, pool, rgen)
+    measurer = Measurer(cfg, plugins, pool, rgen, builder, check_calibrated(cfg, plugins, a, builder))
+    settings = settings_of(cfg, measurer.a, pool, measurer)
     name = PROMPTS_FILE.format(task=cfg.task)
     writer = ResultsWriter(out_dir, resume=cfg.output.resume, name=name) if out_dir is not None else None
     done = _resumable(writer, settings)
@@ -248,13 +252,13 @@ def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path 
             out.append(done[p.index])
             continue
         rec = measurer.measure(p.index, settings)
-        for r in [reward, *measurer.partials.values()]:
+        for r in [measurer.reward, *measurer.partials.values()]:
             if isinstance(r, PoolReward):
                 r.save()
         if writer is not None:
             writer.write(rec)
         out.append(rec)
-    return out, pool, reward
+    return out, measurer
 
 
 def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -276,13 +280,12 @@ def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer
                indices: list[int], tm: analysis.TimeModel, gen=None) -> dict[str, Any]:
     """Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n and compare
     with their replays: the same winners and token counts make replay fair; the wall times check the time model."""
-    from rodeco.contracts import Scorer
     from rodeco.loading import load_generator
     from rodeco.loop import decode_batch
 
     gen = gen or load_generator(cfg.generator)
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
-    scorer = Scorer(plugins.build_reward(cfg.reward, ctx), measurer.reward_name)
+    scorer = Scorer(RoleBuilder(plugins, gen.name, ctx).reward(measurer.choices.reward), measurer.reward_name)
     rows = []
     for index in indices:
         p, rec = pool.prompt(index), records[index]
@@ -307,12 +310,12 @@ def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
     a = parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
-    prompts, pool, reward = collect(cfg, plugins, a, out_dir, gen=gen)
-    res = report(cfg, plugins, a, prompts, pool, reward, out_dir, gen=gen)
+    prompts, measurer = collect(cfg, plugins, a, out_dir, gen=gen)
+    res = report(cfg, plugins, prompts, measurer, out_dir, gen=gen)
     return RunOutput([], Compute(), out_dir, extra=res)
 
 
-def timings(a: dict[str, Any], measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str, float]:
+def timings(measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str, float]:
     """pool_seconds (recording the prompts) and replay_seconds_per_policy (fixed alpha 0.5 at the budget of
     Best-of-n over the same prompts, its rewards cached)."""
     pool = measurer.pool
@@ -325,16 +328,16 @@ def timings(a: dict[str, Any], measurer: Measurer, records: dict[int, dict[str, 
             "replay_fraction_of_pool": replay_s / max(pool_s, 1e-9)}
 
 
-def report(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], prompts: list[dict[str, Any]], pool: Pool,
-           reward: PoolReward, out_dir: Path | None, gen=None, name: str = "efficiency") -> dict[str, Any]:
+def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], measurer: Measurer,
+           out_dir: Path | None, gen=None, name: str = "efficiency") -> dict[str, Any]:
     """Summary (both halves, CIs), timings, the live check, table, plot and headline lines (printed last)."""
+    a, pool = measurer.a, measurer.pool
     records = {p["prompt_index"]: p for p in prompts}
     tm = analysis.TimeModel.fit(pool, list(records))
-    labels = [m.label for m in methods(a)]
+    labels = [m.label for m in measurer.methods]
     summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
-    measurer = Measurer(cfg, plugins, pool, ReplayGenerator(pool), reward, a)
-    res: dict[str, Any] = {"args": a, "reward": split_node(cfg.reward, "reward")[0], "pool": str(pool.path),
-                           "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(a, measurer, records)}
+    res: dict[str, Any] = {"args": a, "reward": measurer.reward_name, "pool": str(pool.path),
+                           "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(measurer, records)}
     if a["live_check"]:
         res["live_check"] = live_check(cfg, plugins, pool, measurer, records,
                                        summary["halves"]["report"][: a["live_check"]], tm, gen)

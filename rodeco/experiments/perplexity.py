@@ -84,9 +84,10 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     _check_reward(cfg)
     a = efficiency.parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
-    prompts, pool, _ = efficiency.collect(cfg, plugins, a, out_dir, gen=gen)
+    prompts, measurer = efficiency.collect(cfg, plugins, a, out_dir, gen=gen)
+    a, pool = measurer.a, measurer.pool
     tm = analysis.TimeModel.fit(pool, [p["prompt_index"] for p in prompts])
-    labels = [m.label for m in efficiency.methods(a)]
+    labels = [m.label for m in measurer.methods]
     summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
     selection, report = table(summary, "selection"), table(summary, "report")
     chosen = choose_alpha(selection)

@@ -11,14 +11,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.config import split_node
-from rodeco.contracts import Scorer
 from rodeco.data import Prompt, prompts_of
 from rodeco.generator import Generator
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.pool import Pool, reward_key
-from rodeco.replay import OracleReward, PoolReward, calibrate, pool_settings, record_prompt
-from rodeco.runner import ORACLE, SAME, check_lengths, loop_settings
+from rodeco.pool import Pool
+from rodeco.replay import PoolReward, measure_step_costs, pool_settings, record_prompt
+from rodeco.roles import RoleBuilder, choose_roles
+from rodeco.runner import check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput
 
 log = logging.getLogger(__name__)
@@ -34,26 +33,15 @@ def pool_dir(cfg: DictConfig, out_dir: Path | None) -> Path:
     return Path(out_dir) / "pool"
 
 
-def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen) -> PoolReward:
+def pool_roles(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> RoleBuilder:
+    """Builds the run's roles with their rewards served from (and filling) the pool's cache."""
+    ctx = BuildContext(generator=gen if isinstance(gen, Generator) else None, device="cpu", plugins=plugins)
+    return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), ctx, pool=pool)
+
+
+def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> PoolReward:
     """The run's reward, served from (and filling) the pool's cache."""
-    reward = plugins.build_reward(cfg.reward, BuildContext(generator=gen if isinstance(gen, Generator) else None,
-                                                           device="cpu", plugins=plugins))
-    node = OmegaConf.to_container(cfg.reward, resolve=True)
-    return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
-
-
-def pool_partial(cfg: DictConfig, plugins: Plugins, pool: Pool, final: PoolReward,
-                 node: dict | None = None) -> PoolReward | OracleReward | None:
-    """The ``partial_reward`` (or ``node``) of a replay: ``None`` for ``same``, the oracle, or a reward served from
-    (and filling) the pool's cache."""
-    node = node if node is not None else OmegaConf.to_container(cfg.partial_reward, resolve=True)
-    name = split_node(node, "partial_reward")[0]
-    if name == SAME:
-        return None
-    if name == ORACLE:
-        return OracleReward(final)
-    reward = plugins.build_reward(node, BuildContext(device="cpu", plugins=plugins), "partial_reward")
-    return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
+    return pool_roles(cfg, plugins, pool, gen).reward(choose_roles(cfg, plugins, live=False).reward)
 
 
 def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt], candidates: int,
@@ -66,7 +54,7 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
     if path.is_dir() and (path / "pool.json").is_file():
         pool = Pool(path)
         todo = [p for p in prompts if not pool.has(p.index)]
-        if not todo and pool.calibration is not None:
+        if not todo and pool.step_costs is not None:
             return pool
     gen = gen or load_generator(cfg.generator)
     s = loop_settings(cfg, gen)
@@ -76,8 +64,8 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
         tmp = Path(tempfile.mkdtemp(dir=path, prefix=".tokenizer-"))
         gen.tokenizer.save_pretrained(tmp)
         tmp.rename(path / "tokenizer")
-    reward = pool_reward(cfg, plugins, pool, gen)
-    scorer = Scorer(reward, split_node(cfg.reward, "reward")[0])
+    scorer = pool_roles(cfg, plugins, pool, gen).scorers(choose_roles(cfg, plugins, live=False))[0]
+    reward = scorer.reward
     todo = [p for p in prompts if not pool.has(p.index)]
     if len(todo) < len(prompts):
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
@@ -88,9 +76,9 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
         pool.write_hidden(p.index, hidden)
         pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards and hidden states
         log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
-    if pool.calibration is None:  # once the pool is complete, on a machine as quiet as the recording's
+    if pool.step_costs is None:  # once the pool is complete, on a machine as quiet as the recording's
         log.info("measuring decode step times at 1 to %d rows", candidates)
-        pool.write_calibration(calibrate(gen, prompts[0], s, candidates))
+        pool.write_step_costs(measure_step_costs(gen, prompts[0], s, candidates))
     return pool
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rodeco.budget import Budget, full_length_tokens
-from rodeco.config import split_node
-from rodeco.contracts import Scorer
-from rodeco.experiments.pool import pool_partial, pool_reward
-from rodeco.plugins import BuildContext, Plugins
+from rodeco.experiments.record import pool_roles
+from rodeco.plugins import Plugins
 from rodeco.replay import PoolReward, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.runner import loop_settings, run_identities
+from rodeco.roles import choose_roles
+from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError
 
@@ -27,14 +26,10 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
         raise ConfigError("pool", None, "replay needs a recorded pool", "give pool=DIR (rodeco experiment=pool)")
     t0 = time.perf_counter()
     pool, gen = open_pool(cfg.pool)
-    r_name, p_name = split_node(cfg.reward, "reward")[0], split_node(cfg.policy, "policy")[0]
-    reward = pool_reward(cfg, plugins, pool, gen)
-    partial = pool_partial(cfg, plugins, pool, reward)
-    s = dataclasses.replace(loop_settings(cfg, gen, p_name, r_name),
-                            partial_name=split_node(cfg.partial_reward, "partial_reward")[0])
-    ids = run_identities(gen.name, Scorer(reward, r_name),
-                         Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None)
-    policy = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins, identities=ids))
+    roles = pool_roles(cfg, plugins, pool, gen).roles(choose_roles(cfg, plugins, live=False))
+    reward, partial, policy = roles.reward.reward, roles.partial.reward if roles.partial else None, roles.policy
+    s = dataclasses.replace(loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name),
+                            partial_name=roles.partial_name)
     best_of = cfg.experiment_args.best_of
     writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
     results, total = [], Compute()
@@ -54,8 +49,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
         partial.save()
     seconds = time.perf_counter() - t0
     mean = sum(r.best.score for r in results) / max(1, len(results))
-    print(f"replayed {p_name} over {len(results)} prompts of {cfg.pool}: mean best reward {mean:.4f}, "
-          f"decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs charged, "
+    print(f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool}: mean best reward "
+          f"{mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs charged, "
           f"{reward.computed} reward requests computed (the rest from the cache)")
     print(f"replay_seconds: {seconds:.2f}")
     return RunOutput(results, total, out_dir, extra={"replay_seconds": seconds, "computed": reward.computed})

@@ -1,0 +1,164 @@
+"""The three roles of a decode, chosen and built from their config nodes in one place: the ``reward`` that picks
+the winner among finished candidates, the ``partial_reward`` that scores active rows at decision points (``same``:
+the reward itself; ``oracle``: a pool's final rewards), and the ``policy`` that rejects.
+
+Two steps, so that a misspelled name fails before any model is loaded:
+
+- ``choose_roles(cfg, plugins)`` splits each node once and looks its name up once (``Choices``);
+- ``RoleBuilder(plugins, ctx).roles(choices)`` builds them (``Roles``): the scorers, then the policy with the
+  identities of what the scores come from (a calibration file is tied to them). A builder serves rewards live, or
+  from a recorded pool's cache (``pool=``), and builds each distinct reward node once, so an experiment that
+  replays many policies with many partial rewards shares their caches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from rodeco.calibration import identities
+from rodeco.config import split_node
+from rodeco.contracts import Scorer
+from rodeco.plugins import BuildContext, Entry, Plugins
+from rodeco.pool import reward_key
+from rodeco.protocols import Policy, Reward
+from rodeco.replay import OracleReward, PoolReward
+from rodeco.validation import ConfigError
+
+if TYPE_CHECKING:
+    from rodeco.pool import Pool
+
+SAME, ORACLE = "same", "oracle"  # partial_reward options that are not rewards of their own
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One role's config node, split (``name``, ``params``) under its config ``key``, with the registry entry that
+    builds it (None for ``same`` and ``oracle``)."""
+
+    key: str
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    entry: Entry | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def node(self) -> dict[str, Any]:
+        return {**self.params, "name": self.name}
+
+    def cache_key(self) -> str:
+        return json.dumps(self.node, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Choices:
+    reward: Choice
+    partial: Choice  # name SAME: the reward scores partial responses too
+    policy: Choice
+
+    def with_(self, plugins: Plugins, partial: Any = None, policy: Any = None) -> Choices:
+        """These choices with another ``partial_reward`` and/or ``policy`` node (checked like the run's own)."""
+        out = self
+        if partial is not None:
+            out = replace(out, partial=_choose_partial(partial, plugins, live=False))
+        if policy is not None:
+            out = replace(out, policy=_choose(policy, "policy", plugins))
+        return out
+
+
+def _choose(node: Any, key: str, plugins: Plugins) -> Choice:
+    name, params = split_node(node, key)
+    registry = plugins.policies if key == "policy" else plugins.rewards
+    return Choice(key, name, params, registry.get(name, f"{key}.name"))
+
+
+def _choose_partial(node: Any, plugins: Plugins, live: bool) -> Choice:
+    name, params = split_node(node, "partial_reward")
+    if name == ORACLE and live:
+        raise ConfigError("partial_reward", ORACLE, "the oracle scores a partial response with its final reward, "
+                          "which only a recorded pool knows", "use it when replaying a pool: rodeco "
+                          "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
+    if name in (SAME, ORACLE):
+        return Choice("partial_reward", name, params)
+    return Choice("partial_reward", name, params, plugins.rewards.get(name, "partial_reward.name"))
+
+
+def choose_roles(cfg: Any, plugins: Plugins, live: bool = True) -> Choices:
+    """The run's three nodes (``cfg.reward``, ``cfg.partial_reward``, ``cfg.policy``), each split and looked up
+    once: an unknown name is a ``ConfigError`` here, before any model is loaded. ``live``: the oracle, which only a
+    pool knows, is refused."""
+    return Choices(_choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live),
+                   _choose(cfg.policy, "policy", plugins))
+
+
+@dataclass
+class Roles:
+    reward: Scorer
+    partial: Scorer | None  # None: partial_reward=same (the reward decides too)
+    policy: Policy
+    identities: dict[str, str]  # what the scores come from (``BuildContext.identities``)
+    choices: Choices
+
+    @property
+    def partial_name(self) -> str:
+        return self.choices.partial.name
+
+
+class RoleBuilder:
+    """Builds ``Roles`` for one generator, serving rewards live or from a pool's cache; each distinct reward node
+    is built once per builder."""
+
+    def __init__(self, plugins: Plugins, generator_name: str, ctx: BuildContext | None = None,
+                 pool: Pool | None = None) -> None:
+        self.plugins, self.generator_name, self.pool = plugins, generator_name, pool
+        self.ctx = ctx or BuildContext(plugins=plugins)
+        self._built: dict[tuple[str, str], Reward] = {}
+
+    def reward(self, choice: Choice) -> Reward:
+        """The reward ``choice`` names, built once (from a pool: a ``PoolReward`` serving the pool's cache)."""
+        k = (choice.key, choice.cache_key())
+        if k not in self._built:
+            built = choice.entry.factory(dict(choice.params), self._ctx())
+            if self.pool is not None:
+                built = PoolReward(self.pool, built, reward_key(choice.node, getattr(built, "identity", None)))
+            self._built[k] = built
+        return self._built[k]
+
+    def partial(self, choices: Choices) -> Reward | None:
+        name = choices.partial.name
+        if name == SAME:
+            return None
+        if name == ORACLE:
+            final = self.reward(choices.reward)
+            if not isinstance(final, PoolReward):
+                raise ConfigError("partial_reward", ORACLE, "the oracle needs a recorded pool's final rewards",
+                                  "replay a pool: rodeco experiment=replay pool=DIR partial_reward=oracle")
+            k = ("oracle", choices.reward.cache_key())
+            if k not in self._built:
+                self._built[k] = OracleReward(final)
+            return self._built[k]
+        return self.reward(choices.partial)
+
+    def scorers(self, choices: Choices) -> tuple[Scorer, Scorer | None, dict[str, str]]:
+        """The ``reward`` and ``partial_reward`` scorers (``None`` for ``same``), and the identities of what their
+        scores come from."""
+        reward = Scorer(self.reward(choices.reward), choices.reward.name)
+        built = self.partial(choices)
+        partial = Scorer(built, choices.partial.name, "partial_reward") if built is not None else None
+        ids = identities(self.generator_name, _ident(reward), _ident(partial) if partial is not None else None)
+        return reward, partial, ids
+
+    def roles(self, choices: Choices) -> Roles:
+        """The scorers, then the policy, built with the identities of what the scores come from."""
+        reward, partial, ids = self.scorers(choices)
+        ctx = replace(self._ctx(), identities=ids)
+        return Roles(reward, partial, choices.policy.entry.factory(dict(choices.policy.params), ctx), ids, choices)
+
+    def _ctx(self) -> BuildContext:
+        if self.ctx.plugins is None:
+            self.ctx.plugins = self.plugins
+        return self.ctx
+
+
+def _ident(x: Scorer) -> tuple[str, str | None]:
+    return x.name, getattr(x.reward, "identity", None)
