@@ -1,6 +1,6 @@
-"""The Hydra ``SearchPathPlugin`` that puts the config dirs of rodeco's plugins on the search path, after rodeco's
-own ``conf/``, when (and only when) the config being composed is rodeco's: other Hydra apps in the same environment
-are left alone.
+"""The Hydra ``SearchPathPlugin`` that puts the config dirs of rodeco's plugins on the search path. They go after
+rodeco's own ``conf/``, when (and only when) the config being composed is rodeco's: other Hydra apps in the same
+environment are left alone.
 
 ``rodeco.compose.prepare`` hands this module what to add (``compose_with``): the primary config's search path entry
 (``pkg://rodeco.conf``) and the config dirs of the plugins it loaded (``rodeco_config_dirs``). The module is a leaf
