@@ -11,8 +11,9 @@ Why compose registers the plugin with Hydra instead of Hydra finding it: Hydra d
 that scan cannot walk, so a plugin shipped there is found from a wheel but not from ``pip install -e``. Registering
 the class by hand works in both, and once the class is here, the scan has nothing left to find: the plugin has one
 place and one way in, and no Hydra plugin package is shipped. Hydra keeps one entry per class, so registering on
-every ``prepare`` is harmless. Launchers' worker processes (joblib, submitit, Ray) need no plugin: they receive the
-parent's config loader, whose search path is already built.
+every ``prepare`` is harmless. Compose rodeco's config through ``rodeco.load_config`` or the CLI, then (or call
+``prepare`` before Hydra's compose API): nothing else adds the plugins' dirs. Launchers' worker processes (joblib,
+submitit, Ray) need no plugin: they receive the parent's config loader, whose search path is already built.
 """
 
 from __future__ import annotations

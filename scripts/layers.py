@@ -3,7 +3,7 @@
 first sentence of its docstring.
 
     python scripts/layers.py            # print the table
-    python scripts/layers.py --write    # put it in docs/guide.md, between <!-- layers:begin --> and <!-- layers:end -->
+    python scripts/layers.py --write    # put it in docs/guide.md, between the layers:begin and layers:end markers
 
 ``tests/test_layers.py`` checks that docs/guide.md holds exactly what this prints and that every module of
 ``rodeco/`` is in it. The modules are read, not imported, so this runs without the project's dependencies.
@@ -42,10 +42,10 @@ def module_file(name: str, package: Path = REPO / "rodeco") -> Path:
 
 
 def first_sentence(path: Path) -> str:
-    """The first sentence of a module's docstring, on one line, with reST's ````code```` as Markdown's ```code```."""
+    """The first sentence of a module's docstring, on one line, with reST's ````x```` as Markdown's ```x```."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     if not doc:
-        raise SystemExit(f"{path}: no module docstring; its first sentence is the module's entry in the layer table")
+        raise SystemExit(f"{path}: no module docstring (its first sentence is the module's entry in the table)")
     paragraph = " ".join(doc.split("\n\n")[0].split())
     end = SENTENCE_END.search(paragraph)
     sentence = paragraph[: end.end()] if end else paragraph

@@ -22,7 +22,7 @@ layers = _script()
 
 def test_the_guide_holds_the_table_the_script_prints():
     text = (REPO / "docs" / "guide.md").read_text(encoding="utf-8")
-    assert layers.block(text) == layers.table(), "docs/guide.md is out of date: run python scripts/layers.py --write"
+    assert layers.block(text) == layers.table(), "docs/guide.md is out of date: python scripts/layers.py --write"
 
 
 def test_every_module_of_rodeco_is_in_the_table_once_in_its_layer():
