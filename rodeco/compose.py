@@ -1,7 +1,8 @@
 """Composing the run config with Hydra, as the CLI and the Python API both do.
 
 - The search path: rodeco's ``conf/`` (the package ``rodeco.conf``) and, through the ``SearchPathPlugin`` in
-  ``hydra_plugins/rodeco_searchpath``, the config dirs plugins declare (``rodeco_config_dirs``).
+  ``rodeco.searchpath`` (which ``prepare`` registers and tells what to add), the config dirs plugins declare
+  (``rodeco_config_dirs``).
 - The ConfigStore: the run schema and every registered experiment's ``experiment_args`` schema.
 - What the user typed wins over what a config group set: ``data.path`` and ``data.prompts`` are two ways to give
   prompts, so giving one replaces the other that the ``data`` option set (``data: demo`` sets ``prompts``).
@@ -32,25 +33,18 @@ def conf_dir() -> Path:
     return Path(str(files(CONFIG_MODULE)))
 
 
-_composing: Plugins | None = None  # whose config dirs the search path plugin adds (set by prepare)
-
-
 def prepare(plugins: Plugins | None = None) -> Plugins:
     """Before composing: load the plugins, fill the ConfigStore, and make their config dirs the ones that go on
-    Hydra's search path."""
-    from hydra.core.plugins import Plugins as HydraPlugins
+    Hydra's search path (``rodeco.searchpath``)."""
+    from rodeco.searchpath import compose_with
 
-    from hydra_plugins.rodeco_searchpath import RodecoSearchPathPlugin
-
-    global _composing
-    _composing = plugins or default_plugins()
-    register_configs(_composing.experiment_schemas())
-    register_partial_reward_options([conf_dir(), *map(Path, _composing.config_dirs())])
-    OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(_composing), replace=True)  # --help
-    # Hydra finds the plugin by scanning the hydra_plugins namespace package; an editable install hides that package
-    # from the scan, so it is also registered here (registering twice is harmless: one entry per class name).
-    HydraPlugins.instance().register(RodecoSearchPathPlugin)
-    return _composing
+    plugins = plugins or default_plugins()
+    dirs = plugins.config_dirs()
+    register_configs(plugins.experiment_schemas())
+    register_partial_reward_options([conf_dir(), *map(Path, dirs)])
+    OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(plugins), replace=True)  # --help
+    compose_with(f"pkg://{CONFIG_MODULE}", dirs)
+    return plugins
 
 
 def register_partial_reward_options(dirs: list[Path]) -> None:
@@ -63,11 +57,6 @@ def register_partial_reward_options(dirs: list[Path]) -> None:
         for f in sorted((d / "reward").glob("*.yaml")):
             if f.stem not in own:
                 ConfigStore.instance().store(group="partial_reward", name=f.stem, node=OmegaConf.load(f))
-
-
-def plugin_config_dirs() -> list[str]:
-    """The config dirs of the plugins being composed with (``prepare``), else of the process-wide manager."""
-    return (_composing or default_plugins()).config_dirs()
 
 
 def load_config(overrides: list[str] | None = None, plugins: Plugins | None = None) -> DictConfig:

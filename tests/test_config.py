@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO
@@ -18,8 +20,11 @@ import rodeco
 from rodeco.budget import Budget, budget_from_device
 from rodeco.compose import conf_dir
 from rodeco.config import make_budget, split_node, validate
+from rodeco.contracts import Scorer, select_checked
 from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, default_plugins
+from rodeco.state import PromptView, RoundView, ScoreRequest
+from rodeco.validation import PluginError
 
 
 def options(group: str) -> list[str]:
@@ -45,21 +50,105 @@ def test_default_config_composes_and_validates():
     assert cfg.data.path is None and len(cfg.data.prompts) == 3
 
 
-@pytest.mark.parametrize("group", ["reward", "policy"])
-def test_every_plugin_option_builds(group, tiny_gen):
+def built_options(group: str, tiny_gen):
+    """(option, registered name, the option file's parameters, the object built from it, its BuildContext) of
+    every option of ``group`` that builds offline."""
     plugins = default_plugins()
     registry = plugins.rewards if group == "reward" else plugins.policies
-    built = 0
     for opt in options(group):
         cfg = rodeco.load_config([f"{group}={opt}"])
-        name, _ = split_node(cfg[group], group)
+        name, params = split_node(cfg[group], group)
         if getattr(registry.get(name).factory, "needs_network", False):
             continue
         ctx = BuildContext(generator=tiny_gen(), device="cpu", plugins=plugins)
         obj = plugins.build_reward(cfg[group], ctx) if group == "reward" else plugins.build_policy(cfg[group], ctx)
-        assert isinstance(obj, rodeco.Reward if group == "reward" else rodeco.Policy), opt
-        built += 1
-    assert built >= 4
+        yield opt, name, params, obj, ctx
+
+
+def check_params_reached(opt: str, params: dict, obj) -> None:
+    """Every parameter the option file sets (to a plain value) and the object keeps under its own name has the
+    file's value: none was dropped for a default on the way (``null`` means "let the factory choose")."""
+    kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str)) and hasattr(obj, k)}
+    assert {k: getattr(obj, k) for k in kept} == kept, opt
+
+
+def tiny_requests(reward) -> list[ScoreRequest]:
+    """Three responses of different lengths to one prompt, carrying what the reward says it needs (log-probs;
+    hidden states, which only partial responses carry)."""
+    partial = bool(getattr(reward, "needs_hidden_states", False))
+    dim = len(reward.head.mean) - 2 if partial else 0  # the head reads [hidden state, 2 position features]
+    rng = np.random.default_rng(0)
+    texts = ["Leaves fall.", "Red leaves drift down the cold river at dusk.", "Autumn wind, " * 8 + "and rain."]
+    return [ScoreRequest("Write a haiku about autumn.", text, tuple(range(1, 3 + 4 * i)), partial=partial,
+                         candidate_id=i, logprobs=tuple(-0.2 * (j % 5 + i) for j in range(2 + 4 * i)),
+                         hidden_state=rng.normal(size=dim) if partial else None)
+            for i, text in enumerate(texts)]
+
+
+def _composite(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[float]:
+    """The weighted sum of the components' scores, each component built on its own (no standardization)."""
+    parts = {k: Scorer(ctx.plugins.build_reward(OmegaConf.create(dict(node)), ctx), k)(reqs)
+             for k, node in p["components"].items()}
+    return sum(p["weights"][k] * parts[k] for k in parts).tolist()
+
+
+# What a reward of each registered kind must score on ``tiny_requests``, from its option file's parameters ``p``.
+EXPECTED_SCORES = {
+    "custom": lambda p, reqs, ctx: [float(len(r.response)) for r in reqs] if p["function"] == "length" else None,
+    "logprob": lambda p, reqs, ctx: [{"mean": np.mean, "sum": np.sum}[p["form"]](r.logprobs) for r in reqs],
+    "composite": _composite,
+    "example_length": lambda p, reqs, ctx: [-abs(len(r.response.split()) - p["target_words"]) / p["target_words"]
+                                            for r in reqs],
+}
+
+
+def test_every_reward_option_builds_and_scores(tiny_gen):
+    built = []
+    for opt, name, params, reward, ctx in built_options("reward", tiny_gen):
+        check_params_reached(opt, params, reward)
+        reqs = tiny_requests(reward)
+        role = "partial_reward" if reqs[0].partial else "reward"
+        scores = Scorer(reward, name, role)(reqs)  # one finite float per request, or a PluginError
+        assert Scorer(reward, name, role)(reqs).tolist() == scores.tolist(), opt  # the same input, the same scores
+        assert len(set(scores.tolist())) > 1, (opt, scores)  # it reads the responses: they do not all score alike
+        if name in EXPECTED_SCORES:
+            expected = EXPECTED_SCORES[name](params, reqs, ctx)
+            assert expected is not None and scores.tolist() == pytest.approx(expected, abs=1e-9), (opt, scores)
+        built.append(opt)
+    assert {"composite", "custom", "logprob", "minilm_rm", "text_value", "value_head"} <= set(built)
+
+
+def tiny_view(min_reject: int) -> RoundView:
+    """One prompt's 8 rows at the first decision point, with distinct scores."""
+    scores = np.array([0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4])
+    pv = PromptView(prompt_index=0, candidate_ids=list(range(8)), scores=scores, history=np.zeros((8, 0)),
+                    finished_scores=[], tokens_generated=16, min_reject=min_reject)
+    return RoundView(round=0, prompts=[pv], max_rows_next=8 - min_reject, max_new_tokens=128)
+
+
+# How many of tiny_view(0)'s 8 rows a policy of each registered kind keeps, from its option file's parameters
+# (correlation has no earlier decision point to correlate with, so it rejects at its fallback rate, alpha).
+EXPECTED_KEPT = {"none": lambda p: 8, "fixed": lambda p: 8 - math.floor(p["alpha"] * 8),
+                 "correlation": lambda p: 8 - math.floor(p["alpha"] * 8), "example_keep": lambda p: p["keep"]}
+
+
+def test_every_policy_option_builds_and_selects(tiny_gen):
+    built = []
+    for opt, name, params, policy, _ in built_options("policy", tiny_gen):
+        check_params_reached(opt, params, policy)
+        for min_reject in (0, 3):
+            view = tiny_view(min_reject)
+            if name == "none" and min_reject:  # Best-of-N never rejects: a budget that forces it is an error
+                with pytest.raises(PluginError, match="the budget allows 5"):
+                    select_checked(policy, name, view)
+                continue
+            (kept,) = select_checked(policy, name, view)  # valid rows, at least one, within the budget
+            best_first = np.argsort(-view.prompts[0].scores).tolist()
+            assert kept == sorted(best_first[: len(kept)]), (opt, kept)  # the highest-scoring rows
+            if name in EXPECTED_KEPT:
+                assert len(kept) == min(8 - min_reject, EXPECTED_KEPT[name](params)), (opt, min_reject, kept)
+        built.append(opt)
+    assert {"adaptive", "calibrated", "correlation", "fixed", "none"} <= set(built)
 
 
 def test_every_budget_option_gives_its_budget(monkeypatch):

@@ -102,9 +102,27 @@ def check_command(command: str, plugins) -> None:
     cwd = os.getcwd()
     os.chdir(REPO)  # documented paths are relative to the repository root
     try:
-        assert prompts_of(cfg.data)
+        got = [(p.index, p.text) for p in prompts_of(cfg.data)]
+        assert got and got == expected_prompts(cfg.data), command
     finally:
         os.chdir(cwd)
+
+
+def expected_prompts(data) -> list[tuple[int, str]]:
+    """(position, text) of the prompts a ``data`` node selects, read here from its source: the inline list or the
+    file's records (a JSON list or JSONL, the text under ``data.field``); then ``data.indices`` (in their order),
+    ``data.offset``, ``data.limit``, and the shard's batches of ``data.batch_prompts`` dealt round-robin."""
+    if data.prompts is not None:
+        source = list(data.prompts)
+    else:
+        text = Path(data.path).read_text(encoding="utf-8")
+        records = (json.loads(text) if text.lstrip().startswith("[")
+                   else [json.loads(line) for line in text.splitlines() if line.strip()])
+        source = [r if isinstance(r, str) else r[data.field] for r in records]
+    positions = list(data.indices) if data.indices is not None else list(range(len(source)))
+    positions = positions[data.offset:][: data.limit]  # limit null: all
+    batches = [positions[i: i + data.batch_prompts] for i in range(0, len(positions), data.batch_prompts)]
+    return [(i, source[i]) for batch in batches[data.shard:: data.num_shards] for i in batch]
 
 
 @pytest.mark.parametrize("where, command", RODECO)

@@ -48,9 +48,9 @@ def test_the_wheel_carries_configs_plugins_and_assets(wheel: Path):
     for f in ["rodeco/conf/config.yaml", "rodeco/conf/experiment/efficiency.yaml", "rodeco/conf/budget/cpu.yaml",
               "rodeco_rewards/conf/reward/minilm_rm.yaml", "rodeco_rewards/conf/experiment/rm_train.yaml",
               "rodeco_policies/conf/policy/fixed.yaml", "rodeco_rewards/assets/minilm_bt_head.safetensors",
-              "hydra_plugins/rodeco_searchpath/__init__.py", "rodeco/engines/fast.py"]:
+              "rodeco/searchpath.py", "rodeco/engines/fast.py"]:
         assert f in names, f
-    assert not [n for n in names if n.startswith(("conf/", "plugins/", "tests/"))]
+    assert not [n for n in names if n.startswith(("conf/", "plugins/", "tests/", "hydra_plugins/"))]
 
 
 def test_an_installed_wheel_composes_from_its_own_configs(wheel: Path, tmp_path: Path):
