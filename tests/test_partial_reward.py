@@ -227,7 +227,7 @@ def test_a_head_recovers_a_known_function_of_the_hidden_state(hidden_units):
     """The final reward is a fixed function of the hidden state (plus noise): the trained head predicts it on held-out
     examples with correlation above 0.9."""
     from rodeco_rewards.experiments.value_train import fit_mlp, fit_ridge
-    from rodeco_rewards.value import Head, pearson
+    from rodeco_rewards.learned_heads import Head, pearson
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 24))
@@ -250,7 +250,7 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     `same`; a rerun reads the cached features instead of computing them; the head then scores partial requests."""
     from omegaconf import open_dict
     from rodeco_rewards.experiments import value_train
-    from rodeco_rewards.value import Head, ValueHead
+    from rodeco_rewards.learned_heads import Head, ValueHead
 
     import rodeco
     from rodeco.data import Prompt

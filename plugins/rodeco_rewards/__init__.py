@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rodeco import hookimpl
-from rodeco_rewards.value_function import FunctionReward, build_custom, response_length, value_function
+from rodeco_rewards.callable_reward import FunctionReward, build_custom, response_length, value_function
 
 __all__ = ["FunctionReward", "rodeco_register_rewards", "value_function"]
 
@@ -33,7 +33,7 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     register("length", value_function(response_length, params={"scale": 1.0}),
              "characters of the response / scale (a value function; the length-only baseline)")
     register("custom", build_custom, "any registered reward or value function, named by reward.function")
-    from rodeco_rewards.value import build_text_value, build_value_head
+    from rodeco_rewards.learned_heads import build_text_value, build_value_head
 
     register("value_head", build_value_head, "learned partial scorer: a head on the generator's hidden state "
              "(partial_reward only; rodeco experiment=value_train)")

@@ -1,5 +1,5 @@
 """``rodeco experiment=value_train pool=TRAINING_POOL``: train the learned partial scorers (``value_head``,
-``text_value``: ``rodeco_rewards.value``) on a pool of training prompts, and measure whether they beat ``same``.
+``text_value``: ``rodeco_rewards.learned_heads``) on a pool of training prompts, and measure whether they beat ``same``.
 
 - Examples: every candidate still active at each length ``L`` of ``experiment_args.lengths`` (longer than ``L``
   tokens), its features at ``L`` (the pool's hidden state, or the embedded RM's features of the partial text; both
@@ -36,7 +36,7 @@ from rodeco import (
     prompts_of,
     reward_key,
 )
-from rodeco_rewards.value import (
+from rodeco_rewards.learned_heads import (
     ASSETS,
     KINDS,
     Head,
