@@ -48,10 +48,10 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
         RMEvalArgs,
         RMTrainArgs,
         ValueTrainArgs,
+        learned_heads_train,
         rm_bench,
         rm_eval,
         rm_train,
-        value_train,
     )
 
     register("rm_train", rm_train.run, "train the embedded RM's Bradley-Terry head on AlpacaEval preferences",
@@ -59,7 +59,7 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
     register("rm_eval", rm_eval.run, "a reward's held-out pairwise accuracy next to the length-only baseline",
              args=RMEvalArgs)
     register("rm_bench", rm_bench.run, "a reward's scoring throughput at typical partial lengths", args=RMBenchArgs)
-    register("value_train", value_train.run, "train the learned partial scorers (value_head, text_value) on a "
+    register("value_train", learned_heads_train.run, "train the learned partial scorers (value_head, text_value) on a "
              "training pool; do they beat same?", args=ValueTrainArgs)
 
 
