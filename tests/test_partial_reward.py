@@ -226,8 +226,8 @@ def test_the_calibrated_start_follows_predictiveness():
 def test_a_head_recovers_a_known_function_of_the_hidden_state(hidden_units):
     """The final reward is a fixed function of the hidden state (plus noise): the trained head predicts it on held-out
     examples with correlation above 0.9."""
-    from rodeco_rewards.experiments.value_train import fit_mlp, fit_ridge
-    from rodeco_rewards.value import Head, pearson
+    from rodeco_rewards.experiments.learned_heads_train import fit_mlp, fit_ridge
+    from rodeco_rewards.learned_heads import Head, pearson
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 24))
@@ -249,8 +249,8 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     """The whole value_train path on a pool recorded with hidden states: a head file with its verdict against
     `same`; a rerun reads the cached features instead of computing them; the head then scores partial requests."""
     from omegaconf import open_dict
-    from rodeco_rewards.experiments import value_train
-    from rodeco_rewards.value import Head, ValueHead
+    from rodeco_rewards.experiments import learned_heads_train
+    from rodeco_rewards.learned_heads import Head, ValueHead
 
     import rodeco
     from rodeco.data import Prompt
@@ -267,22 +267,43 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
         cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
     record(cfg, default_plugins(), tmp_path / "pool", prompts, 8, gen=tiny_gen())
     assert np.load(tmp_path / "pool" / "hidden" / "0.npy").shape[:2] == (8, 16)
-    out = value_train.run(cfg, default_plugins(), tmp_path / "run")
+    out = learned_heads_train.run(cfg, default_plugins(), tmp_path / "run")
     verdict = out.extra["kinds"]["value_head"]
     assert set(verdict) >= {"mean_diff", "diff_ci", "beats_same", "by_length"}
     assert "value_train_value_head_minus_same:" in capsys.readouterr().out
     head = Head.load(tmp_path / "run" / "value_head")
     assert head.meta["validation"]["beats_same"] == verdict["beats_same"] and len(head.meta["validation_prompts"]) == 2
     assert not set(head.meta["train_prompts"]) & set(head.meta["validation_prompts"])
-    monkeypatch.setattr(value_train.Featurizer, "compute", lambda *a: pytest.fail("features computed again"))
-    again = value_train.run(cfg, default_plugins(), tmp_path / "run")  # resumes from the cached features
+    monkeypatch.setattr(learned_heads_train.Featurizer, "compute", lambda *a: pytest.fail("features computed again"))
+    again = learned_heads_train.run(cfg, default_plugins(), tmp_path / "run")  # resumes from the cached features
     assert again.extra["kinds"]["value_head"]["mean_diff"] == verdict["mean_diff"]  # seeded: the same head
     d = dict(np.load(tmp_path / "run" / "features_value_head" / "0.npz"))
     hs = np.load(tmp_path / "pool" / "hidden" / "0.npy")
     assert d["x"].shape[1] == hs.shape[-1] + 2 and (d["length"] > 0).all()  # the hidden state, two position features
+    row = int(np.flatnonzero(d["length"] == 4)[0])  # an example at length 4: candidate c, hidden state after 4 tokens
+    c = int(d["candidate"][row])
     req = ScoreRequestT(prompt="p", response="r", response_ids=(1, 2, 3, 4), partial=True,
-                        hidden_state=np.asarray(hs[0, 3], dtype=np.float32))
-    assert np.isfinite(ValueHead(head).score([req])[0])
+                        hidden_state=np.asarray(hs[c, 3], dtype=np.float32))
+    got = ValueHead(head).score([req])[0]
+    # by hand from the head's weights: [hidden state, log(1 + L), L / T] standardized, then the ridge head's line
+    assert head.w1.size == 0 and head.meta["max_new_tokens"] == 16
+    x = np.concatenate([np.asarray(hs[c, 3], dtype=np.float64), [np.log1p(4), 4 / 16]])
+    assert got == pytest.approx(float((x - head.mean) / head.std @ head.w2 + head.b2), rel=1e-9, abs=1e-9)
+    # and the head on the features value_train trained it with, for the same example (stored as float32)
+    assert got == pytest.approx(float(head(d["x"][row].astype(np.float64))), rel=1e-4, abs=1e-4)
+
+
+def test_examples_are_grouped_by_prompt_and_length_past_1000_tokens():
+    """One group per (prompt, length) pair, numbered in the pairs' order: prompt 0 at length 1000 and prompt 1 at
+    length 0 stay apart (the former key ``prompt * 1000 + length`` merged them)."""
+    from rodeco_rewards.experiments.learned_heads_train import group_ids, group_pearsons
+
+    g = group_ids(np.array([0, 0, 0, 1, 1, 1]), np.array([1000, 1000, 1000, 0, 0, 0]))
+    assert g.tolist() == [0, 0, 0, 1, 1, 1]
+    assert group_ids(np.array([2, 1, 1, 1]), np.array([5, 1001, 7, 7])).tolist() == [2, 1, 0, 0]
+    # within each group the prediction ranks perfectly; merged, the groups' offsets would make r negative
+    pred, y = np.array([1.0, 2.0, 3.0, 11.0, 12.0, 13.0]), np.array([1.0, 2.0, 3.0, -10.0, -9.0, -8.0])
+    assert group_pearsons(pred, y, g).tolist() == [1.0, 1.0]
 
 
 from rodeco.state import ScoreRequest as ScoreRequestT  # noqa: E402

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rodeco import hookimpl
-from rodeco_rewards.value_function import FunctionReward, build_custom, response_length, value_function
+from rodeco_rewards.callable_reward import FunctionReward, build_custom, response_length, value_function
 
 __all__ = ["FunctionReward", "rodeco_register_rewards", "value_function"]
 
@@ -33,7 +33,7 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     register("length", value_function(response_length, params={"scale": 1.0}),
              "characters of the response / scale (a value function; the length-only baseline)")
     register("custom", build_custom, "any registered reward or value function, named by reward.function")
-    from rodeco_rewards.value import build_text_value, build_value_head
+    from rodeco_rewards.learned_heads import build_text_value, build_value_head
 
     register("value_head", build_value_head, "learned partial scorer: a head on the generator's hidden state "
              "(partial_reward only; rodeco experiment=value_train)")
@@ -48,10 +48,10 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
         RMEvalArgs,
         RMTrainArgs,
         ValueTrainArgs,
+        learned_heads_train,
         rm_bench,
         rm_eval,
         rm_train,
-        value_train,
     )
 
     register("rm_train", rm_train.run, "train the embedded RM's Bradley-Terry head on AlpacaEval preferences",
@@ -59,7 +59,7 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
     register("rm_eval", rm_eval.run, "a reward's held-out pairwise accuracy next to the length-only baseline",
              args=RMEvalArgs)
     register("rm_bench", rm_bench.run, "a reward's scoring throughput at typical partial lengths", args=RMBenchArgs)
-    register("value_train", value_train.run, "train the learned partial scorers (value_head, text_value) on a "
+    register("value_train", learned_heads_train.run, "train the learned partial scorers (value_head, text_value) on a "
              "training pool; do they beat same?", args=ValueTrainArgs)
 
 

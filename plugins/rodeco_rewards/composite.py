@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rodeco import BuildContext, ConfigError, Reward, RewardCost, Scorer, ScoreRequest, take_params
-from rodeco_rewards.value_function import registries
+from rodeco_rewards.callable_reward import registries
 
 
 class CompositeReward:

@@ -1,6 +1,8 @@
-"""The embedded reward model's own experiments: training its head, its held-out accuracy, its scoring throughput.
-Registered by ``rodeco_rewards`` through ``rodeco_register_experiments``; their configs are in
-``rodeco_rewards/conf/experiment``, their argument schemas below (the values live in those YAML files)."""
+"""The embedded reward model's own experiments: training its head (``rm_train``), its held-out accuracy
+(``rm_eval``), its scoring throughput (``rm_bench``); and ``value_train`` (``learned_heads_train.py``), which trains the
+learned partial scorers of ``rodeco_rewards.learned_heads``. Registered by ``rodeco_rewards`` through
+``rodeco_register_experiments``; their configs are in ``rodeco_rewards/conf/experiment``, their argument schemas below
+(the values live in those YAML files)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Custom value functions: any Python callable becomes a reward under a name, without writing a class.
+"""Custom value functions (``value_function``, ``reward=custom``): any Python callable becomes a reward under a name,
+without writing a class.
 
 In a plugin (a module or object with a ``rodeco_register_rewards`` hook implementation)::
 
@@ -24,9 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, ScoreRequest, take_params
-
-ValueFn = Callable[..., float]  # (prompt, response, partial, **params) -> float
-BatchedValueFn = Callable[..., Sequence[float]]  # (requests, **params) -> one float per request
 
 
 class FunctionReward:
