@@ -33,7 +33,8 @@ from rodeco.state import (
     ScoreRequest,
     StartView,
 )
-from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, take_params
+from rodeco.params import take_params
+from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int
 
 _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
          "cache_dir": "rodeco.loading",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
 
-from rodeco.compose import load_config
+from rodeco.compose import check_plugin_params, load_config
 from rodeco.config import validate
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import RunOutput
@@ -27,6 +27,7 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
 
     plugins = plugins or default_plugins()
     validate(cfg)
+    check_plugin_params(cfg, plugins)
     if cfg.task == "decode":
         return run_decode(cfg, plugins, out_dir)
     if cfg.task == "merge":

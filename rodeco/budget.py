@@ -23,11 +23,13 @@ from dataclasses import dataclass
 
 from rodeco.validation import ConfigError
 
+MIN_TOKENS_PER_ROUND = 8  # the default of ``m`` (``budget.min_tokens_per_round``; the schema reads it from here)
+
 
 @dataclass(frozen=True)
 class Budget:
     kv_tokens: int | None  # None: no limit, so no decision point (every row decodes to the end)
-    min_tokens_per_round: int = 8
+    min_tokens_per_round: int = MIN_TOKENS_PER_ROUND
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:

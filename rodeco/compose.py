@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rodeco.config import register_configs, split_node
+from rodeco.params import defaults_node
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.validation import ConfigError
 
@@ -41,6 +42,7 @@ def prepare(plugins: Plugins | None = None) -> Plugins:
     plugins = plugins or default_plugins()
     dirs = plugins.config_dirs()
     register_configs(plugins.experiment_schemas())
+    register_param_defaults(plugins)
     register_partial_reward_options([conf_dir(), *map(Path, dirs)])
     OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(plugins), replace=True)  # --help
     compose_with(f"pkg://{CONFIG_MODULE}", dirs)
@@ -57,6 +59,28 @@ def register_partial_reward_options(dirs: list[Path]) -> None:
         for f in sorted((d / "reward").glob("*.yaml")):
             if f.stem not in own:
                 ConfigStore.instance().store(group="partial_reward", name=f.stem, node=OmegaConf.load(f))
+
+
+def register_param_defaults(plugins: Plugins) -> None:
+    """``policy_params/<name>`` and ``reward_params/<name>`` in the ConfigStore: the name and parameter defaults of each
+    plugin registered with a params dataclass, for its option file to extend instead of repeating them
+    (``defaults: [/policy_params/fixed@_here_, _self_]``)."""
+    from hydra.core.config_store import ConfigStore
+
+    for group, registry in (("policy_params", plugins.policies), ("reward_params", plugins.rewards)):
+        for name in registry.names():
+            schema = registry.get(name).params
+            if schema is not None:
+                ConfigStore.instance().store(group=group, name=name, node=defaults_node(name, schema))
+
+
+def check_plugin_params(cfg: DictConfig, plugins: Plugins) -> None:
+    """The ``reward``, ``partial_reward`` and ``policy`` nodes against the params dataclasses their plugins registered,
+    so that a misspelled or mistyped parameter fails now, not when the plugin is built after the model loads."""
+    for key, registry in (("reward", plugins.rewards), ("partial_reward", plugins.rewards),
+                          ("policy", plugins.policies)):
+        if key in cfg:
+            registry.check_node(cfg[key], key)
 
 
 def load_config(overrides: list[str] | None = None, plugins: Plugins | None = None) -> DictConfig:
@@ -77,6 +101,7 @@ def load_config(overrides: list[str] | None = None, plugins: Plugins | None = No
             raise
         raise why from None
     prefer_typed(cfg, overrides)
+    check_plugin_params(cfg, plugins or default_plugins())
     return cfg
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rodeco.budget import Budget
+from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ class BudgetConfig:
                                                               "unlimited on CPU, from free memory on CUDA"})
     memory_fraction: float = 0.9  # CUDA: share of free memory (after the reserve) given to the KV cache
     reserve_gib: float = 2.0  # CUDA: memory kept free for activations and the reward model
-    min_tokens_per_round: int = 8
+    min_tokens_per_round: int = field(default=MIN_TOKENS_PER_ROUND, metadata={"help": "each round decodes at least "
+                                                                                  "this many tokens per row"})
 
 
 @dataclass

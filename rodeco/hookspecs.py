@@ -24,18 +24,20 @@ hookimpl = pluggy.HookimplMarker("rodeco")
 
 @hookspec
 def rodeco_register_rewards(register: Callable[..., None]) -> None:
-    """Register reward factories: ``register(name, factory, description="")``.
+    """Register reward factories: ``register(name, factory, description="", params=None)``.
 
     ``factory(params: dict, ctx: BuildContext) -> Reward``; ``params`` is the ``reward`` config node without
-    ``name``. A name registered twice (by any two plugins) is an error.
+    ``name``. The ``params=`` dataclass, when given, is checked against the ``reward`` and ``partial_reward`` nodes
+    when the config is composed (``rodeco.params``). A name registered twice (by any two plugins) is an error.
     """
 
 
 @hookspec
 def rodeco_register_policies(register: Callable[..., None]) -> None:
-    """Register rejection-policy factories: ``register(name, factory, description="")``.
+    """Register rejection-policy factories: ``register(name, factory, description="", params=None)``.
 
-    ``factory(params: dict, ctx: BuildContext) -> Policy``. A name registered twice is an error.
+    ``factory(params: dict, ctx: BuildContext) -> Policy``. The ``params=`` dataclass, when given, is checked
+    against the ``policy`` node when the config is composed (``rodeco.params``). A name registered twice is an error.
     """
 
 

@@ -23,9 +23,11 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 import pluggy
+from omegaconf import DictConfig, OmegaConf
 
 from rodeco import hookspecs
 from rodeco.config import split_node
+from rodeco.params import check_params, is_schema
 from rodeco.protocols import Policy, Reward
 from rodeco.state import Compute, PromptResult, RoundView
 from rodeco.validation import ConfigError
@@ -58,6 +60,7 @@ class Entry:
     description: str
     plugin: str
     args: type | None = None  # experiments: the dataclass schema of experiment_args
+    params: type | None = None  # rewards and policies: the dataclass of their parameters (rodeco.params)
 
 
 class Registry:
@@ -68,13 +71,16 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, factory: Callable[..., Any], description: str = "", *, plugin: str = "",
-                 args: type | None = None) -> None:
+                 args: type | None = None, params: type | None = None) -> None:
         if not name or not isinstance(name, str):
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r} (from plugin {plugin!r})")
         if name in self._entries:
             other = self._entries[name].plugin
             raise ValueError(f"{self.kind} {name!r} registered twice (by {other!r} and {plugin!r}); rename one")
-        self._entries[name] = Entry(name, factory, description, plugin, args)
+        if params is not None and not is_schema(params):
+            raise ValueError(f"{self.kind} {name!r}: params must be a dataclass, got {params!r} (from plugin "
+                             f"{plugin!r})")
+        self._entries[name] = Entry(name, factory, description, plugin, args, params)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -92,6 +98,19 @@ class Registry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+    def check_node(self, node: Any, key: str) -> None:
+        """A config node (``{name: ..., <params>}`` at ``key``) against the params dataclass its plugin registered:
+        unknown keys and values of the wrong type are ``ConfigError``s. Nothing to check for a plugin without one;
+        a missing or unknown name is left for ``get`` to report when the plugin is built."""
+        params = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+        if not isinstance(params, dict):
+            return
+        params = dict(params)
+        name = params.pop("name", None)
+        entry = self._entries.get(name) if isinstance(name, str) else None
+        if entry is not None and entry.params is not None:
+            check_params(key, params, entry.params, name=name)
 
 
 def _selected_entry_points() -> list[Any]:

@@ -19,15 +19,6 @@ class PluginError(RuntimeError):
     """A plugin broke its contract (wrong count, non-finite score, bad indices...)."""
 
 
-def take_params(node: str, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated by ``params``; an unknown key is an error naming ``node.key`` and the known keys."""
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise ConfigError(f"{node}.{unknown[0]}", params[unknown[0]], "unknown parameter",
-                          f"remove it; known parameters of this {node}: {sorted(defaults)}")
-    return {**defaults, **params}
-
-
 def check_number(key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
                  fix: str) -> float:
     """``value`` as a float if it lies in the interval, else a ``ConfigError`` naming ``key`` and ``fix``."""

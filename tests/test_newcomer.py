@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 import rodeco
 from rodeco.validation import ConfigError
@@ -68,6 +69,60 @@ def test_a_value_of_the_wrong_type_names_its_key():
     assert e.value.key == "experiment_args.n" and e.value.value == "many"
 
 
+@pytest.mark.parametrize("overrides, key, hint", [
+    (["+policy.alfa=0.3"], "policy.alfa", "did you mean alpha? Use policy.alpha=0.3"),
+    (["policy=adaptive", "+policy.dleta=0.1"], "policy.dleta", "did you mean delta? Use policy.delta=0.1"),
+    (["+reward.batch_tokns=512"], "reward.batch_tokns", "did you mean batch_tokens? Use reward.batch_tokens=512"),
+    (["partial_reward=logprob", "+partial_reward.fom=sum"], "partial_reward.fom", "did you mean form?"),
+])
+def test_a_misspelled_plugin_parameter_fails_when_the_config_is_composed(overrides, key, hint):
+    """``+`` adds a key to an open plugin node: the plugin's registered params dataclass still catches the typo."""
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(overrides)
+    assert e.value.key == key and e.value.fix.startswith(hint)
+    name = key.split(".")[0]
+    assert f"the keys of {name} (" in e.value.problem and "name" in e.value.problem
+
+
+@pytest.mark.parametrize("overrides, key, problem", [
+    (["policy.alpha=abc"], "policy.alpha", "must be a number, not a string"),
+    (["policy.alpha=false"], "policy.alpha", "must be a number, not a boolean"),
+    (["policy=correlation", "policy.min_candidates=2.5"], "policy.min_candidates", "must be an integer, not a float"),
+    (["policy=adaptive", "policy.horizon=rounds"], "policy.horizon", "must be remaining or round"),
+    (["reward=logprob", "reward.form=median"], "reward.form", "must be mean, perplexity or sum"),
+    (["reward.batch_tokens=big"], "reward.batch_tokens", "must be an integer, not a string"),
+    (["reward=preference_rm", "reward.model=m", "reward.chat_template=sometimes"], "reward.chat_template",
+     "must be true, false or auto"),
+])
+def test_a_plugin_parameter_of_the_wrong_type_fails_when_the_config_is_composed(overrides, key, problem):
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(overrides)
+    assert e.value.key == key and e.value.problem == problem and "Fix:" in str(e.value)
+
+
+def test_open_parameters_and_missing_values_are_left_to_the_plugin():
+    cfg = rodeco.load_config(["reward=custom", "+reward.scale=50"])  # custom: the function's own parameters
+    assert cfg.reward.scale == 50
+    cfg = rodeco.load_config(["reward=preference_rm"])  # reward.model: ??? (required), reported when it is built
+    assert OmegaConf.is_missing(cfg.reward, "model")
+
+
+def test_run_checks_plugin_parameters_before_loading_a_model(monkeypatch):
+    """A config changed after composing (as an experiment or a script may) is checked again by ``run``."""
+    from omegaconf import open_dict
+
+    def no_model(*a, **kw):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("rodeco.loading.load_generator", no_model)
+    cfg = rodeco.load_config(["output.progress=false"])
+    with open_dict(cfg):
+        cfg.policy.alpah = 0.7
+    with pytest.raises(ConfigError) as e:
+        rodeco.run(cfg)
+    assert e.value.key == "policy.alpah" and "did you mean alpha?" in e.value.fix
+
+
 def test_a_misspelled_option_suggests_the_option():
     with pytest.raises(ConfigError) as e:
         rodeco.load_config(["policy=fixd"])
@@ -79,6 +134,10 @@ def test_the_cli_says_it_in_rodecos_words(tmp_path: Path):
     assert p.returncode == 2
     assert p.stderr.strip() == ("rodeco: error: policy.alfa=0.3: unknown key; the keys of policy are: alpha, name. "
                                 "Fix: did you mean alpha? Use policy.alpha=0.3")
+    p = cli(["+policy.alfa=0.3"], cwd=tmp_path)  # added to the node: the policy's params dataclass catches it
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("rodeco: error: policy.alfa=0.3: unknown key; the keys of policy (fixed) are: alpha, "
+                                "name. Fix: did you mean alpha? Use policy.alpha=0.3")
     p = cli(["policy=fixd"], cwd=tmp_path)
     assert p.returncode == 2 and "did you mean policy=fixed?" in p.stderr and "Traceback" not in p.stderr
     p = cli(["n=3", "'bad"], cwd=tmp_path)  # an override Hydra cannot parse: Hydra's own message, exit 1

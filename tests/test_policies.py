@@ -253,3 +253,46 @@ def test_config_option_builds_the_policy(builtins: Plugins, name: str, cls: type
     p_name, params = split_node(cfg.policy, "policy")
     assert p_name == name
     assert isinstance(builtins.policies.get(p_name).factory(params, BuildContext()), cls)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parameters: one dataclass per policy holds them and their defaults
+
+@pytest.mark.parametrize("alpha", [False, True, math.nan, 1.0, "0.5"])
+def test_fixed_rejects_booleans_and_rates_outside_the_unit_interval(builtins: Plugins, alpha) -> None:
+    from rodeco_policies.basic import FixedPolicy
+
+    for make in (lambda: FixedPolicy(alpha), lambda: build(builtins, "fixed", alpha=alpha)):
+        with pytest.raises(ConfigError) as e:
+            make()
+        assert e.value.key == "policy.alpha" and e.value.value is alpha and "Fix:" in str(e.value)
+    assert FixedPolicy(0).alpha == 0.0  # an integer rate is a number
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_each_policy_states_its_defaults_once(builtins: Plugins, name: str) -> None:
+    """The option file names the policy and extends its params dataclass (``/policy_params/<name>``): the composed
+    node holds the dataclass's defaults, and the file repeats none of them."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from rodeco.api import load_config
+    from rodeco.params import defaults_node
+
+    schema = builtins.policies.get(name).params
+    assert schema is not None
+    node = OmegaConf.to_container(load_config([f"policy={name}"]).policy)
+    assert node == defaults_node(name, schema)
+    own = OmegaConf.to_container(OmegaConf.load(Path(rodeco_policies.__file__).parent / f"conf/policy/{name}.yaml"))
+    assert set(own) - {"defaults"} == {"name"}, f"policy/{name}.yaml repeats a default of its dataclass"
+
+
+def test_a_policy_built_without_parameters_takes_the_dataclass_defaults(builtins: Plugins) -> None:
+    from rodeco_policies.adaptive import AdaptiveParams
+    from rodeco_policies.basic import FixedParams
+
+    assert build(builtins, "fixed").alpha == FixedParams.alpha == 0.5
+    a = build(builtins, "adaptive")
+    assert (a.delta, a.prior_noise, a.prior_weight, a.horizon) == (0.05, 1.0, 2.0, "remaining")
+    assert a.delta == AdaptiveParams.delta

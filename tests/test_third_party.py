@@ -6,6 +6,7 @@ other test depends on it being installed or not: they build their managers from 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -166,6 +167,81 @@ def test_example_package_experiment_runs_from_the_cli(installed_example: None, t
     p = run([str(RODECO), "experiment=example_sweep", "experiment_args.alpha=[0.5]"])
     assert p.returncode == 2
     assert "experiment_args.alpha=[0.5]: unknown key; the keys of experiment_args are: alphas" in p.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plugin parameters: checked when the config is composed if the plugin registers a params dataclass
+
+@dataclasses.dataclass
+class KeepParams:
+    keep: int = 2
+
+
+class KeepPlugin:
+    """Two third-party policies: ``typed_keep`` registers its params dataclass, ``loose_keep`` does not."""
+
+    def __init__(self, conf: Path) -> None:
+        self.conf = conf
+
+    @hookimpl
+    def rodeco_register_policies(self, register):
+        from rodeco import take_params
+        from rodeco_policies.basic import NonePolicy
+
+        register("typed_keep", lambda params, ctx: take_params("policy", params, KeepParams) and NonePolicy(),
+                 params=KeepParams)
+        register("loose_keep", lambda params, ctx: take_params("policy", params, {"keep": 2}) and NonePolicy())
+
+    @hookimpl
+    def rodeco_config_dirs(self):
+        return [str(self.conf)]
+
+
+@pytest.fixture()
+def keep_plugins(tmp_path: Path):
+    import rodeco_policies
+    import rodeco_rewards
+
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "typed_keep.yaml").write_text(  # its defaults come from KeepParams
+        "defaults:\n  - /policy_params/typed_keep@_here_\n  - _self_\nname: typed_keep\n")
+    (tmp_path / "policy" / "loose_keep.yaml").write_text("name: loose_keep\nkeep: 2\n")
+    return get_plugin_manager(load_entrypoints=False, extra=[rodeco_rewards, rodeco_policies, KeepPlugin(tmp_path)])
+
+
+def test_a_plugins_params_dataclass_checks_its_node_when_composing(keep_plugins) -> None:
+    import rodeco
+
+    assert rodeco.load_config(["policy=typed_keep"], keep_plugins).policy == {"name": "typed_keep", "keep": 2}
+    assert rodeco.load_config(["policy=typed_keep", "policy.keep=3"], keep_plugins).policy.keep == 3
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(["policy=typed_keep", "+policy.kep=3"], keep_plugins)
+    assert e.value.key == "policy.kep" and e.value.fix == "did you mean keep? Use policy.keep=3"
+    with pytest.raises(ConfigError) as e:
+        rodeco.load_config(["policy=typed_keep", "policy.keep=two"], keep_plugins)
+    assert e.value.key == "policy.keep" and e.value.problem == "must be an integer, not a string"
+
+
+def test_a_plugin_without_a_params_dataclass_still_works(keep_plugins) -> None:
+    """Nothing is checked when composing; the plugin's own ``take_params`` checks when it is built."""
+    import rodeco
+
+    cfg = rodeco.load_config(["policy=loose_keep", "+policy.kep=3"], keep_plugins)
+    with pytest.raises(ConfigError) as e:
+        keep_plugins.build_policy(cfg.policy, rodeco.BuildContext())
+    assert e.value.key == "policy.kep" and "did you mean keep?" in e.value.fix
+    cfg = rodeco.load_config(["policy=loose_keep", "policy.keep=3"], keep_plugins)
+    assert keep_plugins.build_policy(cfg.policy, rodeco.BuildContext()) is not None
+
+
+def test_params_must_be_a_dataclass() -> None:
+    class NotADataclass:
+        keep: int = 2
+
+    plugin = types.SimpleNamespace(rodeco_register_policies=lambda register: register(
+        "bad", lambda params, ctx: None, params=NotADataclass))
+    with pytest.raises(ValueError, match="params must be a dataclass"):
+        get_plugin_manager(load_entrypoints=False, extra=[plugin])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,24 +7,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rodeco import hookimpl
-from rodeco_policies.adaptive import build_adaptive
-from rodeco_policies.basic import build_fixed, build_none
-from rodeco_policies.calibrated import build_calibrated
-from rodeco_policies.correlation import build_correlation
+from rodeco_policies.adaptive import AdaptiveParams, build_adaptive
+from rodeco_policies.basic import FixedParams, NoneParams, build_fixed, build_none
+from rodeco_policies.calibrated import CalibratedParams, build_calibrated
+from rodeco_policies.correlation import CorrelationParams, build_correlation
 
 CONF_DIR = Path(__file__).parent / "conf"
 
 
 @hookimpl
 def rodeco_register_policies(register: Callable[..., None]) -> None:
-    register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)")
-    register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt")
+    register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)",
+             params=NoneParams)
+    register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt",
+             params=FixedParams)
     register("adaptive", build_adaptive,
-             "per prompt, keep rows whose estimated chance to finish above the best exceeds delta")
+             "per prompt, keep rows whose estimated chance to finish above the best exceeds delta",
+             params=AdaptiveParams)
     register("correlation", build_correlation,
-             "rejection rate from the Kendall tau between consecutive decision points' scores")
+             "rejection rate from the Kendall tau between consecutive decision points' scores",
+             params=CorrelationParams)
     register("calibrated", build_calibrated,
-             "keep rows likely to end above the best under a calibration of partial scores by decision length")
+             "keep rows likely to end above the best under a calibration of partial scores by decision length",
+             params=CalibratedParams)
 
 
 @hookimpl

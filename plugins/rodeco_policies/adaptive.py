@@ -15,16 +15,27 @@ one row per prompt is kept.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 from scipy.special import ndtr
 
-from rodeco import BuildContext, ConfigError, PromptView, RoundView, check_number, keep_top, take_params
+from rodeco import BuildContext, PromptView, RoundView, check_number, keep_top, take_params
 
-HORIZONS = ("remaining", "round")
-DEFAULTS: dict[str, Any] = {"delta": 0.05, "prior_noise": 1.0, "prior_weight": 2.0, "horizon": "remaining"}
+Horizon = Literal["remaining", "round"]  # remaining: a random walk to the end; round: one round ahead
+
+
+@dataclass
+class AdaptiveParams:
+    delta: float = field(default=0.05, metadata={"help": "keep a row while its chance of finishing above the best "
+                                                          "exceeds this (lower keeps more)"})
+    prior_noise: float = field(default=1.0, metadata={"help": "prior per-round noise scale, as a multiple of the std "
+                                                               "of this round's scores"})
+    prior_weight: float = field(default=2.0, metadata={"help": "pseudo degrees of freedom of the prior (0: data only "
+                                                                "once two decision points exist)"})
+    horizon: Horizon = field(default="remaining", metadata={"help": "remaining: noise grows with the tokens still "
+                                                                     "to come (random walk); round: one round ahead"})
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,7 @@ def estimate_noise(pv: PromptView, prior_noise: float, prior_weight: float) -> N
     return NoiseEstimate(sigma=math.sqrt(max(var, 0.0)), moves=dof)
 
 
-def horizon_factor(pv: PromptView, max_new_tokens: int, horizon: str) -> float:
+def horizon_factor(pv: PromptView, max_new_tokens: int, horizon: Horizon) -> float:
     """How many rounds' worth of moves remain before the end.
 
     ``round``: one (final ~ the next decision point). ``remaining``: the remaining tokens divided by the mean
@@ -91,7 +102,7 @@ class AdaptivePolicy:
     """Rejects, per prompt, the candidates whose estimated chance of finishing above the best is at most
     ``delta``; the noise scale is estimated from that prompt's own score history."""
 
-    def __init__(self, delta: float, prior_noise: float, prior_weight: float, horizon: str) -> None:
+    def __init__(self, delta: float, prior_noise: float, prior_weight: float, horizon: Horizon) -> None:
         self.delta, self.prior_noise, self.prior_weight, self.horizon = delta, prior_noise, prior_weight, horizon
 
     def tau(self, pv: PromptView, max_new_tokens: int) -> float:
@@ -110,14 +121,11 @@ class AdaptivePolicy:
 
 
 def build_adaptive(params: dict[str, Any], ctx: BuildContext) -> AdaptivePolicy:
-    p = take_params("policy", params, DEFAULTS)
+    p = take_params("policy", params, AdaptiveParams)
     delta = check_number("policy.delta", p["delta"], 0.0, 1.0, lo_open=True, hi_open=True,
                          fix="set policy.delta to a small probability such as 0.05 (lower keeps more)")
     prior_noise = check_number("policy.prior_noise", p["prior_noise"], 0.0, math.inf, hi_open=True,
                                fix="set policy.prior_noise >= 0, e.g. 0.5 (a multiple of the spread of the scores)")
     prior_weight = check_number("policy.prior_weight", p["prior_weight"], 0.0, math.inf, hi_open=True,
                                 fix="set policy.prior_weight >= 0, e.g. 2 (pseudo-observations of the prior)")
-    if p["horizon"] not in HORIZONS:
-        raise ConfigError("policy.horizon", p["horizon"], f"must be one of {list(HORIZONS)}",
-                          "use remaining (noise grows with the tokens still to come) or round")
     return AdaptivePolicy(delta, prior_noise, prior_weight, p["horizon"])

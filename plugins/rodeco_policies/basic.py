@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
-from rodeco import BuildContext, ConfigError, RoundView, keep_top, take_params
+from rodeco import BuildContext, RoundView, check_number, keep_top, take_params
+
+
+@dataclass
+class NoneParams:
+    """``policy=none`` takes no parameters."""
+
+
+@dataclass
+class FixedParams:
+    alpha: float = field(default=0.5, metadata={"help": "the share of each prompt's rows rejected at a decision "
+                                                         "point, in [0, 1) (0: only what the budget forces)"})
 
 
 class NonePolicy:
@@ -20,20 +32,18 @@ class FixedPolicy:
     budget's minimum for that prompt, always keeping one."""
 
     def __init__(self, alpha: float) -> None:
-        if not (isinstance(alpha, (int, float)) and 0.0 <= alpha < 1.0) or math.isnan(alpha):
-            raise ConfigError("policy.alpha", alpha, "the rejection rate must be in [0, 1)",
-                              "set policy.alpha to e.g. 0.5 (0 rejects only what the budget forces)")
-        self.alpha = float(alpha)
+        self.alpha = check_number("policy.alpha", alpha, 0.0, 1.0, hi_open=True,
+                                  fix="set policy.alpha to e.g. 0.5 (0 rejects only what the budget forces)")
 
     def select(self, view: RoundView) -> list[list[int]]:
         return [keep_top(pv, math.floor(self.alpha * pv.k)) for pv in view.prompts]
 
 
 def build_none(params: dict[str, Any], ctx: BuildContext) -> NonePolicy:
-    take_params("policy", params, {})
+    take_params("policy", params, NoneParams)
     return NonePolicy()
 
 
 def build_fixed(params: dict[str, Any], ctx: BuildContext) -> FixedPolicy:
-    p = take_params("policy", params, {"alpha": 0.5})
+    p = take_params("policy", params, FixedParams)
     return FixedPolicy(p["alpha"])

@@ -18,8 +18,9 @@ import functools
 import hashlib
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -37,7 +38,16 @@ from rodeco import (
 
 COMMITTED = Path(__file__).parent / "calibrations"  # measured on alpaca_train: the embedded generator with
 DEFAULT = COMMITTED / "smollm2--minilm_rm.json"  # minilm_rm (the default), and with logprob (perplexity form)
-DEFAULTS: dict[str, Any] = {"delta": 0.05, "calibration": None, "simulations": 400}
+
+
+@dataclass
+class CalibratedParams:
+    delta: float = field(default=0.05, metadata={"help": "keep a row while its modelled chance to end above the best "
+                                                          "exceeds this"})
+    calibration: Optional[str] = field(default=None, metadata={"help": "a calibration file (rodeco "
+                                                                        "experiment=calibrate); null: the committed "
+                                                                        "one of the run's generator and reward"})
+    simulations: int = field(default=400, metadata={"help": "simulated prompts per start, for n=calibrated"})
 
 
 class CalibratedPolicy:
@@ -138,7 +148,7 @@ def committed_for(identities: dict[str, str]) -> Path:
 
 
 def build_calibrated(params: dict[str, Any], ctx: BuildContext) -> CalibratedPolicy:
-    p = take_params("policy", params, DEFAULTS)
+    p = take_params("policy", params, CalibratedParams)
     check_number("policy.delta", p["delta"], 0.0, 1.0, lo_open=True, hi_open=True, fix="e.g. policy.delta=0.05")
     check_number("policy.simulations", p["simulations"], 1, 100000, fix="e.g. policy.simulations=400")
     path = p["calibration"] or committed_for(ctx.identities)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,8 +27,16 @@ from rodeco import BuildContext, ConfigError, PromptView, RoundView, check_numbe
 
 log = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, Any] = {"alpha": 0.5, "alpha_min": 0.1, "alpha_max": 0.8, "tau_low": 0.0, "tau_high": 0.8,
-                            "min_candidates": 4}
+
+@dataclass
+class CorrelationParams:
+    alpha: float = field(default=0.5, metadata={"help": "the rate before two decision points exist"})
+    alpha_min: float = field(default=0.1, metadata={"help": "the rate at tau <= tau_low"})
+    alpha_max: float = field(default=0.8, metadata={"help": "the rate at tau >= tau_high (linear in between)"})
+    tau_low: float = 0.0
+    tau_high: float = 0.8
+    min_candidates: int = field(default=4, metadata={"help": "a prompt needs this many candidates at both decision "
+                                                              "points to use its own tau"})
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,7 @@ class CorrelationPolicy:
 
 
 def build_correlation(params: dict[str, Any], ctx: BuildContext) -> CorrelationPolicy:
-    p = take_params("policy", params, DEFAULTS)
+    p = take_params("policy", params, CorrelationParams)
     rate_fix = "rates are fractions of a prompt's rows in [0, 1), e.g. 0.5"
     alpha = check_number("policy.alpha", p["alpha"], 0.0, 1.0, hi_open=True, fix=rate_fix)
     alpha_min = check_number("policy.alpha_min", p["alpha_min"], 0.0, 1.0, hi_open=True, fix=rate_fix)
@@ -120,8 +128,8 @@ def build_correlation(params: dict[str, Any], ctx: BuildContext) -> CorrelationP
     if tau_low >= tau_high:
         raise ConfigError("policy.tau_high", tau_high, f"must be above policy.tau_low={tau_low}",
                           "set e.g. policy.tau_low=0 policy.tau_high=0.8")
-    m = p["min_candidates"]
-    if not (isinstance(m, int) and not isinstance(m, bool) and m >= 2):
+    m = p["min_candidates"]  # an integer (CorrelationParams)
+    if m < 2:
         raise ConfigError("policy.min_candidates", m, "must be an integer >= 2",
                           "set e.g. policy.min_candidates=4 (prompts with fewer use the pooled tau)")
     return CorrelationPolicy(alpha, alpha_min, alpha_max, tau_low, tau_high, m)

@@ -23,22 +23,31 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     from rodeco_rewards.logprob import build_logprob
     from rodeco_rewards.minilm.reward import build_minilm_rm
     from rodeco_rewards.preference_rm import build_preference_rm
+    from rodeco_rewards.composite import CompositeParams
+    from rodeco_rewards.logprob import LogProbParams
+    from rodeco_rewards.minilm.reward import MiniLMParams
+    from rodeco_rewards.preference_rm import PreferenceRMParams
+    from rodeco_rewards.learned_heads import HeadParams
+    from rodeco_rewards.callable_reward import CustomParams, LengthParams
 
-    register("logprob", build_logprob, "log-probability of the response (mean, sum or -perplexity), generator's own")
+    register("logprob", build_logprob, "log-probability of the response (mean, sum or -perplexity), generator's own",
+             params=LogProbParams)
     register("minilm_rm", build_minilm_rm,
-             "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs")
+             "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs", params=MiniLMParams)
     register("preference_rm", build_preference_rm, "any AutoModelForSequenceClassification reward model (hub name "
-             "or local dir)")
-    register("composite", build_composite, "a weighted sum of named rewards, optionally standardized")
-    register("length", value_function(response_length, params={"scale": 1.0}),
-             "characters of the response / scale (a value function; the length-only baseline)")
-    register("custom", build_custom, "any registered reward or value function, named by reward.function")
+             "or local dir)", params=PreferenceRMParams)
+    register("composite", build_composite, "a weighted sum of named rewards, optionally standardized",
+             params=CompositeParams)
+    register("length", value_function(response_length, params=LengthParams),
+             "characters of the response / scale (a value function; the length-only baseline)", params=LengthParams)
+    register("custom", build_custom, "any registered reward or value function, named by reward.function",
+             params=CustomParams)
     from rodeco_rewards.learned_heads import build_text_value, build_value_head
 
     register("value_head", build_value_head, "learned partial scorer: a head on the generator's hidden state "
-             "(partial_reward only; rodeco experiment=value_train)")
+             "(partial_reward only; rodeco experiment=value_train)", params=HeadParams)
     register("text_value", build_text_value, "learned partial scorer: a head on the embedded RM's features of the "
-             "partial text (rodeco experiment=value_train)")
+             "partial text (rodeco experiment=value_train)", params=HeadParams)
 
 
 @hookimpl

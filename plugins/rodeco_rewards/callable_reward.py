@@ -20,9 +20,13 @@ See docs/rewards.md for a runnable example.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rodeco import required
 
 from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, ScoreRequest, take_params
 
@@ -50,22 +54,25 @@ class FunctionReward:
 
 
 def value_function(fn: Callable[..., Any], *, batched: bool = False, needs_logprobs: bool = False,
-                   params: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], BuildContext], FunctionReward]:
+                   params: Mapping[str, Any] | type | None = None
+                   ) -> Callable[[dict[str, Any], BuildContext], FunctionReward]:
     """A reward factory for ``register(name, factory)`` made from a plain callable.
 
     ``fn(prompt, response, partial, **params) -> float``, or with ``batched=True``
     ``fn(requests, **params) -> list[float]``. ``params`` are the defaults of the keyword parameters a config may
-    set (``reward.<param>``); an unknown key is a ``ConfigError`` naming it. ``needs_logprobs=True`` makes the loop
+    set (``reward.<param>``), a dict or the dataclass also registered as the reward's ``params``; an unknown key is a
+    ``ConfigError`` naming it. ``needs_logprobs=True`` makes the loop
     fill ``ScoreRequest.logprobs`` (batched functions read them from the requests).
     """
     if not callable(fn):
         raise TypeError(f"value_function needs a callable, got {fn!r}")
-    defaults = dict(params or {})
+    schema = params if dataclasses.is_dataclass(params) else None
+    defaults = dataclasses.asdict(schema()) if schema is not None else dict(params or {})  # type: ignore[operator]
     _check_signature(fn, batched, defaults)
 
     def factory(cfg_params: dict[str, Any], ctx: BuildContext) -> FunctionReward:
         return FunctionReward(fn, batched=batched, needs_logprobs=needs_logprobs,
-                              params=take_params("reward", cfg_params, defaults))
+                              params=take_params("reward", cfg_params, schema or defaults))
 
     factory.__doc__ = f"reward factory wrapping {getattr(fn, '__qualname__', fn)!r}"
     return factory
@@ -86,9 +93,24 @@ def _check_signature(fn: Callable[..., Any], batched: bool, params: Mapping[str,
                         f"with params {sorted(params)}: {e}") from None
 
 
-def response_length(prompt: str, response: str, partial: bool, scale: float = 1.0) -> float:
-    """The built-in example value function, and the length-only baseline: characters of the response / scale."""
+@dataclass
+class LengthParams:
+    scale: float = 1.0  # characters per unit of score
+
+
+def response_length(prompt: str, response: str, partial: bool, scale: float) -> float:
+    """The built-in example value function, and the length-only baseline: characters of the response / scale
+    (``scale``'s default: ``LengthParams``)."""
     return len(response) / scale
+
+
+@dataclass
+class CustomParams:
+    """``reward=custom``: ``function`` names the reward; the other keys are that reward's parameters (checked when
+    it is built)."""
+
+    function: str = required("a registered reward or value function, e.g. length")
+    open_keys: ClassVar[bool] = True
 
 
 def registries(ctx: BuildContext, who: str) -> Plugins:

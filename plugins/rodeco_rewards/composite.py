@@ -18,12 +18,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
 from rodeco import BuildContext, ConfigError, Reward, RewardCost, Scorer, ScoreRequest, take_params
 from rodeco_rewards.callable_reward import registries
+
+
+@dataclass
+class CompositeParams:
+    """The keys are fixed; what they hold is open (component nodes are checked when each component is built)."""
+
+    components: Optional[dict[str, Any]] = field(default=None, metadata={"help": "key -> a reward config node"})
+    weights: Optional[dict[str, Any]] = field(default_factory=dict, metadata={"help": "key -> weight (default 1.0)"})
+    standardize: Optional[dict[str, Any]] = field(default_factory=dict, metadata={
+        "help": "key -> auto or {mean, std}: (score - mean) / std before weighting"})
 
 
 class CompositeReward:
@@ -78,7 +89,7 @@ def _stats_of(key: str, spec: Any, reward: Reward) -> tuple[float, float]:
 
 
 def build_composite(params: dict[str, Any], ctx: BuildContext) -> CompositeReward:
-    p = take_params("reward", params, {"components": None, "weights": {}, "standardize": {}})
+    p = take_params("reward", params, CompositeParams)
     comps, weights, standardize = p["components"], p["weights"] or {}, p["standardize"] or {}
     if not isinstance(comps, dict) or not comps:
         raise ConfigError("reward.components", comps, "needs at least one named component",

@@ -18,9 +18,9 @@ import io
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -153,13 +153,19 @@ def _head_stem(kind: str, given: Any) -> Path:
     return p.with_suffix("") if p.suffix in (".npz", ".json") else p
 
 
+@dataclass
+class HeadParams:
+    head: Optional[str] = field(default=None, metadata={"help": "null: the committed head (rodeco "
+                                                                 "experiment=value_train); or a path to another"})
+
+
 def build_value_head(params: dict[str, Any], ctx: BuildContext) -> ValueHead:
-    p = take_params("reward", params, {"head": None})
+    p = take_params("reward", params, HeadParams)
     return ValueHead(Head.load(_head_stem("value_head", p["head"])))
 
 
 def build_text_value(params: dict[str, Any], ctx: BuildContext) -> TextValue:
-    p = take_params("reward", params, {"head": None})
+    p = take_params("reward", params, HeadParams)
     return TextValue(Head.load(_head_stem("text_value", p["head"])), minilm_encoder())
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, get_args
 
 from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.lm_scorer import LMScorer
 
-FORMS = ("mean", "perplexity", "sum")
+Form = Literal["mean", "perplexity", "sum"]
+FORMS: tuple[str, ...] = get_args(Form)
 MAX_EXP = 700.0  # exp(700) ~ 1e304: a perplexity beyond it is clipped so that the score stays finite
 
 
@@ -56,13 +58,24 @@ class LogProbReward:
         return [aggregate(lps, self.form, self.empty_score) for lps in all_lps]
 
 
+@dataclass
+class LogProbParams:
+    form: Form = field(default="mean", metadata={"help": "mean, perplexity (-exp(mean cross-entropy)) or sum"})
+    model: Optional[str] = field(default=None, metadata={"help": "null: the generator's own log-probs; or a causal "
+                                                                  "LM (hub name, local dir, .gguf, smollm2)"})
+    empty_score: float = field(default=-1e3, metadata={"help": "the score of an empty response"})
+    gguf_file: Optional[str] = None  # with model: the GGUF file inside it
+    dtype: str = "auto"  # with model: its dtype (as generator.dtype)
+    device: str = "auto"  # with model: its device (auto: the generator's)
+    chat_template: bool = True  # with model: render the prompt with its chat template
+    batch_tokens: int = 16384  # with model: padded tokens per forward pass
+
+
 def build_logprob(params: dict[str, Any], ctx: BuildContext) -> LogProbReward:
-    p = take_params("reward", params, {"empty_score": -1e3, "form": "mean", "model": None, "gguf_file": None,
-                                       "dtype": "auto", "device": "auto", "chat_template": True,
-                                       "batch_tokens": 16384})
+    p = take_params("reward", params, LogProbParams)
     lm = None
     if p["model"] is not None:
-        check_positive_int("reward.batch_tokens", p["batch_tokens"], 16384)
+        check_positive_int("reward.batch_tokens", p["batch_tokens"], LogProbParams.batch_tokens)
         lm = _load_lm(p, ctx)
     return LogProbReward(empty_score=float(p["empty_score"]), form=p["form"], lm=lm)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional, Union
 
 import torch
 
@@ -23,11 +24,26 @@ from rodeco_rewards.rm_format import RMFormat, encode, make_format
 
 log = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, Any] = {
-    "model": None, "dtype": "auto", "device": "auto", "device_map": None, "trust_remote_code": False,
-    "chat_template": "auto", "template": None, "max_length": None, "truncation_side": "right",
-    "batch_tokens": 16384, "max_batch_size": 64, "label": None,
-}
+
+
+@dataclass
+class PreferenceRMParams:
+    model: Optional[str] = field(default=None, metadata={"help": "hub name or local directory of the reward model"})
+    dtype: str = field(default="auto", metadata={"help": "auto: bf16 on CUDA, fp32 on CPU"})
+    device: str = field(default="auto", metadata={"help": "auto: the generator's device"})
+    device_map: Optional[Union[str, dict[str, Any]]] = field(default=None, metadata={
+        "help": "e.g. auto to shard a large RM over several GPUs"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "run the model repository's own code (ArmoRM)"})
+    chat_template: Union[bool, Literal["auto"]] = field(default="auto", metadata={
+        "help": "auto: the RM's own chat template when its tokenizer has one, else `template`"})
+    template: Optional[str] = field(default=None, metadata={
+        "help": 'null: "\\n\\nHuman: {prompt}\\n\\nAssistant: {response}"; or "pair" (sentence-pair encoding)'})
+    max_length: Optional[int] = field(default=None, metadata={"help": "null: the RM's own limit"})
+    truncation_side: Literal["right", "left"] = "right"
+    batch_tokens: int = field(default=16384, metadata={"help": "padded tokens per forward pass"})
+    max_batch_size: int = 64
+    label: Optional[int] = field(default=None, metadata={"help": "which logit is the reward when the model has "
+                                                                  "several"})
 
 
 def resolve_device(device: str, ctx: BuildContext, key: str = "reward.device") -> torch.device:
@@ -148,11 +164,8 @@ def _pad_id(model: torch.nn.Module, tokenizer) -> int:
 
 
 def build_preference_rm(params: dict[str, Any], ctx: BuildContext) -> PreferenceRM:
-    p = take_params("reward", params, DEFAULTS)
+    p = take_params("reward", params, PreferenceRMParams)
     src = locate_model(p["model"])
-    if not isinstance(p["trust_remote_code"], bool):
-        raise ConfigError("reward.trust_remote_code", p["trust_remote_code"], "must be true or false",
-                          "set it to true only for models whose code you trust (e.g. ArmoRM)")
     device = resolve_device(str(p["device"]), ctx)
     dtype = resolve_dtype(str(p["dtype"]), device)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer

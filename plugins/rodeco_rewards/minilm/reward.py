@@ -12,8 +12,9 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -26,6 +27,16 @@ from rodeco_rewards.minilm.head import BTHead, load_head
 log = logging.getLogger(__name__)
 
 ASSET_STEM = Path(__file__).resolve().parents[1] / "assets" / "minilm_bt_head"
+
+
+@dataclass
+class MiniLMParams:
+    head: Optional[str] = field(default=None, metadata={"help": "null: the committed head "
+                                                                 "(rodeco_rewards/assets/minilm_bt_head); or a path"})
+    encoder: Optional[str] = field(default=None, metadata={"help": "null: the embedded all-MiniLM-L6-v2; or a "
+                                                                    "directory holding another"})
+    device: str = field(default="auto", metadata={"help": "auto: the generator's device"})
+    batch_tokens: int = field(default=8192, metadata={"help": "padded encoder tokens per forward pass"})
 
 
 def head_stem(path: str) -> Path:
@@ -91,8 +102,8 @@ class MiniLMReward:
 def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
     from rodeco_rewards.preference_rm import resolve_device
 
-    p = take_params("reward", params, {"head": None, "encoder": None, "device": "auto", "batch_tokens": 8192})
-    check_positive_int("reward.batch_tokens", p["batch_tokens"], 8192)
+    p = take_params("reward", params, MiniLMParams)
+    check_positive_int("reward.batch_tokens", p["batch_tokens"], MiniLMParams.batch_tokens)
     stem = ASSET_STEM if p["head"] is None else head_stem(str(p["head"]))
     if not Path(str(stem) + ".json").is_file() or not Path(str(stem) + ".safetensors").is_file():
         raise ConfigError("reward.head", p["head"], f"no head at {stem}.json/.safetensors",
