@@ -1,0 +1,390 @@
+"""The one command that proves rodeco's CUDA paths the first time a GPU is at hand (about 8 minutes on one GPU).
+
+    python scripts/gpu_check.py                       # bf16 on cuda, the embedded SmolLM2; report in gpu_check/
+    python scripts/gpu_check.py --out DIR --model smollm2 --steps greedy,survivors
+    python scripts/gpu_check.py --device cpu --quick  # the same logic on CPU with tiny sizes (to test the script)
+
+Steps (each timed and recorded; one that fails does not stop the others; a global time limit skips what is left):
+
+1. ``greedy``: both torch engines (``fast``, ``hf``) greedy-decode in the dtype against ``model.generate()``; per
+   prompt, exact or the first token where they part.
+2. ``survivors``: Speculative Rejection (``fixed`` alpha 0.5 under a budget that forces rejections) against
+   Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix.
+3. ``budget``: a run whose budget comes from free CUDA memory (``budget.kv_tokens=null``, ``n=auto``); the peak
+   KV bytes stay within that budget and the peak allocated memory within the free memory it was computed from.
+4. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
+   budget asks for more); the run backs off, finishes, and equals a run started at the settings it backed off to.
+5. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``).
+6. ``efficiency``: Speculative Rejection live against Best-of-N live on AlpacaFarm prompts, both with measured
+   wall times: SR at the memory Best-of-4 fills, Best-of-N at the smallest N whose mean best reward reaches SR's.
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` in ``--out``. Without CUDA (and ``--device cuda``) it says so in
+both and exits 0. Exit 1 when a step failed its check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEPS = ("greedy", "survivors", "budget", "oom", "engine_bench", "efficiency")
+PROMPTS = ["Give three tips for staying healthy.", "Explain in two sentences why the sky is blue.",
+           "Write a haiku about autumn.", "What are the names of some famous actors that started on Broadway?"]
+log = logging.getLogger("gpu_check")
+
+
+@dataclass
+class Sizes:
+    """How big each step runs: full on a GPU, tiny with --quick."""
+
+    new_tokens: int = 64
+    rows: int = 16  # Best-of-N / SR start rows in the survivors step
+    bench_batch: int = 64
+    bench_tokens: int = 64
+    bench_repeats: int = 3
+    eff_prompts: int = 8
+    eff_bon: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    budget_fraction: float = 0.05  # of free memory, in the budget step (n=auto fills it)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(new_tokens=12, rows=6, bench_batch=8, bench_tokens=8, bench_repeats=1, eff_prompts=2, eff_bon=(1, 2, 4, 8), budget_fraction=0.05)
+
+
+@dataclass
+class Check:
+    args: argparse.Namespace
+    sizes: Sizes
+    deadline: float
+    report: dict[str, Any] = field(default_factory=dict)
+    _gens: dict[str, Any] = field(default_factory=dict)
+
+    def overrides(self, engine: str = "auto") -> list[str]:
+        return [f"generator.model={self.args.model}", f"generator.engine={engine}", f"generator.dtype={self.args.dtype}",
+                f"generator.device={self.args.device}", "reward=logprob", "output.progress=false"]
+
+    def generator(self, engine: str):
+        """The generator for one engine, loaded once (the fast engine and hf share nothing but the weights' file)."""
+        if engine not in self._gens:
+            import rodeco
+            from rodeco.loading import load_generator
+
+            self._gens[engine] = load_generator(rodeco.load_config(self.overrides(engine)).generator)
+        return self._gens[engine]
+
+    def decode(self, prompts: list[str], engine: str, overrides: list[str], **kw):
+        import rodeco
+
+        sync(self.args.device)
+        t0 = time.perf_counter()
+        out = rodeco.decode(prompts, generator=self.generator(engine), overrides=[*self.overrides(engine), *overrides],
+                            **kw)
+        sync(self.args.device)
+        return out, time.perf_counter() - t0
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (or one ends early); None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def step_greedy(c: Check) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {}
+    for engine in ("fast", "hf"):
+        gen = c.generator(engine)
+        res, _ = c.decode(PROMPTS, engine, ["policy=none", "budget=unlimited", "sampling.temperature=0",
+                                            f"sampling.max_new_tokens={c.sizes.new_tokens}"], n=1)
+        parts = []
+        for p, r in zip(PROMPTS, res.results):
+            ids = torch.tensor([gen.encode(p)], device=gen.device)
+            ref = gen.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=c.sizes.new_tokens, eos_token_id=gen.eos_ids,
+                                     pad_token_id=gen.pad_id)[0, ids.shape[1]:].tolist()
+            ref = ref[: next((i for i, t in enumerate(ref) if t in gen.eos_ids), len(ref))]
+            parts.append(first_divergence(list(r.best.token_ids), ref))
+        out[engine] = {"prompts": len(PROMPTS), "exact": sum(d is None for d in parts), "first_divergence": parts}
+    out["ok"] = all(out[e]["exact"] == len(PROMPTS) for e in ("fast", "hf"))
+    out["note"] = "a bf16 divergence is round-off between two different kernels' orders, not a logic error, when " \
+                  "the survivors step (same kernels on both sides) is exact"
+    return out
+
+
+def step_survivors(c: Check) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    n, new = c.sizes.rows, c.sizes.new_tokens
+    for engine in ("fast", "hf"):
+        gen = c.generator(engine)
+        L0 = max(len(gen.encode(p)) for p in PROMPTS[:2])
+        shared, base = (L0, 0) if gen.shares_prefix else (0, L0)
+        kv = 2 * (shared + n * (base + max(8, new // 3)))  # every row fits the first round, not the end: SR rejects
+        common = [f"sampling.max_new_tokens={new}", "output.all_candidates=true", "sampling.ignore_eos=false"]
+        bon, _ = c.decode(PROMPTS[:2], engine, ["policy=none", "budget=unlimited", *common], n=n)
+        sr, _ = c.decode(PROMPTS[:2], engine, ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}",
+                                               "budget.min_tokens_per_round=4", *common], n=n)
+        same = prefix = rejected = wrong = 0
+        for x, y in zip(bon.results, sr.results):
+            full = {k.candidate_id: list(k.token_ids) for k in x.candidates}
+            for k in y.candidates:
+                ids = list(k.token_ids)
+                if k.finished:
+                    same += ids == full[k.candidate_id]
+                    wrong += ids != full[k.candidate_id]
+                else:
+                    rejected += 1
+                    prefix += full[k.candidate_id][: len(ids)] == ids
+                    wrong += full[k.candidate_id][: len(ids)] != ids
+        out[engine] = {"survivors_equal": same, "rejected": rejected, "rejected_prefix": prefix, "mismatches": wrong,
+                       "peak_kv_tokens": sr.compute.peak_kv_tokens, "budget_kv_tokens": kv,
+                       "within_budget": sr.compute.peak_kv_tokens <= kv}
+    out["ok"] = all(out[e]["mismatches"] == 0 and out[e]["rejected"] > 0 and out[e]["within_budget"]
+                    for e in ("fast", "hf"))
+    return out
+
+
+def step_budget(c: Check) -> dict[str, Any]:
+    if not c.args.device.startswith("cuda"):
+        return {"skipped": "needs CUDA (the budget comes from free CUDA memory)"}
+    import torch
+
+    gen = c.generator("fast")
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(gen.device)
+    base = torch.cuda.memory_allocated(gen.device)
+    torch.cuda.reset_peak_memory_stats(gen.device)
+    frac = c.sizes.budget_fraction
+    res, secs = c.decode(PROMPTS[:1], "fast", ["policy=fixed", "budget=cuda", "budget.kv_tokens=null",
+                                               f"budget.memory_fraction={frac}",
+                                               f"sampling.max_new_tokens={c.sizes.new_tokens}"], n="auto")
+    from rodeco.budget import budget_from_device
+
+    kv = budget_from_device(free, gen.kv_bytes_per_token, frac, int(2.0 * 2**30))
+    peak = torch.cuda.max_memory_allocated(gen.device) - base
+    r = res.results[0]
+    out = {"free_gib": free / 2**30, "total_gib": total / 2**30, "memory_fraction": frac, "budget_kv_tokens": kv,
+           "budget_gib": kv * gen.kv_bytes_per_token / 2**30, "rows_started": r.n_start,
+           "peak_kv_tokens": res.compute.peak_kv_tokens, "peak_kv_gib": res.compute.peak_kv_bytes / 2**30,
+           "peak_allocated_above_weights_gib": peak / 2**30, "seconds": secs,
+           "kv_within_budget": res.compute.peak_kv_tokens <= kv, "allocated_within_free": peak <= free}
+    out["ok"] = out["kv_within_budget"] and out["allocated_within_free"]
+    return out
+
+
+def step_oom(c: Check) -> dict[str, Any]:
+    if not c.args.device.startswith("cuda"):
+        return {"skipped": "needs CUDA (a real out-of-memory error)"}
+    import torch
+
+    gen = c.generator("fast")
+    torch.cuda.empty_cache()
+    _, total = torch.cuda.mem_get_info(gen.device)
+    weights = torch.cuda.memory_allocated(gen.device)
+    cap = weights + int(1.5 * 2**30)  # the process may hold the weights and 1.5 GiB more
+    kv = int(6 * 2**30 // gen.kv_bytes_per_token)  # a budget that asks for 6 GiB of KV cache
+    ov = ["policy=fixed", f"budget.kv_tokens={kv}", "data.batch_prompts=2", f"sampling.max_new_tokens={c.sizes.new_tokens}",
+          "sampling.ignore_eos=true"]
+    torch.cuda.set_per_process_memory_fraction(cap / total, gen.device)
+    logs: list[str] = []
+    handler = _Collect(logs)
+    logging.getLogger("rodeco.backoff").addHandler(handler)
+    try:
+        faulted, secs = c.decode(PROMPTS, "fast", ov, n="auto")
+    finally:
+        logging.getLogger("rodeco.backoff").removeHandler(handler)
+        torch.cuda.set_per_process_memory_fraction(1.0, gen.device)
+        torch.cuda.empty_cache()
+    halvings = sum("budget.kv_tokens" in m for m in logs)
+    final_kv = max(1, int(kv * 0.5 ** halvings))
+    batch = 1 if any("data.batch_prompts -> 1" in m for m in logs) else 2
+    direct, _ = c.decode(PROMPTS, "fast", [*ov[:1], f"budget.kv_tokens={final_kv}", f"data.batch_prompts={batch}",
+                                           *ov[3:]], n="auto")
+    same = [list(a.best.token_ids) == list(b.best.token_ids) for a, b in zip(faulted.results, direct.results)]
+    out = {"cap_gib": cap / 2**30, "asked_kv_gib": kv * gen.kv_bytes_per_token / 2**30, "backoff_warnings": logs,
+           "seconds": secs, "final_batch_prompts": batch, "final_kv_tokens": final_kv,
+           "prompts_finished": len(faulted.results), "same_winners_as_a_run_at_the_final_settings": sum(same)}
+    out["ok"] = bool(logs) and len(faulted.results) == len(PROMPTS) and all(same)
+    return out
+
+
+class _Collect(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+def step_engine_bench(c: Check) -> dict[str, Any]:
+    import rodeco
+
+    s = c.sizes
+    cfg = rodeco.load_config(["experiment=engine_bench", *c.overrides(), f"experiment_args.batch={s.bench_batch}",
+                              f"experiment_args.new_tokens={s.bench_tokens}",
+                              f"experiment_args.repeats={s.bench_repeats}"])
+    res = rodeco.run(cfg).extra
+    keep = ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
+            "matmul_peak_fraction", "batch", "new_tokens", "engine", "dtype", "device", "runs_rodeco", "runs_hf")
+    return {**{k: res[k] for k in keep if k in res}, "ok": res["speedup_vs_hf_generate"] > 0}
+
+
+def step_efficiency(c: Check) -> dict[str, Any]:
+    """SR (n=auto: as many rows as the first round fits) at the memory Best-of-4 fills at full length, against
+    Best-of-N live; N: the smallest whose mean best reward reaches SR's."""
+    import rodeco
+    from rodeco.budget import full_length_tokens
+    from rodeco.data import prompts_of
+
+    s = c.sizes
+    cfg = rodeco.load_config(["data=alpacafarm100", f"data.limit={s.eff_prompts}"])
+    prompts = [p.text for p in prompts_of(cfg.data)]
+    gen = c.generator("auto")
+    L0 = max(len(gen.encode(p)) for p in prompts)
+    kv = full_length_tokens(4, L0, s.new_tokens, gen.shares_prefix)
+    common = [f"sampling.max_new_tokens={s.new_tokens}", "data.batch_prompts=1"]
+    sr, sr_s = c.decode(prompts, "auto", ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", *common],
+                        n="auto")
+    sr_row = figures(sr, sr_s)
+    rows = []
+    for N in s.eff_bon:
+        bon, bon_s = c.decode(prompts, "auto", ["policy=none", "budget=unlimited", *common], n=N)
+        rows.append({"N": N, **figures(bon, bon_s)})
+        if rows[-1]["mean_best"] >= sr_row["mean_best"]:
+            break
+    match = rows[-1]
+    out = {"prompts": len(prompts), "reward": "logprob (mean)", "budget_kv_tokens": kv,
+           "sr_start_rows": [r.n_start for r in sr.results], "sr": sr_row, "best_of_n": rows,
+           "matched_n": match["N"], "matched": match["mean_best"] >= sr_row["mean_best"],
+           "speedup_run_seconds": match["run_seconds"] / sr_row["run_seconds"],
+           "speedup_wall_seconds": match["wall_seconds"] / sr_row["wall_seconds"],
+           "flops_ratio_bon_over_sr": match["flops"] / sr_row["flops"],
+           "note": "run_seconds: the runs' own phases (prefill, decode, scoring, pruning; CUDA-synchronized); "
+                   "wall_seconds adds composing the config. Best-of-N stops at the first N that reaches SR's mean"}
+    out["ok"] = True  # a measurement, not a pass/fail check
+    return out
+
+
+def figures(out, wall: float) -> dict[str, float]:
+    c = out.compute
+    return {"mean_best": mean(r.best.score for r in out.results), "run_seconds": float(sum(c.time_s.values())),
+            "wall_seconds": wall, "flops": c.total_flops, "decode_tokens": c.gen_decode_tokens,
+            "peak_kv_tokens": c.peak_kv_tokens}
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return float(sum(xs) / max(1, len(xs)))
+
+
+STEP_FNS: dict[str, Callable[[Check], dict[str, Any]]] = {
+    "greedy": step_greedy, "survivors": step_survivors, "budget": step_budget, "oom": step_oom,
+    "engine_bench": step_engine_bench, "efficiency": step_efficiency}
+
+
+def environment(device: str) -> dict[str, Any]:
+    import platform
+
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "cuda_available": torch.cuda.is_available(), "device": device}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return env
+
+
+def run_steps(c: Check, steps: list[str]) -> None:
+    for name in steps:
+        if time.monotonic() > c.deadline:
+            c.report["steps"][name] = {"skipped": "the time limit was reached", "ok": None}
+            continue
+        t0 = time.monotonic()
+        log.info("step %s", name)
+        try:
+            res = STEP_FNS[name](c)
+        except Exception as e:  # recorded; the other steps still run
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        res.setdefault("ok", None)
+        res["step_seconds"] = time.monotonic() - t0
+        c.report["steps"][name] = res
+        log.info("step %s: ok=%s (%.1f s)", name, res["ok"], res["step_seconds"])
+        write_report(c.report, Path(c.args.out))  # after every step: a killed run keeps what it measured
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "gpu_check.md").write_text(markdown(report), encoding="utf-8")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# rodeco GPU check", "", f"environment: `{json.dumps(report.get('environment', {}))}`", ""]
+    if report.get("skipped"):
+        return "\n".join([*lines, f"**skipped: {report['skipped']}**", ""])
+    lines += ["| step | ok | seconds | figures |", "|---|---|---|---|"]
+    for name, r in report.get("steps", {}).items():
+        figs = {k: v for k, v in r.items() if k not in ("ok", "step_seconds", "traceback")}
+        text = json.dumps(figs, default=lambda x: round(x, 4) if isinstance(x, float) else str(x))
+        lines.append(f"| {name} | {r.get('ok')} | {r.get('step_seconds', 0):.1f} | `{text[:1500]}` |")
+    return "\n".join([*lines, ""])
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="gpu_check", help="report directory (gpu_check.json, gpu_check.md)")
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (to test the script)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--model", default="smollm2", help="generator.model: embedded name, directory, .gguf, hub name")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds a step)")
+    ap.add_argument("--time-limit", type=float, default=480.0, help="seconds; steps not started by then are skipped")
+    a = ap.parse_args(argv)
+    bad = [s for s in a.steps.split(",") if s not in STEPS]
+    if bad:
+        ap.error(f"--steps: unknown {bad}; choose from {','.join(STEPS)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import torch
+
+    report: dict[str, Any] = {"environment": environment(a.device), "args": vars(a), "steps": {}}
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        report["skipped"] = "no CUDA device: nothing to check here (run it on a machine with a GPU)"
+        write_report(report, Path(a.out))
+        print(f"gpu_check: skipped: no CUDA ({Path(a.out) / 'gpu_check.md'})")
+        return 0
+    c = Check(a, Sizes.quick() if a.quick else Sizes(), time.monotonic() + a.time_limit, report)
+    run_steps(c, a.steps.split(","))
+    failed = [k for k, r in report["steps"].items() if r.get("ok") is False]
+    report["failed"] = failed
+    write_report(report, Path(a.out))
+    print(markdown(report))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
