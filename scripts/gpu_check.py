@@ -198,10 +198,10 @@ def step_oom(c: Check) -> dict[str, Any]:
     torch.cuda.empty_cache()
     _, total = torch.cuda.mem_get_info(gen.device)
     weights = torch.cuda.memory_allocated(gen.device)
-    cap = weights + int(1.5 * 2**30)  # the process may hold the weights and 1.5 GiB more
+    cap = weights + int(3 * 2**30)  # the process may hold the weights and 3 GiB more
     kv = int(6 * 2**30 // gen.kv_bytes_per_token)  # a budget that asks for 6 GiB of KV cache
     ov = ["policy=fixed", f"budget.kv_tokens={kv}", "data.batch_prompts=2", f"sampling.max_new_tokens={c.sizes.new_tokens}",
-          "sampling.ignore_eos=true"]
+          "sampling.ignore_eos=true", "budget.min_tokens_per_round=64"]  # n=auto: rows' KV, not logits, fill it
     torch.cuda.set_per_process_memory_fraction(cap / total, gen.device)
     logs: list[str] = []
     handler = _Collect(logs)
