@@ -1,6 +1,10 @@
 """Compute accounting of one batch: generator tokens and FLOPs (from the session's counts), each scoring role's
 tokens, FLOPs, calls and time (the ``reward`` that scores finished rows, the ``partial_reward`` that scores active
-rows at decision points; one scorer may play both), wall time per phase, peak KV memory."""
+rows at decision points; one scorer may play both), wall time per phase, peak KV memory.
+
+On CUDA, kernels run asynchronously: a phase's clock is read only after ``torch.cuda.synchronize`` on every CUDA
+device that holds the generator's layers, at both ends, so the phase is charged the GPU work it queued. On CPU no
+``torch.cuda`` function is called."""
 
 from __future__ import annotations
 
@@ -19,19 +23,42 @@ ROLES = ("reward", "partial_reward")
 PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key of each role's scoring
 
 
+def cuda_devices(gen: Generator) -> list[str]:
+    """The CUDA devices whose queued work a phase's wall time must wait for: none unless the generator is on CUDA
+    (a replayed pool's generator is on the CPU); with ``generator.device_map``, every one holding its layers."""
+    device = getattr(gen, "device", None)
+    if device is None or device.type != "cuda":
+        return []
+    layers = getattr(gen, "layer_devices", None)
+    found = [d for d in layers() if d.startswith("cuda")] if layers is not None else []
+    return found or [str(device)]
+
+
+def synchronize(devices: list[str]) -> None:
+    """Wait for the work queued on ``devices`` (nothing to wait for, and no ``torch.cuda`` call, when empty)."""
+    if devices:
+        import torch
+
+        for d in devices:
+            torch.cuda.synchronize(d)
+
+
 class Accounting:
     def __init__(self, gen: Generator, n_prompts: int) -> None:
         self.gen, self.n_prompts = gen, n_prompts
+        self.sync = cuda_devices(gen)  # [] on CPU
         self.times: dict[str, float] = {}
         self.requests = {r: np.zeros(n_prompts) for r in ROLES}  # requests scored per prompt, per role
         self.cost = {r: np.zeros(3) for r in ROLES}  # tokens, FLOPs, calls spent in each role
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
+        synchronize(self.sync)  # work queued before the phase is not the phase's
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            synchronize(self.sync)  # the phase's own GPU work is done before the clock is read
             self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
 
     @contextmanager
