@@ -37,14 +37,16 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # the values of generator.dtype besides auto
+
+
 def resolve_dtype(dtype: str, device: torch.device, key: str = "generator.dtype") -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ConfigError(key, dtype, "unknown dtype", f"use one of auto, {', '.join(table)}")
-    return table[dtype]
+    if dtype not in DTYPES:
+        raise ConfigError(key, dtype, "unknown dtype", f"use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def locate(model: str, gguf_file: str | None) -> tuple[str, str | None]:

@@ -255,7 +255,7 @@ def step_efficiency(c: Check) -> dict[str, Any]:
     from rodeco.data import prompts_of
 
     s = c.sizes
-    cfg = rodeco.load_config(["data=alpacafarm100", f"data.limit={s.eff_prompts}"])
+    cfg = rodeco.load_config([f"data={c.args.data}", f"data.limit={s.eff_prompts}"])
     prompts = [p.text for p in prompts_of(cfg.data)]
     gen = c.generator("auto")
     L0 = max(len(gen.encode(p)) for p in prompts)
@@ -271,7 +271,7 @@ def step_efficiency(c: Check) -> dict[str, Any]:
         if rows[-1]["mean_best"] >= sr_row["mean_best"]:
             break
     match = rows[-1]
-    out = {"prompts": len(prompts), "reward": "logprob (mean)", "budget_kv_tokens": kv,
+    out = {"prompts": len(prompts), "data": c.args.data, "reward": "logprob (mean)", "budget_kv_tokens": kv,
            "sr_start_rows": [r.n_start for r in sr.results], "sr": sr_row, "best_of_n": rows,
            "matched_n": match["N"], "matched": match["mean_best"] >= sr_row["mean_best"],
            "speedup_run_seconds": match["run_seconds"] / sr_row["run_seconds"],
@@ -357,6 +357,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--model", default="smollm2", help="generator.model: embedded name, directory, .gguf, hub name")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--data", default="alpacafarm100", help="the data option whose prompts the efficiency step uses")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds a step)")
     ap.add_argument("--time-limit", type=float, default=480.0, help="seconds; steps not started by then are skipped")
     a = ap.parse_args(argv)

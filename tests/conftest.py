@@ -81,6 +81,21 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_bf16():
+    """The embedded generator in bfloat16 (the GPU default) on CPU: ``build(engine)`` gives a ``Generator`` that
+    drives it with that engine (the weights are loaded once per test session)."""
+    from rodeco.generator import Generator
+    from rodeco.loading import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("smollm2", dtype="bfloat16", device="cpu")
+
+    def build(engine: str) -> Generator:
+        return Generator(model, tok, engine=engine, name="smollm2")
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a word-level tokenizer (words w0..w60) saved to disk, for the CLI to load."""
     from test_hooks import one_thread, tiny_generator

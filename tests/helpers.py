@@ -23,3 +23,18 @@ def hf_greedy(model, gen, prompt: str, max_new_tokens: int) -> list[int]:
         if t in gen.eos_ids:
             return new[:i]
     return new
+
+
+def hf_greedy_logits(gen, prompt: str, max_new_tokens: int) -> tuple[list[int], bool, torch.Tensor]:
+    """``model.generate()``'s greedy continuation of one prompt on the generator's device: (the tokens without the
+    EOS token, whether it ended with EOS, the logits each token was chosen from [steps, V] in float32)."""
+    ids = torch.tensor([gen.encode(prompt)], device=gen.device)
+    out = gen.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                             min_new_tokens=0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id, output_logits=True,
+                             return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:].tolist()
+    logits = torch.stack(out.logits)[:, 0].float().cpu()
+    for i, t in enumerate(new):
+        if t in gen.eos_ids:
+            return new[:i], True, logits[: i + 1]
+    return new, False, logits

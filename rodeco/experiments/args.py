@@ -15,6 +15,7 @@ class EngineBenchArgs:
     new_tokens: int = required("tokens each row decodes (EOS ignored)")
     repeats: int = required("timed runs of each side, alternating")
     prompts: list[str] = required("the prompts")
+    matmul_size: int = required("n of the n x n matmul (generator dtype) that measures the peak")
 
 
 @dataclass

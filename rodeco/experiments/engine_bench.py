@@ -2,8 +2,8 @@
 
 Both decode the same prompts at the same batch size with the same sampling (T, top-k, top-p) for exactly the
 same number of new tokens (EOS ignored), in one process, alternating runs; the median run of each is reported.
-The machine's fp32 matmul peak ``P`` is measured in the same run, and ``F = A * flops_per_token / P`` says how
-close rodeco's decode gets to it.
+The machine's matmul peak ``P`` in the generator's dtype is measured in the same run, and ``F = A * flops_per_token / P`` says how
+close rodeco's decode gets to it. On CUDA every clock read waits for the device (``torch.cuda.synchronize``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from rodeco.state import Compute, RunOutput
 log = logging.getLogger(__name__)
 
 
-def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu") -> float:
-    """The best fp32 ``n x n`` matmul rate, over ``torch.mm`` and (on CPU) the oneDNN prepacked path that the fast
-    engine uses, so that ``F`` is not flattered by a slower reference kernel."""
+def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """The best ``n x n`` matmul rate in ``dtype``, over ``torch.mm`` and (on CPU) the oneDNN prepacked path that the
+    fast engine uses, so that ``F`` is not flattered by a slower reference kernel."""
     from rodeco.engines.fast import _Linear
 
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     kernels = [lambda: a @ b]
     packed = _Linear(b.t().contiguous(), batch_hint=n)
     if packed.packed is not None:
@@ -51,10 +51,17 @@ def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu") -> flo
     return 2 * n**3 / best / 1e9
 
 
+def _clock(gen) -> float:
+    """The wall clock, once the generator's device has finished what was queued on it."""
+    if gen.device.type == "cuda":
+        torch.cuda.synchronize(gen.device)
+    return time.perf_counter()
+
+
 def _rodeco_run(gen, prompts: list[str], scorer: Scorer, policy, s: LoopSettings) -> float:
-    t0 = time.perf_counter()
+    t0 = _clock(gen)
     decode_batch(gen, scorer, policy, list(enumerate(prompts)), s)
-    return time.perf_counter() - t0
+    return _clock(gen) - t0
 
 
 @torch.inference_mode()
@@ -66,18 +73,19 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     for i, x in enumerate(ids):
         inp[i, L - len(x):], mask[i, L - len(x):] = torch.tensor(x), 1
     torch.manual_seed(seed)
-    t0 = time.perf_counter()
+    t0 = _clock(gen)
     out = gen.model.generate(inp.to(gen.device), attention_mask=mask.to(gen.device), do_sample=not sp.greedy,
                              temperature=sp.temperature or None, top_k=sp.top_k or None, top_p=sp.top_p,
                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=gen.pad_id)
-    dt = time.perf_counter() - t0
+    dt = _clock(gen) - t0
     assert out.shape[1] == L + new_tokens
     return dt
 
 
-def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOutput:
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    """``gen``: an already loaded generator (``scripts/gpu_check.py``), else ``cfg.generator``'s."""
     a = cfg.experiment_args
-    gen = load_generator(cfg.generator)
+    gen = gen or load_generator(cfg.generator)
     prompts = list(a.prompts)
     rows = a.batch // len(prompts)
     sp = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
@@ -97,7 +105,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         theirs.append(tokens / _hf_run(gen, prompts, rows, sp, a.new_tokens, cfg.seed))
         log.info("run %d: rodeco %.1f tok/s, hf %.1f tok/s", i, ours[-1], theirs[-1])
     A, B = statistics.median(ours), statistics.median(theirs)
-    P = matmul_peak_gflops(device=gen.device.type)
+    P = matmul_peak_gflops(a.matmul_size, device=gen.device.type, dtype=gen.dtype)
     L0 = max(len(gen.encode(p)) for p in prompts)
     flops_tok = gen.flops_per_token(L0 + a.new_tokens // 2)  # attention at the mean context
     F = A * flops_tok / (P * 1e9)

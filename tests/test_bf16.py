@@ -1,0 +1,226 @@
+"""bfloat16, the GPU default, on CPU: both torch engines on the embedded SmolLM2 in bf16, and the budget's bytes per
+KV token in each dtype.
+
+What is exact in bf16 and what is not (SmolLM2-135M on CPU; here 2 prompts x 12 tokens, and once 4 prompts x 64
+tokens with ``scripts/gpu_check.py``'s engine step):
+- one prompt per batch, one row, the ``hf`` engine: the same tokens as ``generate()``, bit for bit (the same
+  kernels on the same shapes; 4 of 4 prompts over 64 tokens);
+- batched rows (left padding, other batch sizes) and the ``fast`` engine (its own fused kernels) part from
+  ``generate()`` at the first near-tie: the two tokens' logits in ``generate()`` are within a few bf16 ulps (0 or 1
+  ulps seen); before it, every token is equal. Over 64 tokens the first tie came after 5 to 39 tokens (after 5 on
+  "Write a haiku about autumn." in every setting but the ``hf`` engine alone); 6 of 16 rows had none;
+- pruning is exact: a pruned session's rows continue bit for bit as the same rows of a session never pruned, and as
+  close to the fp32 model as a fresh bf16 forward;
+- so Speculative Rejection's survivors are Best-of-N's samples with the same ids, and the rejected ones prefixes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import hf_greedy_logits, run_tiny
+
+from rodeco.budget import budget_from_device, full_length_tokens
+from rodeco.config import make_budget
+from rodeco.sampling import SamplingParams
+from rodeco.session import Session
+
+PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
+NEW = 12
+GREEDY = ["sampling.temperature=0", "budget=unlimited", f"sampling.max_new_tokens={NEW}"]
+EOS = -1  # stands for any EOS token in a compared sequence
+BF16_ULP = torch.finfo(torch.bfloat16).eps  # spacing of bf16 numbers in [1, 2): 2**-7
+TIE_ULPS = 4  # two logits this many bf16 ulps apart are a tie that bf16 round-off may break either way
+
+
+@pytest.fixture(scope="module")
+def references(smollm2_bf16) -> dict[str, tuple[list[int], torch.Tensor]]:
+    """Per prompt: ``generate()``'s greedy tokens in bf16 (EOS as ``EOS``) and the logits each was chosen from."""
+    gen = smollm2_bf16("hf")
+    refs = {}
+    for p in PROMPTS:
+        ids, eos, logits = hf_greedy_logits(gen, p, NEW)
+        refs[p] = (ids + [EOS] * eos, logits)
+    return refs
+
+
+def ended(c) -> list[int]:
+    return c.token_ids + [EOS] * (c.stop_reason == "eos")
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two greedy sequences differ (both stop at EOS or at ``NEW`` tokens, so sequences
+    equal over their common length are equal)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def logit(row: torch.Tensor, token: int, eos_ids: list[int]) -> float:
+    return float(row[eos_ids].max() if token == EOS else row[token])
+
+
+def bf16_ulp(x: float) -> float:
+    return BF16_ULP * 2.0 ** torch.tensor(abs(x)).log2().floor().item()
+
+
+@pytest.mark.integration
+def test_hf_engine_one_prompt_per_batch_is_generate_bit_for_bit(smollm2_bf16, references):
+    out = run_tiny(smollm2_bf16("hf"), PROMPTS, n=1, policy="none", overrides=[*GREEDY, "data.batch_prompts=1"])
+    for p, r in zip(PROMPTS, out.results):  # the first prompt's batched rows part from generate() after 5 tokens
+        assert ended(r.best) == references[p][0]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
+    """Both prompts in one batch (left-padded): every row equals ``generate()`` up to its first divergence, and
+    there ``generate()``'s logits of the two tokens are within ``TIE_ULPS`` bf16 ulps (round-off, not a bug, decides
+    which wins; after it the sequences are different texts and are not compared)."""
+    gen = smollm2_bf16(engine)
+    out = run_tiny(gen, PROMPTS, n=1, policy="none", overrides=GREEDY)
+    whole = 0
+    for p, r in zip(PROMPTS, out.results):
+        ref, logits = references[p]
+        assert len(ref) > 10
+        for c in r.candidates:
+            got = ended(c)
+            d = first_divergence(got, ref)
+            if d is None:
+                assert got == ref
+                whole += 1
+                continue
+            row = logits[d]
+            margin = logit(row, ref[d], gen.eos_ids) - logit(row, got[d], gen.eos_ids)
+            assert 0 <= margin <= TIE_ULPS * bf16_ulp(float(row.max())), (p, d, margin)
+    assert whole  # a row with no tie on its way is generate()'s to the end
+
+
+def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[Session, Session]:
+    def session() -> Session:
+        s = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=8, seed=0, keys=[0, 1],
+                    needs_logprobs=False, ignore_eos=True)  # no row may finish early
+        s.prefill(prompt_ids)
+        return s
+
+    pruned, whole = session(), session()
+    pruned.decode(until=2)
+    pruned.select(torch.tensor([4, 0, 2]))  # a subset, across prompts, reordered
+    pruned.decode(until=4)
+    pruned.select(torch.tensor([2, 0]))
+    pruned.decode(until=6)
+    whole.decode(until=6)
+    return pruned, whole
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
+    gen = smollm2_bf16(engine)
+    prompt_ids = [gen.encode(p) for p in PROMPTS]
+    pruned, whole = _pruned_and_unpruned(gen, prompt_ids)
+    assert pruned.engine.rows == 2
+    for row in range(2):
+        (same,) = [i for i in range(whole.rows) if (whole.prompt_of[i], whole.cand[i]) ==
+                   (pruned.prompt_of[row], pruned.cand[row])]
+        assert torch.equal(pruned.out[row, : pruned.t], whole.out[same, : whole.t])
+        assert torch.equal(pruned.logits[row], whole.logits[same])  # bit for bit
+        seq = torch.tensor([prompt_ids[pruned.prompt_of[row]] + pruned.out[row, : pruned.t - 1].tolist()])
+        with torch.no_grad():
+            fresh = gen.model(seq).logits[0, -1].float()  # one bf16 forward over the whole sequence
+            exact = smollm2.model(seq).logits[0, -1]  # the same weights in fp32
+        err, fresh_err = (pruned.logits[row].float() - exact).abs().max(), (fresh - exact).abs().max()
+        assert err <= 2 * fresh_err, (err, fresh_err)  # bf16 round-off, no more than a fresh forward's
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
+    """Speculative Rejection with 8 rows per prompt under the memory of 8 rows at a third of their length (decision
+    points every 4 tokens), against Best-of-8."""
+    gen = smollm2_bf16(engine)
+    new = 12
+    L0 = max(len(gen.encode(p)) for p in PROMPTS)
+    kv = len(PROMPTS) * full_length_tokens(8, L0, 4, gen.shares_prefix)
+    bon = run_tiny(gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", f"sampling.max_new_tokens={new}"],
+                   seed=2)
+    sr = run_tiny(gen, PROMPTS, n=8, overrides=[f"budget.kv_tokens={kv}", f"sampling.max_new_tokens={new}",
+                                                "policy.alpha=0.5", "budget.min_tokens_per_round=4"], seed=2)
+    assert all(r.rounds for r in sr.results)
+    assert sr.compute.peak_kv_tokens <= kv < bon.compute.peak_kv_tokens
+    rejected = 0
+    for x, y in zip(bon.results, sr.results):
+        full = {c.candidate_id: c.token_ids for c in x.candidates}
+        for c in y.candidates:
+            if c.finished:
+                assert c.token_ids == full[c.candidate_id]
+            else:
+                rejected += 1
+                assert full[c.candidate_id][: len(c.token_ids)] == c.token_ids
+    assert rejected >= 4
+
+
+def _cache_bytes(engine) -> int:
+    """Bytes of every key and value tensor an engine holds (the prompt caches and the rows' own)."""
+    if hasattr(engine, "kp"):  # fast
+        return sum(t.nbytes for cache in (engine.kp, engine.vp, engine.k, engine.v) for t in cache)
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in engine.cache.layers)  # hf: a DynamicCache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_tokenizer, dtype, engine):
+    from rodeco.generator import Generator
+
+    gen = Generator(copy.deepcopy(tiny_model).to(dtype), tiny_tokenizer, engine=engine)
+    cfg = tiny_model.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    assert gen.kv_bytes_per_token == per_token * dtype.itemsize  # keys and values of every layer
+    sess = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=8, seed=0, keys=[0, 1],
+                   needs_logprobs=False, ignore_eos=True)
+    sess.prefill([gen.encode("write a haiku"), gen.encode("give three tips")])
+    sess.decode(until=6)
+    # what the budget counts is what the cache holds, in the dtype in use
+    assert _cache_bytes(sess.engine) == sess.engine.allocated_tokens * gen.kv_bytes_per_token
+    assert sess.stats.peak_kv_bytes == sess.stats.peak_kv_tokens * gen.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("dtype,tokens", [("float32", 2**20), ("bfloat16", 2**21), ("float16", 2**21)])
+def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(tiny_model, tiny_tokenizer, monkeypatch, dtype,
+                                                                  tokens):
+    """With ``budget.kv_tokens=null`` on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
+    tokens as fp32 ones."""
+    import rodeco
+    from rodeco.generator import Generator
+
+    gen = Generator(copy.deepcopy(tiny_model).to(getattr(torch, dtype)), tiny_tokenizer)
+    monkeypatch.setattr(gen, "device", torch.device("cuda:0"))
+    monkeypatch.setattr(gen, "layer_devices", lambda: {"cuda:0": 2})
+    fp32_bytes = 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 KV heads x head_dim 16 x 4 bytes
+    free = 2 * 2**30 + 2**20 * fp32_bytes  # the reserve and 2**20 fp32 tokens
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 * free))
+    cfg = rodeco.load_config(["budget.kv_tokens=null", "budget.memory_fraction=1.0", "budget.reserve_gib=2"])
+    kv = make_budget(cfg, gen).kv_tokens
+    assert kv == budget_from_device(free, gen.kv_bytes_per_token, 1.0, 2 * 2**30) == tokens
+
+
+@pytest.mark.parametrize("value", ["bf17", "float64", "int8"])
+def test_an_unknown_dtype_names_the_key_and_the_valid_values(value):
+    import rodeco
+    from rodeco.loading import load_generator
+    from rodeco.validation import ConfigError
+
+    cfg = rodeco.load_config([f"generator.dtype={value}", "generator.device=cpu"])
+    with pytest.raises(ConfigError) as e:
+        load_generator(cfg.generator)  # fails before any weights are read
+    assert e.value.key == "generator.dtype" and e.value.value == value
+    assert all(name in e.value.fix for name in ("auto", "float32", "bfloat16", "float16"))
+
+
+def test_readme_documents_every_dtype():
+    from conftest import REPO
+
+    from rodeco.loading import DTYPES
+
+    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `generator.dtype`")]
+    assert all(f"`{name}`" in row for name in ["auto", *DTYPES])
