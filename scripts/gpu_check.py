@@ -161,13 +161,19 @@ def step_survivors(c: Check) -> dict[str, Any]:
     return out
 
 
-def step_budget(c: Check) -> dict[str, Any]:
-    if not c.args.device.startswith("cuda"):
-        return {"skipped": "needs CUDA (the budget comes from free CUDA memory)"}
+def cuda_fast(c: Check):
+    """torch and the fast engine's generator, with the CUDA cache emptied: a memory step starts from the weights."""
     import torch
 
     gen = c.generator("fast")
     torch.cuda.empty_cache()
+    return torch, gen
+
+
+def step_budget(c: Check) -> dict[str, Any]:
+    if not c.args.device.startswith("cuda"):
+        return {"skipped": "needs CUDA (the budget comes from free CUDA memory)"}
+    torch, gen = cuda_fast(c)
     free, total = torch.cuda.mem_get_info(gen.device)
     base = torch.cuda.memory_allocated(gen.device)
     torch.cuda.reset_peak_memory_stats(gen.device)
@@ -192,10 +198,7 @@ def step_budget(c: Check) -> dict[str, Any]:
 def step_oom(c: Check) -> dict[str, Any]:
     if not c.args.device.startswith("cuda"):
         return {"skipped": "needs CUDA (a real out-of-memory error)"}
-    import torch
-
-    gen = c.generator("fast")
-    torch.cuda.empty_cache()
+    torch, gen = cuda_fast(c)
     _, total = torch.cuda.mem_get_info(gen.device)
     weights = torch.cuda.memory_allocated(gen.device)
     cap = weights + int(3 * 2**30)  # the process may hold the weights and 3 GiB more

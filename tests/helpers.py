@@ -38,3 +38,17 @@ def hf_greedy_logits(gen, prompt: str, max_new_tokens: int) -> tuple[list[int], 
         if t in gen.eos_ids:
             return new[:i], True, logits[: i + 1]
     return new, False, logits
+
+
+def compare_survivors(bon, sr) -> tuple[int, int]:
+    """(rejected candidates, candidates that break the promise) of a Speculative Rejection run against the Best-of-N
+    run with the same seed: every finished candidate must be the Best-of-N sample with its id, every rejected one a
+    prefix of it."""
+    rejected = broken = 0
+    for x, y in zip(bon.results, sr.results):
+        full = {c.candidate_id: list(c.token_ids) for c in x.candidates}
+        for c in y.candidates:
+            ids = list(c.token_ids)
+            rejected += not c.finished
+            broken += (ids != full[c.candidate_id]) if c.finished else (full[c.candidate_id][: len(ids)] != ids)
+    return rejected, broken
