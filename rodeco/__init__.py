@@ -39,7 +39,7 @@ from rodeco.validation import ConfigError, PluginError, check_number, check_posi
 _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
          "cache_dir": "rodeco.loading",
          # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
-         "open_pool": "rodeco.replay", "PoolReward": "rodeco.replay", "reward_key": "rodeco.pool",
+         "open_pool": "rodeco.replay", "PoolReward": "rodeco.replay", "pool_served": "rodeco.roles",
          "check_training_prompts": "rodeco.experiments.calibrate", "prompts_of": "rodeco.data"}
 
 __all__ = [

@@ -62,11 +62,13 @@ class Choices:
         if partial is not None:
             out = replace(out, partial=_choose_partial(partial, plugins, live=False))
         if policy is not None:
-            out = replace(out, policy=_choose(policy, "policy", plugins))
+            out = replace(out, policy=choose(policy, "policy", plugins))
         return out
 
 
-def _choose(node: Any, key: str, plugins: Plugins) -> Choice:
+def choose(node: Any, key: str, plugins: Plugins) -> Choice:
+    """One node (``reward``, ``partial_reward`` or ``policy`` style: ``{name: ..., <params>}``) split under ``key``
+    and looked up in its registry."""
     name, params = split_node(node, key)
     registry = plugins.policies if key == "policy" else plugins.rewards
     return Choice(key, name, params, registry.get(name, f"{key}.name"))
@@ -87,8 +89,8 @@ def choose_roles(cfg: Any, plugins: Plugins, live: bool = True) -> Choices:
     """The run's three nodes (``cfg.reward``, ``cfg.partial_reward``, ``cfg.policy``), each split and looked up
     once: an unknown name is a ``ConfigError`` here, before any model is loaded. ``live``: the oracle, which only a
     pool knows, is refused."""
-    return Choices(_choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live),
-                   _choose(cfg.policy, "policy", plugins))
+    return Choices(choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live),
+                   choose(cfg.policy, "policy", plugins))
 
 
 @dataclass
@@ -102,6 +104,13 @@ class Roles:
     @property
     def partial_name(self) -> str:
         return self.choices.partial.name
+
+
+def pool_served(plugins: Plugins, pool: Pool, node: Any, key: str = "reward") -> PoolReward:
+    """The reward ``node`` names, built and served from (and filling) ``pool``'s score cache: what an experiment
+    that reads a pool scores with outside a decode (correlation, learned heads' training)."""
+    return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), pool=pool).reward(
+        choose(node, key, plugins))
 
 
 class RoleBuilder:

@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.compose import option_params
 from rodeco.data import prompts_of
 from rodeco.experiments.record import pool_dir, record
-from rodeco.plugins import BuildContext, Plugins
-from rodeco.pool import Pool, reward_key
+from rodeco.plugins import Plugins
+from rodeco.pool import Pool
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool
 from rodeco.results import ResultsWriter
+from rodeco.roles import pool_served
 from rodeco.state import Compute, RunOutput, ScoreRequest
 from rodeco.validation import ConfigError, check_positive_int
 
@@ -62,9 +63,7 @@ def check_reward(name: str, plugins: Plugins) -> None:
 def pool_reward_named(name: str, plugins: Plugins, pool: Pool) -> PoolReward:
     """Reward ``name`` with its config option's parameters, served from the pool's cache."""
     check_reward(name, plugins)
-    node = {**option_params("reward", name, plugins), "name": name}
-    reward = plugins.build_reward(node, BuildContext(device="cpu", plugins=plugins))
-    return PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
+    return pool_served(plugins, pool, {**option_params("reward", name, plugins), "name": name})
 
 
 def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: int,

@@ -27,7 +27,6 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco import (
-    BuildContext,
     Compute,
     ConfigError,
     PoolReward,
@@ -36,8 +35,8 @@ from rodeco import (
     check_positive_int,
     check_training_prompts,
     open_pool,
+    pool_served,
     prompts_of,
-    reward_key,
 )
 from rodeco_rewards.learned_heads import (
     ASSETS,
@@ -121,9 +120,8 @@ def open_training_set(cfg: DictConfig, plugins, a: dict[str, Any]) -> TrainingSe
     lengths, max_new = sorted(set(a["lengths"])), int(pool.settings["max_new_tokens"])
     train, val = split([p.index for p in prompts], a["validation_fraction"], cfg.seed)
     node = OmegaConf.to_container(cfg.reward, resolve=True)
-    reward = plugins.build_reward(node, BuildContext(device="cpu", plugins=plugins))
-    cached = PoolReward(pool, reward, reward_key(node, getattr(reward, "identity", None)))
-    return TrainingSet(pool, gen, cached, f"{node['name']}:{getattr(reward, 'identity', '')}",
+    cached = pool_served(plugins, pool, node)
+    return TrainingSet(pool, gen, cached, f"{node['name']}:{getattr(cached.reward, 'identity', '')}",
                        [p.index for p in prompts], train, val, lengths, max_new)
 
 
