@@ -36,6 +36,7 @@ OTHERS = {
     "pip install 'rodeco[scale]'": "make setup and CI install the scale extra (test_scale.py uses its launchers)",
     "python scripts/scale_bench.py": "test_scale.py::test_scale_bench_script_prints_the_ratio (on the tiny model)",
     "python scripts/cost_model.py": "test_scale.py::test_cost_model_script_prints_the_table",
+    "python scripts/behaviour.py": "test_behaviour_script.py (what it compares and its verdict; the runs take minutes)",
     "python scripts/gpu_check.py": "test_gpu_check.py (the CPU steps with --device cpu --quick on a tiny model; the skip "
                                    "without CUDA)",
 }

@@ -1,0 +1,45 @@
+"""``scripts/behaviour.py``: what it compares (every field but the times) and its verdict (exit 1 on any difference
+or a bench ratio outside the tolerance). The runs themselves take minutes: the script is run by hand around a
+refactor (docs/guide.md)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+from conftest import REPO
+
+
+@pytest.fixture()
+def beh(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    sys.modules.pop("behaviour", None)
+    yield importlib.import_module("behaviour")
+    sys.modules.pop("behaviour", None)
+
+
+def test_times_are_dropped_and_nothing_else(beh, tmp_path):
+    rec = {"prompt_index": 0, "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
+           "compute": {"gen_decode_tokens": 9, "time_s": {"decode": 1.2}, "record_seconds": 3.0, "wall_s": 4.0},
+           "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}]}
+    assert beh.strip_times(rec) == {"prompt_index": 0, "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
+                                    "compute": {"gen_decode_tokens": 9},
+                                    "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}]}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(rec) + "\n")
+    b.write_text(json.dumps({**rec, "compute": {**rec["compute"], "time_s": {"decode": 9.9}}}) + "\n")
+    assert beh.normalized(a) == beh.normalized(b)
+    b.write_text(json.dumps({**rec, "best": {**rec["best"], "score": 0.50001}}) + "\n")
+    assert beh.normalized(a) != beh.normalized(b)
+
+
+@pytest.mark.parametrize("now, code", [({"demo": "x\n", "engine_bench_ratio": 2.05}, 0),
+                                       ({"demo": "y\n", "engine_bench_ratio": 2.0}, 1),
+                                       ({"demo": "x\n", "engine_bench_ratio": 1.8}, 1)])
+def test_check_compares_with_what_was_recorded(beh, tmp_path, monkeypatch, now, code):
+    (tmp_path / "reference.json").write_text(json.dumps({"demo": "x\n", "engine_bench_ratio": 2.0}))
+    monkeypatch.setattr(beh, "run_all", lambda out, bench: now)
+    monkeypatch.setattr(sys, "argv", ["behaviour.py", "check", str(tmp_path)])
+    assert beh.main() == code
