@@ -138,7 +138,15 @@ def test_efficiency_resumes_and_refuses_other_settings(ran, monkeypatch, capsys)
     assert again.extra["headline"] == out.extra["headline"]  # every prompt came from efficiency_prompts.jsonl
     assert again.extra["live_check"]["same_winner"] == 6
     with pytest.raises(ConfigError, match="other settings"):
-        efficiency.run(tiny_cfg(d / "pool", alphas=[0.4]), default_plugins(), d / "run", gen=None)
+        efficiency.run(tiny_cfg(d / "pool", alphas=[0.4, 0.5]), default_plugins(), d / "run", gen=None)
+
+
+def test_without_fixed_alpha_half_the_experiment_says_why_it_needs_it(tmp_path):
+    """alphas=[] (or any list without 0.5) used to crash in the timings and the headline, which compare with it."""
+    for alphas in ([], [0.3, 0.7]):
+        with pytest.raises(ConfigError) as e:
+            efficiency.run(tiny_cfg(tmp_path / "pool", alphas=alphas), default_plugins(), None, gen=object())
+        assert e.value.key == "experiment_args.alphas" and "0.5" in e.value.fix and "reference" in e.value.problem
 
 
 @pytest.mark.parametrize("key,value", [("n", 0), ("candidates", 1), ("alphas", [1.0]), ("scales", [2]),

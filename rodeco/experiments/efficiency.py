@@ -73,6 +73,10 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
     if not a["scales"] or any(not isinstance(s, int) or s < 1 for s in a["scales"]) or 1 not in a["scales"]:
         raise ConfigError("experiment_args.scales", a["scales"], "must be positive integers including 1",
                           "e.g. [1, 2]: budgets of Best-of-n and Best-of-2n")
+    if 0.5 not in a["alphas"]:
+        raise ConfigError("experiment_args.alphas", a["alphas"], "fixed alpha 0.5 is missing: it is the reference the "
+                          "headline, gap_closed, the timings and the live check compare every method with",
+                          f"keep 0.5 among the rates, e.g. experiment_args.alphas={sorted({*a['alphas'], 0.5})}")
     if not (a["alphas"] or a["adaptive_deltas"] or a["policies"]):
         raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
                           "give alphas, adaptive_deltas or policies")
