@@ -48,7 +48,8 @@ class EfficiencyArgs:
     partial_rewards: list[str] = required("what decides: same, oracle (the ceiling), reward options (learned heads)")
     starts: list[int] = required("fixed alpha 0.5 started from each of these many rows (the others start at auto)")
     scales: list[int] = required("budgets as multiples of Best-of-n's (1 must be there: the headline figures)")
-    bon_groups: int = required("Best-of-N's cost: the mean over this many disjoint groups of N candidates")
+    bon_groups: int = required("Best-of-N's cost: the mean over this many disjoint groups of N candidates "
+                                "(fewer where the pool holds fewer: M // N)")
     bootstrap: int = required("bootstrap resamples of the report half's prompts, for the 95% CIs")
     live_check: int = required("report-half prompts on which three policies also run live, to check replay")
 

@@ -5,8 +5,8 @@ Per prompt of the run's prompts (``data``; the pool ``pool=DIR`` is recorded fir
 
 - **Best-of-N** for N = 1, 2, 4, ..., M: its expected reward is the expected best of a random size-N subset of the
   prompt's M pool candidates (``metrics.expected_best_of``, unbiased). Its cost is that of a real Best-of-N run
-  replayed on disjoint groups of N candidates (averaged over ``bon_groups`` groups): one full prefill, N candidates'
-  decode, N final rewards.
+  replayed on disjoint groups of N candidates (averaged over ``min(bon_groups, M // N)`` groups: as many as the
+  pool holds, so fewer for the largest N): one full prefill, N candidates' decode, N final rewards.
 - **Speculative Rejection**: every swept method (``policy=fixed`` at each alpha, ``adaptive`` at each delta, the
   other ``policies``, and fixed alpha 0.5 from each of ``starts``) replayed under the memory that Best-of-(scale*n)
   fills at full length, for each of ``scales``. Its cost is what the loop charged: prefill, decode, every partial
