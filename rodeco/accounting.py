@@ -97,4 +97,5 @@ class Accounting:
             reward_tokens=int(total[0] * share["all"]), reward_flops=float(total[1] * share["all"]),
             reward_calls=int(total[2]), partial_reward_tokens=int(part[0] * share["partial_reward"]),
             partial_reward_flops=float(part[1] * share["partial_reward"]), partial_reward_calls=int(part[2]),
-            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps, time_s=times)
+            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps,
+            preemptions=st.preemptions, time_s=times)

@@ -15,10 +15,16 @@ own tokens per row, where ``L_max`` is the start length plus ``max_new_tokens``.
 round must decode at least ``m = min(min_tokens_per_round, L_max - L)`` tokens, so at most ``floor(B' / (L + m))``
 rows may go on: the policy must reject at least ``r - floor(B' / (L + m))`` rows. Rows are freed before the next
 round allocates, so the cache never holds more than ``B`` tokens.
+
+An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``) shares only a prompt's
+full blocks: each row holds the prompt's last ``P mod b`` tokens itself, and a row of own length ``L`` holds
+``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of ``b``,
+``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rodeco.validation import ConfigError
@@ -30,6 +36,7 @@ MIN_TOKENS_PER_ROUND = 8  # the default of ``m`` (``budget.min_tokens_per_round`
 class Budget:
     kv_tokens: int | None  # None: no limit, so no decision point (every row decodes to the end)
     min_tokens_per_round: int = MIN_TOKENS_PER_ROUND
+    block: int = 1  # cache slots are allocated in blocks of this many tokens (set by for_batch from the engine)
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:
@@ -38,32 +45,42 @@ class Budget:
         if self.min_tokens_per_round < 1:
             raise ConfigError("budget.min_tokens_per_round", self.min_tokens_per_round, "must be >= 1",
                               "set it to a positive number of tokens, e.g. 8")
+        if self.block < 1:
+            raise ConfigError("generator.kv_block", self.block, "must be >= 1", "use the engine's block size")
 
-    def for_batch(self, n_prompts: int, prompt_len: int, shared_prefix: bool) -> tuple[Budget, int]:
-        """(the budget left for the rows' own tokens, the own length a row starts from): see the module doc."""
-        shared, base = _split(prompt_len, shared_prefix)
-        if not shared or self.kv_tokens is None:
-            return self, base
-        return Budget(max(1, self.kv_tokens - n_prompts * shared), self.min_tokens_per_round), base
+    def held(self, length: int) -> int:
+        """Cache slots a row of own length ``length`` holds: ``length`` rounded up to whole blocks."""
+        return -(-length // self.block) * self.block
+
+    def for_batch(self, prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> tuple[Budget, int]:
+        """(the budget left for the rows' own tokens, the own length a row starts from), for a batch of prompts of
+        ``prompt_lens`` tokens on an engine that allocates in blocks of ``block`` (see the module doc). Prompts are
+        padded to the longest unless ``block`` > 1 (then each keeps its length; the split is the largest share and
+        the largest tail of any prompt, so it bounds every prompt's rows)."""
+        shared, base = _split(prompt_lens, shared_prefix, block)
+        kv = self.kv_tokens
+        if kv is not None and shared:
+            kv = max(1, kv - len(prompt_lens) * shared)
+        return Budget(kv, self.min_tokens_per_round, block), base
 
     def capacity(self, rows: int, max_length: int) -> int:
         """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
         if self.kv_tokens is None:
             return max_length
-        return min(max_length, self.kv_tokens // max(rows, 1))
+        return min(max_length, self.kv_tokens // self.block // max(rows, 1) * self.block)
 
     def max_rows(self, length: int, max_length: int) -> int:
         """The most rows that can decode at least ``min_tokens_per_round`` more tokens from ``length``."""
         if self.kv_tokens is None:
             return 1 << 62
         m = min(self.min_tokens_per_round, max_length - length)
-        return self.kv_tokens // (length + m)
+        return self.kv_tokens // self.held(length + m)
 
-    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int) -> None:
-        """Every prompt must be able to keep one row to the end."""
+    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int, block: int = 1) -> None:
+        """Every prompt must be able to keep one row to the end (in blocks of ``block`` tokens)."""
         if self.kv_tokens is None:
             return
-        need = n_prompts * max_length
+        need = n_prompts * Budget(None, block=block).held(max_length)
         if self.kv_tokens < need:
             raise ConfigError(
                 "budget.kv_tokens", self.kv_tokens,
@@ -78,18 +95,24 @@ class Budget:
         if self.kv_tokens is None:
             raise ConfigError("n", "auto", "needs a finite budget", "set budget.kv_tokens, or give n as a number")
         m = min(self.min_tokens_per_round, max_length - prompt_length)
-        return max(1, self.kv_tokens // ((prompt_length + m) * n_prompts))
+        return max(1, self.kv_tokens // (self.held(prompt_length + m) * n_prompts))
 
 
-def _split(prompt_len: int, shared_prefix: bool) -> tuple[int, int]:
-    """(tokens a prompt holds once for all its rows, the own length each row starts from)."""
-    return (prompt_len, 0) if shared_prefix else (0, prompt_len)
+def _split(prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> tuple[int, int]:
+    """(tokens a prompt holds once for all its rows, the own length each row starts from): the most of any of
+    ``prompt_lens`` (see ``Budget.for_batch``)."""
+    longest = max(prompt_lens)
+    if not shared_prefix:
+        return 0, longest
+    if block == 1:
+        return longest, 0
+    return longest // block * block, max(p % block for p in prompt_lens)
 
 
-def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool) -> int:
+def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool, block: int = 1) -> int:
     """KV tokens that ``rows`` rows of one prompt hold at full length (what Best-of-``rows`` fills)."""
-    shared, base = _split(prompt_len, shared_prefix)
-    return shared + rows * (base + max_new_tokens)
+    shared, base = _split([prompt_len], shared_prefix, block)
+    return shared + rows * Budget(None, block=block).held(base + max_new_tokens)
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:

@@ -31,12 +31,36 @@ class GeneratorConfig:
     gguf_file: Optional[str] = field(default=None, metadata={"help": "GGUF file inside `model` (a dir or hub repo)"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, cuda:N"})
-    engine: str = field(default="auto", metadata={"help": "auto (fast Llama path when it applies), fast, hf"})
+    engine: str = field(default="auto", metadata={"help": "auto (fast Llama path when it applies), fast, hf, vllm "
+                                                          "(rows decode in vLLM: make setup-vllm)"})
     device_map: Optional[str] = field(default=None, metadata={"help": "auto: spread a model too big for one device "
                                                                       "over all of them (accelerate; hf engine)"})
     chat_template: bool = field(default=True, metadata={"help": "apply the tokenizer's chat template if it has one"})
     system_prompt: Optional[str] = None
     trust_remote_code: bool = False
+    # generator.engine=vllm only (rodeco/vllm_engine.py)
+    kv_cache_tokens: Optional[int] = field(default=None, metadata={"help": "vllm: its KV pool in tokens; null: "
+                                                                   "gpu_memory_utilization on CUDA, 32768 on CPU"})
+    gpu_memory_utilization: float = field(default=0.7, metadata={"help": "vllm: the GPU share vLLM takes (weights, "
+                                                                 "activations, KV pool); the rest is the rewards'"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vllm: GPUs one model is split over"})
+    max_model_len: Optional[int] = field(default=None, metadata={"help": "vllm: longest prompt + response; null: "
+                                                                 "the model's"})
+    kv_block: Optional[int] = field(default=None, metadata={"help": "vllm: tokens per KV block; null: 16 on CUDA, "
+                                                            "32 on CPU"})
+    max_num_seqs: int = field(default=512, metadata={"help": "vllm: the most rows decoding at once"})
+    enforce_eager: bool = field(default=False, metadata={"help": "vllm: no compilation or CUDA graphs (starts "
+                                                         "in seconds; decodes slower)"})
+
+
+VLLM_ONLY = ("kv_cache_tokens", "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "kv_block",
+             "max_num_seqs", "enforce_eager")  # the generator keys only generator.engine=vllm reads
+
+
+def candidate_settings(generator: DictConfig) -> dict[str, Any]:
+    """The ``generator`` keys a candidate's tokens depend on (what a pool records): the vLLM keys only on vLLM."""
+    d = OmegaConf.to_container(generator, resolve=True)
+    return d if d.get("engine") == "vllm" else {k: v for k, v in d.items() if k not in VLLM_ONLY}
 
 
 @dataclass
@@ -156,7 +180,16 @@ def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0) -> Budget:
     generator's layers allows. ``scale`` < 1 shrinks the budget's share after an out-of-memory error (``Backoff``)."""
     b = cfg.budget
     kv = b.kv_tokens
-    if kv is None and gen.device.type == "cuda":
+    pool = getattr(gen, "kv_pool_tokens", None)  # vLLM's KV pool: the budget when none is given
+    if pool is not None:
+        if kv is None:
+            kv = pool
+        elif kv > pool:
+            log.warning("budget.kv_tokens=%d exceeds vLLM's KV pool (%d tokens): vLLM will queue and may preempt "
+                        "rows (compute.preemptions counts them); leave budget.kv_tokens null to decide within the "
+                        "pool", kv, pool)
+        kv = max(1, int(kv * scale)) if scale < 1 else kv
+    elif kv is None and gen.device.type == "cuda":
         import torch
 
         from rodeco.budget import budget_from_devices

@@ -33,7 +33,9 @@ class ModelShape:
         n_all = sum(p.numel() for p in model.parameters())
         emb = model.get_input_embeddings().weight
         out = model.get_output_embeddings()
-        tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
+        # tied: one parameter (on the meta device, where data_ptr() is 0 for every tensor, identity is the test)
+        tied = out is not None and (out.weight is emb or (emb.device.type != "meta"
+                                                           and out.weight.data_ptr() == emb.data_ptr()))
         return cls(n_layers=cfg.num_hidden_layers, n_heads=n_heads,
                    n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads,
@@ -55,6 +57,11 @@ class ModelShape:
 
 class Generator:
     """A causal LM ready to decode: tokenizer, chat template, EOS ids, sizes for the budget and FLOPs."""
+
+    kv_block = 1  # the engine allocates its cache in blocks of this many tokens (rodeco.budget)
+    kv_pool_tokens: int | None = None  # the engine's own KV capacity, when it has one (vLLM's pool)
+    session_factory = None  # what decodes the rows: None for rodeco.session.Session (vLLM: its own session)
+    provides_hidden = True  # the engine can hand rewards the final-layer hidden states
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, chat_template: bool = True,
                  system_prompt: str | None = None, engine: str = "auto", name: str = "") -> None:
@@ -104,6 +111,11 @@ class Generator:
     def engine_class(self) -> type:
         """The engine ``generator.engine`` selects for this model (``auto``: fast when it can run the model)."""
         return engine_class(self.engine_kind, self.model)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine's name, as a pool records it (``rodeco.engines.layout.LAYOUTS`` replays its memory)."""
+        return self.engine_class().__name__
 
     @property
     def shares_prefix(self) -> bool:

@@ -82,6 +82,18 @@ def _gguf_cache(src: str, gguf_file: str) -> Path:
     return cache_dir() / "gguf" / f"{Path(gguf_file).stem}-{key}"
 
 
+def weights(model: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """(directory or hub name, GGUF file name or None) to load from: a local GGUF file is dequantized once into the
+    cache and loaded from there as a plain directory."""
+    src, gguf = locate(model, gguf_file)
+    if gguf is not None and Path(src).is_dir():
+        cached = _gguf_cache(src, gguf)
+        if not (cached / "config.json").is_file():
+            _convert_gguf(src, gguf, cached)
+        src, gguf = str(cached), None
+    return src, gguf
+
+
 def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str = "auto",
                              trust_remote_code: bool = False, device_map: str | None = None):
     """A causal LM in eval mode on ``device`` (or spread by accelerate's ``device_map``) and its tokenizer."""
@@ -89,13 +101,8 @@ def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype:
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    src, gguf = locate(model, gguf_file)
+    src, gguf = weights(model, gguf_file)
     kw: dict = {"trust_remote_code": trust_remote_code}
-    if gguf is not None and Path(src).is_dir():
-        cached = _gguf_cache(src, gguf)
-        if not (cached / "config.json").is_file():
-            _convert_gguf(src, gguf, cached)
-        src, gguf = str(cached), None
     if gguf is not None:
         kw["gguf_file"] = gguf
     try:
@@ -133,6 +140,8 @@ def load_generator(cfg: DictConfig) -> Generator:
     """The generator the ``generator`` config node describes."""
 
     device_map, engine = cfg.get("device_map"), cfg.engine
+    if engine == "vllm":
+        return _load_vllm(cfg)
     if device_map and engine == "fast":
         raise ConfigError("generator.engine", engine, f"the fast engine keeps the model on one device, but "
                           f"generator.device_map={device_map} spreads it", "use generator.engine=hf (or auto)")
@@ -140,3 +149,23 @@ def load_generator(cfg: DictConfig) -> Generator:
                                        trust_remote_code=cfg.trust_remote_code, device_map=device_map)
     return Generator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
                      engine="hf" if device_map else engine, name=cfg.model)
+
+
+def _load_vllm(cfg: DictConfig) -> Generator:
+    """``generator.engine=vllm``: the weights located as for the torch engines (a GGUF file dequantized into the
+    cache, since vLLM reads directories and hub names), then loaded by vLLM."""
+    from rodeco.vllm_engine import import_vllm, load_vllm_generator
+
+    import_vllm()  # not installed: the error names the extra before anything is converted
+    if cfg.get("device_map"):
+        raise ConfigError("generator.device_map", cfg.device_map, "vLLM places the model itself",
+                          "leave generator.device_map null and set generator.tensor_parallel_size")
+    if cfg.device not in ("auto", "cuda", "cpu"):
+        raise ConfigError("generator.device", cfg.device, "vLLM chooses its device (the installed build's)",
+                          "leave generator.device=auto; CUDA_VISIBLE_DEVICES picks the GPUs")
+    src, gguf = weights(cfg.model, cfg.gguf_file)
+    if gguf is not None:
+        raise ConfigError("generator.gguf_file", gguf, "vLLM cannot load a GGUF file from the hub",
+                          "download it and give generator.model=PATH/TO/FILE.gguf (rodeco dequantizes it once)")
+    dtype = resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return load_vllm_generator(cfg, src, src, dtype)

@@ -11,6 +11,7 @@ the best finished candidate of each prompt wins
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,23 +44,25 @@ class LoopSettings:
 
 def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[tuple[int, str]],
                  s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
-                 session: Callable[..., Session] = Session,
+                 session: Callable[..., Session] | None = None,
                  partial: Scorer | None = None) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts in one batch; ``prompts`` are (dataset index, text).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
     each decision point and ``on_done(result)`` as soon as a prompt has no active row left. ``session`` makes the
-    rows: a live ``Session``, or one that replays a recorded pool (``rodeco.replay.PoolSession``). ``partial``
-    scores active rows at decision points (the ``partial_reward`` role); by default ``scorer`` does."""
+    rows: by default the generator's (a live ``Session``; vLLM's ``VLLMSession``), or one that replays a recorded
+    pool (``rodeco.replay.PoolSession``). ``partial`` scores active rows at decision points (the ``partial_reward``
+    role); by default ``scorer`` does."""
     decider = partial or scorer  # the partial_reward role: by default the reward itself
     ids = [gen.encode(text) for _, text in prompts]
     P = max(map(len, ids))
-    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens)
-    budget, base = s.budget.for_batch(len(ids), P, gen.shares_prefix)  # the rows' share, their start length
+    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv_block)
+    budget, base = s.budget.for_batch(list(map(len, ids)), gen.shares_prefix, gen.kv_block)  # rows' share, start
     n = rows_per_prompt(s, budget, base, len(ids), policy)
-    sess = session(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[i for i, _ in prompts], needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
-                   ignore_eos=s.ignore_eos, needs_hidden=decider.needs_hidden_states)
+    make = session or gen.session_factory or Session
+    sess = make(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed, keys=[i for i, _ in prompts],
+                needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs, ignore_eos=s.ignore_eos,
+                needs_hidden=decider.needs_hidden_states)
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name)
     acct = Accounting(gen, len(prompts))
@@ -71,30 +74,31 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
             if on_done is not None:
                 on_done(results[p])
 
-    with acct.timed("prefill"):
-        sess.prefill(ids)
-    rnd = 0
-    while sess.rows:
-        with acct.timed("decode"):
-            cap = budget.capacity(sess.rows, base + s.max_new_tokens)
-            left = sess.decode(until=cap - base)  # to the decision point
-            left += sess.retire_finished()
-        trace.finished(left, score_rows(scorer, "reward", gen, prompts, left, acct))
-        report_done()
-        if not sess.rows:
-            break
-        scores = score_rows(decider, "partial_reward", gen, prompts, sess.active(), acct)
-        trace.scored(sess.prompt_of, sess.cand, scores)
-        with acct.timed("prune"):
-            fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
-            view, rows = _round_view(rnd, sess, scores, trace, s, fit)
-            keep = select_checked(policy, s.policy_name, view)
-            if on_round is not None:
-                on_round(view, keep)
-            trace.round(view, keep)
-            trace.rejected(sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)]))
-        report_done()
-        rnd += 1
+    with closing(sess):  # a run stopped or failed mid-batch leaves nothing decoding (vLLM's requests are aborted)
+        with acct.timed("prefill"):
+            sess.prefill(ids)
+        rnd = 0
+        while sess.rows:
+            with acct.timed("decode"):
+                cap = budget.capacity(sess.rows, base + s.max_new_tokens)
+                left = sess.decode(until=cap - base)  # to the decision point
+                left += sess.retire_finished()
+            trace.finished(left, score_rows(scorer, "reward", gen, prompts, left, acct))
+            report_done()
+            if not sess.rows:
+                break
+            scores = score_rows(decider, "partial_reward", gen, prompts, sess.active(), acct)
+            trace.scored(sess.prompt_of, sess.cand, scores)
+            with acct.timed("prune"):
+                fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
+                view, rows = _round_view(rnd, sess, scores, trace, s, fit)
+                keep = select_checked(policy, s.policy_name, view)
+                if on_round is not None:
+                    on_round(view, keep)
+                trace.round(view, keep)
+                trace.rejected(sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)]))
+            report_done()
+            rnd += 1
     return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
 
 
@@ -134,7 +138,7 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
             raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
         return n
     n = int(s.n)
-    first = base + min(budget.min_tokens_per_round, s.max_new_tokens)
+    first = budget.held(base + min(budget.min_tokens_per_round, s.max_new_tokens))
     if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:
         fit = budget.kv_tokens // (first * n_prompts)
         shared = s.budget.kv_tokens - budget.kv_tokens

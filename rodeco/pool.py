@@ -139,7 +139,7 @@ class Pool:
             f = self.path / "hidden" / f"{index}.npy"
             if not f.is_file():
                 raise ConfigError(self.key, str(self.path), f"prompt {index} has no hidden states (pools recorded "
-                                  "before rodeco stored them lack them)",
+                                  "through vLLM, or before rodeco stored them, lack them)",
                                   "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR")
             self._hidden[index] = np.load(f, mmap_mode="r")
         return self._hidden[index]

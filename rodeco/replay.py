@@ -26,7 +26,7 @@ import torch
 
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt
-from rodeco.engines.layout import LAYOUTS
+from rodeco.engines.layout import LAYOUTS, VLLMLayout
 from rodeco.generator import Generator
 from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
@@ -41,29 +41,35 @@ def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cf
     return {"candidates": candidates, "max_new_tokens": s.max_new_tokens, "seed": s.seed,
             "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
                          "top_p": s.sampling.top_p},
-            "generator": generator_cfg, "engine": type(gen.new_engine()).__name__, "shape": gen.shape.to_dict(),
-            "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id}
+            "generator": generator_cfg, "engine": gen.engine_name, "shape": gen.shape.to_dict(),
+            "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id,
+            **({"kv_block": gen.kv_block} if gen.kv_block != 1 else {})}  # pools of rodeco's engines: as before
 
 
-def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -> tuple[PoolPrompt, np.ndarray]:
+def record_prompt(gen: Generator, pool: Pool, prompt: Prompt,
+                  s: LoopSettings) -> tuple[PoolPrompt, np.ndarray | None]:
     """Decode ``pool.candidates`` candidates of one prompt to the end, as Best-of-M with no budget would, with the
     same random streams as a live run (candidate ``i`` of prompt ``index``). Returns them with their costs, and the
     hidden states ``[M, max_new_tokens, hidden]`` (float16): ``[c, t]`` is the state that sampled candidate ``c``'s
-    token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end)."""
+    token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end), or
+    None where the engine keeps them to itself (vLLM)."""
     t0 = time.perf_counter()
-    sess = Session(gen, pool.candidates, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed,
-                   keys=[prompt.index], needs_logprobs=True, needs_hidden=True)
-    sess.hidden_log = []
+    sess = (gen.session_factory or Session)(gen, pool.candidates, sampling=s.sampling, max_new_tokens=s.max_new_tokens,
+                                            seed=s.seed, keys=[prompt.index], needs_logprobs=True,
+                                            needs_hidden=gen.provides_hidden)
+    sess.hidden_log = [] if gen.provides_hidden else None
     ids = gen.encode(prompt.text)
     sess.prefill([ids])
     prefill_s = time.perf_counter() - t0
     rows = sess.decode(until=s.max_new_tokens) + sess.retire_finished()
     rows.sort(key=lambda r: r.candidate_id)
     st = sess.stats
-    width = sess.hidden_log[0][2].shape[-1]
-    hidden = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
-    for t, cand, h in sess.hidden_log:
-        hidden[cand, t] = h.float().cpu().numpy()
+    hidden = None
+    if sess.hidden_log:
+        width = sess.hidden_log[0][2].shape[-1]
+        hidden = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
+        for t, cand, h in sess.hidden_log:
+            hidden[cand, t] = h.float().cpu().numpy()
     return PoolPrompt(index=prompt.index, text=prompt.text, prompt_ids=ids, prefill_seconds=prefill_s,
                       candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop)
                                   for r in rows],
@@ -79,8 +85,8 @@ def measure_step_costs(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows
     ids = gen.encode(prompt.text)
     rows = [2**j for j in range(int(np.log2(max_rows)) + 1)]
     for r in rows:
-        sess = Session(gen, r, sampling=s.sampling, max_new_tokens=steps + 1, seed=s.seed, keys=[prompt.index],
-                       needs_logprobs=False, ignore_eos=True)
+        sess = (gen.session_factory or Session)(gen, r, sampling=s.sampling, max_new_tokens=steps + 1, seed=s.seed,
+                                                keys=[prompt.index], needs_logprobs=False, ignore_eos=True)
         sess.prefill([ids])
         sess.decode(until=steps + 1)
         st = sess.stats
@@ -106,6 +112,8 @@ class ReplayGenerator:
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
         self.layout = LAYOUTS[s["engine"]]
         self.shares_prefix = self.layout.shares_prefix
+        self.kv_block = int(s.get("kv_block", 1))  # pools recorded before blocks were recorded: rodeco's engines
+        self.kv_pool_tokens, self.session_factory = None, None
         self._ids: dict[str, list[int]] = {}
 
     def add(self, p: PoolPrompt) -> None:
@@ -121,7 +129,7 @@ class ReplayGenerator:
         return self.shape.flops_per_token(context)
 
     def new_engine(self):
-        return self.layout()
+        return self.layout(self.kv_block) if self.layout is VLLMLayout else self.layout()
 
 
 class PoolSession(Session):
@@ -129,6 +137,7 @@ class PoolSession(Session):
     ``first + c`` of that prompt, and finishes where the recording did."""
 
     def __init__(self, gen: ReplayGenerator, n: int, *, pool: Pool, first: int = 0, **kw: Any) -> None:
+        kw.setdefault("compact_fraction", gen.layout.compact_fraction)  # when finished rows leave, as live
         super().__init__(gen, n, **kw)
         self.pool, self.first = pool, first
 
@@ -289,7 +298,7 @@ def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: 
     scorer = Scorer(reward, s.reward_name)
     part = Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None
     if s.n in ("auto", "calibrated"):
-        budget, base = s.budget.for_batch(1, len(p.prompt_ids), gen.shares_prefix)
+        budget, base = s.budget.for_batch([len(p.prompt_ids)], gen.shares_prefix, gen.kv_block)
         s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, 1, policy, cap=pool.candidates - first))
     check_replayable(pool, s, s.n, first)
     (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess,

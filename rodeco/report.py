@@ -32,7 +32,8 @@ def summarize(out: RunOutput, cfg: DictConfig) -> str:
                  f"reward tokens {c.reward_tokens} ({c.partial_reward_tokens} of them at decision points, "
                  f"{c.partial_reward_calls} of {c.reward_calls} reward calls); total {c.total_flops / 1e9:.1f} GFLOPs")
     lines.append(f"peak KV cache: {c.peak_kv_tokens} tokens ({c.peak_kv_bytes / 2**20:.1f} MiB), "
-                 f"budget {cfg.budget.kv_tokens}")
+                 f"budget {cfg.budget.kv_tokens}" + (f"; vLLM preemptions: {c.preemptions}"
+                                                     if cfg.generator.engine == "vllm" else ""))
     lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(c.time_s.items())))
     if all(r.candidates is not None for r in out.results) and out.results:
         bon = bon_equivalent_tokens(out)

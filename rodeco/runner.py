@@ -221,7 +221,8 @@ class DecodeRun:
         self.writer.write_json("summary.json", {
             "compute": spent.to_dict(), "n_prompts": len(self.writer.records), "prompts_total": len(self.prompts),
             "complete": len(self.writer.records) >= len(self.prompts), "policy": c.policy.name,
-            "reward": c.reward.name, "partial_reward": c.partial.name})
+            "reward": c.reward.name, "partial_reward": c.partial.name,
+            **({"memory": self.gen.memory_report()} if hasattr(self.gen, "memory_report") else {})})
 
 
 def previous_compute(writer: ResultsWriter) -> Compute:

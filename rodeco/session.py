@@ -43,6 +43,7 @@ class SessionStats:
     step_rows: list[int] = field(default_factory=list)  # rows forwarded at each decode step
     step_context: list[int] = field(default_factory=list)  # cached tokens per row before each step
     step_seconds: list[float] = field(default_factory=list)  # wall time of each step (forward, sampling; no sync)
+    preemptions: int = 0  # rows the engine preempted (vLLM's scheduler; rodeco's own engines never do)
 
 
 class Session:
@@ -196,6 +197,9 @@ class Session:
         self.pending = self.pending[rows] if self.pending is not None else None
         self.logits = self.logits[rows]
         self.hidden = self.hidden[rows] if self.hidden is not None else None
+
+    def close(self) -> None:
+        """Nothing to release: the cache is freed with the session (vLLM's session aborts its requests here)."""
 
     def _hidden(self) -> torch.Tensor | None:
         """[B, hidden] the state that sampled each row's latest token (None unless asked)."""

@@ -122,6 +122,7 @@ class Compute:
     peak_kv_bytes: int = 0
     peak_kv_tokens: int = 0
     decode_steps: int = 0
+    preemptions: int = 0  # rows the engine preempted in the batch (vLLM; a batch figure, like the peak KV)
     time_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds
 
     @property
@@ -135,7 +136,7 @@ class Compute:
         """Add another batch's compute: counts and times summed, peaks maximized."""
         for f in ("gen_prefill_tokens", "gen_decode_tokens", "gen_flops", "reward_tokens", "reward_flops",
                   "reward_calls", "partial_reward_tokens", "partial_reward_flops", "partial_reward_calls",
-                  "decode_steps"):
+                  "decode_steps", "preemptions"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
         self.peak_kv_tokens = max(self.peak_kv_tokens, other.peak_kv_tokens)

@@ -131,9 +131,9 @@ def test_full_length_tokens_by_hand():
     assert full_length_tokens(4, 50, 128, shared_prefix=True) == 50 + 4 * 128  # the prompt stored once
     assert full_length_tokens(4, 50, 128, shared_prefix=False) == 4 * (50 + 128)  # copied into every row
     for shared in (True, False):  # Best-of-4's memory holds 4 rows at full length in the loop's arithmetic, not 5
-        B, base = Budget(full_length_tokens(4, 50, 128, shared)).for_batch(1, 50, shared)
+        B, base = Budget(full_length_tokens(4, 50, 128, shared)).for_batch([50], shared)
         assert B.max_rows(base + 128, base + 128) == 4
-        B1, _ = Budget(full_length_tokens(4, 50, 128, shared) - 1).for_batch(1, 50, shared)
+        B1, _ = Budget(full_length_tokens(4, 50, 128, shared) - 1).for_batch([50], shared)
         assert B1.max_rows(base + 128, base + 128) == 3
 
 

