@@ -95,6 +95,7 @@ class VLLMGenerator(Generator):
         self.kv_block = int(llm.vllm_config.cache_config.block_size)
         self.num_blocks = int(self.block_pool.num_gpu_blocks) - 1  # block 0 is vLLM's null block
         self.kv_pool_tokens = self.num_blocks * self.kv_block
+        self.max_context = int(llm.vllm_config.model_config.max_model_len)  # what vLLM accepts (run start checks it)
         self.peak_blocks = 0
         self._watch_allocations()
         self.session_factory = VLLMSession

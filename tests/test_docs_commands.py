@@ -37,6 +37,10 @@ OTHERS = {
     "python scripts/scale_bench.py": "test_scale.py::test_scale_bench_script_prints_the_ratio (on the tiny model)",
     "python scripts/cost_model.py": "test_scale.py::test_cost_model_script_prints_the_table",
     "python scripts/behaviour.py": "test_behaviour_script.py (what it compares and its verdict; the runs take minutes)",
+    "make setup-vllm": "make test sets up .venv-vllm the same way (CI)",
+    "make test-vllm": "make test runs the same command (CI)",
+    "python scripts/vllm_bench.py": "test_vllm.py::test_the_vllm_bench_script_prints_the_speedup (2 prompts, in "
+                                    ".venv-vllm)",
     "python scripts/gpu_check.py": "test_gpu_check.py (the CPU steps with --device cpu --quick on a tiny model; the skip "
                                    "without CUDA)",
 }

@@ -6,7 +6,6 @@ engine process behind. Run by ``make test`` in ``.venv-vllm`` (``pytest -m vllm`
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -217,3 +216,15 @@ def load_bytes_fp32(gen) -> int:
 
     s = gen.shape
     return kv_bytes_per_token(s.n_layers, s.n_kv_heads, s.head_dim, 4)
+
+
+def test_the_vllm_bench_script_prints_the_speedup(tmp_path):
+    """``scripts/vllm_bench.py`` as documented, on 2 prompts: SR and Best-of-8 in one pool, the ratio printed."""
+    p = subprocess.run([sys.executable, "scripts/vllm_bench.py", "--prompts", "2", "--new-tokens", "24", "--bon", "8",
+                        "--eager", "--bootstrap", "50", "--reward", "logprob", "--out", str(tmp_path)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "wall-time speedup of SR over it" in p.stdout
+    res = json.loads((tmp_path / "vllm_bench.json").read_text())
+    assert res["summary"]["prompts"] == 2 and res["summary"]["methods"]["sr"]["preemptions"] == 0
+    assert len(res["rows"]) == 2 and all(r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"])

@@ -16,6 +16,8 @@ class EngineBenchArgs:
     repeats: int = required("timed runs of each side, alternating")
     prompts: list[str] = required("the prompts")
     matmul_size: int = required("n of the n x n matmul (generator dtype) that measures the peak")
+    engines: list[str] = required("engines rodeco's loop is timed on, alternating ([]: generator.engine; the first "
+                                  "gives rodeco_tokens_per_s)")
 
 
 @dataclass

@@ -4,6 +4,8 @@ Both decode the same prompts at the same batch size with the same sampling (T, t
 same number of new tokens (EOS ignored), in one process, alternating runs; the median run of each is reported.
 The machine's matmul peak ``P`` in the generator's dtype is measured in the same run, and ``F = A * flops_per_token / P`` says how
 close rodeco's decode gets to it. On CUDA every clock read waits for the device (``torch.cuda.synchronize``).
+``experiment_args.engines`` times rodeco's loop on several engines of the same weights in the same run (``vllm``:
+in the vLLM environment), each against the same ``generate()``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
+from rodeco.generator import Generator
 from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
@@ -82,10 +85,33 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     return dt
 
 
+def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[Generator, dict]:
+    """(the torch generator ``generate()`` runs on, {engine: the generator rodeco's loop runs on}): the torch engines
+    share one model; ``vllm`` loads the same weights into vLLM."""
+    torch_cfg = cfg.generator.copy()
+    with open_dict(torch_cfg):
+        torch_cfg.engine = "auto" if torch_cfg.engine == "vllm" else torch_cfg.engine
+    base = gen if gen is not None and gen.engine_kind != "vllm" else load_generator(torch_cfg)
+    out = {}
+    for e in engines:
+        if e == "vllm":
+            vcfg = cfg.generator.copy()
+            with open_dict(vcfg):
+                vcfg.engine = "vllm"
+            out[e] = gen if gen is not None and gen.engine_kind == "vllm" else load_generator(vcfg)
+        else:
+            out[e] = base if e == base.engine_kind else Generator(
+                base.model, base.tokenizer, chat_template=base.use_chat_template, system_prompt=base.system_prompt,
+                engine=e, name=base.name)
+    return base, out
+
+
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
     """``gen``: an already loaded generator (``scripts/gpu_check.py``), else ``cfg.generator``'s."""
     a = cfg.experiment_args
-    gen = gen or load_generator(cfg.generator)
+    engines = list(a.engines) or [gen.engine_kind if gen is not None else cfg.generator.engine]
+    base, gens = engine_generators(cfg, engines, gen)
+    gen = gens[engines[0]]
     prompts = list(a.prompts)
     rows = a.batch // len(prompts)
     sp = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
@@ -97,26 +123,37 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     scorer = Scorer(plugins.build_reward({"name": "length"}, ctx), "length")
     policy = plugins.build_policy({"name": "none"}, ctx)  # Best-of-N: every row to the end
     log.info("warm-up")
-    _rodeco_run(gen, prompts, scorer, policy, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
-    _hf_run(gen, prompts, rows, sp, 4, cfg.seed)
-    ours, theirs = [], []
-    for i in range(a.repeats):  # alternate, so drifts in machine load hit both alike
-        ours.append(tokens / _rodeco_run(gen, prompts, scorer, policy, s))
-        theirs.append(tokens / _hf_run(gen, prompts, rows, sp, a.new_tokens, cfg.seed))
-        log.info("run %d: rodeco %.1f tok/s, hf %.1f tok/s", i, ours[-1], theirs[-1])
+    for g in gens.values():
+        _rodeco_run(g, prompts, scorer, policy, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
+    _hf_run(base, prompts, rows, sp, 4, cfg.seed)
+    runs: dict[str, list[float]] = {e: [] for e in engines}
+    theirs = []
+    for i in range(a.repeats):  # alternate, so drifts in machine load hit every side alike
+        for e, g in gens.items():
+            runs[e].append(tokens / _rodeco_run(g, prompts, scorer, policy, s))
+        theirs.append(tokens / _hf_run(base, prompts, rows, sp, a.new_tokens, cfg.seed))
+        log.info("run %d: %s, hf generate %.1f tok/s", i, ", ".join(f"{e} {r[-1]:.1f}" for e, r in runs.items()),
+                 theirs[-1])
+    ours = runs[engines[0]]
     A, B = statistics.median(ours), statistics.median(theirs)
-    P = matmul_peak_gflops(a.matmul_size, device=gen.device.type, dtype=gen.dtype)
+    P = matmul_peak_gflops(a.matmul_size, device=base.device.type, dtype=base.dtype)
     L0 = max(len(gen.encode(p)) for p in prompts)
     flops_tok = gen.flops_per_token(L0 + a.new_tokens // 2)  # attention at the mean context
     F = A * flops_tok / (P * 1e9)
     res = {"rodeco_tokens_per_s": A, "hf_generate_tokens_per_s": B, "speedup_vs_hf_generate": A / B,
            "matmul_peak_gflops": P, "matmul_peak_fraction": F, "flops_per_token": flops_tok,
-           "batch": rows * len(prompts), "new_tokens": a.new_tokens, "engine": type(gen.new_engine()).__name__,
+           "batch": rows * len(prompts), "new_tokens": a.new_tokens, "engine": gen.engine_name,
            "dtype": str(gen.dtype), "device": str(gen.device), "threads": torch.get_num_threads(),
-           "runs_rodeco": ours, "runs_hf": theirs}
+           "runs_rodeco": ours, "runs_hf": theirs,
+           "engines": {e: {"engine": g.engine_name, "tokens_per_s": statistics.median(runs[e]),
+                           "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e]}
+                       for e, g in gens.items()}}
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
     for k in ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
               "matmul_peak_fraction"):
         print(f"{k}: {res[k]:.3f}")
+    if len(engines) > 1:
+        for e, r in res["engines"].items():
+            print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate()")
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)

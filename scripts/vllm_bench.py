@@ -1,0 +1,140 @@
+"""Speculative Rejection against Best-of-N inside vLLM, at equal memory, in measured wall time.
+
+vLLM gets a KV pool the size of Best-of-``--memory-of``'s memory (for the longest prompt). On each prompt, in one
+process and alternating the order:
+
+1. Speculative Rejection (``policy=fixed``, α = ``--alpha``, ``n=auto``) decodes live within the pool;
+2. Best-of-N, for each N of ``--bon``, submits its N requests to the same engine and pool and lets vLLM's scheduler
+   run them as memory frees (preempting where it must): the baseline a vLLM user has today.
+
+A method's time is its decode's wall time: prefill, decode, every reward call, pruning (``compute.time_s``; loading
+models is not in it). The speedup is Best-of-N's total time over Speculative Rejection's, with a bootstrap 95% CI
+over prompts; each method's mean final reward says which N matches Speculative Rejection's. Run it in the vLLM
+environment::
+
+    .venv-vllm/bin/python scripts/vllm_bench.py --prompts 16 --bon 32,64 --out runs/vllm_bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=16, help="the first K prompts of --data")
+    ap.add_argument("--data", default="alpacafarm100", help="a data option (conf/data)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--alpha", type=float, default=0.5)
+    ap.add_argument("--memory-of", type=int, default=4, help="the pool: Best-of-this's memory at full length")
+    ap.add_argument("--bon", default="32,64", help="Best-of-N's N, comma-separated")
+    ap.add_argument("--reward", default="minilm_rm")
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--eager", action="store_true", help="generator.enforce_eager (starts fast; decodes slower)")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--out", type=Path, default=None, help="write vllm_bench.json here")
+    return ap.parse_args(argv)
+
+
+def methods(a: argparse.Namespace) -> dict[str, list[str]]:
+    out = {"sr": ["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", "budget.kv_tokens=null"]}
+    for n in [int(x) for x in a.bon.split(",") if x]:
+        out[f"bon_{n}"] = ["policy=none", f"n={n}", "budget.kv_tokens=1000000000"]  # vLLM's scheduler decides
+    return out
+
+
+def ratio_ci(num: np.ndarray, den: np.ndarray, reps: int, seed: int = 0) -> tuple[float, float, float]:
+    """sum(num) / sum(den), with a bootstrap 95% CI over the paired prompts."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(num), size=(reps, len(num)))
+    r = num[idx].sum(1) / den[idx].sum(1)
+    return float(num.sum() / den.sum()), float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse(argv)
+    logging.basicConfig(level=logging.WARNING)
+    import rodeco
+    from rodeco.budget import full_length_tokens
+    from rodeco.data import prompts_of
+    from rodeco.loading import load_generator, weights
+
+    base = [f"generator.model={a.model}", "generator.engine=vllm", f"generator.dtype={a.dtype}",
+            f"generator.enforce_eager={str(a.eager).lower()}", f"sampling.max_new_tokens={a.new_tokens}",
+            f"reward={a.reward}"]
+    prompts = prompts_of(rodeco.load_config([f"data={a.data}", f"data.limit={a.prompts}"]).data)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])  # the prompts' lengths size the pool
+    longest = max(len(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                              tokenize=True)["input_ids"]) for p in prompts)
+    block = 16 if _cuda() else 32
+    pool = full_length_tokens(a.memory_of, longest, a.new_tokens, True, block)
+    gen = load_generator(rodeco.load_config([*base, f"generator.kv_cache_tokens={pool}"]).generator)
+    print(f"vLLM KV pool: {gen.kv_pool_tokens} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
+          f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv_block})", flush=True)
+    ms = methods(a)
+    rows: list[dict[str, Any]] = []
+    for k, p in enumerate(prompts):
+        order = list(ms) if k % 2 == 0 else list(ms)[::-1]
+        row: dict[str, Any] = {"prompt_index": p.index}
+        for m in order:
+            t0 = time.perf_counter()
+            out = rodeco.decode([p.text], generator=gen, overrides=[*base, *ms[m]])
+            c, res = out.compute, out.results[0]
+            row[m] = {"seconds": sum(c.time_s.values()), "wall_with_setup": time.perf_counter() - t0,
+                      "reward": res.best.score, "n_start": res.n_start, "decode_tokens": c.gen_decode_tokens,
+                      "preemptions": c.preemptions, "peak_kv_tokens": c.peak_kv_tokens, "time_s": c.time_s}
+        rows.append(row)
+        print(f"prompt {p.index}: " + ", ".join(f"{m} {row[m]['seconds']:.1f}s r={row[m]['reward']:.3f} "
+                                                 f"pre={row[m]['preemptions']}" for m in ms), flush=True)
+        if a.out is not None:
+            _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "rows": rows})
+    sr = np.array([r["sr"]["seconds"] for r in rows])
+    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": gen.kv_pool_tokens, "kv_block": gen.kv_block,
+                               "memory_of": a.memory_of, "methods": {}}
+    for m in ms:
+        secs = np.array([r[m]["seconds"] for r in rows])
+        s = {"mean_reward": float(np.mean([r[m]["reward"] for r in rows])), "seconds": float(secs.sum()),
+             "preemptions": int(sum(r[m]["preemptions"] for r in rows)),
+             "decode_tokens": int(sum(r[m]["decode_tokens"] for r in rows))}
+        if m != "sr":
+            s["speedup_vs_sr"] = ratio_ci(secs, sr, a.bootstrap)
+        summary["methods"][m] = s
+    for m, s in summary["methods"].items():
+        extra = (f", wall-time speedup of SR over it {s['speedup_vs_sr'][0]:.2f}x [{s['speedup_vs_sr'][1]:.2f}, "
+                 f"{s['speedup_vs_sr'][2]:.2f}]" if "speedup_vs_sr" in s else "")
+        print(f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
+              f"{s['preemptions']} preemptions{extra}")
+    if a.out is not None:
+        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "rows": rows, "summary": summary})
+    return summary
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _write(out: Path, obj: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".vllm_bench.json.tmp"
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.replace(out / "vllm_bench.json")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
