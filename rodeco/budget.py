@@ -16,8 +16,9 @@ round must decode at least ``m = min(min_tokens_per_round, L_max - L)`` tokens, 
 rows may go on: the policy must reject at least ``r - floor(B' / (L + m))`` rows. Rows are freed before the next
 round allocates, so the cache never holds more than ``B`` tokens.
 
-An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``) shares only a prompt's
-full blocks: each row holds the prompt's last ``P mod b`` tokens itself, and a row of own length ``L`` holds
+An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``) shares only the full
+blocks before a prompt's last token (vLLM computes that token for each row, to sample from it): each row holds the
+prompt's last ``P - b * floor((P - 1) / b)`` tokens (1 to ``b``) itself, and a row of own length ``L`` holds
 ``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of ``b``,
 ``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above.
 """
@@ -106,7 +107,9 @@ def _split(prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> t
         return 0, longest
     if block == 1:
         return longest, 0
-    return longest // block * block, max(p % block for p in prompt_lens)
+    # vLLM computes a prompt's last token itself to sample from it, so only the full blocks before it are shared
+    shared = [(p - 1) // block * block for p in prompt_lens]
+    return max(shared), max(p - s for p, s in zip(prompt_lens, shared))
 
 
 def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool, block: int = 1) -> int:

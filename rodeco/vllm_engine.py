@@ -178,7 +178,7 @@ class VLLMSession:
         from vllm.sampling_params import RequestOutputKind
 
         s = self.sampling
-        return VP(temperature=s.temperature, top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=seed,
+        return VP(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,  # top_k 0: off, as in rodeco
                   max_tokens=max_tokens, logprobs=0 if self.needs_logprobs else None, detokenize=False,
                   ignore_eos=self.ignore_eos, stop_token_ids=[] if self.ignore_eos else list(self.gen.eos_ids),
                   output_kind=RequestOutputKind.DELTA)

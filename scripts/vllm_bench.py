@@ -43,7 +43,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eager", action="store_true", help="generator.enforce_eager (starts fast; decodes slower)")
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--out", type=Path, default=None, help="write vllm_bench.json here")
+    ap.add_argument("--out", type=Path, default=None, help="write vllm_bench.json here (prompt by prompt)")
+    ap.add_argument("--resume", action="store_true", help="keep the prompts --out already holds (same arguments)")
     return ap.parse_args(argv)
 
 
@@ -85,8 +86,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"vLLM KV pool: {gen.kv_pool_tokens} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
           f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv_block})", flush=True)
     ms = methods(a)
-    rows: list[dict[str, Any]] = []
+    rows = _done(a)
     for k, p in enumerate(prompts):
+        if any(r["prompt_index"] == p.index for r in rows):
+            continue
         order = list(ms) if k % 2 == 0 else list(ms)[::-1]
         row: dict[str, Any] = {"prompt_index": p.index}
         for m in order:
@@ -120,6 +123,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.out is not None:
         _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "rows": rows, "summary": summary})
     return summary
+
+
+def _done(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows an earlier run with the same arguments wrote to ``--out`` (with ``--resume``)."""
+    f = a.out / "vllm_bench.json" if a.out is not None else None
+    if not a.resume or f is None or not f.is_file():
+        return []
+    old = json.loads(f.read_text())
+    now = json.loads(json.dumps(vars(a) | {"out": str(a.out)}, default=str))
+    if {k: v for k, v in old["args"].items() if k != "resume"} != {k: v for k, v in now.items() if k != "resume"}:
+        sys.exit(f"--resume: {f} was written with other arguments: {old['args']}")
+    return old["rows"]
 
 
 def _cuda() -> bool:

@@ -18,8 +18,11 @@ from rodeco.validation import ConfigError
 
 
 def blocks_held(prompt_lens: list[int], rows: int, own: int, b: int) -> int:
-    """Slots vLLM holds: each prompt's full blocks once, each row its prompt's tail and ``own`` tokens in blocks."""
-    return sum(p // b * b + rows * -(-(p % b + own) // b) * b for p in prompt_lens)
+    """Slots vLLM holds: each prompt's full blocks before its last token once, each row the rest of its prompt and
+    ``own`` tokens in blocks (``b`` = 1: the fast engine, whose rows share the whole prompt)."""
+    if b == 1:
+        return sum(p + rows * own for p in prompt_lens)
+    return sum((p - 1) // b * b + rows * -(-(p - (p - 1) // b * b + own) // b) * b for p in prompt_lens)
 
 
 def test_block_arithmetic_by_hand():
@@ -30,6 +33,8 @@ def test_block_arithmetic_by_hand():
     assert Budget(1000, block=32).max_rows(40, 10**6) == 1000 // 64  # 40 + 8 tokens hold 2 blocks
     assert full_length_tokens(4, 40, 100, True, 32) == 32 + 4 * 128  # the tail 8 + 100 tokens: 4 blocks a row
     assert full_length_tokens(4, 40, 100, True) == 40 + 4 * 100  # block 1: the token arithmetic
+    # a prompt of whole blocks shares all but its last block: vLLM computes the last token for every row
+    assert Budget(2000).for_batch([64], True, 32) == (Budget(2000 - 32, block=32), 32)
     assert Budget(2000).for_batch([40, 63], True)[1] == 0 and Budget(2000).for_batch([40, 63], False)[1] == 63
     with pytest.raises(ConfigError) as e:
         Budget(100, block=32).check_feasible(2, 40, 60, block=32)  # 2 x 64 slots > 100

@@ -99,8 +99,9 @@ class FastLayout:
 
 
 class VLLMLayout:
-    """vLLM (``rodeco.vllm_engine``): blocks of ``block`` tokens; each prompt's full blocks stored once while any of
-    its rows lives, each row holding its prompt's last ``P mod block`` tokens and its own in whole blocks. A finished
+    """vLLM (``rodeco.vllm_engine``): blocks of ``block`` tokens; each prompt's full blocks before its last token
+    stored once while any of its rows lives, each row holding the rest of its prompt and its own tokens in whole
+    blocks (``rodeco.budget``). A finished
     row leaves at once (``compact_fraction`` 0). An upper bound of vLLM's count: it also counts the row's latest
     token, whose keys vLLM stores only at the next step."""
 
@@ -131,7 +132,8 @@ class VLLMLayout:
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         lens = mask.sum(-1).cpu().numpy().astype(np.int64)
-        self.full, self.tail = lens // self.block * self.block, lens % self.block
+        self.full = (lens - 1) // self.block * self.block  # the last prompt token is each row's own (rodeco.budget)
+        self.tail = lens - self.full
         self.grp, self.plen, self.own = np.arange(len(lens)), int(lens.max()), 0
         return torch.zeros(len(lens), 1)
 
