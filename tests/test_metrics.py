@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
+from rodeco.experiments.metrics import compute_to_match, curve_end, expected_best_of, improvement_score
 
 
 def test_expected_best_of_by_hand():
@@ -43,3 +43,13 @@ def test_compute_to_match_log_interpolates():
     assert compute_to_match(-1.0, compute, score) == pytest.approx(1.0)
     assert compute_to_match(3.5, compute, score) is None  # above the curve: no extrapolation
     assert compute_to_match(1.0, [1, 2, 4], [0.0, 1.0, 0.5]) == pytest.approx(2.0)  # running max makes it monotone
+
+
+def test_curve_end_says_which_way_a_clamped_match_is_bounded():
+    compute, score = [1, 2, 4, 8], [0.0, 1.0, 2.0, 3.0]
+    assert curve_end(3.5, compute, score) == "lower"  # compute_to_match gives None: charged the largest compute
+    assert curve_end(-1.0, compute, score) == "upper"  # compute_to_match gives 1.0 all the same: at most that
+    assert curve_end(0.0, compute, score) is None and curve_end(3.0, compute, score) is None  # on the curve
+    assert curve_end(1.5, compute, score) is None
+    assert curve_end(2.5, [8, 1, 2, 4], [3.0, 0.0, 1.0, 2.0]) is None  # ordered by compute, as compute_to_match
+    assert curve_end(0.9, [1, 2, 4], [1.0, 0.5, 2.0]) == "upper"  # below the cheapest point's score

@@ -1,7 +1,9 @@
 """The analysis behind ``experiment=efficiency`` and ``experiment=perplexity``: from each prompt's measurements
 (``efficiency.collect``) and the pool's measured step times, Best-of-N's curve, each method's improvement score,
 speedups and relative compute, chosen on the selection half of the prompts and reported on the report half with
-bootstrap confidence intervals over prompts; the Markdown table, the plot and the headline figures."""
+bootstrap confidence intervals over prompts (every method also paired with fixed alpha 0.5 on the same resamples,
+``bootstrap.py``), speedups clamped at an end of the curve flagged as bounds, the rows nothing chooses also over all
+prompts; the Markdown table, the plot and the headline figures."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
+from rodeco.experiments import bootstrap
+from rodeco.experiments.metrics import compute_to_match, curve_end, expected_best_of, improvement_score
 from rodeco.pool import Pool
 
 
@@ -113,64 +116,123 @@ def curve_of(m: Measurements, S: np.ndarray) -> dict[str, list[float]]:
 
 def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int,
           curve: dict[str, list[float]]) -> dict[str, Any]:
-    """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed)."""
+    """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed). ``bound``: ``"lower"`` above
+    Best-of-M's curve (the speedups are charged Best-of-M's cost: the true ones are at least these; ``beyond_curve``
+    says the same), ``"upper"`` below Best-of-1's score (charged Best-of-1's cost: at most these), else None."""
     imp = improvement_score(run["best"][S], m.hi[S], m.lo[S])
     flops, secs = float(run["flops"][S].sum()), float(run["secs"][S].sum())
     out: dict[str, Any] = {"improvement": imp, "flops": flops, "seconds_model": secs, "beyond_curve": False,
                            "reward": float(run["best"][S].mean())}
     bon_t = m.bon_time(scale)[S].sum(0).tolist()
+    ends = set()
     for key, xs, cost in (("speedup_flops", curve["flops"], flops), ("speedup_time_model", bon_t, secs),
                           ("n_match", curve["N"], None)):
+        ends.add(curve_end(imp, xs, curve["improvement"]))
         x = compute_to_match(imp, xs, curve["improvement"])
         if x is None:  # better than Best-of-M: a lower bound
             x, out["beyond_curve"] = xs[-1], True
         out[key] = x / cost if cost else x
+    out["bound"] = "lower" if "lower" in ends else "upper" if "upper" in ends else None
     n1 = scale * m.n
     out["relative_compute_memory_bound_model"] = out["n_match"] / n1 * float(run["mb_bon"][S].sum()) / float(
         run["mb"][S].sum())
     return out
 
 
+@dataclass(frozen=True)
+class Half:
+    """Prompts (indices into ``Measurements``, in ``S``), Best-of-N's curve on them, and bootstrap resamples of
+    them with their curves."""
+
+    S: np.ndarray
+    curve: dict[str, list[float]]
+    boots: list[np.ndarray]
+    boot_curves: list[dict[str, list[float]]]
+
+    @classmethod
+    def of(cls, m: Measurements, S: np.ndarray, rng: np.random.Generator, resamples: int) -> Half:
+        boots = [rng.choice(S, size=len(S), replace=True) for _ in range(resamples)]
+        return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots])
+
+    def stats(self, m: Measurements, run: dict[str, np.ndarray], scale: int,
+              keys: tuple[str, ...]) -> tuple[dict[str, Any], np.ndarray]:
+        """``stats`` on ``S`` with a 95% CI (``{key}_ci``) of each of ``keys`` over the resamples, and the
+        per-resample speedups in FLOPs."""
+        out = stats(m, self.S, run, scale, self.curve)
+        b = [stats(m, S, run, scale, c) for S, c in zip(self.boots, self.boot_curves)]
+        for key in keys:
+            out[f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
+        return out, np.array([x["speedup_flops"] for x in b])
+
+
+REF = "fixed_alpha_0.5"  # the reference every method is paired with, and the gap to its oracle ceiling
+REPORT_CI = ("improvement", "speedup_flops", "speedup_time_model", "relative_compute_memory_bound_model")
+
+
 def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, max_new: int, labels: list[str],
-              seed: int = 0) -> dict[str, Any]:
-    """Both halves' figures of every method at every scale, bootstrap CIs on the report half, the best method chosen
-    on the selection half."""
+              seed: int = 0, ref: str = REF) -> dict[str, Any]:
+    """Both halves' figures of every method at every scale, bootstrap CIs on the report half (paired with ``ref``
+    on the same resamples), the best method chosen on the selection half. ``ref`` and the oracle rows, which
+    nothing chooses, also get their figures over all prompts (``all``, with CIs from resamples of all prompts)."""
     m = Measurements(prompts, a["n"], tm, max_new)
     sel_idx, rep_idx = split_halves(m.index)
     pos = {i: k for k, i in enumerate(m.index)}
-    halves = {"selection": np.array([pos[i] for i in sel_idx]), "report": np.array([pos[i] for i in rep_idx])}
     rng = np.random.default_rng(seed)
-    boots = [rng.choice(halves["report"], size=len(halves["report"]), replace=True) for _ in range(a["bootstrap"])]
-    curves = {h: curve_of(m, S) for h, S in halves.items()}
-    boot_curves = [curve_of(m, S) for S in boots]
+    halves = {"selection": Half.of(m, np.array([pos[i] for i in sel_idx]), rng, 0),
+              "report": Half.of(m, np.array([pos[i] for i in rep_idx]), rng, a["bootstrap"])}
+    every = Half.of(m, np.arange(len(m.index)), rng, a["bootstrap"])  # drawn after the report's: those unchanged
     table: dict[str, dict[str, Any]] = {}
+    boot: dict[str, np.ndarray] = {}  # per-resample speedups in FLOPs on the report half
     for label in labels:
         for scale in a["scales"]:
-            run = m.method(label, scale)
+            run, key = m.method(label, scale), f"{label}@{scale}"
             if run is None:
-                table[f"{label}@{scale}"] = {"infeasible": True}
+                table[key] = {"infeasible": True}
                 continue
-            row = {h: stats(m, S, run, scale, curves[h]) for h, S in halves.items()}
-            b = [stats(m, S, run, scale, c) for S, c in zip(boots, boot_curves)]
-            for key in ("improvement", "speedup_flops", "speedup_time_model"):
-                row["report"][f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
-            table[f"{label}@{scale}"] = row
+            table[key] = {"selection": halves["selection"].stats(m, run, scale, ())[0]}
+            table[key]["report"], boot[key] = halves["report"].stats(m, run, scale, REPORT_CI)
+            if label == ref or is_oracle(label):  # chosen by nothing: all prompts are fair to report on
+                table[key]["all"] = every.stats(m, run, scale, ("speedup_flops",))[0]
+    pair_with(table, boot, ref)
     at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v
            and not is_oracle(k[:-2])}  # the oracle is a ceiling, not a method one can run
     best = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     cal = [k for k in at1 if k.startswith("calibrated_")]
-    return {"n": a["n"], "M": m.M, "halves": {"selection": sel_idx, "report": rep_idx}, "curve": curves,
+    gap = [boot.get(f"{x}@1") for x in (best, ref, f"{ref}_oracle")]  # per resample: the gap closed's CI
+    gap_boot = None if any(g is None for g in gap) else bootstrap.gap_closed_ci(*gap)
+    return {"n": a["n"], "M": m.M, "halves": {"selection": sel_idx, "report": rep_idx},
+            "curve": {**{h: v.curve for h, v in halves.items()}, "all": every.curve},
             "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"],
-            "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None}
+            "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None,
+            "reference": ref, "gap_closed_bootstrap": gap_boot}
+
+
+def pair_with(table: dict[str, dict[str, Any]], boot: dict[str, np.ndarray], ref: str) -> None:
+    """Adds ``vs_{ref}`` to every report row: its speedup in FLOPs over ``ref``'s at the same scale, with a CI from
+    the ratios on the same resamples (``bootstrap.paired_ratio``)."""
+    for key, row in table.items():
+        base = f"{ref}@{key.split('@')[1]}"
+        if base not in boot or key not in boot:
+            continue
+        r, b = row["report"], table[base]["report"]
+        pair = bootstrap.paired_ratio(r["speedup_flops"], b["speedup_flops"], boot[key], boot[base], r["bound"],
+                                      b["bound"])
+        r[f"vs_{ref}"] = {**pair, "bound": None} if key == base else pair  # a figure over itself: exactly 1
 
 
 def is_oracle(label: str) -> bool:
     return label.endswith("_oracle")
 
 
-def headline(summary: dict[str, Any], ref: str = "fixed_alpha_0.5") -> dict[str, Any]:
+def headline(summary: dict[str, Any], ref: str | None = None) -> dict[str, Any]:
     """The last printed lines, on the report half at the budget of Best-of-n; the best policy chosen on the
-    selection half."""
+    selection half. ``ref`` defaults to the summary's reference (fixed alpha 0.5). Every printed speedup ``X`` has
+    ``X_bound``: ``"lower"`` (the method scored above Best-of-M's curve: the true speedup is at least X),
+    ``"upper"`` (below Best-of-1's: at most X) or None (on the curve); the relative compute figures share their
+    method's bound. ``speedup_best_policy_vs_{ref}`` is the best policy's speedup over ref's, CI paired on the same
+    resamples; ``speedup_{ref}_all`` ref's speedup over all prompts (nothing chose it); ``gap_closed_ci_*`` the
+    gap closed on each resample, over those where it is defined."""
+    ref = ref or summary.get("reference", REF)
     t, best = summary["methods"], summary["best_policy"]
     r, b = t[f"{ref}@1"]["report"], t[f"{best}@1"]["report"]
     out: dict[str, Any] = {
@@ -178,12 +240,15 @@ def headline(summary: dict[str, Any], ref: str = "fixed_alpha_0.5") -> dict[str,
         f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0], f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1],
         "relative_compute_best_policy": b["relative_compute_memory_bound_model"],
         "speedup_best_policy_ci_low": b["speedup_flops_ci"][0], "speedup_best_policy_ci_high": b["speedup_flops_ci"][1]}
+    rows = {f"speedup_{ref}": r, "speedup_best_policy": b}  # every printed speedup's row, for its bound
     for label in (f"{best}_oracle", f"{ref}_oracle"):  # the ceilings: the same policy and schedule, perfect scores
         if f"{label}@1" in t and "infeasible" not in t[f"{label}@1"]:
             out[f"speedup_{label}"] = t[f"{label}@1"]["report"]["speedup_flops"]
+            rows[f"speedup_{label}"] = t[f"{label}@1"]["report"]
     cal = summary.get("best_calibrated")
     if cal:
         out["calibrated_choice"] = cal
+        rows["speedup_calibrated"] = t[f"{cal}@1"]["report"]
     last = {"speedup_best_policy": b["speedup_flops"], "best_policy": best}  # printed last, in this order
     if cal:
         last["speedup_calibrated"] = t[f"{cal}@1"]["report"]["speedup_flops"]
@@ -191,38 +256,78 @@ def headline(summary: dict[str, Any], ref: str = "fixed_alpha_0.5") -> dict[str,
     if ceiling:
         last[f"speedup_{ref}_oracle"] = ceiling
         # the log-scale share of the way from fixed alpha 0.5 to its oracle ceiling that the best policy covers
-        base = r["speedup_flops"]
-        last["gap_closed"] = float(np.log(b["speedup_flops"] / base) / np.log(ceiling / base)) if ceiling > base \
-            else float("nan")
-    return {**out, **last}
+        last["gap_closed"] = float(bootstrap.gap_closed(b["speedup_flops"], r["speedup_flops"], ceiling))
+    return {**out, **checks(summary, ref, rows, "gap_closed" in last), **last}
+
+
+def checks(summary: dict[str, Any], ref: str, rows: dict[str, dict[str, Any]], gap: bool) -> dict[str, Any]:
+    """The headline's keys that say how far its figures can be trusted (see ``headline``)."""
+    t, best = summary["methods"], summary["best_policy"]
+    out: dict[str, Any] = {f"{k}_bound": row["bound"] for k, row in rows.items()}
+    pair = t[f"{best}@1"]["report"].get(f"vs_{ref}")
+    if pair:
+        out.update({f"speedup_best_policy_vs_{ref}": pair["ratio"], f"speedup_best_policy_vs_{ref}_ci_low":
+                    pair["ci"][0], f"speedup_best_policy_vs_{ref}_ci_high": pair["ci"][1],
+                    f"speedup_best_policy_vs_{ref}_bound": pair["bound"]})
+    every = t[f"{ref}@1"].get("all")
+    if every:
+        out.update({f"speedup_{ref}_all": every["speedup_flops"], f"speedup_{ref}_all_ci_low":
+                    every["speedup_flops_ci"][0], f"speedup_{ref}_all_ci_high": every["speedup_flops_ci"][1],
+                    f"speedup_{ref}_all_bound": every["bound"]})
+    if gap:
+        g = summary.get("gap_closed_bootstrap") if summary.get("reference", REF) == ref else None
+        lo, hi = g["ci"] if g else (float("nan"), float("nan"))
+        out.update({"gap_closed_ci_low": lo, "gap_closed_ci_high": hi})
+    return out
+
+
+MARK = {"lower": "≥", "upper": "≤", bootstrap.UNKNOWN: "?", None: ""}
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    """The report half: Best-of-N's curve, then every method (CIs: bootstrap 95% over the report prompts)."""
+    """The report half: Best-of-N's curve, then every method (CIs: bootstrap 95% over the report prompts; the
+    ratio to the reference on the same resamples; all prompts for the rows nothing chose)."""
     c, n = summary["curve"]["report"], summary["n"]
+    ref = summary.get("reference", REF)
     P = len(summary["halves"]["report"])
-    out = [f"Report half: {P} prompts (selection half: {len(summary['halves']['selection'])}). Best-of-{n} = 100.",
-           "", "| method | mean reward | improvement [95% CI] | TFLOPs | time (model) s | speedup FLOPs [95% CI] | "
-           "speedup time (model) [95% CI] | relative compute (memory-bound model) | speedup FLOPs, selection half |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [f"Report half: {P} prompts (selection half: {len(summary['halves']['selection'])}). Best-of-{n} = 100. "
+           "≥: above Best-of-M's curve (the true figure is at least this); ≤: below Best-of-1's (at most this); "
+           "?: a ratio of two figures clamped at the same end.", "",
+           "| method | mean reward | improvement [95% CI] | TFLOPs | time (model) s | speedup FLOPs [95% CI] | "
+           "speedup time (model) [95% CI] | relative compute (memory-bound model) [95% CI] | "
+           f"speedup FLOPs, selection half | speedup FLOPs / {ref}'s, paired [95% CI] | "
+           f"speedup FLOPs, all {P + len(summary['halves']['selection'])} prompts [95% CI] |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, N in enumerate(c["N"]):
         out.append(f"| Best-of-{int(N)} | {c['reward'][i]:.4f} | {c['improvement'][i]:.1f} | "
-                   f"{c['flops'][i] / 1e12:.3f} | | | | {N / n:.2f} | |")
+                   f"{c['flops'][i] / 1e12:.3f} | | | | {N / n:.2f} | | | |")
     for key, row in summary["methods"].items():
         label, scale = key.split("@")
         if "infeasible" in row:
-            out.append(f"| SR {label} (budget x{scale}) | infeasible: the start does not fit the budget | | | | | | | |")
+            out.append(f"| SR {label} (budget x{scale}) | infeasible: the start does not fit the budget "
+                       "| | | | | | | | | |")
             continue
-        r, s = row["report"], row["selection"]
-        lb = "≥" if r["beyond_curve"] else ""
-        ci_f, ci_t, ci_i = r["speedup_flops_ci"], r["speedup_time_model_ci"], r["improvement_ci"]
-        out.append(f"| SR {label} (budget x{scale}) | {r['reward']:.4f} | "
-                   f"{r['improvement']:.1f} [{ci_i[0]:.1f}, {ci_i[1]:.1f}] | "
-                   f"{r['flops'] / 1e12:.3f} | {r['seconds_model']:.1f} | "
-                   f"{lb}{r['speedup_flops']:.2f} [{ci_f[0]:.2f}, {ci_f[1]:.2f}] | "
-                   f"{lb}{r['speedup_time_model']:.2f} [{ci_t[0]:.2f}, {ci_t[1]:.2f}] | "
-                   f"{lb}{r['relative_compute_memory_bound_model']:.2f} | {s['speedup_flops']:.2f} |")
+        out.append(f"| SR {label} (budget x{scale}) | " + " | ".join(cells(row, ref)) + " |")
     return "\n".join(out) + "\n"
+
+
+def cells(row: dict[str, Any], ref: str) -> list[str]:
+    """A method's cells in ``markdown``'s table, after its name."""
+    r, s, every = row["report"], row["selection"], row.get("all")
+    lb = MARK[r["bound"]]
+
+    def ci(x: float, lo_hi: list[float], mark: str = lb) -> str:
+        return f"{mark}{x:.2f} [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]"
+
+    pair = r.get(f"vs_{ref}")
+    ci_i = r["improvement_ci"]
+    return [f"{r['reward']:.4f}", f"{r['improvement']:.1f} [{ci_i[0]:.1f}, {ci_i[1]:.1f}]",
+            f"{r['flops'] / 1e12:.3f}", f"{r['seconds_model']:.1f}", ci(r["speedup_flops"], r["speedup_flops_ci"]),
+            ci(r["speedup_time_model"], r["speedup_time_model_ci"]),
+            ci(r["relative_compute_memory_bound_model"], r["relative_compute_memory_bound_model_ci"]),
+            f"{MARK[s['bound']]}{s['speedup_flops']:.2f}",
+            ci(pair["ratio"], pair["ci"], MARK[pair["bound"]]) if pair else "",
+            ci(every["speedup_flops"], every["speedup_flops_ci"], MARK[every["bound"]]) if every else ""]
 
 
 def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: str = "improvement score "

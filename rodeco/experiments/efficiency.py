@@ -18,6 +18,9 @@ half and a report half, chooses on the first, reports on the second with bootstr
 ``efficiency.json``, ``efficiency.md`` and ``efficiency.png``. Time is *modelled*: the pool's measured per-step
 decode times fitted as ``a + b*rows + c*rows*context`` (``time_model``), plus measured prefill and reward seconds;
 ``relative_compute_*`` is the paper's memory-bound model (a decode step costs the same at any batch that fits).
+Speedups clamped at an end of Best-of-N's curve are flagged as lower or upper bounds, every method is also paired
+with fixed alpha 0.5 on the same resamples, and the rows nothing chooses (fixed alpha 0.5, the oracle ceilings) are
+also reported over all prompts.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 - ``improvement_score``: ``100 * (1 + mean_p (best_p - max_p) / (max_p - min_p))`` where ``max_p``/``min_p`` are the
   highest and lowest rewards among prompt ``p``'s Best-of-n samples: 100 means as good as Best-of-n.
 - ``compute_to_match``: the compute Best-of-N needs to reach a score, log-interpolated on its (compute, score)
-  curve; ``None`` beyond the curve's range (no extrapolation is claimed).
+  curve; ``None`` beyond the curve's range (no extrapolation is claimed). ``curve_end`` says which end of the
+  curve a score falls off, and so which way a figure clamped there is bounded.
 """
 
 from __future__ import annotations
@@ -56,3 +57,15 @@ def compute_to_match(score: float, bon_compute: Sequence[float], bon_scores: Seq
         return float(c[j - 1])
     t = (score - y[j - 1]) / (y[j] - y[j - 1])
     return float(np.exp(np.log(c[j - 1]) + t * (np.log(c[j]) - np.log(c[j - 1]))))
+
+
+def curve_end(score: float, bon_compute: Sequence[float], bon_scores: Sequence[float]) -> str | None:
+    """Where ``score`` falls off Best-of-N's curve (made monotone as in ``compute_to_match``): ``"lower"`` above its
+    best score (a speedup charged the curve's largest compute is a lower bound: the true one is at least that),
+    ``"upper"`` below the score of its cheapest point (charged that point's compute, which matches a worse score
+    only at a cost of at most that: an upper bound), ``None`` on the curve (interpolated, no bound)."""
+    c = np.asarray(bon_compute, dtype=np.float64)
+    y = np.maximum.accumulate(np.asarray(bon_scores, dtype=np.float64)[np.argsort(c)])
+    if score > y[-1]:
+        return "lower"
+    return "upper" if score < y[0] else None
