@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"vLLM KV pool: {gen.kv_pool_tokens} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
           f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv_block})", flush=True)
     ms = methods(a)
-    rows = _done(a)
+    rows = _done(a, gen.kv_pool_tokens)
     for k, p in enumerate(prompts):
         if any(r["prompt_index"] == p.index for r in rows):
             continue
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"prompt {p.index}: " + ", ".join(f"{m} {row[m]['seconds']:.1f}s r={row[m]['reward']:.3f} "
                                                  f"pre={row[m]['preemptions']}" for m in ms), flush=True)
         if a.out is not None:
-            _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "rows": rows})
+            _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": gen.kv_pool_tokens, "rows": rows})
     sr = np.array([r["sr"]["seconds"] for r in rows])
     summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": gen.kv_pool_tokens, "kv_block": gen.kv_block,
                                "memory_of": a.memory_of, "methods": {}}
@@ -121,12 +121,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
               f"{s['preemptions']} preemptions{extra}")
     if a.out is not None:
-        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "rows": rows, "summary": summary})
+        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": gen.kv_pool_tokens, "rows": rows,
+                       "summary": summary})
     return summary
 
 
-def _done(a: argparse.Namespace) -> list[dict[str, Any]]:
-    """The rows an earlier run with the same arguments wrote to ``--out`` (with ``--resume``)."""
+def _done(a: argparse.Namespace, pool: int) -> list[dict[str, Any]]:
+    """The rows an earlier run with the same arguments and pool wrote to ``--out`` (with ``--resume``)."""
     f = a.out / "vllm_bench.json" if a.out is not None else None
     if not a.resume or f is None or not f.is_file():
         return []
@@ -134,6 +135,8 @@ def _done(a: argparse.Namespace) -> list[dict[str, Any]]:
     now = json.loads(json.dumps(vars(a) | {"out": str(a.out)}, default=str))
     if {k: v for k, v in old["args"].items() if k != "resume"} != {k: v for k, v in now.items() if k != "resume"}:
         sys.exit(f"--resume: {f} was written with other arguments: {old['args']}")
+    if old.get("pool_tokens") != pool:
+        sys.exit(f"--resume: {f} was measured with a pool of {old.get('pool_tokens')} tokens, not {pool}")
     return old["rows"]
 
 

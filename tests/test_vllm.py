@@ -107,6 +107,15 @@ def test_prefix_is_prefilled_once_and_rows_compute_only_the_tail(vgen):
     assert 8 * tail <= out.compute.gen_prefill_tokens <= P + 8 * tail
 
 
+def test_a_prompt_of_whole_blocks_fills_the_pool_without_preemption(vgen):
+    """A prompt of exactly k blocks: every row computes its last token itself, so it shares k - 1 blocks. With the
+    budget at the whole pool, the rows must still step together, never preempted (before the fix: uneven rows)."""
+    text = next(t for k in range(80) if len(vgen.encode(t := "Tell me about " + "the sea " * k)) % vgen.kv_block == 0)
+    out = decode(vgen, ["policy=fixed", "n=auto", "budget.kv_tokens=null"], prompts=[text])
+    assert out.results[0].rounds and out.results[0].n_start > 32
+    assert out.compute.preemptions == 0 and out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
+
+
 def test_a_reward_that_needs_hidden_states_is_refused(vgen):
     with pytest.raises(ConfigError) as e:
         decode(vgen, ["policy=fixed", "n=4", "partial_reward=value_head", "budget.kv_tokens=1024"])
