@@ -50,7 +50,7 @@ class VLLMSettings:
     gpu_memory_utilization: float  # the share of the GPU vLLM takes (weights, activations, KV pool)
     tensor_parallel_size: int
     max_model_len: int | None
-    kv_block: int | None  # vLLM's block_size; null: vLLM's default (16 on CUDA, 32 on CPU... see load)
+    kv_block: int | None  # vLLM's block_size; null: 16 on CUDA, 32 on CPU (its CPU attention needs a multiple of 32)
     max_num_seqs: int  # the most rows decoding at once (all of them must step together)
     enforce_eager: bool
 

@@ -9,10 +9,8 @@ Steps (each timed and recorded; one that fails does not stop the others; a globa
 1. ``greedy``: both torch engines (``fast``, ``hf``) greedy-decode in the dtype against ``model.generate()``; per
    prompt, exact or the first token where they part.
 2. ``survivors``: Speculative Rejection (``fixed`` alpha 0.5 under a budget that forces rejections) against
-   Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix;
-   on ``fast`` and ``hf``, and on ``vllm`` too where vLLM is installed (run it with ``.venv-vllm/bin/python``).
-   The vLLM check that fits the GPU's time, Speculative Rejection against Best-of-N in wall time inside vLLM, is
-   ``scripts/vllm_bench.py``.
+   Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix
+   (``vllm`` too where installed: ``.venv-vllm/bin/python``; SR vs Best-of-N in time inside vLLM: vllm_bench.py).
 3. ``budget``: a run whose budget comes from free CUDA memory (``budget.kv_tokens=null``, ``n=auto``); the peak
    KV bytes stay within that budget and the peak allocated memory within the free memory it was computed from.
 4. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
@@ -165,8 +163,6 @@ def step_survivors(c: Check) -> dict[str, Any]:
         out[engine] = {"survivors_equal": same, "rejected": rejected, "rejected_prefix": prefix, "mismatches": wrong,
                        "peak_kv_tokens": sr.compute.peak_kv_tokens, "budget_kv_tokens": kv,
                        "within_budget": sr.compute.peak_kv_tokens <= kv,
-                       # a row that fits one block to the end leaves nothing to decide (vLLM's 32-token blocks on
-                       # CPU with --quick's short responses)
                        "can_decide": B.held(base + new) > B.held(first)}
     out["ok"] = all(out[e]["mismatches"] == 0 and out[e]["within_budget"]
                     and (out[e]["rejected"] > 0 or not out[e]["can_decide"]) for e in engines)
