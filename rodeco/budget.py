@@ -99,6 +99,12 @@ class Budget:
         return max(1, self.kv_tokens // (self.held(prompt_length + m) * n_prompts))
 
 
+def block_shared(prompt_len, block: int):
+    """Tokens of a prompt that an engine allocating blocks of ``block`` stores once for all its rows: the full blocks
+    before its last token, which every row computes itself to sample from (vLLM). Works on numpy arrays too."""
+    return (prompt_len - 1) // block * block
+
+
 def _split(prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> tuple[int, int]:
     """(tokens a prompt holds once for all its rows, the own length each row starts from): the most of any of
     ``prompt_lens`` (see ``Budget.for_batch``)."""
@@ -107,8 +113,7 @@ def _split(prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> t
         return 0, longest
     if block == 1:
         return longest, 0
-    # vLLM computes a prompt's last token itself to sample from it, so only the full blocks before it are shared
-    shared = [(p - 1) // block * block for p in prompt_lens]
+    shared = [block_shared(p, block) for p in prompt_lens]
     return max(shared), max(p - s for p, s in zip(prompt_lens, shared))
 
 

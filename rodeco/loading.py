@@ -168,4 +168,4 @@ def _load_vllm(cfg: DictConfig) -> Generator:
         raise ConfigError("generator.gguf_file", gguf, "vLLM cannot load a GGUF file from the hub",
                           "download it and give generator.model=PATH/TO/FILE.gguf (rodeco dequantizes it once)")
     dtype = resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    return load_vllm_generator(cfg, src, src, dtype)
+    return load_vllm_generator(cfg, src, dtype)

@@ -8,7 +8,8 @@ the accounting reads) with one vLLM request per candidate:
 - candidate ``c`` of prompt ``i`` is a request seeded from ``(seed, i, c)``, so it is the same sample under
   Best-of-N and under Speculative Rejection on this engine (vLLM's random streams, not the torch engines');
 - each prompt is prefilled once, by a one-token request, before its rows start; with prefix caching its full
-  blocks are then shared by every row, and each row computes only the prompt's last ``P mod block`` tokens;
+  blocks before its last token are then shared by every row, and each row computes only the rest
+  (``rodeco.budget.block_shared``);
 - ``decode(until)`` steps the engine, every row advancing one token a step (``max_num_seqs`` and
   ``max_num_batched_tokens`` are sized so); a rejected row is aborted, which frees its blocks; a finished row
   leaves as it finishes;
@@ -24,12 +25,13 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import torch
 
+from rodeco.budget import block_shared
 from rodeco.generator import Generator, ModelShape
 from rodeco.sampling import SamplingParams
 from rodeco.session import Row, SessionStats
@@ -56,9 +58,8 @@ class VLLMSettings:
 
 
 def vllm_settings(cfg: Any) -> VLLMSettings:
-    return VLLMSettings(cfg.get("kv_cache_tokens"), float(cfg.get("gpu_memory_utilization", 0.7)),
-                        int(cfg.get("tensor_parallel_size", 1)), cfg.get("max_model_len"), cfg.get("kv_block"),
-                        int(cfg.get("max_num_seqs", 512)), bool(cfg.get("enforce_eager", False)))
+    """The settings from the ``generator`` node (the schema, ``rodeco.config.GeneratorConfig``, holds the defaults)."""
+    return VLLMSettings(**{f.name: cfg[f.name] for f in fields(VLLMSettings)})
 
 
 def import_vllm() -> Any:
@@ -197,7 +198,7 @@ class VLLMSession:
         self.stats = SessionStats(np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P))
         self.preempt0 = self.gen.preemptions()
         self.gen.peak_blocks = self.gen.blocks_in_use()
-        warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if len(p) >= self.gen.kv_block}
+        warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if block_shared(len(p), self.gen.kv_block)}
         for rid, i in warm.items():
             llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[i]), self._params(1, None))
         while warm:
@@ -290,7 +291,8 @@ class VLLMSession:
                 stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
             out.append(Row(int(self.prompt_of[r]), int(self.cand[r]), list(ids),
                            list(lps) if lps is not None else None, why, stop))
-        keep = [r for r in range(self.rows) if r not in set(rows)]
+        gone = set(rows)
+        keep = [r for r in range(self.rows) if r not in gone]
         self.prompt_of, self.cand = self.prompt_of[keep], self.cand[keep]
         for name in ("ids", "tokens", "lps", "done"):
             setattr(self, name, [getattr(self, name)[r] for r in keep])
@@ -312,7 +314,7 @@ class VLLMSession:
             self.gen.llm.abort_request(list(self.ids))
 
 
-def load_vllm_generator(cfg: Any, src: str, tokenizer_src: str, dtype: torch.dtype) -> VLLMGenerator:
+def load_vllm_generator(cfg: Any, src: str, dtype: torch.dtype) -> VLLMGenerator:
     """A ``VLLMGenerator`` for the ``generator`` node ``cfg``, its weights in ``src`` (a directory or hub name)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -329,11 +331,11 @@ def load_vllm_generator(cfg: Any, src: str, tokenizer_src: str, dtype: torch.dty
         meta.generation_config = GenerationConfig.from_pretrained(src)
     except OSError:
         pass
-    tok = AutoTokenizer.from_pretrained(tokenizer_src, trust_remote_code=trust)
+    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust)
     block = s.kv_block or (32 if on_cpu else 16)  # vLLM's CPU attention needs a multiple of 32
     kv_tokens = s.kv_cache_tokens if s.kv_cache_tokens is not None else (CPU_POOL_TOKENS if on_cpu else None)
     args: dict[str, Any] = dict(
-        model=src, tokenizer=tokenizer_src, dtype=str(dtype).removeprefix("torch."), seed=0,
+        model=src, tokenizer=src, dtype=str(dtype).removeprefix("torch."), seed=0,
         enable_prefix_caching=True, block_size=block, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=max(s.max_num_seqs * block, s.max_model_len or 0, 8192),
         gpu_memory_utilization=s.gpu_memory_utilization if not on_cpu else 0.3,
@@ -348,7 +350,7 @@ def load_vllm_generator(cfg: Any, src: str, tokenizer_src: str, dtype: torch.dty
     try:
         llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args))
     except ValueError as e:
-        key = ("generator.kv_cache_tokens" if "KV cache" in str(e) or "kv cache" in str(e).lower()
+        key = ("generator.kv_cache_tokens" if "kv cache" in str(e).lower()
                else "generator.max_model_len" if "max_model_len" in str(e) or "max seq len" in str(e)
                else "generator.model")
         raise ConfigError(key, cfg.get(key.split(".")[1]), f"vLLM refused it: {e}",

@@ -86,3 +86,7 @@ def test_vllm_only_keys_stay_out_of_a_torch_pools_settings():
     assert not set(VLLM_ONLY) & set(candidate_settings(cfg.generator))
     cfg = rodeco.load_config(["generator.engine=vllm"])
     assert set(VLLM_ONLY) <= set(candidate_settings(cfg.generator))
+    from dataclasses import fields
+
+    from rodeco.vllm_engine import VLLMSettings  # the keys the engine reads are exactly the ones kept out
+    assert set(VLLM_ONLY) == {f.name for f in fields(VLLMSettings)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rodeco.budget import block_shared
+
 
 class HFLayout:
     """``HFEngine``: every row holds the prompt and its own tokens; the cache grows by one slot per step."""
@@ -101,9 +103,8 @@ class FastLayout:
 class VLLMLayout:
     """vLLM (``rodeco.vllm_engine``): blocks of ``block`` tokens; each prompt's full blocks before its last token
     stored once while any of its rows lives, each row holding the rest of its prompt and its own tokens in whole
-    blocks (``rodeco.budget``). A finished
-    row leaves at once (``compact_fraction`` 0). An upper bound of vLLM's count: it also counts the row's latest
-    token, whose keys vLLM stores only at the next step."""
+    blocks (``rodeco.budget.block_shared``). A finished row leaves at once (``compact_fraction`` 0). An upper bound
+    of vLLM's count: it also counts the row's latest token, whose keys vLLM stores only at the next step."""
 
     shares_prefix = True
     compact_fraction = 0.0
@@ -132,7 +133,7 @@ class VLLMLayout:
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         lens = mask.sum(-1).cpu().numpy().astype(np.int64)
-        self.full = (lens - 1) // self.block * self.block  # the last prompt token is each row's own (rodeco.budget)
+        self.full = block_shared(lens, self.block)
         self.tail = lens - self.full
         self.grp, self.plen, self.own = np.arange(len(lens)), int(lens.max()), 0
         return torch.zeros(len(lens), 1)
