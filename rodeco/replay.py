@@ -134,7 +134,8 @@ class ReplayGenerator:
 
 class PoolSession(Session):
     """A session whose candidates are the pool's: row ``(prompt, c)`` emits the recorded tokens of pool candidate
-    ``first + c`` of that prompt, and finishes where the recording did."""
+    ``(first + c) mod M`` of that prompt (M: the pool's candidates per prompt), and finishes where the recording
+    did. An offset ``first`` draws another set of candidates (wrapping round), as another seed would."""
 
     def __init__(self, gen: ReplayGenerator, n: int, *, pool: Pool, first: int = 0, **kw: Any) -> None:
         kw.setdefault("compact_fraction", gen.layout.compact_fraction)  # when finished rows leave, as live
@@ -143,7 +144,7 @@ class PoolSession(Session):
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         super().prefill(prompt_ids)
-        self.cand = self.cand + self.first  # pool candidate ids
+        self.cand = (self.cand + self.first) % self.pool.candidates  # pool candidate ids
         B, T = self.rows, self.max_new
         self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
         self.rec_lp = torch.zeros((B, T))
@@ -261,7 +262,7 @@ class OracleReward:
         return [self.final.final_score(r.prompt_index, r.candidate_id) for r in requests]
 
 
-def check_replayable(pool: Pool, s: LoopSettings, n: int | str, first: int = 0) -> None:
+def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
     """The run's settings must be the pool's (the candidates depend on them) and ask for no more than it holds."""
     ps = pool.settings
     got = {"seed": s.seed, "temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
@@ -279,9 +280,9 @@ def check_replayable(pool: Pool, s: LoopSettings, n: int | str, first: int = 0) 
     if s.ignore_eos:
         raise ConfigError("sampling.ignore_eos", True, "a pool records candidates up to their EOS only",
                           "replay with sampling.ignore_eos=false")
-    if n != "auto" and first + int(n) > pool.candidates:
+    if n != "auto" and int(n) > pool.candidates:
         raise ConfigError("n", n, f"the pool holds {pool.candidates} candidates per prompt",
-                          f"use n<={pool.candidates - first}")
+                          f"use n<={pool.candidates}")
 
 
 def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, index: int,
@@ -299,8 +300,8 @@ def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: 
     part = Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None
     if s.n in ("auto", "calibrated"):
         budget, base = s.budget.for_batch([len(p.prompt_ids)], gen.shares_prefix, gen.kv_block)
-        s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, 1, policy, cap=pool.candidates - first))
-    check_replayable(pool, s, s.n, first)
+        s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, 1, policy, cap=pool.candidates))
+    check_replayable(pool, s, s.n)
     (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess,
                                 partial=part)
     return res, comp, sum(r.seconds for r in charged) - seconds0

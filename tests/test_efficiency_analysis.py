@@ -178,3 +178,42 @@ def test_rows_nothing_chose_are_also_reported_over_all_prompts():
         got["speedup_flops"], lo, hi)
     line = next(x for x in analysis.markdown(s).splitlines() if x.startswith(f"| SR {REF} (budget x1)"))
     assert line.rstrip(" |").endswith(f"{got['speedup_flops']:.2f} [{lo:.2f}, {hi:.2f}]")
+
+
+def with_replicate(recs: list[dict[str, Any]], f) -> list[dict[str, Any]]:
+    """The records with a second replicate (another set of candidates) of every method: ``f(p, final)``."""
+    for p in recs:
+        final = np.asarray(p["final"])
+        p["replicates"] = [{"offset": 8, "methods": {k: {"1": run_record(*map(float, f(p["prompt_index"], final)))}
+                                                     for k in p["methods"]}}]
+    return recs
+
+
+def test_replicates_average_in_the_figure_and_widen_the_ci_with_the_candidates_variance():
+    """Each method replayed from two sets of candidates: the figure is the mean over them, and each resample draws
+    one per prompt, so a replicate far from the other widens the CI (the candidates' sampling variance)."""
+    methods = {REF: quantile(0.5)}
+    a = {"n": 2, "bootstrap": 300, "scales": [1]}
+    one = analysis.summarize(records(methods), a, TM, 20, list(methods))
+    recs = with_replicate(records(methods), lambda p, final: (np.quantile(final, 0.5 + 0.45 * (-1) ** p), 3e9))
+    two = analysis.summarize(recs, a, TM, 20, list(methods))
+    assert (one["replicates"], two["replicates"]) == (1, 2)
+    rep = np.array(two["halves"]["report"])
+    finals = {p["prompt_index"]: np.asarray(p["final"]) for p in recs}
+    m = analysis.Measurements(recs, 2, TM, 20)
+    mean_best = [(np.quantile(finals[i], 0.5) + np.quantile(finals[i], 0.5 + 0.45 * (-1) ** i)) / 2 for i in rep]
+    assert two["methods"][f"{REF}@1"]["report"]["improvement"] == pytest.approx(
+        analysis.improvement_score(mean_best, m.hi[rep], m.lo[rep]))
+    w1, w2 = (np.diff(s["methods"][f"{REF}@1"]["report"]["improvement_ci"])[0] for s in (one, two))
+    assert w2 > 1.3 * w1
+
+
+def test_one_replicate_draws_the_resamples_it_drew_before():
+    """Without replicates the resamples (and so every CI) are those of the analysis before replicates existed."""
+    s = summarize(ENDS, bootstrap_n=50)
+    first, _ = resamples(s, 40, 0, 50)
+    m = analysis.Measurements(records(ENDS), 2, TM, 20)
+    run = m.method(REF, 1)
+    boot = [analysis.stats(m, S, run, 1, analysis.curve_of(m, S))["improvement"] for S in first]
+    assert s["methods"][f"{REF}@1"]["report"]["improvement_ci"] == pytest.approx(
+        [np.percentile(boot, q) for q in (2.5, 97.5)])

@@ -34,6 +34,7 @@ def tiny_cfg(pool: Path, experiment: str = "efficiency", **args):
         a = cfg.experiment_args
         a.candidates, a.n, a.alphas, a.adaptive_deltas, a.policies = 16, 2, [0.3, 0.5], [0.05], ["correlation"]
         a.starts, a.scales, a.bon_groups, a.bootstrap, a.live_check = [4, 32], [1, 2], 2, 200, 0
+        a.replicates = 2
         for k, v in args.items():
             a[k] = v
     return cfg
@@ -70,8 +71,15 @@ def test_efficiency_end_to_end(ran):
     assert keys == list(res["headline"]) and keys[-4:] == LAST and set(HEAD) <= set(keys)
     assert any(x.startswith("pool_seconds: ") for x in lines)
     assert any(x.startswith("replay_seconds_per_policy: ") for x in lines)
-    # replay is fair: three policies run live on two report prompts pick the same winners at the same cost
-    assert "live_vs_replay_same_winner: 6/6" in lines and "live_vs_replay_same_decode_tokens: 6/6" in lines
+    # replay is fair: three policies and Best-of-N (n, 2n and the N matching fixed alpha 0.5) run live on two
+    # report prompts pick the same winners at the same cost; the time model is checked on each
+    lc = res["live_check"]
+    bons = [k for k in lc["live_over_model_seconds_by_method"] if k.startswith("best_of_")]
+    assert {"best_of_2", "best_of_4"} <= set(bons) and len(bons) in (2, 3)
+    n = 2 * (3 + len(bons))
+    assert f"live_vs_replay_same_winner: {n}/{n}" in lines and f"live_vs_replay_same_decode_tokens: {n}/{n}" in lines
+    assert all(f"live_seconds_over_time_model_{k}: " in printed for k in ["fixed_alpha_0.5", *bons])
+    assert f"best_of_{efficiency.matched_bon(res, 16)}" in bons
     assert res["methods"]["fixed_alpha_0.5_start_32@1"] == {"infeasible": True}  # 32 rows do not fit Best-of-2's memory
 
 
@@ -85,9 +93,14 @@ def test_the_report_half_figures_by_hand(ran):
     curve_imp = [improvement_score([expected_best_of(p["final"], N) for p in rep], hi, lo) for N in (1, 2, 4, 8, 16)]
     curve_flops = [sum(p["bon"][str(N)]["flops"] for p in rep) for N in (1, 2, 4, 8, 16)]
     m = res["methods"]["fixed_alpha_0.5@1"]["report"]
-    best = [p["methods"]["fixed_alpha_0.5"]["1"]["best"] for p in rep]
+
+    def mean(p, key):  # over the two replicates: candidates 0.. and 8.. of the 16
+        assert p["replicates"][0]["offset"] == 8
+        return (p["methods"]["fixed_alpha_0.5"]["1"][key] + p["replicates"][0]["methods"]["fixed_alpha_0.5"]["1"][key]) / 2
+
+    best = [mean(p, "best") for p in rep]
     assert m["improvement"] == pytest.approx(improvement_score(best, hi, lo))
-    flops = sum(p["methods"]["fixed_alpha_0.5"]["1"]["flops"] for p in rep)
+    flops = sum(mean(p, "flops") for p in rep)
     assert m["flops"] == pytest.approx(flops)
     match = compute_to_match(m["improvement"], curve_flops, curve_imp)
     assert m["speedup_flops"] == pytest.approx((match or curve_flops[-1]) / flops)
@@ -105,6 +118,11 @@ def test_the_report_half_figures_by_hand(ran):
     chosen = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     assert head["best_policy"] == chosen
     assert head["speedup_best_policy"] == at1[chosen]["report"]["speedup_flops"]
+    # the second replicate's rows are pool candidates 8, 9, ... (wrapping round), the first's 0, 1, ...
+    for p in res["per_prompt"]:
+        for scale in ("1", "2"):
+            r0, r1 = p["methods"]["fixed_alpha_0.5"][scale], p["replicates"][0]["methods"]["fixed_alpha_0.5"][scale]
+            assert r0["best_id"] < r0["n_start"] and (r1["best_id"] - 8) % 16 < r1["n_start"] == r0["n_start"]
     # the oracle ceiling: fixed alpha 0.5 deciding by final rewards does at least as well on every prompt
     for p in rep:
         assert p["methods"]["fixed_alpha_0.5_oracle"]["1"]["best"] >= p["methods"]["fixed_alpha_0.5"]["1"]["best"]
@@ -136,7 +154,7 @@ def test_efficiency_resumes_and_refuses_other_settings(ran, monkeypatch, capsys)
     monkeypatch.setattr(efficiency.Measurer, "measure", lambda *a, **k: pytest.fail("measured again"))
     again = efficiency.run(tiny_cfg(d / "pool", live_check=2), default_plugins(), d / "run", gen=tiny_generator())
     assert again.extra["headline"] == out.extra["headline"]  # every prompt came from efficiency_prompts.jsonl
-    assert again.extra["live_check"]["same_winner"] == 6
+    assert again.extra["live_check"]["same_winner"] == again.extra["live_check"]["n"]
     with pytest.raises(ConfigError, match="other settings"):
         efficiency.run(tiny_cfg(d / "pool", alphas=[0.4, 0.5]), default_plugins(), d / "run", gen=None)
 
@@ -150,7 +168,8 @@ def test_without_fixed_alpha_half_the_experiment_says_why_it_needs_it(tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("n", 0), ("candidates", 1), ("alphas", [1.0]), ("scales", [2]),
-                                       ("adaptive_deltas", [0.0]), ("starts", [0])])
+                                       ("adaptive_deltas", [0.0]), ("starts", [0]),
+                                       ("replicates", 0), ("replicates", 17)])
 def test_efficiency_bad_arguments_name_the_key(tmp_path, key, value):
     with pytest.raises(ConfigError, match=f"experiment_args.{key}"):
         efficiency.run(tiny_cfg(tmp_path / "pool", **{key: value}), default_plugins(), None, gen=object())

@@ -93,19 +93,41 @@ class Measurements:
         small = np.asarray(self.Ns) <= scale * self.n
         return np.where(small[None, :], self.bon_secs, ratio[None, :] * self.bon_secs[:, [k]])
 
+    @property
+    def replicates(self) -> int:
+        """Sets of pool candidates every method was replayed from (``efficiency.Measurer.measure``)."""
+        return 1 + len(self.prompts[0].get("replicates", []))
+
     def method(self, label: str, scale: int) -> dict[str, np.ndarray] | None:
-        runs = [p["methods"][label][str(scale)] for p in self.prompts]
-        if any("infeasible" in r for r in runs):
+        """A method's per-prompt figures, ``[replicates, P]`` (Best-of-n's memory-bound time ``mb_bon``: ``[P]``);
+        None where a replicate of a prompt was infeasible."""
+        reps = [[p["methods"], *(r["methods"] for r in p.get("replicates", []))] for p in self.prompts]
+        runs = [[ms[label][str(scale)] for ms in rs] for rs in reps]  # [P][R]
+        if any("infeasible" in r for rs in runs for r in rs):
             return None
         n1 = scale * self.n
         s_ref = np.array([self.tm.step(n1, m) for m in self.mid])  # per step at the batch that fills the memory
         bon = [p["bon"][str(n1)] for p in self.prompts]
-        return {"best": np.array([r["best"] for r in runs]),
-                "flops": np.array([r["flops"] for r in runs]),
-                "secs": np.array([self.tm.seconds(r, p["prefill_s"]) for r, p in zip(runs, self.prompts)]),
-                "mb": np.array([r["steps"] for r in runs]) * s_ref + np.array([r["reward_s"] for r in runs]),
-                "mb_bon": np.array([b["steps"] for b in bon]) * s_ref + np.array([b["reward_s"] for b in bon]),
-}
+
+        def arr(f) -> np.ndarray:
+            return np.array([[f(r, p) for r, p in zip(rs, self.prompts)] for rs in zip(*runs)])  # [R, P]
+
+        return {"best": arr(lambda r, p: r["best"]), "flops": arr(lambda r, p: r["flops"]),
+                "secs": arr(lambda r, p: self.tm.seconds(r, p["prefill_s"])),
+                "mb": arr(lambda r, p: r["steps"]) * s_ref + arr(lambda r, p: r["reward_s"]),
+                "mb_bon": np.array([b["steps"] for b in bon]) * s_ref + np.array([b["reward_s"] for b in bon])}
+
+
+def pick(run: dict[str, np.ndarray], S: np.ndarray, rep: np.ndarray | None) -> dict[str, np.ndarray]:
+    """A method's figures on the prompts ``S``: of replicate ``rep[i]`` for prompt ``S[i]``, or (``rep`` None) the
+    mean over the replicates (the expected figure over candidate draws)."""
+    out = {}
+    for k, v in run.items():
+        if v.ndim == 1:
+            out[k] = v[S]
+        else:
+            out[k] = v.mean(0)[S] if rep is None else v[rep, S]
+    return out
 
 
 def curve_of(m: Measurements, S: np.ndarray) -> dict[str, list[float]]:
@@ -115,14 +137,16 @@ def curve_of(m: Measurements, S: np.ndarray) -> dict[str, list[float]]:
 
 
 def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int,
-          curve: dict[str, list[float]]) -> dict[str, Any]:
-    """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed). ``bound``: ``"lower"`` above
-    Best-of-M's curve (the speedups are charged Best-of-M's cost: the true ones are at least these; ``beyond_curve``
-    says the same), ``"upper"`` below Best-of-1's score (charged Best-of-1's cost: at most these), else None."""
-    imp = improvement_score(run["best"][S], m.hi[S], m.lo[S])
-    flops, secs = float(run["flops"][S].sum()), float(run["secs"][S].sum())
+          curve: dict[str, list[float]], rep: np.ndarray | None = None) -> dict[str, Any]:
+    """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed; ``rep``: the replicate of
+    each, None for the mean over replicates). ``bound``: ``"lower"`` above Best-of-M's curve (the speedups are
+    charged Best-of-M's cost: the true ones are at least these; ``beyond_curve`` says the same), ``"upper"`` below
+    Best-of-1's score (charged Best-of-1's cost: at most these), else None."""
+    sel = pick(run, S, rep)
+    imp = improvement_score(sel["best"], m.hi[S], m.lo[S])
+    flops, secs = float(sel["flops"].sum()), float(sel["secs"].sum())
     out: dict[str, Any] = {"improvement": imp, "flops": flops, "seconds_model": secs, "beyond_curve": False,
-                           "reward": float(run["best"][S].mean())}
+                           "reward": float(sel["best"].mean())}
     bon_t = m.bon_time(scale)[S].sum(0).tolist()
     ends = set()
     for key, xs, cost in (("speedup_flops", curve["flops"], flops), ("speedup_time_model", bon_t, secs),
@@ -134,32 +158,38 @@ def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int
         out[key] = x / cost if cost else x
     out["bound"] = "lower" if "lower" in ends else "upper" if "upper" in ends else None
     n1 = scale * m.n
-    out["relative_compute_memory_bound_model"] = out["n_match"] / n1 * float(run["mb_bon"][S].sum()) / float(
-        run["mb"][S].sum())
+    out["relative_compute_memory_bound_model"] = out["n_match"] / n1 * float(sel["mb_bon"].sum()) / float(
+        sel["mb"].sum())
     return out
 
 
 @dataclass(frozen=True)
 class Half:
     """Prompts (indices into ``Measurements``, in ``S``), Best-of-N's curve on them, and bootstrap resamples of
-    them with their curves."""
+    them with their curves. Where methods were replayed from several sets of candidates, each resample also draws
+    one replicate per prompt drawn (``reps``; the same for every method, so paired figures stay paired): the CIs
+    then carry the candidates' sampling variance as well as the prompts'."""
 
     S: np.ndarray
     curve: dict[str, list[float]]
     boots: list[np.ndarray]
     boot_curves: list[dict[str, list[float]]]
+    reps: list[np.ndarray | None]
 
     @classmethod
     def of(cls, m: Measurements, S: np.ndarray, rng: np.random.Generator, resamples: int) -> Half:
-        boots = [rng.choice(S, size=len(S), replace=True) for _ in range(resamples)]
-        return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots])
+        boots, reps = [], []
+        for _ in range(resamples):
+            boots.append(rng.choice(S, size=len(S), replace=True))
+            reps.append(rng.integers(m.replicates, size=len(S)) if m.replicates > 1 else None)
+        return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots], reps)
 
     def stats(self, m: Measurements, run: dict[str, np.ndarray], scale: int,
               keys: tuple[str, ...]) -> tuple[dict[str, Any], np.ndarray]:
-        """``stats`` on ``S`` with a 95% CI (``{key}_ci``) of each of ``keys`` over the resamples, and the
-        per-resample speedups in FLOPs."""
+        """``stats`` on ``S`` (the mean over replicates) with a 95% CI (``{key}_ci``) of each of ``keys`` over the
+        resamples, and the per-resample speedups in FLOPs."""
         out = stats(m, self.S, run, scale, self.curve)
-        b = [stats(m, S, run, scale, c) for S, c in zip(self.boots, self.boot_curves)]
+        b = [stats(m, S, run, scale, c, r) for S, c, r in zip(self.boots, self.boot_curves, self.reps)]
         for key in keys:
             out[f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
         return out, np.array([x["speedup_flops"] for x in b])
@@ -204,7 +234,7 @@ def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, m
             "curve": {**{h: v.curve for h, v in halves.items()}, "all": every.curve},
             "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"],
             "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None,
-            "reference": ref, "gap_closed_bootstrap": gap_boot}
+            "reference": ref, "gap_closed_bootstrap": gap_boot, "replicates": m.replicates}
 
 
 def pair_with(table: dict[str, dict[str, Any]], boot: dict[str, np.ndarray], ref: str) -> None:

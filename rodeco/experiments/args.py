@@ -53,6 +53,9 @@ class EfficiencyArgs:
     bon_groups: int = required("Best-of-N's cost: the mean over this many disjoint groups of N candidates "
                                 "(fewer where the pool holds fewer: M // N)")
     bootstrap: int = required("bootstrap resamples of the report half's prompts, for the 95% CIs")
+    replicates: int = required("each Speculative Rejection method replayed from this many sets of pool candidates "
+                               "(offsets r * M / replicates, wrapping round); figures average them, and each "
+                               "bootstrap resample draws one per prompt (candidate-sampling variance in the CIs)")
     live_check: int = required("report-half prompts on which three policies also run live, to check replay")
 
 

@@ -9,8 +9,10 @@ Per prompt of the run's prompts (``data``; the pool ``pool=DIR`` is recorded fir
   pool holds, so fewer for the largest N): one full prefill, N candidates' decode, N final rewards.
 - **Speculative Rejection**: every swept method (``policy=fixed`` at each alpha, ``adaptive`` at each delta, the
   other ``policies``, and fixed alpha 0.5 from each of ``starts``) replayed under the memory that Best-of-(scale*n)
-  fills at full length, for each of ``scales``. Its cost is what the loop charged: prefill, decode, every partial
-  and final reward request (each at what it cost when it was computed).
+  fills at full length, for each of ``scales``, from ``replicates`` sets of pool candidates (rows drawn from
+  candidates ``k``, ``k + 1``, ... with ``k = r * M / replicates``, wrapping round: another draw of the candidates,
+  as another seed would give). Its cost is what the loop charged: prefill, decode, every partial and final reward
+  request (each at what it cost when it was computed).
 
 Each prompt's measurements are written to ``efficiency_prompts.jsonl`` as soon as they are done (a rerun resumes and
 refuses records measured with other settings). The analysis (``analysis.py``) splits the prompts into a selection
@@ -20,7 +22,9 @@ decode times fitted as ``a + b*rows + c*rows*context`` (``time_model``), plus me
 ``relative_compute_*`` is the paper's memory-bound model (a decode step costs the same at any batch that fits).
 Speedups clamped at an end of Best-of-N's curve are flagged as lower or upper bounds, every method is also paired
 with fixed alpha 0.5 on the same resamples, and the rows nothing chooses (fixed alpha 0.5, the oracle ceilings) are
-also reported over all prompts.
+also reported over all prompts. A live check runs three policies and Best-of-n, Best-of-2n and the Best-of-N that
+matches fixed alpha 0.5 for real on a few report prompts: the same winners and tokens as replayed, and measured
+over modelled time per method.
 """
 
 from __future__ import annotations
@@ -61,11 +65,15 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
     """``experiment_args`` (keys and types checked by ``EfficiencyArgs`` at compose time) with the checks a schema
     cannot express."""
     a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
-    for key, example in (("n", 4), ("candidates", 128), ("bon_groups", 4), ("bootstrap", 1000)):
+    for key, example in (("n", 4), ("candidates", 128), ("bon_groups", 4), ("bootstrap", 1000), ("replicates", 2)):
         check_positive_int(f"experiment_args.{key}", a[key], example)
     if a["candidates"] < a["n"]:
         raise ConfigError("experiment_args.candidates", a["candidates"], f"fewer than Best-of-n's n={a['n']}",
                           "record at least n candidates per prompt, e.g. 32 * n")
+    if a["replicates"] > a["candidates"]:
+        raise ConfigError("experiment_args.replicates", a["replicates"], f"more than the pool's {a['candidates']} "
+                          "candidates per prompt: replicates start at offsets r * M / replicates",
+                          "e.g. experiment_args.replicates=2")
     for x in a["alphas"]:
         check_number("experiment_args.alphas", x, 0.0, 1.0, hi_open=True, fix="rates in [0, 1), e.g. [0.5]")
     for key in ("adaptive_deltas", "calibrated_deltas"):
@@ -186,18 +194,27 @@ class Measurer:
         rec["bon"] = bon
         rec["final"] = final
         for scale in a["scales"]:
-            kv = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
-            rec["budget"][str(scale)] = kv
+            rec["budget"][str(scale)] = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
+        offsets = [r * M // a["replicates"] for r in range(a["replicates"])]
+        rec["methods"] = self.methods_from(index, rec["budget"], offsets[0])
+        rec["replicates"] = [{"offset": k, "methods": self.methods_from(index, rec["budget"], k)} for k in offsets[1:]]
+        return rec
+
+    def methods_from(self, index: int, budgets: dict[str, int], offset: int) -> dict[str, dict[str, dict]]:
+        """Every method at every budget, its rows drawn from pool candidates ``offset``, ``offset + 1``, ...
+        (wrapping round): ``{label: {scale: run}}``."""
+        out: dict[str, dict[str, dict]] = {}
+        for scale, kv in budgets.items():
             for m in self.methods:
                 start = m.start if m.start in ("auto", "calibrated") else int(m.start)
                 try:
-                    r = self.run(index, self.policies[m.label], m.label, start, kv, partial=m.partial)
+                    r = self.run(index, self.policies[m.label], m.label, start, kv, offset, partial=m.partial)
                 except ConfigError as e:  # e.g. a start of 128 rows does not fit Best-of-4's memory
                     if e.key != "n":
                         raise
                     r = {"infeasible": str(e)}
-                rec["methods"].setdefault(m.label, {})[str(scale)] = r
-        return rec
+                out.setdefault(m.label, {})[scale] = r
+        return out
 
 
 def rows_x_context(c: Compute, shape) -> float:
@@ -213,7 +230,7 @@ def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measur
     """What a prompt's measurements depend on: a resumed record must have been measured with the same (including
     what the policies and partial rewards were built from: a calibration file's, a learned head's identity)."""
     keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups",
-            "partial_rewards", "calibrated_deltas")
+            "partial_rewards", "calibrated_deltas", "replicates")
     built = {**{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
              **{f"partial_{k}": getattr(r, "identity", None) for k, r in measurer.partials.items()}}
     return {**{k: a[k] for k in keep}, "pool": pool.settings,
@@ -284,9 +301,10 @@ LIVE_CHECK = ("fixed_alpha_0.5", "adaptive_delta_0.05", "correlation")  # replay
 
 
 def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer, records: dict[int, dict[str, Any]],
-               indices: list[int], tm: analysis.TimeModel, gen=None) -> dict[str, Any]:
-    """Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n and compare
-    with their replays: the same winners and token counts make replay fair; the wall times check the time model."""
+               indices: list[int], tm: analysis.TimeModel, bon_ns: list[int], gen=None) -> dict[str, Any]:
+    """Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n, and
+    Best-of-N for each of ``bon_ns`` (one batch of N, its first N candidates), and compare each with its replay:
+    the same winners and token counts make replay fair; the wall times check the time model, per method."""
     from rodeco.loading import load_generator
     from rodeco.loop import decode_batch
 
@@ -296,11 +314,13 @@ def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer
     rows = []
     for index in indices:
         p, rec = pool.prompt(index), records[index]
-        for label in [x for x in LIVE_CHECK if x in measurer.policies]:
-            replayed = rec["methods"][label]["1"]
-            s = measurer.settings(label, "auto", rec["budget"]["1"])
+        runs = [(label, measurer.policies[label], measurer.settings(label, "auto", rec["budget"]["1"]),
+                 rec["methods"][label]["1"]) for label in LIVE_CHECK if label in measurer.policies]
+        runs += [(f"best_of_{N}", measurer.none, measurer.settings("none", N, None),
+                  measurer.run(index, measurer.none, "none", N, None)) for N in bon_ns]
+        for label, policy, s, replayed in runs:
             t0 = time.perf_counter()
-            (res,), c = decode_batch(gen, scorer, measurer.policies[label], [(index, p.text)], s)
+            (res,), c = decode_batch(gen, scorer, policy, [(index, p.text)], s)
             live_s = time.perf_counter() - t0
             rows.append({"prompt_index": index, "policy": label, "same_winner": res.best.candidate_id ==
                          replayed["best_id"], "same_tokens": c.gen_decode_tokens == replayed["decode_tokens"],
@@ -308,10 +328,25 @@ def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer
                          "model_seconds": tm.seconds(replayed, p.prefill_seconds),
                          "live_decode_tokens": c.gen_decode_tokens, "replay_decode_tokens": replayed["decode_tokens"]})
             log.info("live check %s", rows[-1])
+    per = {}
+    for label in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == label]
+        per[label] = ratio(mine)
     return {"runs": rows, "same_winner": sum(r["same_winner"] for r in rows),
             "same_tokens": sum(r["same_tokens"] for r in rows), "n": len(rows),
-            "live_over_model_seconds": float(sum(r["live_seconds"] for r in rows) /
-                                             max(1e-9, sum(r["model_seconds"] for r in rows)))}
+            "live_over_model_seconds": ratio(rows), "live_over_model_seconds_by_method": per}
+
+
+def ratio(rows: list[dict[str, Any]]) -> float:
+    """Measured over modelled wall time, summed over the runs."""
+    return float(sum(r["live_seconds"] for r in rows) / max(1e-9, sum(r["model_seconds"] for r in rows)))
+
+
+def matched_bon(summary: dict[str, Any], M: int) -> int:
+    """The Best-of-N that matches fixed alpha 0.5 at the budget of Best-of-n on the report half: the power of two
+    (at most M) nearest its ``n_match`` in log N."""
+    nm = summary["methods"][f"{analysis.REF}@1"]["report"]["n_match"]
+    return min(bon_sizes(M), key=lambda N: abs(np.log(N) - np.log(max(nm, 1.0))))
 
 
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
@@ -346,8 +381,9 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
     res: dict[str, Any] = {"args": a, "reward": measurer.reward_name, "pool": str(pool.path),
                            "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(measurer, records)}
     if a["live_check"]:
+        bon_ns = sorted({*(s * a["n"] for s in a["scales"]), matched_bon(summary, summary["M"])})
         res["live_check"] = live_check(cfg, plugins, pool, measurer, records,
-                                       summary["halves"]["report"][: a["live_check"]], tm, gen)
+                                       summary["halves"]["report"][: a["live_check"]], tm, bon_ns, gen)
     head = analysis.headline(summary)
     res["headline"] = head
     res["per_prompt"] = prompts
@@ -367,6 +403,8 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         print(f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}")
         print(f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}")
         print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
+        for label, x in lc["live_over_model_seconds_by_method"].items():
+            print(f"live_seconds_over_time_model_{label}: {x:.3f}")
     for key, v in head.items():
         print(f"{key}: {analysis.fmt(v)}")
     return res
