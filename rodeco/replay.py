@@ -289,8 +289,9 @@ def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: 
                   s: LoopSettings, first: int = 0, on_round=None,
                   partial: PoolReward | OracleReward | None = None) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
-    charged (the rewards' time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's candidates. ``partial``
-    scores partial responses (the ``partial_reward`` role; default: ``reward``)."""
+    charged (the rewards' time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's
+    candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round. ``partial`` scores partial
+    responses (the ``partial_reward`` role; default: ``reward``)."""
     p = pool.prompt(index)
     gen.add(p)
     sess = functools.partial(PoolSession, pool=pool, first=first)

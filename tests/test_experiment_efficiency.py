@@ -96,7 +96,8 @@ def test_the_report_half_figures_by_hand(ran):
 
     def mean(p, key):  # over the two replicates: candidates 0.. and 8.. of the 16
         assert p["replicates"][0]["offset"] == 8
-        return (p["methods"]["fixed_alpha_0.5"]["1"][key] + p["replicates"][0]["methods"]["fixed_alpha_0.5"]["1"][key]) / 2
+        runs = [p["methods"], p["replicates"][0]["methods"]]
+        return sum(r["fixed_alpha_0.5"]["1"][key] for r in runs) / 2
 
     best = [mean(p, "best") for p in rep]
     assert m["improvement"] == pytest.approx(improvement_score(best, hi, lo))
