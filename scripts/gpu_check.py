@@ -148,25 +148,30 @@ def step_survivors(c: Check) -> dict[str, Any]:
         bon, _ = c.decode(PROMPTS[:2], engine, ["policy=none", "budget=unlimited", *common], n=n)
         sr, _ = c.decode(PROMPTS[:2], engine, ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}",
                                                "budget.min_tokens_per_round=4", *common], n=n)
-        same = prefix = rejected = wrong = 0
-        for x, y in zip(bon.results, sr.results):
-            full = {k.candidate_id: list(k.token_ids) for k in x.candidates}
-            for k in y.candidates:
-                ids = list(k.token_ids)
-                if k.finished:
-                    same += ids == full[k.candidate_id]
-                    wrong += ids != full[k.candidate_id]
-                else:
-                    rejected += 1
-                    prefix += full[k.candidate_id][: len(ids)] == ids
-                    wrong += full[k.candidate_id][: len(ids)] != ids
-        out[engine] = {"survivors_equal": same, "rejected": rejected, "rejected_prefix": prefix, "mismatches": wrong,
-                       "peak_kv_tokens": sr.compute.peak_kv_tokens, "budget_kv_tokens": kv,
+        out[engine] = {**compare_survivors(bon.results, sr.results), "peak_kv_tokens": sr.compute.peak_kv_tokens,
+                       "budget_kv_tokens": kv,
                        "within_budget": sr.compute.peak_kv_tokens <= kv,
                        "can_decide": B.held(base + new) > B.held(first)}
     out["ok"] = all(out[e]["mismatches"] == 0 and out[e]["within_budget"]
                     and (out[e]["rejected"] > 0 or not out[e]["can_decide"]) for e in engines)
     return out
+
+
+def compare_survivors(bon: list, sr: list) -> dict[str, int]:
+    """SR's finished candidates against the Best-of-N sample with the same id (equal), its rejected ones against
+    that sample's prefix."""
+    same = prefix = rejected = wrong = 0
+    for x, y in zip(bon, sr):
+        full = {k.candidate_id: list(k.token_ids) for k in x.candidates}
+        for k in y.candidates:
+            ids, want = list(k.token_ids), full[k.candidate_id]
+            if not k.finished:
+                rejected += 1
+                want = want[: len(ids)]
+                prefix += want == ids
+            same += k.finished and ids == want
+            wrong += ids != want
+    return {"survivors_equal": same, "rejected": rejected, "rejected_prefix": prefix, "mismatches": wrong}
 
 
 def cuda_fast(c: Check):
