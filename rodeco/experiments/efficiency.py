@@ -367,6 +367,5 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         print(f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}")
         print(f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}")
         print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
-    for key, v in head.items():
-        print(f"{key}: {analysis.fmt(v)}")
+    print("\n".join(analysis.headline_lines(head)))
     return res
