@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 import rodeco
+from rodeco.experiments import analysis
+
+NS = (1, 2, 4, 8, 16)  # the Best-of-N sizes of ``records``' prompts
+TM = analysis.TimeModel(a=0.01, b=0.001, c=1e-6, r2=1.0, steps=1)
 
 
 def run_tiny(gen, prompts, *, n=4, policy="fixed", overrides=(), **kw):
@@ -52,3 +59,29 @@ def compare_survivors(bon, sr) -> tuple[int, int]:
             rejected += not c.finished
             broken += (ids != full[c.candidate_id]) if c.finished else (full[c.candidate_id][: len(ids)] != ids)
     return rejected, broken
+
+
+def run_record(best: float, flops: float, steps: int = 40) -> dict[str, float]:
+    """One replayed run's measurements, as ``efficiency.Measurer.run`` records them."""
+    return {"best": best, "flops": flops, "steps": steps, "decode_tokens": 4.0 * steps,
+            "rows_x_context": 400.0 * steps, "reward_s": 0.01}
+
+
+def records(methods: dict[str, Any], n_prompts: int = 40, seed: int = 0,
+            scales: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
+    """Prompt records as ``efficiency.collect`` writes them: 16 final rewards each, Best-of-N costs N GFLOPs plus a
+    prefill; ``methods`` maps a label to ``f(p, final) -> (best, flops)`` (None: the start does not fit the
+    budget), or to ``{scale: f}`` where the budgets differ."""
+
+    def run(f, p: int, final: np.ndarray, scale: int) -> dict[str, Any]:
+        got = (f[scale] if isinstance(f, dict) else f)(p, final)
+        return {"infeasible": "the start does not fit the budget"} if got is None else run_record(*map(float, got))
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in range(n_prompts):
+        final = rng.normal(size=16)
+        out.append({"prompt_index": p, "L0": 10, "prefill_s": 0.05, "final": final.tolist(),
+                    "bon": {str(N): run_record(0.0, 1e8 + N * 1e9) for N in NS},
+                    "methods": {k: {str(s): run(f, p, final, s) for s in scales} for k, f in methods.items()}})
+    return out

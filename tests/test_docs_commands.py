@@ -41,6 +41,8 @@ OTHERS = {
     "make test-vllm": "make test runs the same command (CI)",
     "python scripts/vllm_bench.py": "test_vllm.py::test_the_vllm_bench_script_prints_the_speedup (2 prompts, in "
                                     ".venv-vllm)",
+    "python scripts/results_tables.py": "test_results_tables.py (snapshot, render, write and check on a synthetic run; "
+                                        "check on every doc)",
     "python scripts/gpu_check.py": "test_gpu_check.py (the CPU steps with --device cpu --quick on a tiny model; the skip "
                                    "without CUDA)",
 }

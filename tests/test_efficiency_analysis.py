@@ -9,34 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import TM, records, run_record
 
 from rodeco.experiments import analysis, bootstrap
 
-NS = (1, 2, 4, 8, 16)
-TM = analysis.TimeModel(a=0.01, b=0.001, c=1e-6, r2=1.0, steps=1)
 REF = "fixed_alpha_0.5"
 OLD_HEAD = ["speedup_fixed_alpha_0.5", "relative_compute_fixed_alpha_0.5", "speedup_fixed_alpha_0.5_ci_low",
             "speedup_fixed_alpha_0.5_ci_high", "relative_compute_best_policy", "speedup_best_policy_ci_low",
             "speedup_best_policy_ci_high", "calibrated_choice", "speedup_best_policy", "best_policy",
             "speedup_calibrated", "speedup_fixed_alpha_0.5_oracle", "gap_closed"]  # the keys before this change
-
-
-def run_record(best: float, flops: float, steps: int = 40) -> dict[str, float]:
-    return {"best": best, "flops": flops, "steps": steps, "decode_tokens": 4.0 * steps,
-            "rows_x_context": 400.0 * steps, "reward_s": 0.01}
-
-
-def records(methods: dict[str, Any], n_prompts: int = 40, seed: int = 0) -> list[dict[str, Any]]:
-    """Prompt records as ``efficiency.collect`` writes them: 16 final rewards each, Best-of-N costs N GFLOPs plus a
-    prefill; ``methods`` maps a label to ``f(p, final) -> (best, flops)``."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in range(n_prompts):
-        final = rng.normal(size=16)
-        out.append({"prompt_index": p, "L0": 10, "prefill_s": 0.05, "final": final.tolist(),
-                    "bon": {str(N): run_record(0.0, 1e8 + N * 1e9) for N in NS},
-                    "methods": {k: {"1": run_record(*map(float, f(p, final)))} for k, f in methods.items()}})
-    return out
 
 
 def quantile(x: float):

@@ -329,8 +329,8 @@ def markdown(summary: dict[str, Any]) -> str:
            f"speedup FLOPs, all {P + len(summary['halves']['selection'])} prompts [95% CI] |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, N in enumerate(c["N"]):
-        out.append(f"| Best-of-{int(N)} | {c['reward'][i]:.4f} | {c['improvement'][i]:.1f} | "
-                   f"{c['flops'][i] / 1e12:.3f} | | | | {N / n:.2f} | | | |")
+        reward, improvement, tflops, relative = curve_cells(c, i, n)
+        out.append(f"| Best-of-{int(N)} | {reward} | {improvement} | {tflops} | | | | {relative} | | | |")
     for key, row in summary["methods"].items():
         label, scale = key.split("@")
         if "infeasible" in row:
@@ -341,23 +341,36 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def curve_cells(c: dict[str, list[float]], i: int, n: int) -> list[str]:
+    """Best-of-N's ``i``-th point of the curve ``c``: mean reward, improvement score, TFLOPs, and its relative
+    compute (N / n)."""
+    return [f"{c['reward'][i]:.4f}", f"{c['improvement'][i]:.1f}", f"{c['flops'][i] / 1e12:.3f}",
+            f"{c['N'][i] / n:.2f}"]
+
+
+def figure(x: float, bound: str | None) -> str:
+    """A speedup-like figure, marked with its bound (``MARK``)."""
+    return f"{MARK[bound]}{x:.2f}"
+
+
+def with_ci(x: float, lo_hi: list[float], bound: str | None) -> str:
+    """``figure`` with its 95% CI."""
+    return f"{figure(x, bound)} [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]"
+
+
 def cells(row: dict[str, Any], ref: str) -> list[str]:
     """A method's cells in ``markdown``'s table, after its name."""
     r, s, every = row["report"], row["selection"], row.get("all")
-    lb = MARK[r["bound"]]
-
-    def ci(x: float, lo_hi: list[float], mark: str = lb) -> str:
-        return f"{mark}{x:.2f} [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]"
-
     pair = r.get(f"vs_{ref}")
     ci_i = r["improvement_ci"]
     return [f"{r['reward']:.4f}", f"{r['improvement']:.1f} [{ci_i[0]:.1f}, {ci_i[1]:.1f}]",
-            f"{r['flops'] / 1e12:.3f}", f"{r['seconds_model']:.1f}", ci(r["speedup_flops"], r["speedup_flops_ci"]),
-            ci(r["speedup_time_model"], r["speedup_time_model_ci"]),
-            ci(r["relative_compute_memory_bound_model"], r["relative_compute_memory_bound_model_ci"]),
-            f"{MARK[s['bound']]}{s['speedup_flops']:.2f}",
-            ci(pair["ratio"], pair["ci"], MARK[pair["bound"]]) if pair else "",
-            ci(every["speedup_flops"], every["speedup_flops_ci"], MARK[every["bound"]]) if every else ""]
+            f"{r['flops'] / 1e12:.3f}", f"{r['seconds_model']:.1f}",
+            with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"]),
+            with_ci(r["speedup_time_model"], r["speedup_time_model_ci"], r["bound"]),
+            with_ci(r["relative_compute_memory_bound_model"], r["relative_compute_memory_bound_model_ci"], r["bound"]),
+            figure(s["speedup_flops"], s["bound"]),
+            with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
+            with_ci(every["speedup_flops"], every["speedup_flops_ci"], every["bound"]) if every else ""]
 
 
 def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: str = "improvement score "
@@ -402,3 +415,9 @@ def plot(summary: dict[str, Any], path: Path, y: str = "improvement", ylabel: st
 
 def fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def headline_lines(head: dict[str, Any]) -> list[str]:
+    """The headline as the experiments print it last, one ``key: value`` line a figure (a missing figure: nan; a
+    bound of None: the figure is exact)."""
+    return [f"{k}: {'nan' if v is None and not k.endswith('_bound') else fmt(v)}" for k, v in head.items()]

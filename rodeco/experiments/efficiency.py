@@ -405,6 +405,5 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
         for label, x in lc["live_over_model_seconds_by_method"].items():
             print(f"live_seconds_over_time_model_{label}: {x:.3f}")
-    for key, v in head.items():
-        print(f"{key}: {analysis.fmt(v)}")
+    print("\n".join(analysis.headline_lines(head)))
     return res

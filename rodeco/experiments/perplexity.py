@@ -80,6 +80,19 @@ def choose_alpha(rows: list[dict[str, Any]]) -> str:
     return max(cands, key=lambda r: r["bon_perplexity_same_flops"] - r["perplexity"])["label"]
 
 
+def headline(summary: dict[str, Any], selection: list[dict[str, Any]], report: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lines printed last: Best-of-n's perplexity, the alpha chosen on the selection half (``choose_alpha``) with
+    its perplexity and Best-of-N's at its FLOPs on the report half, then the efficiency headline
+    (``analysis.headline``)."""
+    chosen = choose_alpha(selection)
+    row = next(r for r in report if r.get("label") == chosen and r["scale"] == 1)
+    n = summary["n"]
+    return {f"perplexity_best_of_{n}": next(r["perplexity"] for r in report if r["method"] == f"Best-of-{n}"),
+            "chosen_alpha": chosen, f"perplexity_{chosen}": row["perplexity"],
+            f"perplexity_best_of_n_same_flops_{chosen}": row["bon_perplexity_same_flops"],
+            **analysis.headline(summary)}
+
+
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
     _check_reward(cfg)
     a = efficiency.parse_args(cfg)
@@ -90,13 +103,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     labels = [m.label for m in measurer.methods]
     summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
     selection, report = table(summary, "selection"), table(summary, "report")
-    chosen = choose_alpha(selection)
-    row = next(r for r in report if r.get("label") == chosen and r["scale"] == 1)
-    n = summary["n"]
-    head = {f"perplexity_best_of_{n}": next(r["perplexity"] for r in report if r["method"] == f"Best-of-{n}"),
-            "chosen_alpha": chosen, f"perplexity_{chosen}": row["perplexity"],
-            f"perplexity_best_of_n_same_flops_{chosen}": row["bon_perplexity_same_flops"],
-            **analysis.headline(summary)}
+    head = headline(summary, selection, report)
     P = len(summary["halves"]["report"])
     res = {"args": a, "reward": "logprob (perplexity)", "pool": str(pool.path), **summary,
            "table": report, "table_selection": selection, "headline": head, "per_prompt": prompts}
@@ -107,7 +114,5 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
                       ylabel="mean -perplexity of the chosen responses (higher is better)",
                       title=f"{P} report prompts, reward logprob (perplexity), pool of {summary['M']}")
     print(markdown(report, P), end="")
-    for key, v in head.items():
-        missing = v is None and not key.endswith("_bound")  # a bound of None: the figure is exact
-        print(f"{key}: {'nan' if missing else analysis.fmt(v)}")
+    print("\n".join(analysis.headline_lines(head)))
     return RunOutput([], Compute(), out_dir, extra=res)

@@ -1,0 +1,253 @@
+"""The result tables of the docs, generated from an experiment run's ``efficiency.json`` or ``perplexity.json``
+rather than copied by hand.
+
+    python scripts/results_tables.py snapshot RUN_DIR docs/data/NAME.json   # the run's figures, to commit
+    python scripts/results_tables.py render docs/data/NAME.json TABLE       # print one table
+    python scripts/results_tables.py write docs/results.md                  # regenerate the marked blocks
+    python scripts/results_tables.py check docs/results.md                  # fails, with a diff, where one differs
+
+A snapshot is the run's JSON without ``per_prompt`` (every prompt's measurements: they stay in the run directory),
+with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/NAME.json TABLE -->``, the block,
+then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
+the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
+reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
+(its table at budget xK). The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
+``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rodeco.experiments import analysis, efficiency, perplexity
+from rodeco.roles import SAME
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_FILES = ("efficiency.json", "perplexity.json")
+DROP = ("per_prompt",)  # every prompt's measurements: they stay in the run directory
+OPEN = re.compile(r"^<!-- table: (?P<path>\S+) (?P<table>\S+) -->$", re.M)
+CLOSE = "<!-- /table -->"
+BLOCK = re.compile(OPEN.pattern[:-1] + r"\n(?P<body>.*?)^" + re.escape(CLOSE) + "$", re.M | re.S)
+DASH = "–"  # a partial reward the method was not run with
+
+
+class TableError(Exception):
+    """A marked block that cannot be rendered: its snapshot is missing, or it names no table of it."""
+
+
+def snapshot(run: Path, out: Path) -> Path:
+    """Writes the run's JSON (``run``: the file, or the run directory holding one of ``RUN_FILES``) without
+    ``DROP``, keys sorted, to ``out``."""
+    src = run
+    if run.is_dir():
+        found = [run / f for f in RUN_FILES if (run / f).is_file()]
+        if len(found) != 1:
+            raise TableError(f"{run}: holds {[f.name for f in found]}, not one of {list(RUN_FILES)}; give the file")
+        src = found[0]
+    data = {k: v for k, v in json.loads(src.read_text(encoding="utf-8")).items() if k not in DROP}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return out
+
+
+def load(path: Path, shown: str | Path | None = None) -> dict[str, Any]:
+    """A snapshot (or a run's JSON); ``shown``: its path as the user wrote it."""
+    if not path.is_file():
+        raise TableError(f"{shown or path}: no such snapshot; make it with "
+                         f"python scripts/results_tables.py snapshot RUN_DIR {shown or path}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
+    """The tables a snapshot can render, by name."""
+    out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
+                                         "headline": functools.partial(headline, snap)}
+    for k in snap["args"]["scales"]:
+        out[f"budget-{k}"] = functools.partial(budget, snap, k)
+        if "table" in snap:  # a perplexity run
+            out[f"perplexity-{k}"] = functools.partial(perplexity_table, snap, k)
+    return out
+
+
+def render(snap: dict[str, Any], name: str) -> str:
+    made = tables(snap)
+    if name not in made:
+        raise TableError(f"no table {name!r} in this snapshot: one of {', '.join(made)}")
+    return made[name]()
+
+
+def row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def report_prompts(snap: dict[str, Any]) -> int:
+    return len(snap["halves"]["report"])
+
+
+def curve(snap: dict[str, Any]) -> str:
+    """Best-of-N's curve on the report half."""
+    c, n = snap["curve"]["report"], snap["n"]
+    out = [f"Best-of-N on the report half ({report_prompts(snap)} prompts); improvement score: Best-of-{n} = 100; "
+           f"relative compute: N / {n}.", "",
+           row(["Best-of-N", "mean reward", "improvement", "TFLOPs", "relative compute"]), "|---|---:|---:|---:|---:|"]
+    out += [row([f"Best-of-{int(N)}", *analysis.curve_cells(c, i, n)]) for i, N in enumerate(c["N"])]
+    return "\n".join(out) + "\n"
+
+
+def method_rows(args: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Every method the run swept, by what it is without its partial reward (the table's rows, in the experiment's
+    order): its label for each partial reward it ran with (``efficiency.methods``)."""
+    out: dict[str, dict[str, str]] = {}
+    for m in efficiency.methods(args):
+        base = m.label if m.partial == SAME else m.label.removesuffix(f"_{m.partial}")
+        out.setdefault(base, {})[m.partial] = m.label
+    return out
+
+
+def speedup_cell(entry: dict[str, Any] | None) -> str:
+    """A method's speedup in FLOPs on the report half with its CI and bound."""
+    if entry is None:
+        return DASH
+    if "infeasible" in entry:
+        return "infeasible"
+    r = entry["report"]
+    return analysis.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
+
+
+def same_cells(entry: dict[str, Any] | None, ref: str) -> list[str]:
+    """The ``same`` row's speedup over ``ref``'s (paired), relative compute and selection-half speedup."""
+    if entry is None:
+        return [DASH] * 3
+    if "infeasible" in entry:
+        return [""] * 3
+    r, s = entry["report"], entry["selection"]
+    pair = r.get(f"vs_{ref}")
+    return [analysis.with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
+            analysis.figure(r["relative_compute_memory_bound_model"], r["bound"]),
+            analysis.figure(s["speedup_flops"], s["bound"])]
+
+
+def budget(snap: dict[str, Any], scale: int) -> str:
+    """Every method's speedup in FLOPs at the budget of Best-of-(scale*n), one column per partial reward, then the
+    ``same`` row's paired ratio, relative compute and selection-half speedup."""
+    ref, parts, t = snap.get("reference", analysis.REF), snap["args"]["partial_rewards"], snap["methods"]
+    top = int(snap["curve"]["report"]["N"][-1])
+    head = ["method", *(f"partial_reward={p}" for p in parts), f"speedup / {ref}'s, paired, same",
+            "relative compute (memory-bound model), same", "selection half, same"]
+    out = [f"Budget x{scale} (Best-of-{scale * snap['n']}'s memory), report half ({report_prompts(snap)} prompts): "
+           "speedup in FLOPs over Best-of-N [95% CI] by the partial reward that decides; for `same`, its speedup "
+           f"over {ref}'s paired on the same resamples [95% CI], relative compute and the selection half's speedup. "
+           f"≥: at least (above Best-of-{top}'s curve); ≤: at most (below Best-of-1's); ?: a ratio of two figures "
+           f"clamped at the same end; {DASH}: not run.", "", row(head), "|---|" + "---:|" * (len(head) - 1)]
+    for base, labels in method_rows(snap["args"]).items():
+        cells = [speedup_cell(t.get(f"{labels[p]}@{scale}")) if p in labels else DASH for p in parts]
+        same = t.get(f"{labels[SAME]}@{scale}") if SAME in labels else None
+        out.append(row([base, *cells, *same_cells(same, ref)]))
+    return "\n".join(out) + "\n"
+
+
+def headline(snap: dict[str, Any]) -> str:
+    """The run's headline lines, as it printed them (fenced). The keys are sorted in a snapshot: their printed
+    order is the one the experiment's headline function gives on the snapshot's summary."""
+    stored = snap["headline"]
+    order = list(perplexity.headline(snap, snap["table_selection"], snap["table"]) if "table" in snap
+                 else analysis.headline(snap))
+    if sorted(order) != sorted(stored):
+        raise TableError(f"the snapshot's headline keys {sorted(set(stored) ^ set(order))} differ from those its "
+                         "summary gives: a run of other code; snapshot a run of this one")
+    return "```\n" + "\n".join(analysis.headline_lines({k: stored[k] for k in order})) + "\n```\n"
+
+
+def perplexity_table(snap: dict[str, Any], scale: int) -> str:
+    """The perplexity run's table: Best-of-N's points and the methods at budget x``scale``."""
+    rows = [r for r in snap["table"] if r.get("scale", scale) == scale]  # Best-of-N's rows have no scale
+    return perplexity.markdown(rows, report_prompts(snap))
+
+
+def marked(text: str, where: str | Path) -> list[re.Match[str]]:
+    """The marked blocks of a Markdown text."""
+    blocks = list(BLOCK.finditer(text))
+    opened, closed = len(OPEN.findall(text)), len(re.findall(f"^{re.escape(CLOSE)}$", text, re.M))
+    if not opened == closed == len(blocks) or any(OPEN.search(b["body"]) for b in blocks):
+        raise TableError(f"{where}: {opened} table markers, {closed} {CLOSE} lines; close every block once")
+    return blocks
+
+
+def rendered(block: re.Match[str]) -> str:
+    """What a marked block should hold: its snapshot's path is relative to the repository root (or absolute)."""
+    try:
+        return render(load(REPO / block["path"], block["path"]), block["table"])
+    except TableError as e:
+        raise TableError(f"{block['path']} {block['table']}: {e}") from None
+
+
+def check(doc: Path) -> list[str]:
+    """A diff for every marked block of ``doc`` that differs from what its snapshot renders (and why a block
+    cannot be rendered); none where the document is up to date."""
+    out = []
+    for block in marked(doc.read_text(encoding="utf-8"), doc):
+        try:
+            want = rendered(block)
+        except TableError as e:
+            out.append(f"{doc}: {e}\n")
+            continue
+        if want != block["body"]:
+            out.append("".join(difflib.unified_diff(
+                block["body"].splitlines(keepends=True), want.splitlines(keepends=True),
+                f"{doc}: {block['path']} {block['table']}, as written", "as rendered", n=1)))
+    return out
+
+
+def write(doc: Path) -> int:
+    """Rewrites every marked block of ``doc`` with what its snapshot renders; how many changed."""
+    text = doc.read_text(encoding="utf-8")
+    parts, last, changed = [], 0, 0
+    for block in marked(text, doc):
+        want = rendered(block)
+        changed += want != block["body"]
+        parts += [text[last: block.start("body")], want]
+        last = block.end("body")
+    doc.write_text("".join(parts) + text[last:], encoding="utf-8")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("snapshot", help="a run's JSON without per_prompt, to commit")
+    p.add_argument("run", type=Path, help="the run directory (or its efficiency.json / perplexity.json)")
+    p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
+    p = sub.add_parser("render", help="print one table of a snapshot")
+    p.add_argument("snapshot", type=Path)
+    p.add_argument("table", help="curve, budget-K, headline, perplexity-K")
+    for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
+        sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
+    a = ap.parse_args(argv)
+    try:
+        if a.command == "snapshot":
+            print(f"wrote {snapshot(a.run, a.out)}")
+        elif a.command == "render":
+            print(render(load(a.snapshot), a.table), end="")
+        elif a.command == "write":
+            for doc in a.docs:
+                print(f"{doc}: {write(doc)} blocks rewritten")
+        else:
+            problems = [x for doc in a.docs for x in check(doc)]
+            print("".join(problems), end="")
+            return 1 if problems else 0
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

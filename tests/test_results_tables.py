@@ -1,0 +1,206 @@
+"""``scripts/results_tables.py``: the docs' result tables rendered from a run's JSON (here a synthetic one, built by
+the efficiency analysis on hand-made prompt records), ``check`` catching a hand-edited cell and ``write`` fixing
+it, snapshots without the per-prompt records, and every marked block of the docs up to date."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import REPO
+from helpers import TM, records
+
+from rodeco.experiments import analysis, efficiency, perplexity
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("results_tables", REPO / "scripts" / "results_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rt = _script()
+SCRIPT = [sys.executable, str(REPO / "scripts" / "results_tables.py")]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+REF = "fixed_alpha_0.5"
+ARGS = {"n": 2, "bootstrap": 40, "scales": [1, 2], "alphas": [0.3, 0.5, 0.9], "adaptive_deltas": [0.1],
+        "policies": ["correlation"], "starts": [16, 64], "calibrated_deltas": [0.1],
+        "partial_rewards": ["same", "oracle", "text_value"]}
+
+
+def quantile(x: float):
+    return lambda p, final: (np.quantile(final, x), 3e9)
+
+
+def above(p: int, final: np.ndarray) -> tuple[float, float]:
+    return final.max() + 1.0, 5e9  # better than Best-of-16: a lower bound
+
+
+def below(p: int, final: np.ndarray) -> tuple[float, float]:
+    return final.min(), 1e9  # worse than Best-of-1: an upper bound
+
+
+def behaviour(label: str, i: int):
+    """What each method scores: fixed alpha 0.3 above the curve, 0.9 below it; at x2 fixed alpha 0.5 and 0.3 both
+    above it (their paired ratio: unknown); a start of 64 rows does not fit the budget x1."""
+    if label == "fixed_alpha_0.3":
+        return above
+    if label == "fixed_alpha_0.9":
+        return below
+    if label == REF:
+        return {1: quantile(0.7), 2: above}
+    if label.startswith("fixed_alpha_0.5_start_64"):
+        return {1: lambda p, final: None, 2: quantile(0.6)}
+    return quantile(0.5 + 0.02 * i)
+
+
+def run_json(args: dict[str, Any] = ARGS, prompts: int = 24) -> dict[str, Any]:
+    """An efficiency.json as ``efficiency.report`` writes it (with a perplexity run's keys too where asked)."""
+    labels = [m.label for m in efficiency.methods(args)]
+    recs = records({k: behaviour(k, i) for i, k in enumerate(labels)}, n_prompts=prompts, scales=(1, 2))
+    summary = analysis.summarize(recs, args, TM, 20, labels)
+    return json.loads(json.dumps({"args": args, **summary, "headline": analysis.headline(summary),
+                                  "per_prompt": recs}))
+
+
+@pytest.fixture(scope="module")
+def run() -> dict[str, Any]:
+    return run_json()
+
+
+def table_rows(block: str) -> dict[str, list[str]]:
+    """A rendered table's rows by their first cell (the caption and the header's separator left out)."""
+    lines = [x for x in block.splitlines() if x.startswith("| ") and not x.startswith("|---")]
+    return {cells[0]: cells[1:] for cells in ([c.strip() for c in x.strip("|").split(" | ")] for x in lines)}
+
+
+def test_budget_table_has_one_row_per_method_and_a_column_per_partial_reward(run):
+    rows = table_rows(rt.render(run, "budget-1"))
+    head = rows.pop("method")
+    assert head[:3] == ["partial_reward=same", "partial_reward=oracle", "partial_reward=text_value"]
+    bases = ["fixed_alpha_0.3", "fixed_alpha_0.5", "fixed_alpha_0.9", "adaptive_delta_0.1", "correlation",
+             "fixed_alpha_0.5_start_16", "fixed_alpha_0.5_start_64", "calibrated_delta_0.1",
+             "calibrated_delta_0.1_start_calibrated"]
+    assert list(rows) == bases and all(len(r) == len(head) for r in rows.values())
+    t = run["methods"]
+    for base, cells in rows.items():
+        for part, cell in zip(("", "_oracle", "_text_value"), cells):
+            r = t.get(f"{base}{part}@1", {}).get("report")
+            if r:
+                assert cell == analysis.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
+    r = t[f"{REF}@1"]["report"]
+    pair = t["correlation@1"]["report"][f"vs_{REF}"]
+    assert rows["correlation"][3] == f"{pair['ratio']:.2f} [{pair['ci'][0]:.2f}, {pair['ci'][1]:.2f}]"
+    assert rows[REF][3:] == ["1.00 [1.00, 1.00]", f"{r['relative_compute_memory_bound_model']:.2f}",
+                             f"{t[f'{REF}@1']['selection']['speedup_flops']:.2f}"]
+    assert "Best-of-4's memory" in rt.render(run, "budget-2") and "report half (12 prompts)" in rt.render(run, "curve")
+
+
+def test_bounds_are_marked(run):
+    one, two = table_rows(rt.render(run, "budget-1")), table_rows(rt.render(run, "budget-2"))
+    assert one["fixed_alpha_0.3"][0].startswith("≥") and one["fixed_alpha_0.3"][3].startswith("≥")  # / exact ref
+    assert one["fixed_alpha_0.9"][0].startswith("≤") and one["fixed_alpha_0.9"][4].startswith("≤")
+    assert not any(c[:1] in "≥≤?" for c in one[REF] if c)
+    assert two["fixed_alpha_0.3"][3].startswith("?")  # both above Best-of-16's curve at x2: unknown either way
+    assert two[REF][3] == "1.00 [1.00, 1.00]"  # over itself: exact
+
+
+def test_a_partial_reward_not_run_shows_a_dash_and_an_infeasible_start_says_so(run):
+    rows = table_rows(rt.render(run, "budget-1"))
+    assert rows["fixed_alpha_0.5_start_16"][2] == "–"  # starts are swept with same and oracle only
+    assert rows["calibrated_delta_0.1"][1:3] == ["–", "–"]
+    assert rows["fixed_alpha_0.5_start_64"] == ["infeasible", "infeasible", "–", "", "", ""]
+    assert "–" not in rows["fixed_alpha_0.3"] and "–" not in rows["correlation"]
+
+
+def test_curve_and_headline_are_what_the_run_printed(run):
+    curve = table_rows(rt.render(run, "curve"))
+    c = run["curve"]["report"]
+    assert list(curve)[1:] == [f"Best-of-{int(N)}" for N in c["N"]]
+    assert curve["Best-of-4"] == analysis.curve_cells(c, c["N"].index(4.0), 2)
+    head = analysis.headline(run)
+    lines = "".join(f"{k}: {analysis.fmt(v)}\n" for k, v in head.items())  # as efficiency.report prints them
+    assert rt.render(run, "headline") == f"```\n{lines}```\n"
+
+
+def test_perplexity_snapshot_renders_its_table_and_headline(run, tmp_path):
+    selection, report = perplexity.table(run, "selection"), perplexity.table(run, "report")
+    ppl = {**run, "table": report, "table_selection": selection, "headline": perplexity.headline(run, selection,
+                                                                                                  report)}
+    snap = json.loads(json.dumps(ppl, sort_keys=True))  # as a snapshot holds it: keys sorted
+    assert rt.render(snap, "perplexity-2") == perplexity.markdown(
+        [r for r in report if r.get("scale", 2) == 2], 12)
+    assert rt.render(snap, "headline").splitlines()[1:-1] == analysis.headline_lines(ppl["headline"])
+    assert "perplexity-1" not in rt.tables(run)
+    with pytest.raises(rt.TableError, match="one of curve, headline, budget-1"):
+        rt.render(snap, "budget-3")
+
+
+def test_snapshot_drops_the_per_prompt_records_and_is_deterministic(run, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "efficiency.json").write_text(json.dumps(run, indent=2))
+    a, b = rt.snapshot(tmp_path / "run", tmp_path / "a.json"), rt.snapshot(tmp_path / "run" / "efficiency.json",
+                                                                          tmp_path / "data" / "b.json")
+    got = json.loads(a.read_text())
+    assert "per_prompt" not in got and got == {k: v for k, v in run.items() if k != "per_prompt"}
+    assert a.read_bytes() == b.read_bytes() and list(got) == sorted(got)
+    assert a.stat().st_size < len(json.dumps(run)) / 2
+    (tmp_path / "run" / "perplexity.json").write_text("{}")
+    with pytest.raises(rt.TableError, match="give the file"):
+        rt.snapshot(tmp_path / "run", tmp_path / "c.json")
+
+
+def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([*SCRIPT, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_check_finds_a_hand_edited_cell_and_write_fixes_it(run, tmp_path):
+    """The documented commands, on a synthetic run: snapshot, render, write, check."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "efficiency.json").write_text(json.dumps(run))
+    snap = tmp_path / "data" / "eff.json"
+    assert cli("snapshot", str(tmp_path / "run"), str(snap)).returncode == 0
+    p = cli("render", str(snap), "budget-1")
+    assert p.returncode == 0 and p.stdout == rt.render(run, "budget-1")
+    doc = tmp_path / "results.md"
+    text = (f"# Results\n\nProse.\n\n<!-- table: {snap} budget-1 -->\nold\n<!-- /table -->\n\nMore prose.\n\n"
+            f"Printed last:\n<!-- table: {snap} headline -->\n<!-- /table -->\n")
+    doc.write_text(text)
+    p = cli("check", str(doc))
+    assert p.returncode == 1 and "-old" in p.stdout and "+```" in p.stdout
+    assert cli("write", str(doc)).returncode == 0
+    assert cli("check", str(doc)).returncode == 0
+    fixed = doc.read_text()
+    assert fixed.startswith("# Results\n\nProse.\n\n") and "\nMore prose.\n\nPrinted last:\n" in fixed
+    assert rt.render(run, "budget-1") in fixed and rt.render(run, "headline") + "<!-- /table -->\n" in fixed
+    cell = table_rows(rt.render(run, "budget-1"))["correlation"][0]
+    doc.write_text(fixed.replace(f"| correlation | {cell} |", "| correlation | 9.99 [9.00, 9.99] |"))
+    p = cli("check", str(doc))
+    assert p.returncode == 1 and f"+| correlation | {cell} |" in p.stdout and "-| correlation | 9.99" in p.stdout
+    assert rt.write(doc) == 1 and doc.read_text() == fixed and rt.check(doc) == []
+
+
+def test_broken_markers_are_reported(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("<!-- table: docs/data/none.json curve -->\nx\n")
+    with pytest.raises(rt.TableError, match="close every block"):
+        rt.check(doc)
+    doc.write_text("<!-- table: docs/data/none.json curve -->\nx\n<!-- /table -->\n")
+    assert "no such snapshot" in rt.check(doc)[0]
+    with pytest.raises(rt.TableError, match="snapshot RUN_DIR docs/data/none.json"):
+        rt.write(doc)
+
+
+def test_every_marked_table_in_the_docs_is_up_to_date():
+    for doc in DOCS:
+        for block in rt.marked(doc.read_text(encoding="utf-8"), doc):
+            assert (REPO / block["path"]).is_file(), f"{doc.name}: {block['path']} is not committed"
+    p = cli("check", *(str(d.relative_to(REPO)) for d in DOCS))
+    assert p.returncode == 0, p.stdout + p.stderr + "\nrun: python scripts/results_tables.py write docs/results.md"
