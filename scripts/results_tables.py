@@ -11,7 +11,8 @@ with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/N
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
-(its table at budget xK). The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
+(its table at budget xK), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
+``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column). The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
 
@@ -43,16 +44,32 @@ class TableError(Exception):
     """A marked block that cannot be rendered: its snapshot is missing, or it names no table of it."""
 
 
+def starts_of(per_prompt: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """How many prompts each method started with how many rows (``{"label@scale": {rows: prompts}}``, the first
+    replicate's runs): what ``n: auto`` and ``n: calibrated`` chose, kept when ``per_prompt`` is dropped."""
+    out: dict[str, dict[str, int]] = {}
+    for p in per_prompt:
+        for label, by_scale in p["methods"].items():
+            for scale, r in by_scale.items():
+                if "n_start" in r:
+                    c = out.setdefault(f"{label}@{scale}", {})
+                    c[str(r["n_start"])] = c.get(str(r["n_start"]), 0) + 1
+    return out
+
+
 def snapshot(run: Path, out: Path) -> Path:
     """Writes the run's JSON (``run``: the file, or the run directory holding one of ``RUN_FILES``) without
-    ``DROP``, keys sorted, to ``out``."""
+    ``DROP``, keys sorted, to ``out``; ``starts``: the rows each method started with (``starts_of``)."""
     src = run
     if run.is_dir():
         found = [run / f for f in RUN_FILES if (run / f).is_file()]
         if len(found) != 1:
             raise TableError(f"{run}: holds {[f.name for f in found]}, not one of {list(RUN_FILES)}; give the file")
         src = found[0]
-    data = {k: v for k, v in json.loads(src.read_text(encoding="utf-8")).items() if k not in DROP}
+    full = json.loads(src.read_text(encoding="utf-8"))
+    data = {k: v for k, v in full.items() if k not in DROP}
+    if "per_prompt" in full:
+        data["starts"] = starts_of(full["per_prompt"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return out
@@ -70,6 +87,10 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
     """The tables a snapshot can render, by name."""
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
+    if "live_check" in snap:
+        out["live"] = functools.partial(live, snap)
+    if "starts" in snap:
+        out["starts"] = functools.partial(starts, snap)
     for k in snap["args"]["scales"]:
         out[f"budget-{k}"] = functools.partial(budget, snap, k)
         if "table" in snap:  # a perplexity run
@@ -79,6 +100,8 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
 
 def render(snap: dict[str, Any], name: str) -> str:
     made = tables(snap)
+    if name.startswith("methods:"):  # an excerpt of efficiency.md's rows: methods:LABEL@K,LABEL@K,...
+        return methods_excerpt(snap, name.removeprefix("methods:").split(","))
     if name not in made:
         raise TableError(f"no table {name!r} in this snapshot: one of {', '.join(made)}")
     return made[name]()
@@ -166,6 +189,45 @@ def headline(snap: dict[str, Any]) -> str:
     return "```\n" + "\n".join(analysis.headline_lines({k: stored[k] for k in order})) + "\n```\n"
 
 
+def methods_excerpt(snap: dict[str, Any], keys: list[str]) -> str:
+    """``efficiency.md``'s rows (every column) of the methods ``keys`` (``label@scale``), in that order, after
+    Best-of-N's rows."""
+    full = analysis.markdown(snap).splitlines()
+    wanted = {f"| SR {k.split('@')[0]} (budget x{k.split('@')[1]}) |": k for k in keys}
+    missing = [k for k in keys if k not in snap["methods"]]
+    if missing:
+        raise TableError(f"no method {missing} in this snapshot: one of {', '.join(snap['methods'])}")
+    rows = {wanted[p]: x for x in full for p in wanted if x.startswith(p)}
+    head = [x for x in full[:4]] + [x for x in full if x.startswith("| Best-of-")]
+    return "\n".join(head + [rows[k] for k in keys]) + "\n"
+
+
+def live(snap: dict[str, Any]) -> str:
+    """The live check's lines as the experiment printed them (fenced)."""
+    lc = snap["live_check"]
+    lines = [f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}",
+             f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}",
+             f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}"]
+    lines += [f"live_seconds_over_time_model_{k}: {x:.3f}"
+              for k, x in lc.get("live_over_model_seconds_by_method", {}).items()]
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+def starts(snap: dict[str, Any]) -> str:
+    """How many rows the reference (``n: auto``) and the calibrated policy (``n: auto`` and ``n: calibrated``)
+    started with, over all prompts (the first replicate's runs)."""
+    ref = snap.get("reference", analysis.REF)
+    labels = [m.label for m in efficiency.methods(snap["args"]) if m.label == ref or m.policy == "calibrated"]
+    out = [f"Rows at the start, over all {len(snap['halves']['report']) + len(snap['halves']['selection'])} "
+           "prompts (rows: prompts).", "", row(["method", "budget", "start"]), "|---|---:|---|"]
+    for label in labels:
+        for scale in snap["args"]["scales"]:
+            counts = snap["starts"].get(f"{label}@{scale}", {})
+            cells = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+            out.append(row([label, f"x{scale}", cells or "infeasible"]))
+    return "\n".join(out) + "\n"
+
+
 def perplexity_table(snap: dict[str, Any], scale: int) -> str:
     """The perplexity run's table: Best-of-N's points and the methods at budget x``scale``."""
     rows = [r for r in snap["table"] if r.get("scale", scale) == scale]  # Best-of-N's rows have no scale
@@ -227,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
-    p.add_argument("table", help="curve, budget-K, headline, perplexity-K")
+    p.add_argument("table", help="curve, budget-K, headline, live, starts, perplexity-K, methods:LABEL@K,...")
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

@@ -149,7 +149,8 @@ def test_snapshot_drops_the_per_prompt_records_and_is_deterministic(run, tmp_pat
     a, b = rt.snapshot(tmp_path / "run", tmp_path / "a.json"), rt.snapshot(tmp_path / "run" / "efficiency.json",
                                                                           tmp_path / "data" / "b.json")
     got = json.loads(a.read_text())
-    assert "per_prompt" not in got and got == {k: v for k, v in run.items() if k != "per_prompt"}
+    want = {**{k: v for k, v in run.items() if k != "per_prompt"}, "starts": rt.starts_of(run["per_prompt"])}
+    assert "per_prompt" not in got and got == want
     assert a.read_bytes() == b.read_bytes() and list(got) == sorted(got)
     assert a.stat().st_size < len(json.dumps(run)) / 2
     (tmp_path / "run" / "perplexity.json").write_text("{}")
@@ -204,3 +205,27 @@ def test_every_marked_table_in_the_docs_is_up_to_date():
             assert (REPO / block["path"]).is_file(), f"{doc.name}: {block['path']} is not committed"
     p = cli("check", *(str(d.relative_to(REPO)) for d in DOCS))
     assert p.returncode == 0, p.stdout + p.stderr + "\nrun: python scripts/results_tables.py write docs/results.md"
+
+
+def test_excerpt_live_and_starts_tables(run, tmp_path):
+    """``methods:`` gives efficiency.md's rows of the methods named, in that order; ``live`` the live check's lines;
+    ``starts`` how many prompts each chosen start took, kept by the snapshot when per_prompt is dropped."""
+    full = analysis.markdown(run).splitlines()
+    got = rt.render(run, f"methods:correlation@2,{REF}@1").splitlines()
+    assert got[:4] == full[:4] and got[-2:] == [x for x in full if x.startswith("| SR correlation (budget x2) |")] + [
+        x for x in full if x.startswith(f"| SR {REF} (budget x1) |")]
+    with pytest.raises(rt.TableError, match="no method"):
+        rt.render(run, "methods:nothing@1")
+    lc = {"same_winner": 5, "same_tokens": 6, "n": 6, "live_over_model_seconds": 0.91234,
+          "live_over_model_seconds_by_method": {REF: 0.9, "best_of_4": 1.1}}
+    assert rt.render({**run, "live_check": lc}, "live").splitlines() == [
+        "```", "live_vs_replay_same_winner: 5/6", "live_vs_replay_same_decode_tokens: 6/6",
+        "live_seconds_over_time_model: 0.912", f"live_seconds_over_time_model_{REF}: 0.900",
+        "live_seconds_over_time_model_best_of_4: 1.100", "```"]
+    run = json.loads(json.dumps(run))  # the module's run stays as it is
+    for p in run["per_prompt"]:  # the records carry no n_start: give each prompt one
+        p["methods"][REF]["1"]["n_start"] = 8 if p["prompt_index"] % 3 else 16
+    (tmp_path / "efficiency.json").write_text(json.dumps(run))
+    snap = json.loads(rt.snapshot(tmp_path / "efficiency.json", tmp_path / "s.json").read_text())
+    line = [x for x in rt.render(snap, "starts").splitlines() if x.startswith(f"| {REF} | x1 |")]
+    assert line == [f"| {REF} | x1 | 8: 16, 16: 8 |"]  # 24 prompts: 8 of them index 0 mod 3
