@@ -11,7 +11,7 @@ with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/N
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
-(its table at budget xK), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
+(its table at budget xK), ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
 ``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column). The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
@@ -87,6 +87,8 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
     """The tables a snapshot can render, by name."""
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
+    if any("all" in v for v in snap["methods"].values()):
+        out["all"] = functools.partial(all_prompts, snap)
     if "live_check" in snap:
         out["live"] = functools.partial(live, snap)
     if "starts" in snap:
@@ -202,6 +204,22 @@ def methods_excerpt(snap: dict[str, Any], keys: list[str]) -> str:
     return "\n".join(head + [rows[k] for k in keys]) + "\n"
 
 
+def all_prompts(snap: dict[str, Any]) -> str:
+    """The rows nothing chose (the reference, the oracle ceilings): their speedup in FLOPs on the report half and
+    over all prompts, each with its CI."""
+    P = report_prompts(snap) + len(snap["halves"]["selection"])
+    out = [f"The rows nothing chose, on the report half ({report_prompts(snap)} prompts) and on all {P}: speedup in "
+           "FLOPs over Best-of-N [95% CI].", "", row(["method", "budget", "report half", f"all {P} prompts"]),
+           "|---|---:|---:|---:|"]
+    for key, v in snap["methods"].items():
+        if "all" in v:
+            label, scale = key.split("@")
+            a = v["all"]
+            out.append(row([label, f"x{scale}", speedup_cell(v),
+                            analysis.with_ci(a["speedup_flops"], a["speedup_flops_ci"], a["bound"])]))
+    return "\n".join(out) + "\n"
+
+
 def live(snap: dict[str, Any]) -> str:
     """The live check's lines as the experiment printed them (fenced)."""
     lc = snap["live_check"]
@@ -289,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
-    p.add_argument("table", help="curve, budget-K, headline, live, starts, perplexity-K, methods:LABEL@K,...")
+    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,...")
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

@@ -139,7 +139,7 @@ def test_perplexity_snapshot_renders_its_table_and_headline(run, tmp_path):
         [r for r in report if r.get("scale", 2) == 2], 12)
     assert rt.render(snap, "headline").splitlines()[1:-1] == analysis.headline_lines(ppl["headline"])
     assert "perplexity-1" not in rt.tables(run)
-    with pytest.raises(rt.TableError, match="one of curve, headline, budget-1"):
+    with pytest.raises(rt.TableError, match="one of curve, headline, .*budget-1"):
         rt.render(snap, "budget-3")
 
 
@@ -229,3 +229,14 @@ def test_excerpt_live_and_starts_tables(run, tmp_path):
     snap = json.loads(rt.snapshot(tmp_path / "efficiency.json", tmp_path / "s.json").read_text())
     line = [x for x in rt.render(snap, "starts").splitlines() if x.startswith(f"| {REF} | x1 |")]
     assert line == [f"| {REF} | x1 | 8: 16, 16: 8 |"]  # 24 prompts: 8 of them index 0 mod 3
+
+
+def test_the_rows_nothing_chose_are_also_given_over_all_prompts(run):
+    lines = [x for x in rt.render(run, "all").splitlines() if x.startswith("| ") and not x.startswith("| method")]
+    want = [k for k, v in run["methods"].items() if "all" in v]
+    assert want and [x.split(" | ")[0][2:] + "@" + x.split(" | ")[1][1:] for x in lines] == want
+    r = run["methods"][f"{REF}@1"]
+    cells = [x for x in rt.render(run, "all").splitlines() if x.startswith(f"| {REF} | x1 |")][0].split(" | ")
+    assert cells[2] == rt.speedup_cell(r)
+    assert cells[3].rstrip(" |") == analysis.with_ci(r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"],
+                                                     r["all"]["bound"])
