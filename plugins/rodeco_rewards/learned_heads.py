@@ -3,12 +3,16 @@ as ``partial_reward`` (they must earn their place against ``same``: see ``rodeco
 
 - ``value_head``: a linear or one-hidden-layer head on the generator's final-layer hidden state at the decision
   point (``needs_hidden_states``) and the position.
-- ``text_value``: the same kind of head on the embedded reward's own features of the partial text (MiniLM
-  embeddings and surface statistics) and the position.
+- ``text_value``: a linear head on the embedded reward's own features of the partial text (MiniLM embeddings and
+  surface statistics) and the position, anchored on the reward's own head: with no training data it *is* ``same``
+  (``text_value_anchor``), and training moves it away from that only as far as the data pays for.
 
-Position features: ``log(1 + L)`` and ``L / T`` (``T`` the training pool's ``max_new_tokens``). A head file
-(``.npz``: weights; ``.json``: what it was trained on and how it did on validation prompts) predicts the final
-reward standardized within the prompt: only the ranking within a prompt matters to a policy.
+Position features: ``log(1 + L)`` and ``L / T`` (``T`` the training pool's ``max_new_tokens``). A head has one set
+of weights per length bucket (``edges``: the buckets' inclusive upper bounds, e.g. ``[8, 16, 32, 64]`` for
+<=8, 9-16, 17-32, 33-64, 65+); each request is scored on its own, by its length's bucket. A head file (``.npz``:
+weights; ``.json``: what it was trained on, what was chosen, and its verdict against ``same``) orders the candidates
+of one prompt at one length: only that order matters to a policy. Files written before buckets (one weight vector,
+no ``edges``) load as a head with one bucket, and keep their identity.
 """
 
 from __future__ import annotations
@@ -28,41 +32,100 @@ from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, atomic_w
 
 ASSETS = Path(__file__).parent / "assets"
 KINDS = ("value_head", "text_value")
+N_POSITION = 2  # the position features at the end of every head's inputs
+
+
+def bucket_of(lengths: Any, edges: np.ndarray) -> np.ndarray:
+    """The length bucket of each length: ``edges`` are the inclusive upper bounds of all buckets but the last."""
+    return np.searchsorted(np.asarray(edges, dtype=np.int64), np.asarray(lengths, dtype=np.int64), side="left")
+
+
+def bucket_names(edges: Sequence[int]) -> list[str]:
+    """``[8, 16]`` -> ``['<=8', '9-16', '17+']``; no edges: ``['all']``."""
+    if not len(edges):
+        return ["all"]
+    lo = [None, *[e + 1 for e in edges]]
+    hi = [*edges, None]
+    return [f"<={h}" if a is None else f"{a}+" if h is None else f"{a}-{h}" for a, h in zip(lo, hi)]
 
 
 @dataclass
 class Head:
-    """``y = relu(x' W1 + b1) w2 + b2`` (one hidden layer) or ``y = x' w + b`` (``W1`` empty), on standardized
-    features ``x' = (x - mean) / std``."""
+    """Per length bucket ``k``: ``y = relu(x' W1[k] + b1[k]) w2[k] + b2[k]`` (one hidden layer) or
+    ``y = x' w2[k] + b2[k]`` (``W1`` empty), on standardized features ``x' = (x - mean) / std``.
+
+    The arrays carry a leading bucket axis (``w2 [B, F]`` or ``[B, H]``, ``b2 [B]``, ``w1 [B, F, H]`` or
+    ``[B, 0, 0]``, ``b1 [B, H]``); arrays without it (one weight vector, as written before buckets) are read as
+    one bucket."""
 
     mean: np.ndarray
     std: np.ndarray
-    w1: np.ndarray  # [F, H] or [0, 0] for a linear head
+    w1: np.ndarray
     b1: np.ndarray
-    w2: np.ndarray  # [H] or [F]
-    b2: float
+    w2: np.ndarray
+    b2: Any  # [B] (a float: one bucket)
     meta: dict[str, Any]
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [B - 1]
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        z = (x - self.mean) / self.std
-        if self.w1.size:
-            z = np.maximum(z @ self.w1 + self.b1, 0.0)
-        return z @ self.w2 + self.b2
+    def __post_init__(self) -> None:
+        self.w2 = np.atleast_2d(np.asarray(self.w2, dtype=np.float64))
+        n = len(self.w2)
+        self.b2 = np.asarray(self.b2, dtype=np.float64).reshape(n)
+        w1, b1 = np.asarray(self.w1, dtype=np.float64), np.asarray(self.b1, dtype=np.float64)
+        self.w1 = w1[None] if w1.ndim == 2 else w1
+        self.b1 = b1[None] if b1.ndim == 1 else b1
+        self.edges = np.asarray(self.edges, dtype=np.int64).reshape(-1)
+        if len(self.edges) != n - 1 or len(self.w1) != n or len(self.b1) != n:
+            raise ValueError(f"a head with {n} buckets needs {n - 1} edges and {n} of w1, b1 "
+                             f"(got {len(self.edges)}, {len(self.w1)}, {len(self.b1)})")
+
+    @classmethod
+    def linear(cls, mean: np.ndarray, std: np.ndarray, w: np.ndarray, b: Any, meta: dict[str, Any],
+               edges: Sequence[int] = ()) -> Head:
+        """A linear head: ``w [B, F]`` (or ``[F]``), ``b [B]`` (or a float)."""
+        n = len(np.atleast_2d(w))
+        return cls(mean, std, np.zeros((n, 0, 0)), np.zeros((n, 0)), w, b, meta, np.asarray(edges, dtype=np.int64))
+
+    @property
+    def buckets(self) -> int:
+        return len(self.w2)
+
+    def __call__(self, x: np.ndarray, lengths: Any = None) -> Any:
+        """Scores of rows ``x [E, F]`` (a float for one row ``[F]``) at decision lengths ``lengths [E]`` (needed
+        only when the head has more than one bucket)."""
+        x = np.asarray(x, dtype=np.float64)
+        X = np.atleast_2d(x)
+        if lengths is None:
+            if self.buckets > 1:
+                raise ValueError(f"a head with {self.buckets} length buckets needs the lengths")
+            k = np.zeros(len(X), dtype=np.int64)
+        else:
+            k = bucket_of(np.atleast_1d(lengths), self.edges)
+        Z = (X - self.mean) / self.std
+        out = np.empty(len(X))
+        for b in np.unique(k):
+            m = k == b
+            z = np.maximum(Z[m] @ self.w1[b] + self.b1[b], 0.0) if self.w1[b].size else Z[m]
+            out[m] = z @ self.w2[b] + self.b2[b]
+        return float(out[0]) if x.ndim == 1 else out
 
     @property
     def matmul_params(self) -> int:
-        return int(self.w1.size + self.w2.size)
+        """Multiply-adds of one request (one bucket's weights)."""
+        return int(self.w1[0].size + self.w2[0].size)
 
     @property
     def identity(self) -> str:
         h = hashlib.sha256()
-        for a in (self.mean, self.std, self.w1, self.b1, self.w2, np.asarray([self.b2])):
+        for a in (self.mean, self.std, self.w1, self.b1, self.w2, self.b2):
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+        if self.edges.size:  # a one-bucket head hashes as before buckets existed
+            h.update(np.ascontiguousarray(self.edges, dtype=np.int64).tobytes())
         return h.hexdigest()[:16]
 
     def save(self, stem: Path) -> None:
         atomic_write(stem.with_suffix(".npz"), npz_bytes(mean=self.mean, std=self.std, w1=self.w1, b1=self.b1,
-                                                         w2=self.w2, b2=np.asarray(self.b2)))
+                                                         w2=self.w2, b2=self.b2, edges=self.edges))
         atomic_write(stem.with_suffix(".json"), json.dumps({**self.meta, "identity": self.identity}, indent=1) + "\n")
 
     @classmethod
@@ -72,7 +135,8 @@ class Head:
                               "train one: rodeco experiment=value_train pool=TRAINING_POOL")
         d = np.load(stem.with_suffix(".npz"))
         meta = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
-        return cls(d["mean"], d["std"], d["w1"], d["b1"], d["w2"], float(d["b2"]), meta)
+        edges = d["edges"] if "edges" in d.files else np.zeros(0, dtype=np.int64)  # before buckets: one bucket
+        return cls(d["mean"], d["std"], d["w1"], d["b1"], d["w2"], d["b2"], meta, edges)
 
 
 def npz_bytes(**arrays: np.ndarray) -> bytes:
@@ -101,10 +165,11 @@ class ValueHead:
             raise ConfigError("partial_reward", "value_head", "a request carries no hidden state (a finished "
                               "response, or a pool recorded without them)", "use it as partial_reward only")
         h = np.stack([np.asarray(r.hidden_state, dtype=np.float64) for r in requests])
-        x = np.concatenate([h, position_features([len(r.response_ids) for r in requests], self.max_new)], axis=1)
+        lengths = [len(r.response_ids) for r in requests]
+        x = np.concatenate([h, position_features(lengths, self.max_new)], axis=1)
         self.cost.calls += 1
         self.cost.flops += 2.0 * self.head.matmul_params * len(requests)
-        return self.head(x).tolist()
+        return self.head(x, lengths).tolist()
 
 
 class TextValue:
@@ -124,7 +189,25 @@ class TextValue:
         self.cost.tokens += n
         self.cost.flops += 2.0 * self.encoder.n_matmul_params * n
         self.cost.calls += 1
-        return self.head(x).tolist()
+        return self.head(x, [len(r.response_ids) for r in requests]).tolist()
+
+
+def text_value_anchor(rm_head, max_new: int) -> Head:
+    """``text_value`` with no training data: the embedded reward's own linear head (``BTHead``) as a one-bucket head
+    on ``text_value``'s inputs (weight 0 on the position features), so that it scores exactly as ``same`` does
+    (``minilm_rm``'s partial score). Training fits ``w = a * w_rm + delta`` around it."""
+    from rodeco_rewards.minilm.head import head_identity
+
+    if rm_head.shape.hidden:
+        raise ConfigError("reward.head", f"hidden={rm_head.shape.hidden}", "text_value anchors on a linear reward "
+                          "head, this one has a hidden layer", "use the committed minilm_rm head (hidden 0)")
+    w = rm_head.net.weight.detach().double().numpy()[0]
+    b = float(rm_head.net.bias.detach().double().numpy()[0])
+    pad = np.zeros(N_POSITION)
+    mean = np.concatenate([rm_head.mu.double().numpy(), pad])
+    std = np.concatenate([rm_head.sigma.double().numpy(), pad + 1.0])
+    return Head.linear(mean, std, np.concatenate([w, pad]), b, {"kind": "text_value", "max_new_tokens": max_new,
+                                                                 "anchor": f"minilm_rm:{head_identity(rm_head)}"})
 
 
 def text_features(encoder, requests: Sequence[ScoreRequest], max_new: int) -> np.ndarray:

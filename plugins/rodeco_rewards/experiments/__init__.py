@@ -32,11 +32,19 @@ class RMTrainArgs:
 class ValueTrainArgs:
     kinds: list[str] = required("heads to train: value_head (hidden state), text_value (the RM's text features)")
     lengths: list[int] = required("decision lengths whose partial states are the examples")
-    validation_fraction: float = required("share of the prompts held out to choose and judge the heads")
-    hidden_units: int = required("0: a linear (ridge) head; else a one-hidden-layer MLP this wide")
-    ridge_alphas: list[float] = required("ridge penalties tried (linear heads), chosen on validation")
-    epochs: int = required("MLP epochs (the best on validation is kept)")
-    bootstrap: int = required("bootstrap resamples of the validation prompts, for the CI of head minus same")
+    verdict_lengths: list[int] = required("lengths (some of `lengths`) the verdict's head - same is averaged over")
+    length_buckets: list[int] = required("each length bucket's last length (e.g. [8, 16, 32, 64]: <=8, 9-16, 17-32, "
+                                         "33-64, 65+): one weight vector per bucket")
+    choose_fraction: float = required("share of the prompts (seeded) that choose the loss, penalty or epoch")
+    verdict_fraction: float = required("share of the prompts (seeded) held out for the verdict only, used once")
+    losses: list[str] = required("losses tried per bucket, chosen on the choose prompts: mse, bt (Bradley-Terry "
+                                 "on within-prompt pairs)")
+    hidden_units: int = required("0: linear heads; else value_head is a one-hidden-layer MLP this wide per bucket "
+                                 "(text_value stays linear: it is anchored on the reward's head)")
+    ridge_alphas: list[float] = required("penalties on the weights' distance from the anchor (linear heads), chosen "
+                                         "per bucket on the choose prompts; the anchor itself is always a candidate")
+    epochs: int = required("MLP epochs (the best on the choose prompts is kept)")
+    bootstrap: int = required("bootstrap resamples of the verdict prompts, for the CIs")
     exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
     install: bool = required("also write the heads to rodeco_rewards/assets (the committed heads)")
 

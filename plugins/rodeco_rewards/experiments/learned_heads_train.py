@@ -4,11 +4,16 @@
 - Examples: every candidate still active at each length ``L`` of ``experiment_args.lengths`` (longer than ``L``
   tokens), its features at ``L`` (the pool's hidden state, or the embedded RM's features of the partial text; both
   with the position), its target the final reward standardized within its prompt.
-- Split: a seeded ``validation_fraction`` of the prompts is held out; the training prompts fit the head (ridge
-  with its penalty chosen on validation, or a one-hidden-layer MLP with its epoch chosen on validation).
-- Verdict: on the validation prompts, the mean per-prompt Pearson r with the final reward at each length, for the
-  head and for ``same`` (the reward's own partial score), with a bootstrap 95% CI of the difference. A head *beats
-  same* when the difference averaged over lengths has a CI above 0.
+- Splits: the prompts are shuffled once (seeded) into three: *fit* (the weights), *choose* (``choose_fraction``:
+  per length bucket the loss, ``mse`` or ``bt``, the penalty, or the MLP's epoch) and *verdict*
+  (``verdict_fraction``: used once, to judge the chosen head). How a head is fitted: ``head_fit``. In short:
+  features centred within each (prompt, length); one weight vector per bucket of ``length_buckets``;
+  ``text_value`` anchored on the reward's own head (``w = a w_rm + delta``, penalty on ``delta``: with no data it
+  *is* ``same``); ``value_head`` anchored on its own fit pooled over all lengths.
+- Verdict: on the verdict prompts, per length, the mean per-prompt Pearson r with the final reward of the head and
+  of ``same`` (the reward's own partial score), each with a bootstrap 95% CI over prompts, and their paired
+  difference with its CI; then the difference averaged over ``verdict_lengths`` (8, 16, 32) per prompt, with its
+  CI. A head *beats same* when that CI is above 0.
 
 Features are computed once per prompt and kept in the run directory (a rerun resumes); training is seeded.
 The experiment keeps its registered name ``value_train``; this module is named for what it trains.
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,15 +42,24 @@ from rodeco import (
     pool_served,
     prompts_of,
 )
+from rodeco_rewards.experiments.head_fit import (
+    LOSSES,
+    Examples,
+    fit_anchored,
+    fit_mlp_buckets,
+    fit_value_head,
+)
 from rodeco_rewards.learned_heads import (
     ASSETS,
     KINDS,
     Head,
+    bucket_names,
     minilm_encoder,
     npz_bytes,
     pearson,
     position_features,
     text_features,
+    text_value_anchor,
 )
 
 log = logging.getLogger(__name__)
@@ -54,15 +67,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainingSet:
-    """What every head kind is trained and judged on: the pool, its prompts split in two, the reward."""
+    """What every head kind is trained and judged on: the pool, its prompts split in three, the reward."""
 
     pool: Any  # rodeco's Pool
     gen: Any  # the pool's ReplayGenerator (decodes partial texts)
     cached: PoolReward  # the reward, served from the pool's score cache
     reward_name: str  # ``name:identity``, for the head's metadata
     prompts: list[int]
-    train: list[int]
-    val: list[int]
+    fit: list[int]
+    choose: list[int]
+    verdict: list[int]
     lengths: list[int]
     max_new: int
 
@@ -70,24 +84,10 @@ class TrainingSet:
 @dataclass
 class Targets:
     """``final[i]``: prompt ``i``'s final rewards standardized within the prompt, per candidate; ``same[i][L]``: the
-    reward's own partial score at length ``L`` of each candidate longer than ``L`` (validation prompts only)."""
+    reward's own partial score at length ``L`` of each candidate longer than ``L`` (verdict prompts only)."""
 
     final: dict[int, np.ndarray]
     same: dict[int, dict[int, np.ndarray]]
-
-
-@dataclass
-class Examples:
-    """Examples of some prompts stacked: one row per (candidate, length) where the candidate is still active."""
-
-    x: np.ndarray  # [E, F] features
-    y: np.ndarray  # [E] the candidate's final reward, standardized within its prompt
-    prompt: np.ndarray  # [E] prompt index
-    length: np.ndarray  # [E] decision length
-
-    @property
-    def groups(self) -> np.ndarray:
-        return group_ids(self.prompt, self.length)
 
 
 def check_args(cfg: DictConfig) -> dict[str, Any]:
@@ -97,10 +97,25 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
     for k in a["kinds"]:
         if k not in KINDS:
             raise ConfigError("experiment_args.kinds", k, "unknown head kind", f"use some of {list(KINDS)}")
+    for k in a["losses"]:
+        if k not in LOSSES:
+            raise ConfigError("experiment_args.losses", k, "unknown loss", f"use some of {list(LOSSES)}")
     check_positive_int("experiment_args.bootstrap", a["bootstrap"], 1000)
-    if not 0 < a["validation_fraction"] < 1:
-        raise ConfigError("experiment_args.validation_fraction", a["validation_fraction"], "must be in (0, 1)",
-                          "e.g. 0.2")
+    for key in ("choose_fraction", "verdict_fraction"):
+        if not 0 < a[key] < 1:
+            raise ConfigError(f"experiment_args.{key}", a[key], "must be in (0, 1)", "e.g. 0.2")
+    if a["choose_fraction"] + a["verdict_fraction"] >= 1:
+        raise ConfigError("experiment_args.choose_fraction", a["choose_fraction"], "choose_fraction + "
+                          "verdict_fraction leaves no prompt to fit on", "e.g. 0.2 and 0.2")
+    if sorted(set(a["length_buckets"])) != a["length_buckets"] or min(a["length_buckets"], default=1) < 1:
+        raise ConfigError("experiment_args.length_buckets", a["length_buckets"], "must be increasing positive "
+                          "lengths (each bucket's last length)", "e.g. [8, 16, 32, 64]")
+    if not a["verdict_lengths"] or not set(a["verdict_lengths"]) <= set(a["lengths"]):
+        raise ConfigError("experiment_args.verdict_lengths", a["verdict_lengths"], "must be some of "
+                          f"experiment_args.lengths {a['lengths']}", "e.g. [8, 16, 32]")
+    if any(x <= 0 for x in a["ridge_alphas"]):
+        raise ConfigError("experiment_args.ridge_alphas", a["ridge_alphas"], "penalties must be > 0 (the "
+                          "anchor itself, an infinite penalty, is always a candidate)", "e.g. [0.001, 0.01, 0.1]")
     if cfg.pool is None:
         raise ConfigError("pool", None, "value_train learns from a pool of training prompts",
                           "record one: rodeco experiment=pool data=alpaca_train experiment_args.candidates=32 "
@@ -118,24 +133,33 @@ def open_training_set(cfg: DictConfig, plugins, a: dict[str, Any]) -> TrainingSe
         raise ConfigError("pool", cfg.pool, f"{len(missing)} of the prompts are not recorded (e.g. {missing[:5]})",
                           "record them first: rodeco experiment=pool with the same data and pool")
     lengths, max_new = sorted(set(a["lengths"])), int(pool.settings["max_new_tokens"])
-    train, val = split([p.index for p in prompts], a["validation_fraction"], cfg.seed)
+    fit, choose, verdict = split([p.index for p in prompts], a["choose_fraction"], a["verdict_fraction"], cfg.seed)
     node = OmegaConf.to_container(cfg.reward, resolve=True)
     cached = pool_served(plugins, pool, node)
+    if "text_value" in a["kinds"] and (node["name"] != "minilm_rm" or node.get("head") is not None):
+        log.warning("text_value starts as the committed minilm_rm head's partial score; this run's reward is %s, "
+                    "so its `same` is another scorer", node["name"])
     return TrainingSet(pool, gen, cached, f"{node['name']}:{getattr(cached.reward, 'identity', '')}",
-                       [p.index for p in prompts], train, val, lengths, max_new)
+                       [p.index for p in prompts], fit, choose, verdict, lengths, max_new)
 
 
-def split(indices: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train, validation): a seeded shuffle of the prompts, the last ``fraction`` held out."""
+def split(indices: list[int], choose_fraction: float, verdict_fraction: float,
+          seed: int) -> tuple[list[int], list[int], list[int]]:
+    """(fit, choose, verdict): one seeded shuffle of the prompts; the last ``verdict_fraction`` of it is the verdict
+    split, the ``choose_fraction`` before it the choose split (each at least one prompt), the rest fit."""
     order = list(indices)
     np.random.default_rng(seed).shuffle(order)
-    k = max(1, round(len(order) * fraction))
-    return sorted(order[:-k]), sorted(order[-k:])
+    kv = max(1, round(len(order) * verdict_fraction))
+    kc = max(1, round(len(order) * choose_fraction))
+    if len(order) - kv - kc < 1:
+        raise ConfigError("data", f"{len(order)} prompts", "too few to split into fit, choose and verdict prompts",
+                          "use more prompts (data.limit) or smaller experiment_args fractions")
+    return sorted(order[:-kv - kc]), sorted(order[-kv - kc:-kv]), sorted(order[-kv:])
 
 
 def compute_targets(ts: TrainingSet, progress: bool) -> Targets:
     """Every prompt's standardized final rewards, and ``same`` (the reward's own partial scores at each length) on
-    the validation prompts; the scores are cached in the pool."""
+    the verdict prompts; the scores are cached in the pool."""
     from tqdm.auto import tqdm
 
     final, same = {}, {}
@@ -144,7 +168,7 @@ def compute_targets(ts: TrainingSet, progress: bool) -> Targets:
         ts.gen.add(pp)
         f = np.asarray(ts.cached.score(pp.final_requests()))
         final[i] = (f - f.mean()) / (f.std() or 1.0)
-        if i in ts.val:
+        if i in ts.verdict:
             same[i] = {L: np.asarray(ts.cached.score([pp.request(c, L, ts.gen.decode_text(cand.token_ids[:L]))
                                                       for c, cand in enumerate(pp.candidates)
                                                       if len(cand.token_ids) > L])) for L in ts.lengths}
@@ -201,159 +225,144 @@ def compute_features(kind: str, ts: TrainingSet, out: Path | None, progress: boo
 
 
 def stack(data: dict[int, dict[str, np.ndarray]], targets: Targets, ids: list[int]) -> Examples:
-    """The examples of prompts ``ids``, each with its target."""
+    """The examples of prompts ``ids``, each with its target (prompts without an active candidate add none)."""
+    ids = [i for i in ids if len(data[i]["length"])]
+    if not ids:
+        f = next(iter(data.values()))["x"].shape[1] if data else 0
+        return Examples(np.zeros((0, f)), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     return Examples(x=np.concatenate([data[i]["x"] for i in ids]).astype(np.float64),
                     y=np.concatenate([targets.final[i][data[i]["candidate"]] for i in ids]),
                     prompt=np.concatenate([np.full(len(data[i]["length"]), i, dtype=np.int64) for i in ids]),
                     length=np.concatenate([data[i]["length"] for i in ids]))
 
 
-def group_ids(prompt: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """A group number per example: one group per (prompt, length) pair, numbered in the pairs' sorted order."""
-    pairs = np.stack([np.asarray(prompt, dtype=np.int64), np.asarray(length, dtype=np.int64)], axis=1)
-    return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
+def train_head(kind: str, data: dict[int, dict[str, np.ndarray]], targets: Targets, ts: TrainingSet,
+               a: dict[str, Any], seed: int, progress: bool) -> tuple[Head, dict[str, Any]]:
+    """The head of ``kind`` and what was chosen for it, from the fit and choose prompts only."""
+    from rodeco_rewards.minilm.head import load_head
+    from rodeco_rewards.minilm.reward import ASSET_STEM
+
+    fit, choose = stack(data, targets, ts.fit), stack(data, targets, ts.choose)
+    edges = a["length_buckets"]
+    if kind == "text_value":
+        if a["hidden_units"]:
+            log.info("text_value stays linear (anchored on the reward's head); hidden_units is value_head's")
+        anchor = text_value_anchor(load_head(ASSET_STEM)[0], ts.max_new)
+        head, recs = fit_anchored(fit, choose, anchor, edges, a["ridge_alphas"], a["losses"])
+        return head, {"anchor": anchor.meta["anchor"], "buckets": recs}
+    if a["hidden_units"]:
+        return fit_mlp_buckets(fit, choose, edges, a["losses"], a["hidden_units"], a["epochs"], seed, progress)
+    return fit_value_head(fit, choose, edges, a["ridge_alphas"], a["losses"])
 
 
-def group_pearsons(pred: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Pearson r of ``pred`` with ``y`` within each group of at least 3 examples where neither is constant."""
-    out = []
-    for g in np.unique(groups):
-        m = groups == g
-        if m.sum() >= 3 and np.ptp(y[m]) > 0 and np.ptp(pred[m]) > 0:
-            out.append(pearson(pred[m], y[m]))
-    return np.asarray(out)
+def per_prompt_pearsons(pred: np.ndarray, ver: Examples, targets: Targets, ids: list[int],
+                        L: int) -> tuple[dict[int, float], dict[int, float]]:
+    """At length ``L``, each verdict prompt's Pearson r with the final reward, of the head and of ``same``: prompts
+    with at least 3 active candidates whose rewards differ and where both are defined."""
+    hr, sr = {}, {}
+    for i in ids:
+        m = (ver.prompt == i) & (ver.length == L)
+        s = targets.same[i][L]
+        if m.sum() >= 3 and np.ptp(ver.y[m]) > 0 and np.ptp(s) > 0 and np.ptp(pred[m]) > 0:
+            hr[i], sr[i] = pearson(pred[m], ver.y[m]), pearson(s, ver.y[m])
+    return hr, sr
 
 
-def fit_head(train: Examples, val: Examples, a: dict[str, Any], seed: int,
-             progress: bool) -> tuple[Head, dict[str, Any]]:
-    """The head and what was chosen for it: features standardized on the training examples; ridge with the penalty,
-    or the MLP with the epoch, whose mean per-(prompt, length) Pearson r on the validation examples is best."""
-    mean, std = train.x.mean(0), train.x.std(0)
-    std[std == 0] = 1.0
-    Z, Zv = (train.x - mean) / std, (val.x - mean) / std
-    gv = val.groups
-
-    def val_score(f) -> float:
-        return float(np.nanmean(group_pearsons(f(Zv), val.y, gv)))
-
-    if a["hidden_units"] == 0:
-        fits = []
-        for alpha in a["ridge_alphas"]:
-            w, b = fit_ridge(Z, train.y, alpha)
-            fits.append((val_score(lambda M, w=w, b=b: M @ w + b), alpha, w, b))
-        _, alpha, w, b = max(fits, key=lambda t: t[0])
-        return Head(mean, std, np.zeros((0, 0)), np.zeros(0), w, b, {}), {"ridge_alpha": alpha}
-    P, _, ep = fit_mlp(Z, train.y, Zv, val_score, a["hidden_units"], a["epochs"], seed, progress)
-    head = Head(mean, std, P[0].T, P[1], P[2][0], float(P[3][0]), {})
-    return head, {"epochs": ep, "hidden_units": a["hidden_units"]}
+def bootstrap_means(cols: np.ndarray, resamples: int, rng: np.random.Generator) -> list[list[float]]:
+    """Per column of ``cols [prompts, C]``: the bootstrap 95% CI of its mean over prompts (prompts resampled
+    together, so that differences are paired)."""
+    idx = rng.integers(0, len(cols), size=(resamples, len(cols)))
+    boot = cols[idx].mean(1)  # [resamples, C]
+    return [[float(np.percentile(boot[:, c], 2.5)), float(np.percentile(boot[:, c], 97.5))]
+            for c in range(cols.shape[1])]
 
 
-def fit_ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
-    """Ridge regression on standardized features ``X``: weights (penalty ``alpha`` per example) and the intercept."""
-    A = X.T @ X + alpha * len(X) * np.eye(X.shape[1])
-    w = np.linalg.solve(A, X.T @ (y - y.mean()))
-    return w, float(y.mean())
-
-
-def fit_mlp(X: np.ndarray, y: np.ndarray, Xv: np.ndarray, score_val, hidden: int, epochs: int, seed: int,
-            progress: bool) -> tuple[list[np.ndarray], float, int]:
-    """A one-hidden-layer MLP (MSE, Adam, weight decay), seeded; the epoch with the best validation score."""
-    import torch
-    from tqdm.auto import tqdm
-
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3, weight_decay=1e-3)
-    Xt, yt = torch.tensor(X, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    best = (-math.inf, None, 0)
-    for ep in tqdm(range(epochs), desc="value_train mlp", unit="epoch", disable=not progress):
-        for b in torch.randperm(len(Xt), generator=gen).split(512):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(net(Xt[b])[:, 0], yt[b])
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            params = [t.detach().numpy().copy() for t in net.parameters()]
-        s = score_val(lambda Z, P=params: np.maximum(Z @ P[0].T + P[1], 0) @ P[2][0] + P[3][0])
-        if s > best[0]:
-            best = (s, params, ep + 1)
-    return best[1], best[0], best[2]
-
-
-def pearsons_by_length(pred: np.ndarray, val: Examples, targets: Targets, val_ids: list[int],
-                       lengths: list[int]) -> tuple[dict[str, Any], list[dict[int, float]]]:
-    """Per length: the mean per-prompt Pearson r of the head and of ``same`` with the final reward (prompts where both
-    are defined); and per length, each such prompt's head r minus same r."""
-    per_len: dict[str, Any] = {}
-    diffs = []
-    for L in lengths:
-        hr, sr = {}, {}
-        for i in val_ids:
-            m = (val.prompt == i) & (val.length == L)
-            if m.sum() >= 3 and np.ptp(val.y[m]) > 0:
-                s = targets.same[i][L]
-                hr[i] = pearson(pred[m], val.y[m])
-                sr[i] = pearson(s, val.y[m]) if np.ptp(s) > 0 else float("nan")
-        both = [i for i in hr if math.isfinite(hr[i]) and math.isfinite(sr[i])]
-        per_len[str(L)] = {"head": float(np.mean([hr[i] for i in both])),
-                           "same": float(np.mean([sr[i] for i in both])), "prompts": len(both)}
-        diffs.append({i: hr[i] - sr[i] for i in both})
-    return per_len, diffs
-
-
-def bootstrap_verdict(diffs: list[dict[int, float]], resamples: int, seed: int) -> dict[str, Any]:
-    """Head minus same averaged over lengths per prompt (prompts defined at every length), its mean and seeded
-    bootstrap 95% CI over prompts; the head beats same when the CI is above 0."""
-    common = sorted(set.intersection(*(set(d) for d in diffs)))
-    D = np.array([[d[i] for d in diffs] for i in common]).mean(1)  # per prompt, averaged over lengths
+def judge(head: Head, data: dict[int, dict[str, np.ndarray]], targets: Targets, ts: TrainingSet, a: dict[str, Any],
+          seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The verdict on the verdict prompts: per length, the head's and ``same``'s mean per-prompt r and their
+    difference, each with a bootstrap CI; and the difference averaged over ``verdict_lengths``, with its CI."""
+    ver = stack(data, targets, ts.verdict)
+    pred = head(ver.x, ver.length)
     rng = np.random.default_rng(seed)
-    boot = [rng.choice(D, size=len(D)).mean() for _ in range(resamples)]
-    ci = [float(np.percentile(boot, q)) for q in (2.5, 97.5)]
-    return {"mean_diff": float(D.mean()), "diff_ci": ci, "prompts": len(common), "beats_same": ci[0] > 0}
+    per_len: dict[str, Any] = {}
+    diffs: dict[int, dict[int, float]] = {}
+    for L in ts.lengths:
+        hr, sr = per_prompt_pearsons(pred, ver, targets, ts.verdict, L)
+        diffs[L] = {i: hr[i] - sr[i] for i in hr}
+        if not hr:
+            per_len[str(L)] = {"prompts": 0}
+            continue
+        cols = np.array([[hr[i], sr[i], hr[i] - sr[i]] for i in hr])
+        ci = bootstrap_means(cols, a["bootstrap"], rng)
+        per_len[str(L)] = {"head": float(cols[:, 0].mean()), "head_ci": ci[0], "same": float(cols[:, 1].mean()),
+                           "same_ci": ci[1], "diff": float(cols[:, 2].mean()), "diff_ci": ci[2], "prompts": len(hr)}
+    return averaged_verdict(diffs, a["verdict_lengths"], a["bootstrap"], rng), per_len
 
 
-def save_head(head: Head, kind: str, ts: TrainingSet, chosen: dict[str, Any], verdict: dict[str, Any],
-              per_len: dict[str, Any], seed: int, out: Path | None, install: bool) -> None:
-    """The head with what it was trained on and its verdict, into the run directory and (``install``) the assets."""
-    head.meta = {"kind": kind, "max_new_tokens": ts.max_new, "lengths": ts.lengths, **chosen,
+def averaged_verdict(diffs: dict[int, dict[int, float]], lengths: list[int], resamples: int,
+                     rng: np.random.Generator) -> dict[str, Any]:
+    """Head minus same averaged over ``lengths`` per prompt (prompts defined at every one of them), its mean and
+    bootstrap 95% CI over prompts; the head beats same when the CI is above 0."""
+    common = sorted(set.intersection(*(set(diffs[L]) for L in lengths)))
+    if not common:
+        return {"mean_diff": float("nan"), "diff_ci": [float("nan")] * 2, "prompts": 0, "lengths": lengths,
+                "beats_same": False}
+    D = np.array([[diffs[L][i] for L in lengths] for i in common]).mean(1, keepdims=True)
+    ci = bootstrap_means(D, resamples, rng)[0]
+    return {"mean_diff": float(D.mean()), "diff_ci": ci, "prompts": len(common), "lengths": lengths,
+            "beats_same": ci[0] > 0}
+
+
+def save_head(head: Head, kind: str, ts: TrainingSet, a: dict[str, Any], chosen: dict[str, Any],
+              verdict: dict[str, Any], per_len: dict[str, Any], seed: int, out: Path | None) -> None:
+    """The head with what it was trained on, what was chosen and its verdict, into the run directory and
+    (``install``) the assets. Every prompt it saw is listed: ``fit_prompts``, ``choose_prompts``,
+    ``verdict_prompts``."""
+    head.meta = {"kind": kind, "max_new_tokens": ts.max_new, "lengths": ts.lengths,
+                 "length_buckets": bucket_names(a["length_buckets"]), "chosen": chosen,
                  "generator": str(ts.pool.settings["generator"].get("model", "")), "reward": ts.reward_name,
-                 "validation": verdict, "validation_by_length": per_len, "train_prompts": ts.train,
-                 "validation_prompts": ts.val, "trained_with": "rodeco experiment=value_train",
-                 "pool": str(ts.pool.path), "seed": seed}
+                 "verdict": verdict, "verdict_by_length": per_len, "fit_prompts": ts.fit,
+                 "choose_prompts": ts.choose, "verdict_prompts": ts.verdict,
+                 "trained_with": "rodeco experiment=value_train", "pool": str(ts.pool.path), "seed": seed}
     if out is not None:
         head.save(out / kind)
-    if install:
+    if a["install"]:
         head.save(ASSETS / kind)
 
 
 def print_verdict(kind: str, verdict: dict[str, Any], per_len: dict[str, Any]) -> None:
-    """One line per length (head r vs same r), then the verdict."""
+    """One line per length (head r vs same r, their difference, with CIs), then the verdict."""
     for L, r in per_len.items():
-        print(f"value_train_{kind}_len{L}: pearson head {r['head']:.3f} vs same {r['same']:.3f} "
-              f"({r['prompts']} validation prompts)")
-    ci = verdict["diff_ci"]
-    print(f"value_train_{kind}_minus_same: {verdict['mean_diff']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] "
+        if not r["prompts"]:
+            print(f"value_train_{kind}_len{L}: no verdict prompt with a defined r")
+            continue
+        print(f"value_train_{kind}_len{L}: pearson head {r['head']:.3f} {_ci(r['head_ci'])} vs same "
+              f"{r['same']:.3f} {_ci(r['same_ci'])}, head - same {r['diff']:+.3f} {_ci(r['diff_ci'], '+')} "
+              f"({r['prompts']} verdict prompts)")
+    print(f"value_train_{kind}_minus_same: {verdict['mean_diff']:+.3f} {_ci(verdict['diff_ci'], '+')} "
+          f"(mean over lengths {verdict['lengths']}, {verdict['prompts']} verdict prompts) "
           f"-> {'beats' if verdict['beats_same'] else 'does not beat'} same")
 
 
+def _ci(ci: list[float], sign: str = "") -> str:
+    return f"[{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]"
+
+
 def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
-    """Train and judge each head kind of ``experiment_args.kinds``; the report is ``value_train.json``."""
+    """Train, choose and judge each head kind of ``experiment_args.kinds``; the report is ``value_train.json``."""
     a = check_args(cfg)
     ts = open_training_set(cfg, plugins, a)
     targets = compute_targets(ts, cfg.output.progress)
     out = Path(out_dir) if out_dir is not None else None
-    report: dict[str, Any] = {"train_prompts": len(ts.train), "validation_prompts": len(ts.val),
-                              "lengths": ts.lengths, "candidates": ts.pool.candidates, "pool": str(ts.pool.path),
-                              "kinds": {}}
+    report: dict[str, Any] = {"fit_prompts": len(ts.fit), "choose_prompts": len(ts.choose),
+                              "verdict_prompts": len(ts.verdict), "lengths": ts.lengths,
+                              "candidates": ts.pool.candidates, "pool": str(ts.pool.path), "kinds": {}}
     for kind in a["kinds"]:
         data = compute_features(kind, ts, out, cfg.output.progress)
-        train, val = stack(data, targets, ts.train), stack(data, targets, ts.val)
-        head, chosen = fit_head(train, val, a, cfg.seed, cfg.output.progress)
-        per_len, diffs = pearsons_by_length(head(val.x), val, targets, ts.val, ts.lengths)
-        verdict = bootstrap_verdict(diffs, a["bootstrap"], cfg.seed)
-        save_head(head, kind, ts, chosen, verdict, per_len, cfg.seed, out, a["install"])
-        report["kinds"][kind] = {**verdict, "by_length": per_len, **chosen}
+        head, chosen = train_head(kind, data, targets, ts, a, cfg.seed, cfg.output.progress)
+        verdict, per_len = judge(head, data, targets, ts, a, cfg.seed)
+        save_head(head, kind, ts, a, chosen, verdict, per_len, cfg.seed, out)
+        report["kinds"][kind] = {**verdict, "by_length": per_len, "chosen": chosen}
         print_verdict(kind, verdict, per_len)
     if out is not None:
         (out / "value_train.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

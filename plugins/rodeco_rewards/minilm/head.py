@@ -6,6 +6,7 @@ data hashes, metrics, score statistics). ``P(a preferred to b) = sigmoid(head(a)
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,12 @@ class BTHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [n, in_dim] -> [n]`` rewards."""
         return self.net((x - self.mu) / self.sigma)[:, 0]
+
+
+def head_identity(head: BTHead) -> str:
+    """What the reward's scores depend on beyond its config node (a pool's score cache is keyed by it)."""
+    return hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes()
+                                   for t in head.state_dict().values())).hexdigest()[:16]
 
 
 def save_head(head: BTHead, stem: Path, meta: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ shares it, and it is scored again at every decision point).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ import torch
 from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.minilm.encoder import SentenceEncoder, minilm_dir
 from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, text_stats
-from rodeco_rewards.minilm.head import BTHead, load_head
+from rodeco_rewards.minilm.head import BTHead, head_identity, load_head
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +68,7 @@ class MiniLMReward:
         self.n_params = encoder.n_params + sum(p.numel() for p in head.parameters())
         self.cost = RewardCost()
         # what the scores depend on beyond the config node: a pool's score cache is keyed by it
-        self.identity = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes()
-                                                for t in head.state_dict().values())).hexdigest()[:16]
+        self.identity = head_identity(head)
 
     def _prompt_embeddings(self, prompts: Sequence[str]) -> np.ndarray:
         new = [p for p in dict.fromkeys(prompts) if p not in self._prompts]
