@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rodeco.api import decode, load_config, run
-from rodeco.calibration import Calibration, keep_probability, standardize
+from rodeco.calibration import Calibration, best_probability, rejectable, standardize
 from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
@@ -49,7 +49,7 @@ __all__ = [
     "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
     "ScoreRequest", "PromptView", "RoundView", "StartView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
     # decision-time calibration (rodeco experiment=calibrate; policy=calibrated)
-    "Calibration", "keep_probability", "standardize",
+    "Calibration", "best_probability", "rejectable", "standardize",
     # checking parameters
     "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
     # building blocks for rewards and experiments

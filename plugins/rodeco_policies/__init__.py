@@ -28,7 +28,7 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
              "rejection rate from the Kendall tau between consecutive decision points' scores",
              params=CorrelationParams)
     register("calibrated", build_calibrated,
-             "keep rows likely to end above the best under a calibration of partial scores by decision length",
+             "reject rows unlikely to be the eventual best under a calibration of partial scores by decision length",
              params=CalibratedParams)
 
 

@@ -1,15 +1,21 @@
 """``calibrated``: reject by how predictive the partial scores are *at this decision length*, as measured on
 training prompts (``rodeco experiment=calibrate``; ``rodeco.calibration``).
 
-At length ``L`` a prompt's active rows' partial scores are standardized (``z``); each row's standardized final
-score is modelled as ``rho(L) * z + eps``, ``eps ~ N(0, sd(L)^2)``. A row is kept when the probability that it ends
-above the prompt's best row exceeds ``delta`` (``rodeco.keep_probability``), never keeping more than the budget
-allows (the forced minimum is always rejected) and always keeping one. Where partial scores predict well it rejects
-much; where they do not, only what the budget forces. Unlike ``adaptive``, nothing is estimated from the survivors
-(whom earlier rounds selected, which biases any spread measured on them).
+At length ``L`` each active row's partial score is put on the calibration's standardized scale (``z``), with the
+spread of every row at the prompt's first decision point, none selected yet, and the population's location carried
+from there (``calibrated_scale``: nothing is standardized among survivors). Its standardized final is modelled as
+``N(rho(L) * z, sd(L)^2)``, independently of the others'. A finished candidate's final is known; the calibration's
+``final_link`` (where finals sit against partial scores, measured on the training prompts) puts it on the same
+scale, and a calibration without it leaves finished candidates out: read as a partial score, a final would look
+several spreads better than it is (a response gains reward as it grows). From these, each row's chance to be the
+*eventual best*, above every other active row's final and the best finished one (``rodeco.best_probability``).
+The least likely rows are rejected together while the chance that the eventual best is among them stays at most
+``delta`` (``rodeco.rejectable``), never fewer than the budget forces, always keeping one. Where partial scores
+predict nothing every row has the same chance and only ``floor(delta * k)`` of ``k`` can go (none for
+``k < 1 / delta``); where they predict well, every row that cannot beat the best goes.
 
 ``n: calibrated`` asks this policy for the start: of the starts the budget allows, the one with the highest modelled
-speedup over Best-of-N (the calibration model simulated on the budget's schedule: ``choose_start``).
+speedup over Best-of-N (the calibration model simulated on the budget's schedule with the same rule: ``choose_start``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +34,21 @@ import numpy as np
 from rodeco import (
     BuildContext,
     Calibration,
+    PromptView,
     RoundView,
     StartView,
+    best_probability,
     check_number,
-    keep_probability,
     keep_top,
-    standardize,
+    rejectable,
     take_params,
 )
+from rodeco_policies.calibrated_scale import References, Scale
+
+log = logging.getLogger(__name__)
+
+RULE = 2  # the decision rule's version, part of ``identity``: 2 = the eventual best, finished candidates included,
+#           the first decision point's spread; 1 = against the top row, survivors re-standardized every round
 
 COMMITTED = Path(__file__).parent / "calibrations"  # measured on alpaca_train: the embedded generator with
 DEFAULT = COMMITTED / "smollm2--minilm_rm.json"  # minilm_rm (the default), and with logprob (perplexity form)
@@ -42,8 +56,8 @@ DEFAULT = COMMITTED / "smollm2--minilm_rm.json"  # minilm_rm (the default), and 
 
 @dataclass
 class CalibratedParams:
-    delta: float = field(default=0.05, metadata={"help": "keep a row while its modelled chance to end above the best "
-                                                          "exceeds this"})
+    delta: float = field(default=0.05, metadata={"help": "reject the least likely rows while the modelled chance that "
+                                                          "the eventual best is among them stays at most this"})
     calibration: Optional[str] = field(default=None, metadata={"help": "a calibration file (rodeco "
                                                                         "experiment=calibrate); null: the committed "
                                                                         "one of the run's generator and reward"})
@@ -53,17 +67,44 @@ class CalibratedParams:
 class CalibratedPolicy:
     def __init__(self, cal: Calibration, delta: float, simulations: int = 400, seed: int = 0) -> None:
         self.cal, self.delta, self.simulations, self.seed = cal, delta, simulations, seed
-        # what its decisions depend on beyond its parameters: the calibration's numbers (a resumed sweep checks it)
-        self.identity = hashlib.sha256(json.dumps([cal.lengths, cal.slope, cal.resid_sd]).encode()).hexdigest()[:16]
+        self.references = References(cal.rho)
+        self._said_unlinked = False
+        # what its decisions depend on beyond its parameters: the rule and the calibration (a resumed sweep checks it)
+        blob = [RULE, cal.lengths, cal.slope, cal.resid_sd, cal.final_offset, cal.final_spread]
+        self.identity = hashlib.sha256(json.dumps(blob).encode()).hexdigest()[:16]
 
-    def keep_count(self, scores: np.ndarray, length: int) -> int:
-        """How many rows the model keeps (before the budget's minimum)."""
-        p = keep_probability(standardize(np.asarray(scores, dtype=np.float64)), self.cal.rho(length),
-                             self.cal.sd(length))
-        return max(1, int(np.sum(p > self.delta)))
+    def keep_count(self, z: np.ndarray, length: int, best: float | np.ndarray = -math.inf) -> int | np.ndarray:
+        """How many rows the rule keeps (before the budget's minimum): ``z`` the rows' standardized partial scores
+        at ``length`` (``[k]``, or ``[prompts, k]`` for a count per prompt), ``best`` the best finished final on the
+        same scale. ``select`` and the start simulation both decide with it."""
+        z = np.asarray(z, dtype=np.float64)
+        p = best_probability(self.cal.rho(length) * z, self.cal.sd(length), best)
+        kept = np.maximum(1, z.shape[-1] - np.asarray(rejectable(p, self.delta)))
+        return int(kept) if z.ndim == 1 else kept
+
+    def finished_best(self, pv: PromptView, scale: Scale) -> float:
+        """The best finished final on the standardized final scale; ``-inf`` without one, or with a calibration
+        that does not say where finals sit against partial scores (then they cannot be placed, and are left out)."""
+        if not pv.finished_scores:
+            return -math.inf
+        link = self.cal.final_link(pv.tokens_generated)
+        if link is None:
+            if not self._said_unlinked:
+                self._said_unlinked = True
+                log.info("calibrated: the calibration has no final_offset/final_spread, so finished candidates are "
+                         "left out of the decisions (measure it again with rodeco experiment=calibrate)")
+            return -math.inf
+        offset, spread = link
+        finals = Scale(scale.location + offset * scale.spread, spread * scale.spread)
+        return float(finals.z(np.asarray(pv.finished_scores, dtype=np.float64)).max())
+
+    def keep(self, pv: PromptView) -> list[int]:
+        scale = self.references.scale(pv)
+        best = self.finished_best(pv, scale)
+        return keep_top(pv, pv.k - self.keep_count(scale.z(pv.scores), pv.tokens_generated, best))
 
     def select(self, view: RoundView) -> list[list[int]]:
-        return [keep_top(pv, pv.k - self.keep_count(pv.scores, pv.tokens_generated)) for pv in view.prompts]
+        return [self.keep(pv) for pv in view.prompts]
 
     def choose_start(self, view: StartView) -> int:
         return best_start(self, view.kv_tokens, view.base, view.max_rows, view.max_new_tokens,
@@ -100,25 +141,44 @@ def equivalent_best_of(e_best: float) -> float:
 def simulate(policy: CalibratedPolicy, n: int, kv: int, base: int, new: int, min_tok: int,
              rng: np.random.Generator) -> tuple[float, float]:
     """(expected standardized best, decode tokens) of one prompt started with ``n`` rows, under the calibration
-    model: finals ~ N(0, 1), partial scores at each decision length correlated ``rho(L)`` with them, the budget's
-    decision points (the cache full), the policy's rule, rows running to ``new`` tokens."""
-    cal, best, tokens = policy.cal, 0.0, 0.0
-    for _ in range(policy.simulations):
-        f = rng.standard_normal(n)
-        alive, t = np.arange(n), 0
-        while True:
-            L = min(new, kv // len(alive) - base)
-            tokens += len(alive) * (L - t)
-            t = L
-            if t >= new:
-                break
-            rho = cal.rho(t)
-            z = rho * f[alive] + math.sqrt(max(0.0, 1 - rho * rho)) * rng.standard_normal(len(alive))
-            fit = max(1, kv // (base + min(new, t + min_tok)))
-            m = min(policy.keep_count(z, t), fit, len(alive))
-            alive = alive[np.argsort(-z, kind="stable")[:m]]
-        best += float(f[alive].max())
-    return best / policy.simulations, tokens / policy.simulations
+    model: finals ~ N(0, 1), partial scores at each decision length correlated ``rho(L)`` with them and drawn on the
+    population's scale (what ``select`` reads them on), the budget's decision points (the cache full), the policy's
+    rule (``keep_count``), rows running to ``new`` tokens (no candidate finishes early). The ``simulations`` prompts
+    run together: those with the same rows alive are at the same length and decide in one call."""
+    S = policy.simulations
+    f = rng.standard_normal((S, n))  # [S, n] standardized finals
+    alive = np.ones((S, n), dtype=bool)
+    t = np.zeros(S, dtype=np.int64)  # tokens at each prompt's last decision point
+    pending, tokens = np.ones(S, dtype=bool), 0.0
+    while pending.any():
+        count = alive.sum(axis=1)
+        c = int(count[pending].max())
+        g = np.nonzero(pending & (count == c))[0]  # [G] the prompts with c rows alive: decision length L
+        L = min(new, kv // c - base)
+        tokens += c * float(np.sum(L - t[g]))
+        t[g] = L
+        fit = max(1, kv // (base + min(new, L + min_tok)))
+        if L >= new or fit >= c:  # at the end (fit >= c: one row the budget cannot take to the end; it runs on)
+            tokens += c * (new - L) * len(g)
+            pending[g] = False
+            continue
+        alive[g] = _decide(policy, f[g], alive[g], L, fit, rng)
+    return float(np.where(alive, f, -np.inf).max(axis=1).mean()), tokens / S
+
+
+def _decide(policy: CalibratedPolicy, f: np.ndarray, alive: np.ndarray, L: int, fit: int,
+            rng: np.random.Generator) -> np.ndarray:
+    """One decision point of simulated prompts with the same number ``c`` of rows alive: their new ``alive``."""
+    G, c = len(f), int(alive[0].sum())
+    cols = np.nonzero(alive)[1].reshape(G, c)  # [G, c] each prompt's alive rows
+    rho = policy.cal.rho(L)
+    z = rho * np.take_along_axis(f, cols, axis=1) + math.sqrt(max(0.0, 1 - rho * rho)) * rng.standard_normal((G, c))
+    m = np.minimum(policy.keep_count(z, L), fit)  # [G]
+    ranked = np.take_along_axis(cols, np.argsort(-z, axis=1, kind="stable"), axis=1)  # best first
+    kept = np.arange(c)[None, :] < m[:, None]
+    out = np.zeros_like(alive)
+    out[np.nonzero(kept)[0], ranked[kept]] = True
+    return out
 
 
 @functools.lru_cache(maxsize=256)

@@ -51,15 +51,24 @@ def check_training_prompts(prompts, exclude: list[str], plugins: Plugins) -> Non
                               f"({len(clash)} in all)", "calibrate on training prompts only (data=alpaca_train)")
 
 
+def final_link(partial: np.ndarray, final: np.ndarray) -> tuple[float, float]:
+    """One prompt's finals against its partial scores (the same candidates): the finals' mean above the partials',
+    and their spread, in partial-score spreads."""
+    sd = float(partial.std())
+    return float(final.mean() - partial.mean()) / sd, float(final.std()) / sd
+
+
 def calibration_stats(rows: list[dict[str, Any]], lengths: list[int], top_k: list[int], bootstrap: int,
                       seed: int) -> dict[str, Any]:
     """Per length: pooled slope and residual spread of standardized finals on standardized partials, per-prompt
-    Pearson/Kendall means (Pearson with a bootstrap CI) and top-k hit rates of the eventual best."""
+    Pearson/Kendall means (Pearson with a bootstrap CI), top-k hit rates of the eventual best, and where the finals
+    sit against the partials (``final_link``)."""
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"slope": [], "resid_sd": [], "pearson": [], "pearson_ci": [], "kendall": [],
-                           "n_prompts": [], "top_k": {str(k): [] for k in top_k}}
+                           "n_prompts": [], "top_k": {str(k): [] for k in top_k}, "final_offset": [],
+                           "final_spread": []}
     for L in lengths:
-        zp_all, zf_all, rs, taus, hits = [], [], [], [], {k: [] for k in top_k}
+        zp_all, zf_all, rs, taus, hits, links = [], [], [], [], {k: [] for k in top_k}, []
         for row in rows:
             cell = row["lengths"][str(L)]
             c = correlations(cell["partial"], cell["final"])
@@ -70,6 +79,7 @@ def calibration_stats(rows: list[dict[str, Any]], lengths: list[int], top_k: lis
             zf_all.append(standardize(f))
             rs.append(c[0])
             taus.append(c[1])
+            links.append(final_link(s, f))
             rank = int(np.sum(s > s[int(np.argmax(f))]))  # rows scored above the eventual best
             for k in top_k:
                 hits[k].append(rank < k)
@@ -85,6 +95,8 @@ def calibration_stats(rows: list[dict[str, Any]], lengths: list[int], top_k: lis
         out["pearson_ci"].append([float(np.percentile(means, q)) for q in (2.5, 97.5)])
         out["kendall"].append(float(np.mean(taus)))
         out["n_prompts"].append(len(rs))
+        out["final_offset"].append(float(np.mean([x[0] for x in links])))
+        out["final_spread"].append(float(np.mean([x[1] for x in links])))
         for k in top_k:
             out["top_k"][str(k)].append(float(np.mean(hits[k])))
     return out
@@ -134,6 +146,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         tops = " ".join(f"top{k}={stats['top_k'][str(k)][i]:.2f}" for k in sorted(set(a["top_k"])))
         print(f"calibration_len{L}: pearson {stats['pearson'][i]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] kendall "
               f"{stats['kendall'][i]:.3f} slope {stats['slope'][i]:.3f} resid_sd {stats['resid_sd'][i]:.3f} "
-              f"{tops} (prompts {stats['n_prompts'][i]})")
+              f"{tops} final_offset {stats['final_offset'][i]:.2f} final_spread {stats['final_spread'][i]:.2f} "
+              f"(prompts {stats['n_prompts'][i]})")
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None,
                      extra={"calibration": str(target) if target else None, **stats})
