@@ -289,22 +289,33 @@ def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: 
                   s: LoopSettings, first: int = 0, on_round=None,
                   partial: PoolReward | OracleReward | None = None) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
-    charged (the rewards' time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's
-    candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round. ``partial`` scores partial
-    responses (the ``partial_reward`` role; default: ``reward``)."""
-    p = pool.prompt(index)
-    gen.add(p)
+    charged (``replay_batch`` of one prompt)."""
+    (res,), comp, seconds = replay_batch(pool, gen, reward, policy, [index], s, first, on_round, partial)
+    return res, comp, seconds
+
+
+def replay_batch(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, indices: list[int],
+                 s: LoopSettings, first: int = 0, on_round=None,
+                 partial: PoolReward | OracleReward | None = None) -> tuple[list[PromptResult], Compute, float]:
+    """Prompts of the pool decoded together, as one live batch of them (``data.batch_prompts``) would be, through
+    the real loop under ``s``: their results, the batch's compute, and the reward seconds charged (the rewards'
+    time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's candidates; rows are
+    candidates ``first``, ``first + 1``, ... wrapping round. ``partial`` scores partial responses (the
+    ``partial_reward`` role; default: ``reward``)."""
+    ps = [pool.prompt(i) for i in indices]
+    for p in ps:
+        gen.add(p)
     sess = functools.partial(PoolSession, pool=pool, first=first)
     charged = [reward] + ([partial] if isinstance(partial, PoolReward) and partial is not reward else [])
     seconds0 = sum(r.seconds for r in charged)
     scorer = Scorer(reward, s.reward_name)
     part = Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None
     if s.n in ("auto", "calibrated"):
-        budget, base = s.budget.for_batch([len(p.prompt_ids)], gen.shares_prefix, gen.kv_block)
-        s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, 1, policy, cap=pool.candidates))
+        budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.shares_prefix, gen.kv_block)
+        s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, len(ps), policy, cap=pool.candidates))
     check_replayable(pool, s, s.n)
-    (res,), comp = decode_batch(gen, scorer, policy, [(p.index, p.text)], s, on_round=on_round, session=sess,
-                                partial=part)
+    res, comp = decode_batch(gen, scorer, policy, [(p.index, p.text) for p in ps], s, on_round=on_round,
+                             session=sess, partial=part)
     return res, comp, sum(r.seconds for r in charged) - seconds0
 
 

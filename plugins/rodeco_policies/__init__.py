@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rodeco import hookimpl
 from rodeco_policies.adaptive import AdaptiveParams, build_adaptive
+from rodeco_policies.allocate import AllocateParams, build_allocate
 from rodeco_policies.basic import FixedParams, NoneParams, build_fixed, build_none
 from rodeco_policies.calibrated import CalibratedParams, build_calibrated
 from rodeco_policies.correlation import CorrelationParams, build_correlation
@@ -30,6 +31,9 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
     register("calibrated", build_calibrated,
              "reject rows unlikely to be the eventual best under a calibration of partial scores by decision length",
              params=CalibratedParams)
+    register("allocate", build_allocate,
+             "calibrated, with a batch's forced rejections taken from the prompts whose leader is clearest",
+             params=AllocateParams)
 
 
 @hookimpl
