@@ -6,6 +6,7 @@ batch of several prompts replayed from a pool equals the live batch (``replay_ba
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -146,3 +147,36 @@ def test_a_batch_of_prompts_replays_as_it_ran_live(pool, name):
         rc.gen_decode_tokens, rc.decode_steps, rc.peak_kv_tokens)
     if name == "allocate":  # rows moved between prompts: some prompt rejected other than its even share
         assert any(len(r.rejected_ids) != r.min_reject for x in live for r in x.rounds)
+
+
+def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
+    """``scripts/allocate_bench.py`` on a tiny pool: every method on the same batches, at each batch size, with the
+    paired difference to allocate (0 for itself); a calibration tied to the tiny pool's generator and reward."""
+    import importlib.util
+
+    from conftest import REPO
+
+    from rodeco.experiments.record import pool_roles
+    from rodeco.roles import choose_roles
+
+    _, path = pool
+    p, rgen = open_pool(path)
+    cfg = rodeco.load_config(["reward=logprob", "policy=calibrated"])
+    _, _, ids = pool_roles(cfg, default_plugins(), p, rgen).scorers(choose_roles(cfg, default_plugins(), live=False))
+    cal = dataclasses.replace(calibration(0.7, 0.7), **ids)
+    cal.save(tmp_path / "cal.json")
+    spec = importlib.util.spec_from_file_location("allocate_bench", REPO / "scripts" / "allocate_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([str(path), "--batches", "1,2", "--bootstrap", "50", "--out", str(tmp_path / "run"),
+                       "--calibration", str(tmp_path / "cal.json"), "reward=logprob",
+                       "budget.min_tokens_per_round=2"]) == 0
+    out = json.loads((tmp_path / "run" / "allocate.json").read_text())
+    for B, groups in (("1", 4), ("2", 2)):
+        b = out["batches"][B]
+        assert b["groups"] == groups and set(b["summary"]) == set(bench.METHODS)
+        assert b["summary"][bench.REF]["minus_allocate_delta_0.05"] == 0.0
+        assert all(len(r) == groups for r in b["runs"].values())
+    one = out["batches"]["1"]["runs"]  # one prompt a batch: allocate is calibrated
+    assert one["allocate_delta_0.05"] == one["calibrated_delta_0.05"]
+    assert "| 2 | allocate_delta_0.05 |" in capsys.readouterr().out

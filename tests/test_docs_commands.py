@@ -43,6 +43,8 @@ OTHERS = {
                                     ".venv-vllm)",
     "python scripts/results_tables.py": "test_results_tables.py (snapshot, render, write and check on a synthetic run; "
                                         "check on every doc)",
+    "python scripts/allocate_bench.py": "test_allocate.py::test_the_allocate_benchmark_runs_as_documented (a tiny "
+                                        "pool)",
     "python scripts/gpu_check.py": "test_gpu_check.py (the CPU steps with --device cpu --quick on a tiny model; the skip "
                                    "without CUDA)",
 }
