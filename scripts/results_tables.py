@@ -12,7 +12,8 @@ then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: 
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
 (its table at budget xK), ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
-``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column). The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
+``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); for a correlation run, ``correlation``.
+The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
 
@@ -32,7 +33,7 @@ from rodeco.experiments import analysis, efficiency, perplexity
 from rodeco.roles import SAME
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_FILES = ("efficiency.json", "perplexity.json")
+RUN_FILES = ("efficiency.json", "perplexity.json", "correlation.json")
 DROP = ("per_prompt",)  # every prompt's measurements: they stay in the run directory
 OPEN = re.compile(r"^<!-- table: (?P<path>\S+) (?P<table>\S+) -->$", re.M)
 CLOSE = "<!-- /table -->"
@@ -68,7 +69,7 @@ def snapshot(run: Path, out: Path) -> Path:
         src = found[0]
     full = json.loads(src.read_text(encoding="utf-8"))
     data = {k: v for k, v in full.items() if k not in DROP}
-    if "per_prompt" in full:
+    if isinstance(full.get("per_prompt"), list):  # an efficiency or perplexity run
         data["starts"] = starts_of(full["per_prompt"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -85,6 +86,8 @@ def load(path: Path, shown: str | Path | None = None) -> dict[str, Any]:
 
 def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
     """The tables a snapshot can render, by name."""
+    if "lengths" in snap and "summary" in snap:  # a correlation run
+        return {"correlation": functools.partial(correlation, snap)}
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
     if any("all" in v for v in snap["methods"].values()):
@@ -246,6 +249,25 @@ def starts(snap: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def correlation(snap: dict[str, Any]) -> str:
+    """The correlation run's table: per decision length, each reward's mean per-prompt Pearson and Kendall tau
+    between partial and final reward [95% CI over prompts], and the prompts that had enough candidates."""
+    names = list(snap["summary"])
+
+    def cell(s: dict[str, Any], stat: str) -> str:
+        v, ci = s[stat], s[f"{stat}_ci"]
+        return "–" if v is None else f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+    head = ["L (tokens)", *(f"{n} {stat}" for n in names for stat in ("Pearson", "Kendall τ")), "prompts used"]
+    out = [f"{snap['prompts']} prompts x {snap['candidates']} candidates; final reward: {snap['final']}; mean over "
+           "prompts [95% CI].", "", row(head), "|---:|" + "---|" * (len(head) - 2) + "---:|"]
+    for L in snap["lengths"]:
+        per = [snap["summary"][n][str(L)] for n in names]
+        used = "/".join(sorted({f"{s['prompts_used']}" for s in per}))
+        out.append(row([str(L), *(cell(s, stat) for s in per for stat in ("pearson", "kendall")), used]))
+    return "\n".join(out) + "\n"
+
+
 def perplexity_table(snap: dict[str, Any], scale: int) -> str:
     """The perplexity run's table: Best-of-N's points and the methods at budget x``scale``."""
     rows = [r for r in snap["table"] if r.get("scale", scale) == scale]  # Best-of-N's rows have no scale
@@ -307,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
-    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,...")
+    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., correlation")
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

@@ -240,3 +240,25 @@ def test_the_rows_nothing_chose_are_also_given_over_all_prompts(run):
     assert cells[2] == rt.speedup_cell(r)
     assert cells[3].rstrip(" |") == analysis.with_ci(r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"],
                                                      r["all"]["bound"])
+
+
+def test_a_correlation_run_renders_its_table(tmp_path):
+    from rodeco.experiments.correlation import summarize as corr_summary
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for p in range(6):
+        f = rng.normal(size=8)
+        rows.append({"prompt_index": p, "lengths": {str(L): {"partial": (f + rng.normal(size=8) * 8 / L).tolist(),
+                                                             "final": f.tolist()} for L in (8, 32)}})
+    summary = {"minilm_rm": corr_summary(rows, [8, 32], 50)}
+    run = {"lengths": [8, 32], "candidates": 8, "prompts": 6, "final": "each reward's own", "summary": summary,
+           "per_prompt": {"minilm_rm": rows}}
+    (tmp_path / "correlation.json").write_text(json.dumps(run))
+    snap = json.loads(rt.snapshot(tmp_path, tmp_path / "c.json").read_text())
+    assert "per_prompt" not in snap and list(rt.tables(snap)) == ["correlation"]
+    lines = rt.render(snap, "correlation").splitlines()
+    s8 = summary["minilm_rm"]["8"]
+    assert lines[4] == (f"| 8 | {s8['pearson']:.3f} [{s8['pearson_ci'][0]:.3f}, {s8['pearson_ci'][1]:.3f}] | "
+                        f"{s8['kendall']:.3f} [{s8['kendall_ci'][0]:.3f}, {s8['kendall_ci'][1]:.3f}] | 6 |")
+    assert len(lines) == 6
