@@ -147,7 +147,7 @@ def test_the_cli_says_it_in_rodecos_words(tmp_path: Path):
 def test_a_prompt_file_replaces_the_experiments_prompt_set():
     cfg = rodeco.load_config(["experiment=efficiency", "data.path=mine.jsonl"])  # the experiment sets AlpacaFarm
     assert (cfg.data.path, cfg.data.prompts, cfg.data.indices) == ("mine.jsonl", None, None)
-    assert cfg.data.limit == 48  # the experiment's size stays unless given
+    assert cfg.data.limit == 100  # the experiment's size stays unless given
     cfg = rodeco.load_config(["experiment=efficiency"])
     assert cfg.data.path.endswith("alpaca_eval_805.jsonl") and len(cfg.data.indices) == 100
 
