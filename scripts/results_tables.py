@@ -69,6 +69,9 @@ def snapshot(run: Path, out: Path) -> Path:
         src = found[0]
     full = json.loads(src.read_text(encoding="utf-8"))
     data = {k: v for k, v in full.items() if k not in DROP}
+    if isinstance(data.get("pool"), str) and Path(data["pool"]).is_absolute():  # no machine path in a committed file
+        pool = Path(data["pool"])
+        data["pool"] = str(pool.relative_to(REPO)) if pool.is_relative_to(REPO) else pool.name
     if isinstance(full.get("per_prompt"), list):  # an efficiency or perplexity run
         data["starts"] = starts_of(full["per_prompt"])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -262,3 +262,13 @@ def test_a_correlation_run_renders_its_table(tmp_path):
     assert lines[4] == (f"| 8 | {s8['pearson']:.3f} [{s8['pearson_ci'][0]:.3f}, {s8['pearson_ci'][1]:.3f}] | "
                         f"{s8['kendall']:.3f} [{s8['kendall_ci'][0]:.3f}, {s8['kendall_ci'][1]:.3f}] | 6 |")
     assert len(lines) == 6
+
+
+def test_a_snapshot_names_its_pool_relatively(run, tmp_path):
+    """A committed snapshot holds no path of the machine that ran it: a pool inside the repository is named from its
+    root, one elsewhere by its name."""
+    for pool, want in ((rt.REPO / "pools" / "af100", "pools/af100"), (Path("/elsewhere/pools/p9"), "p9")):
+        (tmp_path / "efficiency.json").write_text(json.dumps({**run, "pool": str(pool)}))
+        assert json.loads(rt.snapshot(tmp_path, tmp_path / "s.json").read_text())["pool"] == want
+    for f in (rt.REPO / "docs" / "data").glob("*.json"):
+        assert not Path(json.loads(f.read_text()).get("pool", "x")).is_absolute(), f
