@@ -85,3 +85,15 @@ def records(methods: dict[str, Any], n_prompts: int = 40, seed: int = 0,
                     "bon": {str(N): run_record(0.0, 1e8 + N * 1e9) for N in NS},
                     "methods": {k: {str(s): run(f, p, final, s) for s in scales} for k, f in methods.items()}})
     return out
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(f"{name}_script", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -152,9 +152,7 @@ def test_a_batch_of_prompts_replays_as_it_ran_live(pool, name):
 def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     """``scripts/allocate_bench.py`` on a tiny pool: every method on the same batches, at each batch size, with the
     paired difference to allocate (0 for itself); a calibration tied to the tiny pool's generator and reward."""
-    import importlib.util
-
-    from conftest import REPO
+    from helpers import load_script
 
     from rodeco.experiments.record import pool_roles
     from rodeco.roles import choose_roles
@@ -165,9 +163,7 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     _, _, ids = pool_roles(cfg, default_plugins(), p, rgen).scorers(choose_roles(cfg, default_plugins(), live=False))
     cal = dataclasses.replace(calibration(0.7, 0.7), **ids)
     cal.save(tmp_path / "cal.json")
-    spec = importlib.util.spec_from_file_location("allocate_bench", REPO / "scripts" / "allocate_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("allocate_bench")
     assert bench.main([str(path), "--batches", "1,2", "--bootstrap", "50", "--out", str(tmp_path / "run"),
                        "--calibration", str(tmp_path / "cal.json"), "reward=logprob",
                        "budget.min_tokens_per_round=2"]) == 0

@@ -3,21 +3,14 @@ names every module of ``rodeco/``: the docs and the contract cannot disagree."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 from conftest import REPO
+from helpers import load_script
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("layers_script", REPO / "scripts" / "layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-layers = _script()
+layers = load_script("layers")
 
 
 def test_the_guide_holds_the_table_the_script_prints():

@@ -13,7 +13,8 @@ import pytest
 import torch
 from rodeco_rewards.experiments.head_fit import Examples, fit_anchored, fit_bt, fit_mse, fit_value_head, prepare
 from rodeco_rewards.learned_heads import ASSETS, Head, TextValue, bucket_names, bucket_of, text_value_anchor
-from test_rewards_preference_rm import WORDS, _bert_tokenizer
+from test_rewards_preference_rm import WORDS
+from test_rm_default import tiny_encoder_dir  # noqa: F401 - the fixture: the tiny BERT encoder both tests score with
 
 from rodeco.state import ScoreRequest
 
@@ -50,27 +51,22 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 # --- text_value starts as `same` ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_minilm(tmp_path_factory):
+def tiny_minilm(tmp_path_factory, tiny_encoder_dir):
     """minilm_rm on a tiny random BERT encoder, its linear head with a non-trivial standardization."""
     from rodeco_rewards.minilm.features import feature_dim
     from rodeco_rewards.minilm.head import BTHead, HeadShape, save_head
     from rodeco_rewards.minilm.reward import build_minilm_rm
-    from transformers import BertConfig, BertModel
 
     from rodeco.plugins import BuildContext
 
-    path = tmp_path_factory.mktemp("enc")
+    path = tmp_path_factory.mktemp("head")
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(_bert_tokenizer()), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=128)
-    BertModel(cfg).save_pretrained(path)
-    _bert_tokenizer().save_pretrained(path)
     head = BTHead(HeadShape(in_dim=feature_dim(16)))
     torch.nn.init.normal_(head.net.weight)
     head.mu.copy_(torch.randn(feature_dim(16)) * 0.1)
     head.sigma.copy_(torch.rand(feature_dim(16)) + 0.5)
     save_head(head, path / "head", {"max_length": 32})
-    return build_minilm_rm({"head": str(path / "head.json"), "encoder": str(path), "device": "cpu"},
+    return build_minilm_rm({"head": str(path / "head.json"), "encoder": str(tiny_encoder_dir), "device": "cpu"},
                            BuildContext())
 
 

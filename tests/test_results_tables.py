@@ -4,7 +4,6 @@ it, snapshots without the per-prompt records, and every marked block of the docs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,19 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import TM, records
+from helpers import TM, load_script, records
 
 from rodeco.experiments import analysis, efficiency, perplexity
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("results_tables", REPO / "scripts" / "results_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-rt = _script()
+rt = load_script("results_tables")
 SCRIPT = [sys.executable, str(REPO / "scripts" / "results_tables.py")]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 REF = "fixed_alpha_0.5"
