@@ -55,8 +55,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return ap.parse_known_args(argv)
 
 
-def build(cfg, plugins, pool, rgen, policy: str, params: dict[str, Any], overrides: dict[str, Any]):
-    builder = pool_roles(cfg, plugins, pool, rgen)
+def build(cfg, plugins, builder, policy: str, params: dict[str, Any], overrides: dict[str, Any]):
+    """The reward and the policy of one method, from the one ``builder`` every method shares (one reward object:
+    a partial score computed for one method is served to the others, and saved with the rest)."""
     choices = choose_roles(cfg, plugins, live=False)
     node = {**option_params("policy", policy, plugins), **params, **overrides.get(policy, {}), "name": policy}
     return builder.reward(choices.reward), builder.roles(choices.with_(plugins, partial={"name": SAME},
@@ -74,14 +75,16 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     cal = {"calibration": a.calibration} if a.calibration else {}
     per_policy = {"calibrated": cal, "allocate": cal}
     new = cfg.sampling.max_new_tokens
-    final_reward = build(cfg, plugins, pool, rgen, "fixed", {}, {})[0]
+    builder = pool_roles(cfg, plugins, pool, rgen)
+    final_reward = build(cfg, plugins, builder, "fixed", {}, {})[0]
     finals = {i: np.asarray(final_reward.score(pool.prompt(i).final_requests()), dtype=np.float64) for i in indices}
     out: dict[str, Any] = {"pool": str(a.pool), "n": a.n, "prompts": len(indices), "batches": {}}
     for B in [int(x) for x in a.batches.split(",")]:
         groups = [indices[k: k + B] for k in range(0, len(indices) - B + 1, B)]
         res: dict[str, Any] = {}
         for label, (policy, params) in METHODS.items():
-            reward, pol, reward_name = build(cfg, plugins, pool, rgen, policy, params, per_policy)
+            reward, pol, reward_name = build(cfg, plugins, builder, policy, params, per_policy)
+            assert reward is final_reward  # one builder: one reward object, one score cache
             rows = []
             for g in groups:
                 kv = sum(full_length_tokens(a.n, len(pool.prompt(i).prompt_ids), new, rgen.shares_prefix) for i in g)
@@ -93,7 +96,7 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                              "flops": comp.total_flops, "n_start": results[0].n_start})
             res[label] = rows
             log.info("batch %d, %s: mean reward %.4f", B, label, np.mean([x for r in rows for x in r["best"]]))
-        final_reward.save()  # partial scores computed here stay in the pool's cache
+        final_reward.save()  # every method's partial scores (one reward object) stay in the pool's cache
         out["batches"][str(B)] = {"groups": len(groups), "runs": res,
                                   "summary": summarize(res, finals, a.n, a.bootstrap)}
     return out

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rodeco.experiments import analysis, efficiency, perplexity
+from rodeco.experiments import render as shown
 from rodeco.roles import SAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +130,7 @@ def curve(snap: dict[str, Any]) -> str:
     out = [f"Best-of-N on the report half ({report_prompts(snap)} prompts); improvement score: Best-of-{n} = 100; "
            f"relative compute: N / {n}.", "",
            row(["Best-of-N", "mean reward", "improvement", "TFLOPs", "relative compute"]), "|---|---:|---:|---:|---:|"]
-    out += [row([f"Best-of-{int(N)}", *analysis.curve_cells(c, i, n)]) for i, N in enumerate(c["N"])]
+    out += [row([f"Best-of-{int(N)}", *shown.curve_cells(c, i, n)]) for i, N in enumerate(c["N"])]
     return "\n".join(out) + "\n"
 
 
@@ -150,7 +151,7 @@ def speedup_cell(entry: dict[str, Any] | None) -> str:
     if "infeasible" in entry:
         return "infeasible"
     r = entry["report"]
-    return analysis.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
+    return shown.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
 
 
 def same_cells(entry: dict[str, Any] | None, ref: str) -> list[str]:
@@ -161,9 +162,9 @@ def same_cells(entry: dict[str, Any] | None, ref: str) -> list[str]:
         return [""] * 3
     r, s = entry["report"], entry["selection"]
     pair = r.get(f"vs_{ref}")
-    return [analysis.with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
-            analysis.figure(r["relative_compute_memory_bound_model"], r["bound"]),
-            analysis.figure(s["speedup_flops"], s["bound"])]
+    return [shown.with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
+            shown.figure(r["relative_compute_memory_bound_model"], r["bound"]),
+            shown.figure(s["speedup_flops"], s["bound"])]
 
 
 def budget(snap: dict[str, Any], scale: int) -> str:
@@ -194,13 +195,13 @@ def headline(snap: dict[str, Any]) -> str:
     if sorted(order) != sorted(stored):
         raise TableError(f"the snapshot's headline keys {sorted(set(stored) ^ set(order))} differ from those its "
                          "summary gives: a run of other code; snapshot a run of this one")
-    return "```\n" + "\n".join(analysis.headline_lines({k: stored[k] for k in order})) + "\n```\n"
+    return "```\n" + "\n".join(shown.headline_lines({k: stored[k] for k in order})) + "\n```\n"
 
 
 def methods_excerpt(snap: dict[str, Any], keys: list[str]) -> str:
     """``efficiency.md``'s rows (every column) of the methods ``keys`` (``label@scale``), in that order, after
     Best-of-N's rows."""
-    full = analysis.markdown(snap).splitlines()
+    full = shown.markdown(snap).splitlines()
     wanted = {f"| SR {k.split('@')[0]} (budget x{k.split('@')[1]}) |": k for k in keys}
     missing = [k for k in keys if k not in snap["methods"]]
     if missing:
@@ -222,7 +223,7 @@ def all_prompts(snap: dict[str, Any]) -> str:
             label, scale = key.split("@")
             a = v["all"]
             out.append(row([label, f"x{scale}", speedup_cell(v),
-                            analysis.with_ci(a["speedup_flops"], a["speedup_flops_ci"], a["bound"])]))
+                            shown.with_ci(a["speedup_flops"], a["speedup_flops_ci"], a["bound"])]))
     return "\n".join(out) + "\n"
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from helpers import TM, load_script, records
 
-from rodeco.experiments import analysis, efficiency, perplexity
+from rodeco.experiments import analysis, efficiency, perplexity, render
 
 
 rt = load_script("results_tables")
@@ -86,7 +86,7 @@ def test_budget_table_has_one_row_per_method_and_a_column_per_partial_reward(run
         for part, cell in zip(("", "_oracle", "_text_value"), cells):
             r = t.get(f"{base}{part}@1", {}).get("report")
             if r:
-                assert cell == analysis.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
+                assert cell == render.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"])
     r = t[f"{REF}@1"]["report"]
     pair = t["correlation@1"]["report"][f"vs_{REF}"]
     assert rows["correlation"][3] == f"{pair['ratio']:.2f} [{pair['ci'][0]:.2f}, {pair['ci'][1]:.2f}]"
@@ -116,9 +116,9 @@ def test_curve_and_headline_are_what_the_run_printed(run):
     curve = table_rows(rt.render(run, "curve"))
     c = run["curve"]["report"]
     assert list(curve)[1:] == [f"Best-of-{int(N)}" for N in c["N"]]
-    assert curve["Best-of-4"] == analysis.curve_cells(c, c["N"].index(4.0), 2)
+    assert curve["Best-of-4"] == render.curve_cells(c, c["N"].index(4.0), 2)
     head = analysis.headline(run)
-    lines = "".join(f"{k}: {analysis.fmt(v)}\n" for k, v in head.items())  # as efficiency.report prints them
+    lines = "".join(f"{k}: {render.fmt(v)}\n" for k, v in head.items())  # as efficiency.report prints them
     assert rt.render(run, "headline") == f"```\n{lines}```\n"
 
 
@@ -129,7 +129,7 @@ def test_perplexity_snapshot_renders_its_table_and_headline(run, tmp_path):
     snap = json.loads(json.dumps(ppl, sort_keys=True))  # as a snapshot holds it: keys sorted
     assert rt.render(snap, "perplexity-2") == perplexity.markdown(
         [r for r in report if r.get("scale", 2) == 2], 12)
-    assert rt.render(snap, "headline").splitlines()[1:-1] == analysis.headline_lines(ppl["headline"])
+    assert rt.render(snap, "headline").splitlines()[1:-1] == render.headline_lines(ppl["headline"])
     assert "perplexity-1" not in rt.tables(run)
     with pytest.raises(rt.TableError, match="one of curve, headline, .*budget-1"):
         rt.render(snap, "budget-3")
@@ -202,7 +202,7 @@ def test_every_marked_table_in_the_docs_is_up_to_date():
 def test_excerpt_live_and_starts_tables(run, tmp_path):
     """``methods:`` gives efficiency.md's rows of the methods named, in that order; ``live`` the live check's lines;
     ``starts`` how many prompts each chosen start took, kept by the snapshot when per_prompt is dropped."""
-    full = analysis.markdown(run).splitlines()
+    full = render.markdown(run).splitlines()
     got = rt.render(run, f"methods:correlation@2,{REF}@1").splitlines()
     assert got[:4] == full[:4] and got[-2:] == [x for x in full if x.startswith("| SR correlation (budget x2) |")] + [
         x for x in full if x.startswith(f"| SR {REF} (budget x1) |")]
@@ -230,7 +230,7 @@ def test_the_rows_nothing_chose_are_also_given_over_all_prompts(run):
     r = run["methods"][f"{REF}@1"]
     cells = [x for x in rt.render(run, "all").splitlines() if x.startswith(f"| {REF} | x1 |")][0].split(" | ")
     assert cells[2] == rt.speedup_cell(r)
-    assert cells[3].rstrip(" |") == analysis.with_ci(r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"],
+    assert cells[3].rstrip(" |") == render.with_ci(r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"],
                                                      r["all"]["bound"])
 
 

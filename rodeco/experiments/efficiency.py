@@ -41,12 +41,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_params
-from rodeco.contracts import Scorer
 from rodeco.data import prompts_of
-from rodeco.experiments import analysis
+from rodeco.experiments import analysis, render
+from rodeco.experiments.live_check import live_check, matched_bon
+from rodeco.experiments.metrics import bon_sizes
 from rodeco.experiments.record import pool_dir, pool_roles, record
 from rodeco.loop import LoopSettings
-from rodeco.plugins import BuildContext, Plugins
+from rodeco.plugins import Plugins
 from rodeco.pool import Pool
 from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
@@ -122,10 +123,6 @@ def methods(a: dict[str, Any]) -> list[Method]:
         out += [Method(f"calibrated_delta_{d:g}" + ("" if st == "auto" else "_start_calibrated"), "calibrated",
                        {"delta": float(d)}, st) for st in ("auto", "calibrated")]
     return out
-
-
-def bon_sizes(M: int) -> list[int]:
-    return [2**j for j in range(int(np.log2(M)) + 1)] + ([M] if M & (M - 1) else [])
 
 
 class Measurer:
@@ -297,58 +294,6 @@ def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[i
     return dict(writer.records)
 
 
-LIVE_CHECK = ("fixed_alpha_0.5", "adaptive_delta_0.05", "correlation")  # replayed and run live on a few prompts
-
-
-def live_check(cfg: DictConfig, plugins: Plugins, pool: Pool, measurer: Measurer, records: dict[int, dict[str, Any]],
-               indices: list[int], tm: analysis.TimeModel, bon_ns: list[int], gen=None) -> dict[str, Any]:
-    """Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n, and
-    Best-of-N for each of ``bon_ns`` (one batch of N, its first N candidates), and compare each with its replay:
-    the same winners and token counts make replay fair; the wall times check the time model, per method."""
-    from rodeco.loading import load_generator
-    from rodeco.loop import decode_batch
-
-    gen = gen or load_generator(cfg.generator)
-    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
-    scorer = Scorer(RoleBuilder(plugins, gen.name, ctx).reward(measurer.choices.reward), measurer.reward_name)
-    rows = []
-    for index in indices:
-        p, rec = pool.prompt(index), records[index]
-        runs = [(label, measurer.policies[label], measurer.settings(label, "auto", rec["budget"]["1"]),
-                 rec["methods"][label]["1"]) for label in LIVE_CHECK if label in measurer.policies]
-        runs += [(f"best_of_{N}", measurer.none, measurer.settings("none", N, None),
-                  measurer.run(index, measurer.none, "none", N, None)) for N in bon_ns]
-        for label, policy, s, replayed in runs:
-            t0 = time.perf_counter()
-            (res,), c = decode_batch(gen, scorer, policy, [(index, p.text)], s)
-            live_s = time.perf_counter() - t0
-            rows.append({"prompt_index": index, "policy": label, "same_winner": res.best.candidate_id ==
-                         replayed["best_id"], "same_tokens": c.gen_decode_tokens == replayed["decode_tokens"],
-                         "same_steps": c.decode_steps == replayed["steps"], "live_seconds": live_s,
-                         "model_seconds": tm.seconds(replayed, p.prefill_seconds),
-                         "live_decode_tokens": c.gen_decode_tokens, "replay_decode_tokens": replayed["decode_tokens"]})
-            log.info("live check %s", rows[-1])
-    per = {}
-    for label in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == label]
-        per[label] = ratio(mine)
-    return {"runs": rows, "same_winner": sum(r["same_winner"] for r in rows),
-            "same_tokens": sum(r["same_tokens"] for r in rows), "n": len(rows),
-            "live_over_model_seconds": ratio(rows), "live_over_model_seconds_by_method": per}
-
-
-def ratio(rows: list[dict[str, Any]]) -> float:
-    """Measured over modelled wall time, summed over the runs."""
-    return float(sum(r["live_seconds"] for r in rows) / max(1e-9, sum(r["model_seconds"] for r in rows)))
-
-
-def matched_bon(summary: dict[str, Any], M: int) -> int:
-    """The Best-of-N that matches fixed alpha 0.5 at the budget of Best-of-n on the report half: the power of two
-    (at most M) nearest its ``n_match`` in log N."""
-    nm = summary["methods"][f"{analysis.REF}@1"]["report"]["n_match"]
-    return min(bon_sizes(M), key=lambda N: abs(np.log(N) - np.log(max(nm, 1.0))))
-
-
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
     a = parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
@@ -389,10 +334,10 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
     res["per_prompt"] = prompts
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json(f"{name}.json", res)
-        (out_dir / f"{name}.md").write_text(analysis.markdown(summary), encoding="utf-8")
-        analysis.plot(summary, out_dir / f"{name}.png", title=f"{len(summary['halves']['report'])} report prompts, "
+        (out_dir / f"{name}.md").write_text(render.markdown(summary), encoding="utf-8")
+        render.plot(summary, out_dir / f"{name}.png", title=f"{len(summary['halves']['report'])} report prompts, "
                       f"reward {res['reward']}, {res['max_new_tokens']} new tokens, pool of {summary['M']}")
-    print(analysis.markdown(summary), end="")
+    print(render.markdown(summary), end="")
     t = summary["time_model"]
     print(f"time model (per decode step, fitted to {t['steps']} measured steps): {t['a'] * 1e3:.2f} ms + "
           f"{t['b'] * 1e3:.3f} ms x rows + {t['c'] * 1e6:.4f} us x rows x context (R^2 {t['r2']:.3f})")
@@ -405,5 +350,5 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
         for label, x in lc["live_over_model_seconds_by_method"].items():
             print(f"live_seconds_over_time_model_{label}: {x:.3f}")
-    print("\n".join(analysis.headline_lines(head)))
+    print("\n".join(render.headline_lines(head)))
     return res

@@ -69,3 +69,8 @@ def curve_end(score: float, bon_compute: Sequence[float], bon_scores: Sequence[f
     if score > y[-1]:
         return "lower"
     return "upper" if score < y[0] else None
+
+
+def bon_sizes(M: int) -> list[int]:
+    """Best-of-N's sizes on a pool of M candidates per prompt: 1, 2, 4, ... and M itself."""
+    return [2**j for j in range(int(np.log2(M)) + 1)] + ([M] if M & (M - 1) else [])

@@ -20,7 +20,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rodeco.config import split_node
-from rodeco.experiments import analysis, efficiency
+from rodeco.experiments import analysis, efficiency, render
 from rodeco.plugins import Plugins
 from rodeco.results import ResultsWriter
 from rodeco.state import Compute, RunOutput
@@ -110,9 +110,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("perplexity.json", res)
         (out_dir / "perplexity.md").write_text(markdown(report, P), encoding="utf-8")
-        analysis.plot(summary, out_dir / "perplexity.png", y="reward",
+        render.plot(summary, out_dir / "perplexity.png", y="reward",
                       ylabel="mean -perplexity of the chosen responses (higher is better)",
                       title=f"{P} report prompts, reward logprob (perplexity), pool of {summary['M']}")
     print(markdown(report, P), end="")
-    print("\n".join(analysis.headline_lines(head)))
+    print("\n".join(render.headline_lines(head)))
     return RunOutput([], Compute(), out_dir, extra=res)
