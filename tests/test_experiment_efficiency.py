@@ -227,3 +227,25 @@ def test_the_time_model_fits_a_known_cost(tmp_path):
     assert (tm.a, tm.b, tm.c) == pytest.approx((0.01, 0.002, 1e-5), rel=1e-6) and tm.r2 == pytest.approx(1.0)
     run = {"steps": 10, "decode_tokens": 40, "rows_x_context": 800, "reward_s": 0.5}
     assert tm.seconds(run, prefill_s=0.2) == pytest.approx(0.2 + 0.1 + 0.08 + 0.008 + 0.5)
+
+
+def test_a_calibrated_policy_without_a_calibration_for_a_partial_reward_is_left_out(ran, tmp_path, monkeypatch):
+    """``allocate`` deciding by ``same`` runs on the calibration of the run's pair; deciding by the oracle, for which
+    no calibration exists, it is left out and the run says why, instead of failing or running on the wrong model."""
+    import rodeco_policies.calibrated as calibrated
+
+    from rodeco import Calibration
+
+    def committed_for(ids):  # a calibration of the run's own pair only: the oracle has none
+        f = tmp_path / "cal.json"
+        Calibration(generator=ids["generator"], partial_reward=ids["reward"], reward=ids["reward"], lengths=[4, 64],
+                    slope=[0.5, 0.5], resid_sd=[0.8, 0.8]).save(f)
+        return f
+
+    monkeypatch.setattr(calibrated, "committed_for", committed_for)
+    d, _, _ = ran
+    cfg = tiny_cfg(d / "pool", policies=["allocate"], partial_rewards=["same", "oracle"], calibrated_deltas=[],
+                   alphas=[0.5], adaptive_deltas=[], starts=[], scales=[1], replicates=1)
+    res = efficiency.run(cfg, default_plugins(), tmp_path / "run").extra
+    assert list(res["skipped"]) == ["allocate_oracle"] and "another partial_reward" in res["skipped"]["allocate_oracle"]
+    assert "allocate@1" in res["methods"] and "allocate_oracle@1" not in res["methods"]

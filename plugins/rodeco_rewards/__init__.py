@@ -53,11 +53,13 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
 @hookimpl
 def rodeco_register_experiments(register: Callable[..., None]) -> None:
     from rodeco_rewards.experiments import (
+        PrefixTrainArgs,
         RMBenchArgs,
         RMEvalArgs,
         RMTrainArgs,
         ValueTrainArgs,
         learned_heads_train,
+        prefix_train,
         rm_bench,
         rm_eval,
         rm_train,
@@ -70,6 +72,8 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
     register("rm_bench", rm_bench.run, "a reward's scoring throughput at typical partial lengths", args=RMBenchArgs)
     register("value_train", learned_heads_train.run, "train the learned partial scorers (value_head, text_value) on a "
              "training pool; do they beat same?", args=ValueTrainArgs)
+    register("prefix_train", prefix_train.run, "refit the embedded RM's head on prefixes too (TCRM's lookahead and "
+             "smoothness terms): partial_reward=minilm_prefix", args=PrefixTrainArgs)
 
 
 @hookimpl

@@ -137,14 +137,23 @@ class Measurer:
         self.reward_name = self.choices.reward.name
         self.base = loop_settings(cfg, gen, "", self.reward_name)
         self.none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"})).policy
-        self.methods = methods(a)
-        self.method = {m.label: m for m in self.methods}
+        self.methods: list[Method] = []
+        self.skipped: dict[str, str] = {}  # a calibrated policy with a partial reward it has no calibration for
         self.policies: dict[str, Policy] = {}
         self.partials: dict[str, Any] = {}  # per partial reward: its (pool-served) reward; None for same
-        for m in self.methods:
-            roles = builder.roles(self.method_choices(m, plugins))
+        for m in methods(a):
+            try:
+                roles = builder.roles(self.method_choices(m, plugins))
+            except ConfigError as e:
+                if e.key != "policy.calibration" or m.partial == SAME:
+                    raise
+                log.warning("%s left out: %s", m.label, e)
+                self.skipped[m.label] = str(e)
+                continue
+            self.methods.append(m)
             self.policies[m.label] = roles.policy
             self.partials[m.partial] = roles.partial.reward if roles.partial is not None else None
+        self.method = {m.label: m for m in self.methods}
 
     def method_choices(self, m: Method, plugins: Plugins) -> Choices:
         """The run's choices with the method's partial reward and policy (their option files' parameters)."""
@@ -324,6 +333,7 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
     labels = [m.label for m in measurer.methods]
     summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
     res: dict[str, Any] = {"args": a, "reward": measurer.reward_name, "pool": str(pool.path),
+                           "skipped": measurer.skipped,
                            "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(measurer, records)}
     if a["live_check"]:
         bon_ns = sorted({*(s * a["n"] for s in a["scales"]), matched_bon(summary, summary["M"])})

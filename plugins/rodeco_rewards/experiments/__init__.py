@@ -50,6 +50,29 @@ class ValueTrainArgs:
 
 
 @dataclass
+class PrefixTrainArgs:
+    lengths: list[int] = required("prefix lengths (generator tokens) whose partial texts are the examples")
+    verdict_lengths: list[int] = required("lengths (some of `lengths`) that choose the weights and that the "
+                                          "verdict's head - same is averaged over")
+    choose_fraction: float = required("share of the pool's prompts (seeded) that choose (mc, td)")
+    verdict_fraction: float = required("share of the pool's prompts (seeded) held out for the verdict only")
+    mc_weights: list[float] = required("weights of the lookahead-consistency (Monte Carlo) term tried")
+    td_weights: list[float] = required("weights of the smoothness (temporal-difference) term tried")
+    pair_holdout: float = required("share of the preference pairs' instructions (seeded) kept out of the fit, to "
+                                   "measure final-text accuracy")
+    max_accuracy_drop: float = required("a candidate is admissible when its held-out pair accuracy is within this "
+                                        "of the Bradley-Terry-only fit's")
+    max_iter: int = required("L-BFGS iterations per fit")
+    pair_limit: Optional[int] = required("null: every training pair; n: the first n (quick runs, tests)")
+    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    exclude_files: list[str] = required("prompt files (relative to data_dir) whose instructions are held out")
+    exclude_prompts: list[str] = required("more prompts held out, by text")
+    bootstrap: int = required("bootstrap resamples of the verdict prompts, for the CIs")
+    exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
+    install: bool = required("also write the head to rodeco_rewards/assets (partial_reward=minilm_prefix)")
+
+
+@dataclass
 class RMEvalArgs:
     data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
     cache: bool = required("route the embedded RM's encoder through its disk cache of embeddings")

@@ -93,13 +93,26 @@ class Targets:
 def check_args(cfg: DictConfig) -> dict[str, Any]:
     """The experiment's arguments as a dict, their values checked (keys and types are checked by ValueTrainArgs), and
     a pool given."""
-    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
+    a = check_split_args(cfg, "value_train")
     for k in a["kinds"]:
         if k not in KINDS:
             raise ConfigError("experiment_args.kinds", k, "unknown head kind", f"use some of {list(KINDS)}")
     for k in a["losses"]:
         if k not in LOSSES:
             raise ConfigError("experiment_args.losses", k, "unknown loss", f"use some of {list(LOSSES)}")
+    if sorted(set(a["length_buckets"])) != a["length_buckets"] or min(a["length_buckets"], default=1) < 1:
+        raise ConfigError("experiment_args.length_buckets", a["length_buckets"], "must be increasing positive "
+                          "lengths (each bucket's last length)", "e.g. [8, 16, 32, 64]")
+    if any(x <= 0 for x in a["ridge_alphas"]):
+        raise ConfigError("experiment_args.ridge_alphas", a["ridge_alphas"], "penalties must be > 0 (the "
+                          "anchor itself, an infinite penalty, is always a candidate)", "e.g. [0.001, 0.01, 0.1]")
+    return a
+
+
+def check_split_args(cfg: DictConfig, task: str) -> dict[str, Any]:
+    """What every experiment that trains on a pool's prompts checks: the bootstrap, the three-way split's fractions,
+    the verdict lengths, and a pool given."""
+    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
     check_positive_int("experiment_args.bootstrap", a["bootstrap"], 1000)
     for key in ("choose_fraction", "verdict_fraction"):
         if not 0 < a[key] < 1:
@@ -107,17 +120,11 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
     if a["choose_fraction"] + a["verdict_fraction"] >= 1:
         raise ConfigError("experiment_args.choose_fraction", a["choose_fraction"], "choose_fraction + "
                           "verdict_fraction leaves no prompt to fit on", "e.g. 0.2 and 0.2")
-    if sorted(set(a["length_buckets"])) != a["length_buckets"] or min(a["length_buckets"], default=1) < 1:
-        raise ConfigError("experiment_args.length_buckets", a["length_buckets"], "must be increasing positive "
-                          "lengths (each bucket's last length)", "e.g. [8, 16, 32, 64]")
     if not a["verdict_lengths"] or not set(a["verdict_lengths"]) <= set(a["lengths"]):
         raise ConfigError("experiment_args.verdict_lengths", a["verdict_lengths"], "must be some of "
                           f"experiment_args.lengths {a['lengths']}", "e.g. [8, 16, 32]")
-    if any(x <= 0 for x in a["ridge_alphas"]):
-        raise ConfigError("experiment_args.ridge_alphas", a["ridge_alphas"], "penalties must be > 0 (the "
-                          "anchor itself, an infinite penalty, is always a candidate)", "e.g. [0.001, 0.01, 0.1]")
     if cfg.pool is None:
-        raise ConfigError("pool", None, "value_train learns from a pool of training prompts",
+        raise ConfigError("pool", None, f"{task} learns from a pool of training prompts",
                           "record one: rodeco experiment=pool data=alpaca_train experiment_args.candidates=32 "
                           "pool=DIR, then pass pool=DIR")
     return a
@@ -136,7 +143,7 @@ def open_training_set(cfg: DictConfig, plugins, a: dict[str, Any]) -> TrainingSe
     fit, choose, verdict = split([p.index for p in prompts], a["choose_fraction"], a["verdict_fraction"], cfg.seed)
     node = OmegaConf.to_container(cfg.reward, resolve=True)
     cached = pool_served(plugins, pool, node)
-    if "text_value" in a["kinds"] and (node["name"] != "minilm_rm" or node.get("head") is not None):
+    if "text_value" in a.get("kinds", ()) and (node["name"] != "minilm_rm" or node.get("head") is not None):
         log.warning("text_value starts as the committed minilm_rm head's partial score; this run's reward is %s, "
                     "so its `same` is another scorer", node["name"])
     return TrainingSet(pool, gen, cached, f"{node['name']}:{getattr(cached.reward, 'identity', '')}",
@@ -330,16 +337,16 @@ def save_head(head: Head, kind: str, ts: TrainingSet, a: dict[str, Any], chosen:
         head.save(ASSETS / kind)
 
 
-def print_verdict(kind: str, verdict: dict[str, Any], per_len: dict[str, Any]) -> None:
+def print_verdict(kind: str, verdict: dict[str, Any], per_len: dict[str, Any], task: str = "value_train") -> None:
     """One line per length (head r vs same r, their difference, with CIs), then the verdict."""
     for L, r in per_len.items():
         if not r["prompts"]:
-            print(f"value_train_{kind}_len{L}: no verdict prompt with a defined r")
+            print(f"{task}_{kind}_len{L}: no verdict prompt with a defined r")
             continue
-        print(f"value_train_{kind}_len{L}: pearson head {r['head']:.3f} {_ci(r['head_ci'])} vs same "
+        print(f"{task}_{kind}_len{L}: pearson head {r['head']:.3f} {_ci(r['head_ci'])} vs same "
               f"{r['same']:.3f} {_ci(r['same_ci'])}, head - same {r['diff']:+.3f} {_ci(r['diff_ci'], '+')} "
               f"({r['prompts']} verdict prompts)")
-    print(f"value_train_{kind}_minus_same: {verdict['mean_diff']:+.3f} {_ci(verdict['diff_ci'], '+')} "
+    print(f"{task}_{kind}_minus_same: {verdict['mean_diff']:+.3f} {_ci(verdict['diff_ci'], '+')} "
           f"(mean over lengths {verdict['lengths']}, {verdict['prompts']} verdict prompts) "
           f"-> {'beats' if verdict['beats_same'] else 'does not beat'} same")
 

@@ -31,7 +31,8 @@ ASSET_STEM = Path(__file__).resolve().parents[1] / "assets" / "minilm_bt_head"
 @dataclass
 class MiniLMParams:
     head: Optional[str] = field(default=None, metadata={"help": "null: the committed head "
-                                                                 "(rodeco_rewards/assets/minilm_bt_head); or a path"})
+                                                                 "(rodeco_rewards/assets/minilm_bt_head); another "
+                                                                 "committed head by name; or a path"})
     encoder: Optional[str] = field(default=None, metadata={"help": "null: the embedded all-MiniLM-L6-v2; or a "
                                                                     "directory holding another"})
     device: str = field(default="auto", metadata={"help": "auto: the generator's device"})
@@ -39,9 +40,14 @@ class MiniLMParams:
 
 
 def head_stem(path: str) -> Path:
-    """``x``, ``x.json`` or ``x.safetensors`` -> ``x``."""
+    """``x``, ``x.json`` or ``x.safetensors`` -> ``x``; a bare name that is a committed head (``minilm_prefix_head``)
+    -> that head in ``rodeco_rewards/assets``."""
     p = Path(path).expanduser()
-    return p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
+    p = p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
+    committed = ASSET_STEM.parent / p.name
+    if len(p.parts) == 1 and not p.with_suffix(".json").exists() and committed.with_suffix(".json").is_file():
+        return committed
+    return p
 
 
 def features(encoder: SentenceEncoder, prompts: Sequence[str], responses: Sequence[str],
