@@ -182,8 +182,10 @@ def test_the_committed_calibration_is_the_embedded_pairs():
 
     cal = Calibration.load(DEFAULT)
     assert cal.generator == "smollm2" and cal.reward.startswith("minilm_rm:") and cal.partial_reward == cal.reward
-    assert len(cal.source["prompts"]) >= 300 and cal.source["candidates"] >= 32
+    assert len(cal.source["prompts"]) >= 150 and cal.source["candidates"] >= 32
     assert all(0 <= cal.rho(L) <= 1 for L in (1, 8, 64, 1000))
+    # measured with the final link, so that the calibrated policy places finished candidates (rule 2)
+    assert all(cal.final_link(L) is not None and cal.final_link(L)[1] > 0 for L in (4, 16, 96))
 
 
 def test_n_calibrated_asks_the_policy_for_its_start(tiny_gen):
@@ -293,12 +295,16 @@ def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
     used = {}
     for f in (REPO / "plugins" / "rodeco_policies" / "calibrations").glob("*.json"):
         used[f.name] = json.loads(f.read_text())["source"]["prompts"]
-    for kind in ("value_head", "text_value"):
+    for kind in ("value_head", "text_value", "minilm_prefix_head"):
         meta = json.loads((REPO / "plugins" / "rodeco_rewards" / "assets" / f"{kind}.json").read_text())
         # every prompt list the head records: train/validation (before issue 20), fit/choose/verdict (since)
         used[kind] = [i for key, idx in meta.items() if key.endswith("_prompts") for i in idx]
-        assert len(used[kind]) >= 300 and ("train_prompts" in meta or "fit_prompts" in meta)
-    assert len(used) >= 4
+        assert len(used[kind]) >= 150 and ("train_prompts" in meta or "fit_prompts" in meta)
+    # the prefix head's preference pairs: the evaluation prompts' instructions were held out, as rm_train's
+    prefix = json.loads((REPO / "plugins" / "rodeco_rewards" / "assets" / "minilm_prefix_head.json").read_text())
+    assert prefix["held_out"]["files"] == ["prompts/specrej_alpaca_farm_100.json", "prompts/specrej_hh_rlhf_100.json"]
+    assert prefix["pairs"]["evaluation_pairs_removed"] > 0
+    assert len(used) >= 5
     for what, idx in used.items():
         clash = [i for i in idx if texts[i] in held]
         assert not clash, f"{what} was fit on evaluation prompts {clash[:5]}"

@@ -58,6 +58,8 @@ class PrefixTrainArgs:
     verdict_fraction: float = required("share of the pool's prompts (seeded) held out for the verdict only")
     mc_weights: list[float] = required("weights of the lookahead-consistency (Monte Carlo) term tried")
     td_weights: list[float] = required("weights of the smoothness (temporal-difference) term tried")
+    anchor_weights: list[float] = required("0: rm_train's penalty on the weights; k > 0: k times it on their distance "
+                                           "from the committed head's (each tried)")
     pair_holdout: float = required("share of the preference pairs' instructions (seeded) kept out of the fit, to "
                                    "measure final-text accuracy")
     max_accuracy_drop: float = required("a candidate is admissible when its held-out pair accuracy is within this "

@@ -68,6 +68,10 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
         if not a[key] or any(w < 0 for w in a[key]):
             raise ConfigError(f"experiment_args.{key}", a[key], "must be a non-empty list of weights >= 0",
                               "e.g. [0.1, 1.0]")
+    if not a["anchor_weights"] or any(k < 0 for k in a["anchor_weights"]):
+        raise ConfigError("experiment_args.anchor_weights", a["anchor_weights"], "must be a non-empty list of "
+                          "weights >= 0 (0: the penalty on the weights, as rm_train; k > 0: k times it on their "
+                          "distance from the committed head's)", "e.g. [0, 10, 100]")
     check_positive_int("experiment_args.pair_limit", a["pair_limit"], 1000, allow_none=True)
     if not 0 < a["pair_holdout"] < 1:
         raise ConfigError("experiment_args.pair_holdout", a["pair_holdout"], "must be in (0, 1)", "e.g. 0.2")
@@ -133,9 +137,11 @@ def prefixes(data: dict[int, dict[str, np.ndarray]], finals: dict[int, np.ndarra
 
 
 def fit_prefix_head(w0: np.ndarray, pen: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], pre: Prefixes,
-                    mc: float, td: float, max_iter: int) -> np.ndarray:
-    """The weights (standardized space) minimizing Bradley-Terry on ``pairs`` + ``pen``-weighted L2 + ``mc`` x the
-    centred lookahead error + ``td`` x the adjacent-length error, by L-BFGS from ``w0``."""
+                    mc: float, td: float, max_iter: int, anchor: float = 0.0) -> np.ndarray:
+    """The weights (standardized space) minimizing Bradley-Terry on ``pairs`` + the ``pen``-weighted L2 + ``mc`` x
+    the centred lookahead error + ``td`` x the adjacent-length error, by L-BFGS from ``w0``. The L2 is on ``w``
+    (``anchor = 0``: ``rm_train``'s own penalty) or, ``anchor > 0`` times, on ``w - w0`` (the head moves from the
+    committed one only as far as the data pays for)."""
     import torch
 
     zc, zr = (torch.from_numpy(x) for x in pairs)
@@ -145,12 +151,13 @@ def fit_prefix_head(w0: np.ndarray, pen: np.ndarray, pairs: tuple[np.ndarray, np
     D = (Z[pre.td[:, 0]] - Z[pre.td[:, 1]]) if len(pre.td) else None
     p = torch.from_numpy(pen)
     w = torch.tensor(w0, dtype=torch.float64, requires_grad=True)
+    W0, k = torch.from_numpy(np.asarray(w0, dtype=np.float64)), (anchor if anchor > 0 else 1.0)
     opt = torch.optim.LBFGS([w], lr=1.0, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.softplus(-(dz @ w)).mean() + (w.pow(2) * p).sum()
+        loss = torch.nn.functional.softplus(-(dz @ w)).mean() + k * ((w - W0 if anchor > 0 else w).pow(2) * p).sum()
         if mc and pads is not None:
             loss = loss + mc * group_loss(Z @ w, f, pads, "mse")
         if td and D is not None:
@@ -180,18 +187,19 @@ def choose(w0: np.ndarray, pen: np.ndarray, ps: PairSet, fit: Prefixes, cho: Pre
 
     ref = fit_prefix_head(w0, pen, ps.fit, fit, 0.0, 0.0, a["max_iter"])
     ref_acc = pair_accuracy(ref, ps.held)
-    cands = [("anchor", None, None, w0)]
-    grid = [(mc, td) for mc in a["mc_weights"] for td in a["td_weights"]]
-    for mc, td in tqdm(grid, desc="prefix_train fits", disable=not progress):
-        cands.append(("fit", mc, td, fit_prefix_head(w0, pen, ps.fit, fit, mc, td, a["max_iter"])))
+    cands = [("anchor", None, None, None, w0)]
+    grid = [(mc, td, k) for k in a["anchor_weights"] for mc in a["mc_weights"] for td in a["td_weights"]]
+    for mc, td, k in tqdm(grid, desc="prefix_train fits", disable=not progress):
+        cands.append(("fit", mc, td, k, fit_prefix_head(w0, pen, ps.fit, fit, mc, td, a["max_iter"], k)))
     rows, best = [], None
-    for kind, mc, td, w in cands:
-        acc, r = pair_accuracy(w, ps.held), choose_r(w, cho)
+    for kind, mc, td, k, w in cands:
+        acc, r, rf = pair_accuracy(w, ps.held), choose_r(w, cho), choose_r(w, fit)
         ok = kind == "anchor" or acc >= ref_acc - a["max_accuracy_drop"]
-        rows.append({"candidate": kind, "mc": mc, "td": td, "held_out_pair_accuracy": round(acc, 4),
-                     "choose_pearson": r if math.isfinite(r) else None, "admissible": ok})
-        log.info("prefix_train %s mc=%s td=%s: held-out pair accuracy %.4f, choose r %.4f%s", kind, mc, td, acc, r,
-                 "" if ok else " (inadmissible)")
+        rows.append({"candidate": kind, "mc": mc, "td": td, "anchor": k, "held_out_pair_accuracy": round(acc, 4),
+                     "choose_pearson": r if math.isfinite(r) else None, "admissible": ok,
+                     "fit_pearson": rf if math.isfinite(rf) else None})  # in sample: how much it overfits
+        log.info("prefix_train %s mc=%s td=%s anchor=%s: held-out pair accuracy %.4f, choose r %.4f, fit r %.4f%s",
+                 kind, mc, td, k, acc, r, rf, "" if ok else " (inadmissible)")
         if ok and math.isfinite(r) and (best is None or r > best[0]):
             best = (r, w, rows[-1])
     w, rec = (w0, rows[0]) if best is None else best[1:]
@@ -245,7 +253,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
         save_head(head, ASSETS / ASSET_NAME, meta)
     lht.print_verdict("minilm_prefix", verdict, per_len, task="prefix_train")
     c = chosen["chosen"]
-    print(f"prefix_train_chosen: {c['candidate']} mc={c['mc']} td={c['td']} held-out pair accuracy "
+    print(f"prefix_train_chosen: {c['candidate']} mc={c['mc']} td={c['td']} anchor={c['anchor']} held-out pair accuracy "
           f"{c['held_out_pair_accuracy']} (Bradley-Terry only: {chosen['bt_only_held_out_pair_accuracy']})")
     report = {"verdict": verdict, "by_length": per_len, **chosen, "pairs": ps.counts, "fit_prompts": len(ts.fit),
               "choose_prompts": len(ts.choose), "verdict_prompts": len(ts.verdict)}
