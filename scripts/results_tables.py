@@ -11,9 +11,9 @@ with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/N
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
-(its table at budget xK), ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
+(its table at budget xK); for a learned head's ``.json``, ``verdict``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
 ``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); for a correlation run, ``correlation``.
-The cells are formatted by ``rodeco.experiments.analysis``, as in the run's own
+The cells are formatted by ``rodeco.experiments.render``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
 
@@ -92,6 +92,8 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
     """The tables a snapshot can render, by name."""
     if "lengths" in snap and "summary" in snap:  # a correlation run
         return {"correlation": functools.partial(correlation, snap)}
+    if "verdict_by_length" in snap:  # a learned head's file (value_train, prefix_train)
+        return {"verdict": functools.partial(verdict, snap)}
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
     if any("all" in v for v in snap["methods"].values()):
@@ -269,6 +271,26 @@ def correlation(snap: dict[str, Any]) -> str:
         per = [snap["summary"][n][str(L)] for n in names]
         used = "/".join(sorted({f"{s['prompts_used']}" for s in per}))
         out.append(row([str(L), *(cell(s, stat) for s in per for stat in ("pearson", "kendall")), used]))
+    return "\n".join(out) + "\n"
+
+
+def verdict(snap: dict[str, Any]) -> str:
+    """A learned head's verdict against ``same`` (its ``.json``): per length, the head's and ``same``'s mean
+    per-prompt Pearson r with the final reward and their paired difference [95% CI over the verdict prompts]; then
+    the difference averaged over the verdict lengths."""
+    v = snap["verdict"]
+
+    def ci(x: float, lo_hi: list[float], sign: str = "") -> str:
+        return f"{x:{sign}.3f} [{lo_hi[0]:{sign}.3f}, {lo_hi[1]:{sign}.3f}]"
+
+    out = [f"{v['prompts']} verdict prompts; mean per-prompt Pearson r with the final reward [95% CI over prompts].",
+           "", row(["L (tokens)", "head", "same", "head − same", "prompts"]), "|---:|---:|---:|---:|---:|"]
+    for L, r in snap["verdict_by_length"].items():
+        out.append(row([L, DASH, DASH, DASH, "0"]) if not r["prompts"] else
+                   row([L, ci(r["head"], r["head_ci"]), ci(r["same"], r["same_ci"]), ci(r["diff"], r["diff_ci"], "+"),
+                        str(r["prompts"])]))
+    lengths = ", ".join(str(x) for x in v["lengths"])
+    out.append(row([f"mean over {lengths}", "", "", ci(v["mean_diff"], v["diff_ci"], "+"), str(v["prompts"])]))
     return "\n".join(out) + "\n"
 
 

@@ -264,3 +264,17 @@ def test_a_snapshot_names_its_pool_relatively(run, tmp_path):
         assert json.loads(rt.snapshot(tmp_path, tmp_path / "s.json").read_text())["pool"] == want
     for f in (rt.REPO / "docs" / "data").glob("*.json"):
         assert not Path(json.loads(f.read_text()).get("pool", "x")).is_absolute(), f
+
+
+@pytest.mark.parametrize("kind", ["text_value", "value_head", "minilm_prefix_head"])
+def test_a_committed_heads_verdict_renders_from_its_file(kind):
+    """The verdict table of a committed head is its ``.json``'s verdict: one row per length and the mean."""
+    f = rt.REPO / "plugins" / "rodeco_rewards" / "assets" / f"{kind}.json"
+    meta = json.loads(f.read_text())
+    lines = rt.render(meta, "verdict").splitlines()
+    rows = [x for x in lines if x.startswith("| ") and not x.startswith("| L ")]
+    assert len(rows) == len(meta["verdict_by_length"]) + 1
+    for r, (L, v) in zip(rows, meta["verdict_by_length"].items()):
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert cells[0] == L and cells[3].startswith(f"{v['diff']:+.3f} [") and cells[4] == str(v["prompts"])
+    assert f"{meta['verdict']['mean_diff']:+.3f}" in rows[-1]
