@@ -198,6 +198,18 @@ def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
     return params
 
 
+def option_node(group: str, option: str, plugins: Plugins) -> dict[str, Any]:
+    """``<group>=<option>`` as a node: its file's registered ``name`` (an option may select another registered name
+    with its own parameters: ``reward=minilm_prefix`` is ``minilm_rm`` with another head) and parameters; an option
+    without a config file is the registered name ``option`` itself."""
+    f = option_file(group, option, plugins)
+    if f is None:
+        return {"name": option}
+    name, params = split_node(OmegaConf.load(f), group)
+    params.pop("defaults", None)
+    return {"name": name, **params}
+
+
 HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "data", "experiment")
 
 

@@ -123,3 +123,14 @@ def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
     assert np.isfinite(got[0])
     with pytest.raises(rodeco.ConfigError, match="reward"):  # it refits minilm_rm's head, on minilm_rm's scores
         prefix_train.check_args(rodeco.load_config([*ov, "reward=logprob"]))
+
+
+def test_the_option_is_minilm_rm_with_the_prefix_head():
+    """``partial_reward=minilm_prefix`` (and an efficiency row deciding by it) selects the registered minilm_rm with
+    the committed prefix head, not a reward called minilm_prefix."""
+    from rodeco.compose import option_node
+
+    plugins = default_plugins()
+    assert option_node("reward", "minilm_prefix", plugins) == {"name": "minilm_rm", "head": "minilm_prefix_head"}
+    assert option_node("reward", "logprob", plugins)["name"] == "logprob"
+    assert option_node("reward", "length", plugins)["name"] == "length"

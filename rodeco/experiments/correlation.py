@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.compose import option_params
+from rodeco.compose import option_node
 from rodeco.data import prompts_of
 from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import Plugins
@@ -63,7 +63,7 @@ def check_reward(name: str, plugins: Plugins) -> None:
 def pool_reward_named(name: str, plugins: Plugins, pool: Pool) -> PoolReward:
     """Reward ``name`` with its config option's parameters, served from the pool's cache."""
     check_reward(name, plugins)
-    return pool_served(plugins, pool, {**option_params("reward", name, plugins), "name": name})
+    return pool_served(plugins, pool, option_node("reward", name, plugins))
 
 
 def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: int,

@@ -40,7 +40,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
-from rodeco.compose import option_params
+from rodeco.compose import option_node, option_params
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
 from rodeco.experiments.live_check import live_check, matched_bon
@@ -157,8 +157,7 @@ class Measurer:
 
     def method_choices(self, m: Method, plugins: Plugins) -> Choices:
         """The run's choices with the method's partial reward and policy (their option files' parameters)."""
-        part = {"name": m.partial} if m.partial in (SAME, ORACLE) else {**option_params("reward", m.partial, plugins),
-                                                                          "name": m.partial}
+        part = {"name": m.partial} if m.partial in (SAME, ORACLE) else option_node("reward", m.partial, plugins)
         try:
             plugins.policies.get(m.policy)
         except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
