@@ -131,7 +131,8 @@ def markdown(out: dict[str, Any]) -> str:
              "| batch | method | mean reward | improvement | TFLOPs | minus allocate [95% CI] |",
              "|---:|---|---:|---:|---:|---:|"]
     for B, b in out["batches"].items():
-        for label, s in b["summary"].items():
+        for label in sorted(b["summary"], key=lambda x: list(METHODS).index(x) if x in METHODS else len(METHODS)):
+            s = b["summary"][label]
             ci = s[f"minus_{REF}_ci"]
             lines.append(f"| {B} | {label} | {s['mean_reward']:.4f} | {s['improvement']:.1f} | {s['tflops']:.3f} | "
                          f"{s[f'minus_{REF}']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] |")

@@ -11,7 +11,8 @@ with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/N
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
-(its table at budget xK); for a learned head's ``.json``, ``verdict``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
+(its table at budget xK); for a learned head's ``.json``, ``verdict``; for ``allocate_bench``'s ``allocate.json``,
+``allocate``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
 ``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); for a correlation run, ``correlation``.
 The cells are formatted by ``rodeco.experiments.render``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
@@ -34,7 +35,7 @@ from rodeco.experiments import render as shown
 from rodeco.roles import SAME
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_FILES = ("efficiency.json", "perplexity.json", "correlation.json")
+RUN_FILES = ("efficiency.json", "perplexity.json", "correlation.json", "allocate.json")
 DROP = ("per_prompt",)  # every prompt's measurements: they stay in the run directory
 OPEN = re.compile(r"^<!-- table: (?P<path>\S+) (?P<table>\S+) -->$", re.M)
 CLOSE = "<!-- /table -->"
@@ -94,6 +95,8 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
         return {"correlation": functools.partial(correlation, snap)}
     if "verdict_by_length" in snap:  # a learned head's file (value_train, prefix_train)
         return {"verdict": functools.partial(verdict, snap)}
+    if "batches" in snap:  # scripts/allocate_bench.py's allocate.json
+        return {"allocate": functools.partial(allocate, snap)}
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
     if any("all" in v for v in snap["methods"].values()):
@@ -292,6 +295,16 @@ def verdict(snap: dict[str, Any]) -> str:
     lengths = ", ".join(str(x) for x in v["lengths"])
     out.append(row([f"mean over {lengths}", "", "", ci(v["mean_diff"], v["diff_ci"], "+"), str(v["prompts"])]))
     return "\n".join(out) + "\n"
+
+
+def allocate(snap: dict[str, Any]) -> str:
+    """``allocate_bench``'s table (its ``allocate.md``), from its ``allocate.json``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("allocate_bench", Path(__file__).with_name("allocate_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.markdown(snap)
 
 
 def perplexity_table(snap: dict[str, Any], scale: int) -> str:

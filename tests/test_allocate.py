@@ -175,4 +175,10 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
         assert all(len(r) == groups for r in b["runs"].values())
     one = out["batches"]["1"]["runs"]  # one prompt a batch: allocate is calibrated
     assert one["allocate_delta_0.05"] == one["calibrated_delta_0.05"]
-    assert "| 2 | allocate_delta_0.05 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 2 | allocate_delta_0.05 |" in printed
+    # the docs' table is generated from a snapshot of allocate.json, and is what the script printed
+    rt = load_script("results_tables")
+    snap = rt.load(rt.snapshot(tmp_path / "run", tmp_path / "snap.json"))
+    assert rt.render(snap, "allocate") == (tmp_path / "run" / "allocate.md").read_text() and printed.endswith(
+        rt.render(snap, "allocate"))
