@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import TM, records, run_record
 
-from rodeco.experiments import analysis, bootstrap
+from rodeco.experiments import analysis, bootstrap, render
 
 REF = "fixed_alpha_0.5"
 OLD_HEAD = ["speedup_fixed_alpha_0.5", "relative_compute_fixed_alpha_0.5", "speedup_fixed_alpha_0.5_ci_low",
@@ -73,7 +73,7 @@ def test_headline_has_a_bound_for_every_speedup_and_keeps_the_old_keys_in_order(
 
 
 def test_markdown_marks_lower_and_upper_bounds():
-    rows = {line.split(" | ")[0]: line for line in analysis.markdown(summarize(ENDS)).splitlines()}
+    rows = {line.split(" | ")[0]: line for line in render.markdown(summarize(ENDS)).splitlines()}
     above, below, ref = rows["| SR above (budget x1)"], rows["| SR below (budget x1)"], rows[f"| SR {REF} (budget x1)"]
     assert above.count("≥") >= 4 and "≤" not in above
     assert below.count("≤") >= 4 and "≥" not in below
@@ -104,7 +104,7 @@ def test_pairing_with_fixed_alpha_half_is_tighter_than_the_absolute_cis():
     ratio = [analysis.stats(m, S, m.method("fixed_alpha_0.3", 1), 1, analysis.curve_of(m, S))["speedup_flops"]
              / analysis.stats(m, S, m.method(REF, 1), 1, analysis.curve_of(m, S))["speedup_flops"] for S in boots]
     assert pair["ci"] == pytest.approx([np.percentile(ratio, 2.5), np.percentile(ratio, 97.5)])
-    assert "fixed_alpha_0.5, paired" in analysis.markdown(s).replace("'s", "")
+    assert "fixed_alpha_0.5, paired" in render.markdown(s).replace("'s", "")
 
 
 def test_relative_compute_and_gap_closed_cis_by_hand():
@@ -157,7 +157,7 @@ def test_rows_nothing_chose_are_also_reported_over_all_prompts():
     head = analysis.headline(s)
     assert (head[f"speedup_{REF}_all"], head[f"speedup_{REF}_all_ci_low"], head[f"speedup_{REF}_all_ci_high"]) == (
         got["speedup_flops"], lo, hi)
-    line = next(x for x in analysis.markdown(s).splitlines() if x.startswith(f"| SR {REF} (budget x1)"))
+    line = next(x for x in render.markdown(s).splitlines() if x.startswith(f"| SR {REF} (budget x1)"))
     assert line.rstrip(" |").endswith(f"{got['speedup_flops']:.2f} [{lo:.2f}, {hi:.2f}]")
 
 
@@ -198,3 +198,17 @@ def test_one_replicate_draws_the_resamples_it_drew_before():
     boot = [analysis.stats(m, S, run, 1, analysis.curve_of(m, S))["improvement"] for S in first]
     assert s["methods"][f"{REF}@1"]["report"]["improvement_ci"] == pytest.approx(
         [np.percentile(boot, q) for q in (2.5, 97.5)])
+
+
+def test_a_methods_oracle_row_is_its_policy_and_schedule_deciding_by_the_oracle():
+    """The chosen row's ceiling: the same policy and schedule with perfect partial scores, whatever partial reward
+    the chosen row decided by."""
+    from rodeco.experiments.analysis import oracle_row
+
+    t = {f"{k}@1": {} for k in ("fixed_alpha_0.3", "fixed_alpha_0.3_oracle", "fixed_alpha_0.3_text_value",
+                                "fixed_alpha_0.5_start_16_oracle", "fixed_alpha_0.5_oracle", "calibrated_delta_0.05")}
+    assert oracle_row("fixed_alpha_0.3_text_value", t) == "fixed_alpha_0.3_oracle"
+    assert oracle_row("fixed_alpha_0.3", t) == "fixed_alpha_0.3_oracle"
+    assert oracle_row("fixed_alpha_0.5_start_16", t) == "fixed_alpha_0.5_start_16_oracle"
+    assert oracle_row("fixed_alpha_0.5", t) == "fixed_alpha_0.5_oracle"
+    assert oracle_row("calibrated_delta_0.05", t) is None

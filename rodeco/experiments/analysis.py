@@ -253,6 +253,14 @@ def is_oracle(label: str) -> bool:
     return label.endswith("_oracle")
 
 
+def oracle_row(label: str, methods: dict[str, Any]) -> str | None:
+    """The oracle row of a method (its policy and schedule deciding by perfect partial scores), whatever partial
+    reward the method decides by: ``fixed_alpha_0.3_text_value`` -> ``fixed_alpha_0.3_oracle``; None without one."""
+    bases = [k[: -len("_oracle@1")] for k in methods if k.endswith("_oracle@1")]
+    fits = [b for b in bases if label == b or label.startswith(b + "_")]
+    return f"{max(fits, key=len)}_oracle" if fits else None
+
+
 def headline(summary: dict[str, Any], ref: str | None = None) -> dict[str, Any]:
     """The last printed lines, on the report half at the budget of Best-of-n; the best policy chosen on the
     selection half. ``ref`` defaults to the summary's reference (fixed alpha 0.5). Every printed speedup ``X`` has
@@ -270,8 +278,8 @@ def headline(summary: dict[str, Any], ref: str | None = None) -> dict[str, Any]:
         "relative_compute_best_policy": b["relative_compute_memory_bound_model"],
         "speedup_best_policy_ci_low": b["speedup_flops_ci"][0], "speedup_best_policy_ci_high": b["speedup_flops_ci"][1]}
     rows = {f"speedup_{ref}": r, "speedup_best_policy": b}  # every printed speedup's row, for its bound
-    for label in (f"{best}_oracle", f"{ref}_oracle"):  # the ceilings: the same policy and schedule, perfect scores
-        if f"{label}@1" in t and "infeasible" not in t[f"{label}@1"]:
+    for label in (oracle_row(best, t), oracle_row(ref, t)):  # the ceilings: the same policy and schedule, perfect
+        if label and "infeasible" not in t[f"{label}@1"]:  # scores
             out[f"speedup_{label}"] = t[f"{label}@1"]["report"]["speedup_flops"]
             rows[f"speedup_{label}"] = t[f"{label}@1"]["report"]
     cal = summary.get("best_calibrated")
