@@ -68,7 +68,8 @@ def built_options(group: str, tiny_gen):
 def check_params_reached(opt: str, params: dict, obj) -> None:
     """Every parameter the option file sets (to a plain value) and the object keeps under its own name has the
     file's value: none was dropped for a default on the way (``null`` means "let the factory choose")."""
-    kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str)) and hasattr(obj, k)}
+    kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str))
+            and isinstance(getattr(obj, k, None), (bool, int, float, str))}  # not a name the object resolved (a head)
     assert {k: getattr(obj, k) for k in kept} == kept, opt
 
 
@@ -115,7 +116,7 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
             expected = EXPECTED_SCORES[name](params, reqs, ctx)
             assert expected is not None and scores.tolist() == pytest.approx(expected, abs=1e-9), (opt, scores)
         built.append(opt)
-    assert {"composite", "custom", "logprob", "minilm_rm", "text_value", "value_head"} <= set(built)
+    assert {"composite", "custom", "logprob", "minilm_rm", "minilm_prefix", "text_value", "value_head"} <= set(built)
 
 
 def tiny_view(min_reject: int) -> RoundView:

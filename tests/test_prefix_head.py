@@ -134,3 +134,13 @@ def test_the_option_is_minilm_rm_with_the_prefix_head():
     assert option_node("reward", "minilm_prefix", plugins) == {"name": "minilm_rm", "head": "minilm_prefix_head"}
     assert option_node("reward", "logprob", plugins)["name"] == "logprob"
     assert option_node("reward", "length", plugins)["name"] == "length"
+    from rodeco_rewards.minilm.head import head_identity, load_head
+    from rodeco_rewards.minilm.reward import ASSET_STEM
+
+    import rodeco
+    from rodeco.plugins import BuildContext
+
+    cfg = rodeco.load_config(["partial_reward=minilm_prefix"])
+    built = plugins.build_reward(cfg.partial_reward, BuildContext(device="cpu", plugins=plugins))
+    assert built.identity == head_identity(load_head(ASSET_STEM.with_name("minilm_prefix_head"))[0])
+    assert built.identity != head_identity(load_head(ASSET_STEM)[0])  # not the default head
