@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +83,13 @@ class TrainingSet:
 
 @dataclass
 class Targets:
-    """``final[i]``: prompt ``i``'s final rewards standardized within the prompt, per candidate; ``same[i][L]``: the
-    reward's own partial score at length ``L`` of each candidate longer than ``L`` (verdict prompts only)."""
+    """``final[i]``: prompt ``i``'s final rewards standardized within the prompt, per candidate (``raw[i]``: in the
+    reward's units); ``same[i][L]``: the reward's own partial score at length ``L`` of each candidate longer than
+    ``L`` (verdict prompts only)."""
 
     final: dict[int, np.ndarray]
     same: dict[int, dict[int, np.ndarray]]
+    raw: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def check_args(cfg: DictConfig) -> dict[str, Any]:
@@ -169,18 +171,18 @@ def compute_targets(ts: TrainingSet, progress: bool) -> Targets:
     the verdict prompts; the scores are cached in the pool."""
     from tqdm.auto import tqdm
 
-    final, same = {}, {}
+    final, same, raw = {}, {}, {}
     for i in tqdm(ts.prompts, desc="targets", unit="prompt", disable=not progress):
         pp = ts.pool.prompt(i)
         ts.gen.add(pp)
         f = np.asarray(ts.cached.score(pp.final_requests()))
-        final[i] = (f - f.mean()) / (f.std() or 1.0)
+        final[i], raw[i] = (f - f.mean()) / (f.std() or 1.0), f
         if i in ts.verdict:
             same[i] = {L: np.asarray(ts.cached.score([pp.request(c, L, ts.gen.decode_text(cand.token_ids[:L]))
                                                       for c, cand in enumerate(pp.candidates)
                                                       if len(cand.token_ids) > L])) for L in ts.lengths}
     ts.cached.save()
-    return Targets(final, same)
+    return Targets(final, same, raw)
 
 
 class Featurizer:

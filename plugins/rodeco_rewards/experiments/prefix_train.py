@@ -105,25 +105,16 @@ def load_pair_set(a: dict[str, Any], encoder, anchor, seed: int) -> PairSet:
                     "held_out_instructions": len(held_groups), "evaluation_pairs_removed": removed["pairs_removed"]})
 
 
-def raw_finals(ts: lht.TrainingSet) -> dict[int, np.ndarray]:
-    """Each prompt's final rewards (from the pool's score cache), in the reward's units."""
-    out = {}
-    for i in ts.prompts:
-        pp = ts.pool.prompt(i)
-        ts.gen.add(pp)
-        out[i] = np.asarray(ts.cached.score(pp.final_requests()), dtype=np.float64)
-    return out
-
-
 def prefixes(data: dict[int, dict[str, np.ndarray]], finals: dict[int, np.ndarray], ids: list[int], anchor,
              lengths: list[int]) -> Prefixes:
-    """The prefixes of prompts ``ids`` (``value_train``'s text features without the two position columns)."""
+    """The prefixes of prompts ``ids`` at ``lengths`` (``value_train``'s text features without the two position
+    columns); ``td`` pairs a candidate's rows at adjacent ones."""
     n = anchor.shape.in_dim
     mu, sd = anchor.mu.double().numpy(), anchor.sigma.double().numpy()
     Z, f, pr, L, td, start = [], [], [], [], [], 0
     nxt = dict(zip(lengths, lengths[1:]))
     for i in ids:
-        d = data[i]
+        d = {k: v[np.isin(data[i]["length"], lengths)] if k != "lengths_asked" else v for k, v in data[i].items()}
         Z.append((d["x"][:, :n].astype(np.float64) - mu) / sd)
         f.append(finals[i][d["candidate"]])
         pr.append(np.full(len(d["length"]), i))
@@ -221,7 +212,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     a = check_args(cfg)
     ts = lht.open_training_set(cfg, plugins, a)
     targets = lht.compute_targets(ts, cfg.output.progress)
-    finals = raw_finals(ts)
+    finals = targets.raw
     out = Path(out_dir) if out_dir is not None else None
     data = lht.compute_features("text_value", ts, out, cfg.output.progress)  # value_train's cache, shared
     anchor, meta0 = load_head(ASSET_STEM)
