@@ -190,11 +190,8 @@ def option_file(group: str, name: str, plugins: Plugins) -> Path | None:
 def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
     """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
     Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
-    f = option_file(group, name, plugins)
-    if f is None:
-        return {}
-    params = split_node(OmegaConf.load(f), group)[1]
-    params.pop("defaults", None)
+    params = option_node(group, name, plugins)
+    params.pop("name")
     return params
 
 
