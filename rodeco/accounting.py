@@ -15,9 +15,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from rodeco.contracts import Scorer
-from rodeco.generator import Generator
-from rodeco.session import SessionStats
-from rodeco.state import Compute
+from rodeco.protocols import Generator
+from rodeco.state import Compute, SessionStats
 
 ROLES = ("reward", "partial_reward")
 PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key of each role's scoring
@@ -26,12 +25,9 @@ PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key
 def cuda_devices(gen: Generator) -> list[str]:
     """The CUDA devices whose queued work a phase's wall time must wait for: none unless the generator is on CUDA
     (a replayed pool's generator is on the CPU); with ``generator.device_map``, every one holding its layers."""
-    device = getattr(gen, "device", None)
-    if device is None or device.type != "cuda":
+    if gen.device.type != "cuda":
         return []
-    layers = getattr(gen, "layer_devices", None)
-    found = [d for d in layers() if d.startswith("cuda")] if layers is not None else []
-    return found or [str(device)]
+    return [d for d in gen.layer_devices() if d.startswith("cuda")] or [str(gen.device)]
 
 
 def synchronize(devices: list[str]) -> None:

@@ -16,7 +16,7 @@ from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import RunOutput
 
 if TYPE_CHECKING:
-    from rodeco.generator import Generator
+    from rodeco.protocols import Generator
 
 __all__ = ["decode", "load_config", "run"]
 
@@ -44,7 +44,8 @@ def decode(prompts: list[str] | str, *, n: int | str | None = None, reward: str 
     """Decode ``prompts`` and return a ``RunOutput`` (``.results``: one ``PromptResult`` per prompt).
 
     ``reward``/``policy`` pick config group options (``"logprob"``, ``"fixed"``, ...); ``generator`` is either a
-    config option name or an already loaded ``rodeco.generator.Generator``; ``overrides`` are Hydra overrides;
+    config option name or an already loaded generator (``rodeco.protocols.Generator``: a
+    ``rodeco.generator.TorchGenerator``, vLLM's); ``overrides`` are Hydra overrides;
     keyword arguments set top-level keys (``seed=1``). With ``out_dir``, results are also written there.
     """
     from rodeco.runner import run_decode

@@ -28,7 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rodeco.shape import KVSpec, kv_bytes_per_token
 from rodeco.validation import ConfigError
+
+__all__ = ["Budget", "KVSpec", "block_shared", "budget_from_device", "budget_from_devices", "full_length_tokens",
+           "kv_bytes_per_token"]
 
 MIN_TOKENS_PER_ROUND = 8  # the default of ``m`` (``budget.min_tokens_per_round``; the schema reads it from here)
 
@@ -37,7 +41,8 @@ MIN_TOKENS_PER_ROUND = 8  # the default of ``m`` (``budget.min_tokens_per_round`
 class Budget:
     kv_tokens: int | None  # None: no limit, so no decision point (every row decodes to the end)
     min_tokens_per_round: int = MIN_TOKENS_PER_ROUND
-    block: int = 1  # cache slots are allocated in blocks of this many tokens (set by for_batch from the engine)
+    block: int = 1  # cache slots are allocated in blocks of this many tokens: the rows' share (for_batch) has the
+    # engine's; a run's whole budget is counted in tokens until for_batch splits it for an engine (KVSpec)
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:
@@ -53,16 +58,16 @@ class Budget:
         """Cache slots a row of own length ``length`` holds: ``length`` rounded up to whole blocks."""
         return -(-length // self.block) * self.block
 
-    def for_batch(self, prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> tuple[Budget, int]:
+    def for_batch(self, prompt_lens: Sequence[int], kv: KVSpec) -> tuple[Budget, int]:
         """(the budget left for the rows' own tokens, the own length a row starts from), for a batch of prompts of
-        ``prompt_lens`` tokens on an engine that allocates in blocks of ``block`` (see the module doc). Prompts are
-        padded to the longest unless ``block`` > 1 (then each keeps its length; the split is the largest share and
-        the largest tail of any prompt, so it bounds every prompt's rows)."""
-        shared, base = _split(prompt_lens, shared_prefix, block)
-        kv = self.kv_tokens
-        if kv is not None and shared:
-            kv = max(1, kv - len(prompt_lens) * shared)
-        return Budget(kv, self.min_tokens_per_round, block), base
+        ``prompt_lens`` tokens on an engine that stores its cache as ``kv`` says (see the module doc). Prompts are
+        padded to the longest unless ``kv.block`` > 1 (then each keeps its length; the split is the largest share
+        and the largest tail of any prompt, so it bounds every prompt's rows)."""
+        shared, base = _split(prompt_lens, kv)
+        tokens = self.kv_tokens
+        if tokens is not None and shared:
+            tokens = max(1, tokens - len(prompt_lens) * shared)
+        return Budget(tokens, self.min_tokens_per_round, kv.block), base
 
     def capacity(self, rows: int, max_length: int) -> int:
         """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
@@ -77,11 +82,11 @@ class Budget:
         m = min(self.min_tokens_per_round, max_length - length)
         return self.kv_tokens // self.held(length + m)
 
-    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int, block: int = 1) -> None:
-        """Every prompt must be able to keep one row to the end (in blocks of ``block`` tokens)."""
+    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int, kv: KVSpec) -> None:
+        """Every prompt must be able to keep one row to the end (in the engine's blocks, ``kv.block``)."""
         if self.kv_tokens is None:
             return
-        need = n_prompts * Budget(None, block=block).held(max_length)
+        need = n_prompts * Budget(None, block=kv.block).held(max_length)
         if self.kv_tokens < need:
             raise ConfigError(
                 "budget.kv_tokens", self.kv_tokens,
@@ -105,26 +110,25 @@ def block_shared(prompt_len, block: int):
     return (prompt_len - 1) // block * block
 
 
-def _split(prompt_lens: Sequence[int], shared_prefix: bool, block: int = 1) -> tuple[int, int]:
+def _split(prompt_lens: Sequence[int], kv: KVSpec) -> tuple[int, int]:
     """(tokens a prompt holds once for all its rows, the own length each row starts from): the most of any of
     ``prompt_lens`` (see ``Budget.for_batch``)."""
     longest = max(prompt_lens)
-    if not shared_prefix:
+    if not kv.shares_prefix:
         return 0, longest
-    if block == 1:
+    if kv.block == 1:
         return longest, 0
-    shared = [block_shared(p, block) for p in prompt_lens]
+    shared = [block_shared(p, kv.block) for p in prompt_lens]
     return max(shared), max(p - s for p, s in zip(prompt_lens, shared))
 
 
-def full_length_tokens(rows: int, prompt_len: int, max_new_tokens: int, shared_prefix: bool, block: int = 1) -> int:
-    """KV tokens that ``rows`` rows of one prompt hold at full length (what Best-of-``rows`` fills)."""
-    shared, base = _split([prompt_len], shared_prefix, block)
-    return shared + rows * Budget(None, block=block).held(base + max_new_tokens)
-
-
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * n_layers * n_kv_heads * head_dim * dtype_bytes
+def full_length_tokens(rows: int, prompt_lens: int | Sequence[int], max_new_tokens: int, kv: KVSpec) -> int:
+    """KV tokens that ``rows`` rows of each prompt of ``prompt_lens`` (one length: one prompt) hold at full length:
+    what Best-of-``rows`` fills, counted as ``Budget.for_batch`` splits a batch of them (so a budget of this size
+    lets every row of every prompt decode to the end, and one block less does not)."""
+    lens = [prompt_lens] if isinstance(prompt_lens, int) else list(prompt_lens)
+    shared, base = _split(lens, kv)
+    return len(lens) * (shared + rows * Budget(None, block=kv.block).held(base + max_new_tokens))
 
 
 def budget_from_device(free_bytes: int, kv_bytes: int, memory_fraction: float, reserve_bytes: int) -> int:

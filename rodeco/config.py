@@ -20,7 +20,7 @@ from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
-    from rodeco.generator import Generator
+    from rodeco.protocols import Generator
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class GeneratorConfig:
     chat_template: bool = field(default=True, metadata={"help": "apply the tokenizer's chat template if it has one"})
     system_prompt: Optional[str] = None
     trust_remote_code: bool = False
-    # generator.engine=vllm only (rodeco/vllm_engine.py)
+    # generator.engine=vllm only (rodeco/engines/vllm.py)
     kv_cache_tokens: Optional[int] = field(default=None, metadata={"help": "vllm: its KV pool in tokens; null: "
                                                                    "gpu_memory_utilization on CUDA, 32768 on CPU"})
     gpu_memory_utilization: float = field(default=0.7, metadata={"help": "vllm: the GPU share vLLM takes (weights, "
@@ -180,7 +180,7 @@ def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0) -> Budget:
     generator's layers allows. ``scale`` < 1 shrinks the budget's share after an out-of-memory error (``Backoff``)."""
     b = cfg.budget
     kv = b.kv_tokens
-    pool = getattr(gen, "kv_pool_tokens", None)  # vLLM's KV pool: the budget when none is given
+    pool = gen.kv_pool_tokens  # the engine's own KV pool (vLLM's): the budget when none is given
     if pool is not None:
         if kv is None:
             kv = pool

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from rodeco.generator import Generator
+from rodeco.generator import TorchGenerator
+from rodeco.protocols import Generator
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -147,14 +148,14 @@ def load_generator(cfg: DictConfig) -> Generator:
                           f"generator.device_map={device_map} spreads it", "use generator.engine=hf (or auto)")
     lm, tok = load_model_and_tokenizer(cfg.model, cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
                                        trust_remote_code=cfg.trust_remote_code, device_map=device_map)
-    return Generator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
+    return TorchGenerator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
                      engine="hf" if device_map else engine, name=cfg.model)
 
 
 def _load_vllm(cfg: DictConfig) -> Generator:
     """``generator.engine=vllm``: the weights located as for the torch engines (a GGUF file dequantized into the
     cache, since vLLM reads directories and hub names), then loaded by vLLM."""
-    from rodeco.vllm_engine import import_vllm, load_vllm_generator
+    from rodeco.engines.vllm import import_vllm, load_vllm_generator
 
     import_vllm()  # not installed: the error names the extra before anything is converted
     if cfg.get("device_map"):

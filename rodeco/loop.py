@@ -19,11 +19,9 @@ import numpy as np
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, select_checked
-from rodeco.generator import Generator
-from rodeco.protocols import Policy
-from rodeco.sampling import SamplingParams
-from rodeco.session import Row, Session
-from rodeco.state import Compute, PromptResult, PromptView, RoundView, ScoreRequest, StartView
+from rodeco.protocols import Generator, Policy, Session
+from rodeco.state import (Compute, PromptRef, PromptResult, PromptView, RoundView, Row, SamplingParams, ScoreRequest,
+                          SessionSpec, StartView)
 from rodeco.trace import Trace
 from rodeco.validation import ConfigError, PluginError
 
@@ -39,30 +37,33 @@ class LoopSettings:
     all_candidates: bool = False
     policy_name: str = ""
     reward_name: str = ""
-    partial_name: str = ""  # the partial_reward's name ("" for the reward itself)
 
 
-def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[tuple[int, str]],
+def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
+    """The spec of a session of ``n`` rows per prompt of ``prompts`` under the run's settings ``s``."""
+    return SessionSpec(n, s.sampling, s.max_new_tokens, s.seed, tuple(p.stream_key for p in prompts),
+                       indices=tuple(p.index for p in prompts), ignore_eos=s.ignore_eos, **kw)
+
+
+def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequence[PromptRef | tuple[int, str]],
                  s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
-                 session: Callable[..., Session] | None = None,
-                 partial: Scorer | None = None) -> tuple[list[PromptResult], Compute]:
-    """Decode several prompts in one batch; ``prompts`` are (dataset index, text).
+                 partial: Scorer | None = None, first: int = 0) -> tuple[list[PromptResult], Compute]:
+    """Decode several prompts in one batch; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
-    each decision point and ``on_done(result)`` as soon as a prompt has no active row left. ``session`` makes the
-    rows: by default the generator's (a live ``Session``; vLLM's ``VLLMSession``), or one that replays a recorded
-    pool (``rodeco.replay.PoolSession``). ``partial`` scores active rows at decision points (the ``partial_reward``
-    role); by default ``scorer`` does."""
+    each decision point and ``on_done(result)`` as soon as a prompt has no active row left. The rows are the
+    generator's session (``Generator.open_session``: live, vLLM, or a recorded pool's); they are candidates
+    ``first``, ``first + 1``, ... of each prompt. ``partial`` scores active rows at decision points (the
+    ``partial_reward`` role); by default ``scorer`` does."""
     decider = partial or scorer  # the partial_reward role: by default the reward itself
-    ids = [gen.encode(text) for _, text in prompts]
+    prompts = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
+    ids = [gen.encode(p.text) for p in prompts]
     P = max(map(len, ids))
-    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv_block)
-    budget, base = s.budget.for_batch(list(map(len, ids)), gen.shares_prefix, gen.kv_block)  # rows' share, start
+    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
+    budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
     n = rows_per_prompt(s, budget, base, len(ids), policy)
-    make = session or gen.session_factory or Session
-    sess = make(gen, n, sampling=s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed, keys=[i for i, _ in prompts],
-                needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs, ignore_eos=s.ignore_eos,
-                needs_hidden=decider.needs_hidden_states)
+    sess = gen.open_session(session_spec(s, n, prompts, needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
+                                         needs_hidden=decider.needs_hidden_states, first=first))
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name)
     acct = Accounting(gen, len(prompts))
@@ -91,25 +92,25 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: list[t
             trace.scored(sess.prompt_of, sess.cand, scores)
             with acct.timed("prune"):
                 fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
-                view, rows = _round_view(rnd, sess, scores, trace, s, fit)
+                view, rows, keys = _round_view(rnd, sess, scores, trace, s, fit)
                 keep = select_checked(policy, s.policy_name, view)
                 if on_round is not None:
                     on_round(view, keep)
-                trace.round(view, keep)
+                trace.round(view, keep, keys)
                 trace.rejected(sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)]))
             report_done()
             rnd += 1
     return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
 
 
-def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: list[tuple[int, str]], rows: Sequence[Row],
+def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: Sequence[PromptRef], rows: Sequence[Row],
                acct: Accounting) -> np.ndarray:
     """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
     decision point), charged to that role."""
     partial = role == "partial_reward"
     with acct.scoring(role, scorer, [r.prompt for r in rows]):
-        reqs = [ScoreRequest(prompt=prompts[r.prompt][1], response=gen.decode_text(r.token_ids),
-                             response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt][0],
+        reqs = [ScoreRequest(prompt=prompts[r.prompt].text, response=gen.decode_text(r.token_ids),
+                             response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt].index,
                              candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
                              else None, hidden_state=r.hidden) for r in rows]
         return scorer(reqs)
@@ -150,21 +151,22 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
 
 
 def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings,
-                fit: int) -> tuple[RoundView, list[np.ndarray]]:
-    """The policy's view of every prompt, and each prompt's batch rows (in the view's local order); ``fit``: the
-    most rows the budget lets decode on."""
+                fit: int) -> tuple[RoundView, list[np.ndarray], list[int]]:
+    """The policy's view of every prompt, each prompt's batch rows (in the view's local order) and its batch key;
+    ``fit``: the most rows the budget lets decode on."""
     max_rows = min(sess.rows, fit)
-    views, rows_of = [], []
-    for p in np.unique(sess.prompt_of):
+    views, rows_of, keys = [], [], np.unique(sess.prompt_of)
+    for p in keys:
         rows = np.nonzero(sess.prompt_of == p)[0]
         rows_of.append(rows)
         cands = sess.cand[rows].tolist()
         views.append(PromptView(
-            prompt_index=trace.prompts[p][0], candidate_ids=cands, scores=scores[rows],
+            prompt_index=trace.prompts[p].index, candidate_ids=cands, scores=scores[rows],
             history=trace.history(p, cands), finished_scores=trace.finished_scores(p), tokens_generated=sess.t,
             min_reject=0))
     _share_min_reject(views, sess.rows - max_rows)
-    return RoundView(round=rnd, prompts=views, max_rows_next=max_rows, max_new_tokens=s.max_new_tokens), rows_of
+    view = RoundView(round=rnd, prompts=views, max_rows_next=max_rows, max_new_tokens=s.max_new_tokens)
+    return view, rows_of, keys.tolist()
 
 
 def _share_min_reject(views: list[PromptView], total: int) -> None:

@@ -33,7 +33,7 @@ from rodeco.state import Compute, PromptResult, RoundView
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
-    from rodeco.generator import Generator
+    from rodeco.protocols import Generator
 
 log = logging.getLogger(__name__)
 

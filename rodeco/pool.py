@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.generator import ModelShape
+from rodeco.shape import ModelShape
 from rodeco.results import atomic_write
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError

@@ -15,7 +15,6 @@ the same compute accounting) run over a recorded pool instead of a model.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,14 +25,17 @@ import torch
 
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt
-from rodeco.engines.layout import LAYOUTS, VLLMLayout
-from rodeco.generator import Generator
-from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt
+from rodeco.engines.layout import LAYOUTS
+from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt, session_spec
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
-from rodeco.protocols import Policy, Reward, RewardCost
+from rodeco.protocols import Generator, Policy, Reward, RewardCost
 from rodeco.session import Session
-from rodeco.state import Compute, PromptResult, ScoreRequest
+from rodeco.shape import KVSpec
+from rodeco.state import Compute, PromptRef, PromptResult, ScoreRequest, SessionSpec
 from rodeco.validation import ConfigError
+
+# ModelShape fields a pool's settings leave out: pools recorded before they existed must still extend
+UNRECORDED_SHAPE = ("vocab_size", "hidden_size")
 
 
 def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -41,9 +43,10 @@ def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cf
     return {"candidates": candidates, "max_new_tokens": s.max_new_tokens, "seed": s.seed,
             "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
                          "top_p": s.sampling.top_p},
-            "generator": generator_cfg, "engine": gen.engine_name, "shape": gen.shape.to_dict(),
+            "generator": generator_cfg, "engine": gen.engine_name,
+            "shape": {k: v for k, v in gen.shape.to_dict().items() if k not in UNRECORDED_SHAPE},
             "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id,
-            **({"kv_block": gen.kv_block} if gen.kv_block != 1 else {})}  # pools of rodeco's engines: as before
+            **({"kv_block": gen.kv.block} if gen.kv.block != 1 else {})}  # pools of rodeco's engines: as before
 
 
 def record_prompt(gen: Generator, pool: Pool, prompt: Prompt,
@@ -54,10 +57,8 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt,
     token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end), or
     None where the engine keeps them to itself (vLLM)."""
     t0 = time.perf_counter()
-    sess = (gen.session_factory or Session)(gen, pool.candidates, sampling=s.sampling, max_new_tokens=s.max_new_tokens,
-                                            seed=s.seed, keys=[prompt.index], needs_logprobs=True,
-                                            needs_hidden=gen.provides_hidden)
-    sess.hidden_log = [] if gen.provides_hidden else None
+    sess = gen.open_session(session_spec(s, pool.candidates, [PromptRef(prompt.index, prompt.text)],
+                                         needs_logprobs=True, record_hidden=gen.provides_hidden))
     ids = gen.encode(prompt.text)
     sess.prefill([ids])
     prefill_s = time.perf_counter() - t0
@@ -85,8 +86,7 @@ def measure_step_costs(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows
     ids = gen.encode(prompt.text)
     rows = [2**j for j in range(int(np.log2(max_rows)) + 1)]
     for r in rows:
-        sess = (gen.session_factory or Session)(gen, r, sampling=s.sampling, max_new_tokens=steps + 1, seed=s.seed,
-                                                keys=[prompt.index], needs_logprobs=False, ignore_eos=True)
+        sess = gen.open_session(SessionSpec(r, s.sampling, steps + 1, s.seed, (prompt.index,), ignore_eos=True))
         sess.prefill([ids])
         sess.decode(until=steps + 1)
         st = sess.stats
@@ -97,23 +97,27 @@ def measure_step_costs(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows
 
 
 class ReplayGenerator:
-    """What the loop and the session read of a generator, from a pool: no model is loaded."""
+    """A ``rodeco.protocols.Generator`` served from a pool: no model is loaded; its sessions replay the recorded
+    candidates (``PoolSession``) on a model-free layout of the engine the pool was recorded with."""
 
     device = torch.device("cpu")
+    provides_hidden = True  # the pool's recorded hidden states, where it has them (Pool.hidden)
+    kv_pool_tokens = None
 
     def __init__(self, pool: Pool) -> None:
         from transformers import AutoTokenizer
 
         s = pool.settings
-        self.shape, self.name = pool.shape, str(s["generator"].get("model", ""))
+        self.pool, self.shape, self.name = pool, pool.shape, str(s["generator"].get("model", ""))
         self.tokenizer = AutoTokenizer.from_pretrained(pool.path / "tokenizer")
         self.eos_ids, self.pad_id = list(s["eos_ids"]), int(s["pad_id"])
+        self.dtype = s.get("dtype", "")
         self.eos_tensor = torch.tensor(self.eos_ids)
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
-        self.layout = LAYOUTS[s["engine"]]
-        self.shares_prefix = self.layout.shares_prefix
-        self.kv_block = int(s.get("kv_block", 1))  # pools recorded before blocks were recorded: rodeco's engines
-        self.kv_pool_tokens, self.session_factory = None, None
+        self.engine_name = s["engine"]
+        self.layout = LAYOUTS[self.engine_name]
+        # pools recorded before blocks were recorded are of rodeco's engines: block 1
+        self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
         self._ids: dict[str, list[int]] = {}
 
     def add(self, p: PoolPrompt) -> None:
@@ -128,27 +132,36 @@ class ReplayGenerator:
     def flops_per_token(self, context: int) -> float:
         return self.shape.flops_per_token(context)
 
-    def new_engine(self):
-        return self.layout(self.kv_block) if self.layout is VLLMLayout else self.layout()
+    def layer_devices(self) -> dict[str, int]:
+        return {"cpu": self.shape.n_layers}
+
+    def memory_report(self) -> None:
+        return None
+
+    def open_session(self, spec: SessionSpec) -> PoolSession:
+        # finished rows leave the batch when they would live (compact_fraction)
+        return PoolSession(self, spec, self.layout(self.kv.block), self.layout.compact_fraction)
 
 
 class PoolSession(Session):
-    """A session whose candidates are the pool's: row ``(prompt, c)`` emits the recorded tokens of pool candidate
-    ``(first + c) mod M`` of that prompt (M: the pool's candidates per prompt), and finishes where the recording
-    did. An offset ``first`` draws another set of candidates (wrapping round), as another seed would."""
+    """A session whose candidates are the pool's: the row of stream ``c`` (``first``, ``first + 1``, ...) emits
+    the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's candidates per prompt), and
+    finishes where the recording did. An offset ``first`` draws another set of candidates (wrapping round), as
+    another seed would. A row's candidate id, stream and pool index are the one number ``c mod M``."""
 
-    def __init__(self, gen: ReplayGenerator, n: int, *, pool: Pool, first: int = 0, **kw: Any) -> None:
-        kw.setdefault("compact_fraction", gen.layout.compact_fraction)  # when finished rows leave, as live
-        super().__init__(gen, n, **kw)
-        self.pool, self.first = pool, first
+    def __init__(self, gen: ReplayGenerator, spec: SessionSpec, engine: Any, compact_fraction: float) -> None:
+        super().__init__(gen, spec, engine, compact_fraction)
+        self.pool = gen.pool
+        self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         super().prefill(prompt_ids)
-        self.cand = (self.cand + self.first) % self.pool.candidates  # pool candidate ids
+        self.cand = self.cand % self.pool.candidates  # pool candidate ids
+        self.stream = self.cand.copy()
         B, T = self.rows, self.max_new
         self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
         self.rec_lp = torch.zeros((B, T))
-        for r, (p, c) in enumerate(zip(self.keys[self.prompt_of], self.cand)):
+        for r, (p, c) in enumerate(zip(self.indices[self.prompt_of], self.cand)):
             cand = self.pool.prompt(int(p)).candidates[int(c)]
             toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
             self.rec[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
@@ -161,7 +174,7 @@ class PoolSession(Session):
         """The recorded state that sampled each row's latest token."""
         if self.t == 0:
             return None
-        idx = torch.from_numpy(self.keys[self.prompt_of].astype(np.int64))
+        idx = torch.from_numpy(self.indices[self.prompt_of])
         parts = {p: self.pool.hidden(p) for p in idx.unique().tolist()}
         out = torch.empty(self.rows, next(iter(parts.values())).shape[-1])
         for p, h in parts.items():
@@ -285,37 +298,34 @@ def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
                           f"use n<={pool.candidates}")
 
 
-def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, index: int,
-                  s: LoopSettings, first: int = 0, on_round=None,
-                  partial: PoolReward | OracleReward | None = None) -> tuple[PromptResult, Compute, float]:
+def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Policy, index: int, s: LoopSettings,
+                  first: int = 0, on_round=None, partial: Scorer | None = None) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
     charged (``replay_batch`` of one prompt)."""
     (res,), comp, seconds = replay_batch(pool, gen, reward, policy, [index], s, first, on_round, partial)
     return res, comp, seconds
 
 
-def replay_batch(pool: Pool, gen: ReplayGenerator, reward: PoolReward, policy: Policy, indices: list[int],
+def replay_batch(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Policy, indices: list[int],
                  s: LoopSettings, first: int = 0, on_round=None,
-                 partial: PoolReward | OracleReward | None = None) -> tuple[list[PromptResult], Compute, float]:
+                 partial: Scorer | None = None) -> tuple[list[PromptResult], Compute, float]:
     """Prompts of the pool decoded together, as one live batch of them (``data.batch_prompts``) would be, through
     the real loop under ``s``: their results, the batch's compute, and the reward seconds charged (the rewards'
-    time as computed live). ``n: auto`` and ``n: calibrated`` are capped at the pool's candidates; rows are
-    candidates ``first``, ``first + 1``, ... wrapping round. ``partial`` scores partial responses (the
-    ``partial_reward`` role; default: ``reward``)."""
+    time as computed live). ``reward`` and ``partial`` are the roles' scorers (``Roles.reward``, ``Roles.partial``)
+    over pool-served rewards (``PoolReward``, ``OracleReward``). ``n: auto`` and ``n: calibrated`` are capped at the
+    pool's candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round."""
     ps = [pool.prompt(i) for i in indices]
     for p in ps:
         gen.add(p)
-    sess = functools.partial(PoolSession, pool=pool, first=first)
-    charged = [reward] + ([partial] if isinstance(partial, PoolReward) and partial is not reward else [])
+    served = [reward.reward] + ([partial.reward] if partial is not None else [])
+    charged = list({id(r): r for r in served if isinstance(r, PoolReward)}.values())
     seconds0 = sum(r.seconds for r in charged)
-    scorer = Scorer(reward, s.reward_name)
-    part = Scorer(partial, s.partial_name, "partial_reward") if partial is not None else None
     if s.n in ("auto", "calibrated"):
-        budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.shares_prefix, gen.kv_block)
+        budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.kv)
         s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, len(ps), policy, cap=pool.candidates))
     check_replayable(pool, s, s.n)
-    res, comp = decode_batch(gen, scorer, policy, [(p.index, p.text) for p in ps], s, on_round=on_round,
-                             session=sess, partial=part)
+    res, comp = decode_batch(gen, reward, policy, [PromptRef(p.index, p.text) for p in ps], s, on_round=on_round,
+                             partial=partial, first=first)
     return res, comp, sum(r.seconds for r in charged) - seconds0
 
 

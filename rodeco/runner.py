@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget
 from rodeco.data import Prompt, batches_of, prompts_of
-from rodeco.generator import Generator
+from rodeco.protocols import Generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.roles import RoleBuilder, Roles, choose_roles
@@ -222,7 +222,7 @@ class DecodeRun:
             "compute": spent.to_dict(), "n_prompts": len(self.writer.records), "prompts_total": len(self.prompts),
             "complete": len(self.writer.records) >= len(self.prompts), "policy": c.policy.name,
             "reward": c.reward.name, "partial_reward": c.partial.name,
-            **({"memory": self.gen.memory_report()} if hasattr(self.gen, "memory_report") else {})})
+            **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {})})
 
 
 def previous_compute(writer: ResultsWriter) -> Compute:

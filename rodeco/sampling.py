@@ -8,10 +8,12 @@ pool of samples, and makes ``alpha = 0`` reproduce Best-of-N exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
+
+from rodeco.state import SamplingParams
+
+__all__ = ["SamplingParams", "sample", "uniforms"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -30,17 +32,6 @@ def uniforms(seed: int, candidate_ids: np.ndarray, step: int) -> np.ndarray:
         key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) + np.uint64(step) * np.uint64(0xD1B54A32D192ED03))
         x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = 50  # 0 disables
-    top_p: float = 1.0  # 1.0 disables
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def sample(logits: torch.Tensor, u: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A live batch of candidate rows: what the loop needs between decision points.
+"""A live batch of candidate rows on a torch forward engine: what the loop needs between decision points
+(``rodeco.protocols.Session``; opened by ``rodeco.generator.TorchGenerator.open_session``).
 
 ``Session`` holds the engine's KV cache, which prompt and candidate each row is, the tokens generated so far,
 per-row EOS, and (only when a reward asks) per-token log-probs and the final-layer hidden state of each row's latest
@@ -9,71 +10,46 @@ its cache out to ``n`` rows; ``decode``, ``retire_finished`` and ``reject`` each
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from rodeco.engines import Engine
-from rodeco.generator import Generator
-from rodeco.sampling import SamplingParams, sample, uniforms
+from rodeco.sampling import sample, uniforms
+from rodeco.state import Row, SessionSpec, SessionStats
 
+if TYPE_CHECKING:
+    from rodeco.protocols import Generator  # rodeco.generator.TorchGenerator, or a pool's ReplayGenerator
 
-@dataclass
-class Row:
-    """A candidate's response so far: an active row, or one that left the batch (EOS, max_new_tokens, rejected)."""
-
-    prompt: int  # local prompt index in the batch
-    candidate_id: int
-    token_ids: list[int]
-    logprobs: list[float] | None
-    reason: str = ""  # "" while active; "eos" | "length" | "rejected" once it left
-    stop: int | None = None  # the EOS token that ended it (reason "eos")
-    hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
-
-
-@dataclass
-class SessionStats:
-    prefill_tokens: np.ndarray  # [P]
-    decode_tokens: np.ndarray  # [P]
-    decode_flops: np.ndarray  # [P]
-    steps: int = 0
-    peak_kv_tokens: int = 0
-    peak_kv_bytes: int = 0
-    step_rows: list[int] = field(default_factory=list)  # rows forwarded at each decode step
-    step_context: list[int] = field(default_factory=list)  # cached tokens per row before each step
-    step_seconds: list[float] = field(default_factory=list)  # wall time of each step (forward, sampling; no sync)
-    preemptions: int = 0  # rows the engine preempted (vLLM's scheduler; rodeco's own engines never do)
+__all__ = ["Row", "Session", "SessionStats"]
 
 
 class Session:
     """Candidate rows of several prompts decoding together. Rows are sampled independently of each other: row
-    ``(prompt, candidate)`` draws its random numbers from ``(seed, keys[prompt], candidate, step)``."""
+    ``(prompt, candidate)`` draws its random numbers from ``(seed, stream key of the prompt, the row's stream,
+    step)``, so candidate ``i`` is the same sample whichever other rows share its batch."""
 
-    def __init__(self, gen: Generator, n: int, *, sampling: SamplingParams, max_new_tokens: int, seed: int,
-                 keys: list[int], needs_logprobs: bool, compact_fraction: float = 0.25,
-                 ignore_eos: bool = False, needs_hidden: bool = False) -> None:
-        self.gen, self.n, self.sampling, self.max_new, self.seed = gen, n, sampling, max_new_tokens, seed
-        self.needs_logprobs, self.compact_fraction = needs_logprobs, compact_fraction
-        self.keys = np.asarray(keys, dtype=np.uint64)  # per prompt: mixes into each row's random stream
-        self.eos = gen.eos_tensor if not ignore_eos else torch.tensor([-1], device=gen.device)  # -1: never sampled
-        self.engine = self._new_engine()
-        self.needs_hidden = needs_hidden
-        self.engine.keep_hidden = needs_hidden
+    def __init__(self, gen: Generator, spec: SessionSpec, engine: Engine, compact_fraction: float = 0.25) -> None:
+        self.gen, self.spec, self.n, self.sampling = gen, spec, spec.n, spec.sampling
+        self.max_new, self.seed, self.needs_logprobs = spec.max_new_tokens, spec.seed, spec.needs_logprobs
+        self.compact_fraction = compact_fraction
+        self.keys = np.asarray(spec.streams, dtype=np.uint64)  # per prompt: mixes into each row's random stream
+        self.eos = gen.eos_tensor if not spec.ignore_eos else torch.tensor([-1], device=gen.device)  # never sampled
+        self.engine = engine
+        self.needs_hidden = spec.needs_hidden or spec.record_hidden
+        self.engine.keep_hidden = self.needs_hidden
         self.hidden: torch.Tensor | None = None  # [B, hidden] the state that sampled each row's latest token
         # when a list: (step, candidate ids, hidden [B, hidden]) appended before each token is sampled (pools)
-        self.hidden_log: list[tuple[int, np.ndarray, torch.Tensor]] | None = None
-        self.prompt_of = np.zeros(0, dtype=np.int64)  # [B] local prompt index of each row
+        self.hidden_log: list[tuple[int, np.ndarray, torch.Tensor]] | None = [] if spec.record_hidden else None
+        self.prompt_of = np.zeros(0, dtype=np.int64)  # [B] batch key (the prompt's position) of each row
         self.cand = np.zeros(0, dtype=np.int64)  # [B] candidate id of each row
+        self.stream = np.zeros(0, dtype=np.int64)  # [B] random-stream key of each row within its prompt
         self.t = 0  # tokens generated by every active row
 
     @property
     def rows(self) -> int:
         return len(self.prompt_of)
-
-    # What a live session asks of the model; a replay session (rodeco.replay) serves recorded tokens instead.
-    def _new_engine(self) -> Engine:
-        return self.gen.new_engine()
 
     def _next_tokens(self) -> torch.Tensor:
         """[B] this step's tokens: sampled from the logits with each row's own random stream."""
@@ -102,8 +78,10 @@ class Session:
         last = self.engine.last_hidden  # set by engines asked to keep it (a replay's layouts never are)
         self.hidden = last[rows] if last is not None else None
         self.prompt_of = np.repeat(np.arange(P), n)
-        self.cand = np.tile(np.arange(n), P)
+        self.cand = np.tile(np.arange(n), P) + self.spec.first
+        self.stream = self.cand.copy()
         B = P * n
+        self.stats.peak_rows = B
         self.out = torch.full((B, self.max_new), gen.pad_id, dtype=torch.long, device=dev)
         self.lp = torch.zeros((B, self.max_new), device=dev) if self.needs_logprobs else None
         self.n_tok = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row (EOS included)
@@ -118,7 +96,7 @@ class Session:
             self.stats.peak_kv_bytes = tokens * self.gen.kv_bytes_per_token
 
     def _row_keys(self) -> np.ndarray:
-        return (self.keys[self.prompt_of] << np.uint64(24)) | self.cand.astype(np.uint64)
+        return (self.keys[self.prompt_of] << np.uint64(24)) | self.stream.astype(np.uint64)
 
     @torch.inference_mode()
     def decode(self, until: int) -> list[Row]:
@@ -140,6 +118,7 @@ class Session:
                 st.steps += 1
                 st.step_rows.append(self.rows)
                 st.step_context.append(context)
+                st.peak_rows = max(st.peak_rows, self.rows)
                 self._track_memory()
             if self.hidden_log is not None:
                 self.hidden_log.append((self.t, self.cand.copy(), self._hidden()))
@@ -177,7 +156,7 @@ class Session:
         stop = None
         if reason == "eos":  # the EOS token is not part of the response
             stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
-        return Row(int(self.prompt_of[i]), int(self.cand[i]), ids, lps, reason, stop)
+        return Row(int(self.prompt_of[i]), int(self.cand[i]), ids, lps, reason, stop, stream=int(self.stream[i]))
 
     def reject(self, rows: list[int]) -> list[Row]:
         """Drop active rows (batch indices) after a decision point; returns them with their text so far."""
@@ -191,7 +170,7 @@ class Session:
         rows_np = rows.cpu().numpy()
         rows = rows.to(self.out.device)
         self.engine.select(rows)
-        self.prompt_of, self.cand = self.prompt_of[rows_np], self.cand[rows_np]
+        self.prompt_of, self.cand, self.stream = self.prompt_of[rows_np], self.cand[rows_np], self.stream[rows_np]
         self.out, self.n_tok, self.finished = self.out[rows], self.n_tok[rows], self.finished[rows]
         self.lp = self.lp[rows] if self.lp is not None else None
         self.pending = self.pending[rows] if self.pending is not None else None
@@ -211,5 +190,5 @@ class Session:
         lps = self.lp[:, : self.t].tolist() if self.lp is not None else [None] * self.rows
         h = self._hidden() if self.needs_hidden else None
         hs = list(h.float().cpu().numpy()) if h is not None else [None] * self.rows
-        return [Row(int(p), int(c), i, lp, hidden=x)
-                for p, c, i, lp, x in zip(self.prompt_of, self.cand, ids, lps, hs)]
+        return [Row(int(p), int(c), i, lp, hidden=x, stream=int(k))
+                for p, c, k, i, lp, x in zip(self.prompt_of, self.cand, self.stream, ids, lps, hs)]

@@ -1,6 +1,16 @@
-"""Plain data passed between the loop, the plugins and the results writer.
+"""Plain data passed between the loop, the sessions, the plugins and the results writer.
 
 Nothing here imports torch: rewards and policies can be written and tested with lists and numpy alone.
+
+Identities (``docs/guide.md#identities``). A prompt has a *dataset index* (``PromptRef.index``: results'
+``prompt_index``, ``ScoreRequest.prompt_index``, a pool's key), a *stream key* (``PromptRef.stream_key``: mixed into
+every one of its rows' random streams and vLLM seeds; by default its dataset index) and a *batch key* (its position
+in the batch: ``Row.prompt``, a session's ``prompt_of``). A candidate has an *id* (``candidate_id``: results,
+``PromptView.candidate_ids``, ``ScoreRequest.candidate_id``, the trace's key), a *stream* (``Row.stream``: its
+random-stream key within its prompt, what makes candidate ``i`` the same sample under Best-of-N and Speculative
+Rejection), a *pool index* (which recorded candidate a replayed row is) and an engine *request seed* (vLLM). Today
+a candidate's id, stream and pool index are one number; they are separate fields so that a copied row (a new id
+and stream, its parent's history) or a served request (its own stream key) can tell them apart.
 """
 
 from __future__ import annotations
@@ -10,6 +20,79 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 50  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class PromptRef:
+    """One prompt of a batch: its dataset index, its text, and its stream key (None: the dataset index)."""
+
+    index: int
+    text: str
+    stream: int | None = None
+
+    @property
+    def stream_key(self) -> int:
+        return self.index if self.stream is None else int(self.stream)
+
+
+@dataclass
+class Row:
+    """A candidate's response so far: an active row, or one that left the batch (EOS, max_new_tokens, rejected)."""
+
+    prompt: int  # batch key: the prompt's position in the batch
+    candidate_id: int
+    token_ids: list[int]
+    logprobs: list[float] | None
+    reason: str = ""  # "" while active; "eos" | "length" | "rejected" once it left
+    stop: int | None = None  # the EOS token that ended it (reason "eos")
+    hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
+    stream: int | None = None  # the random-stream key within its prompt (None: the candidate id)
+
+
+@dataclass
+class SessionStats:
+    prefill_tokens: np.ndarray  # [P]
+    decode_tokens: np.ndarray  # [P]
+    decode_flops: np.ndarray  # [P]
+    steps: int = 0
+    peak_kv_tokens: int = 0
+    peak_kv_bytes: int = 0
+    step_rows: list[int] = field(default_factory=list)  # rows forwarded at each decode step
+    step_context: list[int] = field(default_factory=list)  # cached tokens per row before each step
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each step (forward, sampling; no sync)
+    preemptions: int = 0  # rows the engine preempted (vLLM's scheduler; rodeco's own engines never do)
+    peak_rows: int = 0  # the most rows forwarded in one step (what the working memory follows)
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a session is opened with (``Generator.open_session``): ``n`` rows per prompt, the rows' sampling and
+    length, the run's seed, each prompt's stream key, and what the rewards need. Rows are candidates ``first`` to
+    ``first + n - 1`` of each prompt (their streams; a replay wraps round its pool). ``record_hidden``: keep every
+    step's hidden states in ``Session.hidden_log`` (recording a pool)."""
+
+    n: int
+    sampling: SamplingParams
+    max_new_tokens: int
+    seed: int
+    streams: tuple[int, ...]  # per prompt of the batch: its stream key
+    indices: tuple[int, ...] = ()  # per prompt of the batch: its dataset index (a replay's key into its pool)
+    needs_logprobs: bool = False
+    needs_hidden: bool = False
+    ignore_eos: bool = False
+    record_hidden: bool = False
+    first: int = 0
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rodeco.session import Row
-from rodeco.state import Candidate, Compute, PromptResult, Round, RoundView
+from rodeco.state import Candidate, Compute, PromptRef, PromptResult, Round, RoundView, Row
 
 
 class Trace:
-    def __init__(self, prompts: list[tuple[int, str]], n: int, decode_text: Callable[[list[int]], str], *,
+    """Keyed by batch key (the prompt's position in the batch) and candidate id."""
+
+    def __init__(self, prompts: Sequence[PromptRef], n: int, decode_text: Callable[[list[int]], str], *,
                  all_candidates: bool = False, policy: str = "", reward: str = "") -> None:
         self.prompts, self.n, self.decode_text = prompts, n, decode_text
         self.all_candidates, self.policy, self.reward = all_candidates, policy, reward
@@ -38,11 +39,12 @@ class Trace:
     def rejected(self, rows: Sequence[Row]) -> None:
         self.left += rows
 
-    def round(self, view: RoundView, keep: list[list[int]]) -> None:
-        for pv, kept in zip(view.prompts, keep):
+    def round(self, view: RoundView, keep: list[list[int]], keys: Sequence[int]) -> None:
+        """A decision point: ``keys[j]`` is the batch key of ``view.prompts[j]``."""
+        for pv, kept, p in zip(view.prompts, keep, keys):
             ids = pv.candidate_ids
             kept_ids = [ids[i] for i in kept]
-            self.rounds[self._local(pv.prompt_index)].append(Round(
+            self.rounds[p].append(Round(
                 round=view.round, tokens_generated=pv.tokens_generated, rows_before=pv.k, rows_kept=len(kept),
                 kept_ids=kept_ids, rejected_ids=[c for c in ids if c not in set(kept_ids)],
                 scores={c: float(sc) for c, sc in zip(ids, pv.scores)}, min_reject=pv.min_reject))
@@ -65,9 +67,6 @@ class Trace:
         self.emitted.update(done)
         return done
 
-    def _local(self, prompt_index: int) -> int:
-        return next(i for i, (idx, _) in enumerate(self.prompts) if idx == prompt_index)
-
     def result(self, p: int, compute: Compute) -> PromptResult:
         cands = []
         for f in (f for f in self.left if f.prompt == p):
@@ -78,6 +77,6 @@ class Trace:
                 finished=not rejected, stop_reason=f.reason,
                 rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None))
         best = max((c for c in cands if c.finished), key=lambda c: c.score)
-        return PromptResult(prompt_index=self.prompts[p][0], prompt=self.prompts[p][1], best=best, n_start=self.n,
+        return PromptResult(prompt_index=self.prompts[p].index, prompt=self.prompts[p].text, best=best, n_start=self.n,
                             rounds=self.rounds[p], candidates=cands if self.all_candidates else None,
                             compute=compute, policy=self.policy, reward=self.reward)

@@ -56,12 +56,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def build(cfg, plugins, builder, policy: str, params: dict[str, Any], overrides: dict[str, Any]):
-    """The reward and the policy of one method, from the one ``builder`` every method shares (one reward object:
-    a partial score computed for one method is served to the others, and saved with the rest)."""
+    """The roles of one method, from the one ``builder`` every method shares (one reward object: a partial score
+    computed for one method is served to the others, and saved with the rest)."""
     choices = choose_roles(cfg, plugins, live=False)
     node = {**option_params("policy", policy, plugins), **params, **overrides.get(policy, {}), "name": policy}
-    return builder.reward(choices.reward), builder.roles(choices.with_(plugins, partial={"name": SAME},
-                                                                       policy=node)).policy, choices.reward.name
+    return builder.roles(choices.with_(plugins, partial={"name": SAME}, policy=node))
 
 
 def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
@@ -76,22 +75,22 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     per_policy = {"calibrated": cal, "allocate": cal}
     new = cfg.sampling.max_new_tokens
     builder = pool_roles(cfg, plugins, pool, rgen)
-    final_reward = build(cfg, plugins, builder, "fixed", {}, {})[0]
+    final_reward = build(cfg, plugins, builder, "fixed", {}, {}).reward.reward
     finals = {i: np.asarray(final_reward.score(pool.prompt(i).final_requests()), dtype=np.float64) for i in indices}
     out: dict[str, Any] = {"pool": str(a.pool), "n": a.n, "prompts": len(indices), "batches": {}}
     for B in [int(x) for x in a.batches.split(",")]:
         groups = [indices[k: k + B] for k in range(0, len(indices) - B + 1, B)]
         res: dict[str, Any] = {}
         for label, (policy, params) in METHODS.items():
-            reward, pol, reward_name = build(cfg, plugins, builder, policy, params, per_policy)
-            assert reward is final_reward  # one builder: one reward object, one score cache
+            roles = build(cfg, plugins, builder, policy, params, per_policy)
+            assert roles.reward.reward is final_reward  # one builder: one reward object, one score cache
             rows = []
-            for g in groups:
-                kv = sum(full_length_tokens(a.n, len(pool.prompt(i).prompt_ids), new, rgen.shares_prefix) for i in g)
-                s = loop_settings(cfg, rgen, label, reward_name)
+            for g in groups:  # Best-of-n's memory for the batch, as Budget.for_batch splits it
+                kv = full_length_tokens(a.n, [len(pool.prompt(i).prompt_ids) for i in g], new, rgen.kv)
+                s = loop_settings(cfg, rgen, label, roles.choices.reward.name)
                 s = dataclasses.replace(s, n="auto", all_candidates=False,
                                         budget=Budget(kv, s.budget.min_tokens_per_round))
-                results, comp, _ = replay_batch(pool, rgen, reward, pol, g, s)
+                results, comp, _ = replay_batch(pool, rgen, roles.reward, roles.policy, g, s)
                 rows.append({"prompts": g, "best": [float(r.best.score) for r in results],
                              "flops": comp.total_flops, "n_start": results[0].n_start})
             res[label] = rows

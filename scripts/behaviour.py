@@ -5,7 +5,8 @@ aside), and ``engine_bench``'s speedup, which must stay within its run-to-run sp
     python scripts/behaviour.py check DIR      # after it: run again into DIR/check and compare with DIR
 
 The runs: the demo; adaptive + logprob; the correlation policy on the ``hf`` engine; composite Best-of-N; a small
-pool recorded here, replayed with two policies. Every time field (``time_s``, ``*_seconds``, ``wall_s``) is
+pool recorded here, replayed with two policies one prompt at a time and with two in batches of prompts
+(``data.batch_prompts``). ``--vllm`` runs the vLLM cases instead (in ``.venv-vllm``). Every time field (``time_s``, ``*_seconds``, ``wall_s``) is
 dropped before comparing; everything else (texts, token ids, scores, round traces, token and FLOP counts) must
 be equal. Exit 0 when all runs are equal and the bench ratio is within ``--tolerance`` (default 5%) of the
 recorded one, 1 otherwise. Run it on a quiet machine: the bench ratio moves with load.
@@ -35,6 +36,20 @@ REPLAYS: dict[str, list[str]] = {
     "replay_fixed": ["experiment=replay", "n=12", "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=600",
                      "sampling.max_new_tokens=32"],
     "replay_adaptive": ["experiment=replay", "n=12", "policy=adaptive", "budget.kv_tokens=600", "sampling.max_new_tokens=32"],
+}
+# Replayed in batches of prompts, as a live run batches them. ``record --batch-via-api`` records these through
+# ``rodeco.replay.replay_batch`` itself (what a commit whose ``experiment=replay`` replays one prompt at a time has).
+REPLAY_BATCHES: dict[str, list[str]] = {
+    "replay_batch_allocate": ["experiment=replay", "n=12", "policy=allocate", "data.batch_prompts=3",
+                              "budget.kv_tokens=1500", "sampling.max_new_tokens=32"],
+    "replay_batch_fixed": ["experiment=replay", "n=12", "policy=fixed", "data.batch_prompts=2", "budget.kv_tokens=1000",
+                           "sampling.max_new_tokens=32"],
+}
+VLLM_RUNS: dict[str, list[str]] = {  # --vllm: in .venv-vllm (make setup-vllm)
+    "vllm_fixed": ["generator.engine=vllm", "generator.enforce_eager=true", "n=8", "sampling.max_new_tokens=32",
+                   "budget.kv_tokens=1024", "output.all_candidates=true"],
+    "vllm_bon": ["generator.engine=vllm", "generator.enforce_eager=true", "n=4", "policy=none", "budget=unlimited",
+                 "sampling.max_new_tokens=24"],
 }
 TIME_KEY = re.compile(r"(^time_s$|_seconds$|^seconds$|_s$|^wall)")
 
@@ -69,8 +84,37 @@ def bench_ratio(run_dir: Path) -> float:
     return float(m.group(1))
 
 
-def run_all(out: Path, bench: bool) -> dict[str, str | float]:
+def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
+    """One ``REPLAY_BATCHES`` case through ``rodeco.replay.replay_batch``: the run's prompts in batches of
+    ``data.batch_prompts``, each prompt's result written in order as ``experiment=replay`` writes them."""
+    from rodeco.api import load_config
+    from rodeco.experiments.record import pool_roles
+    from rodeco.plugins import default_plugins
+    from rodeco.replay import open_pool, replay_batch
+    from rodeco.roles import choose_roles
+    from rodeco.runner import loop_settings
+
+    plugins = default_plugins()
+    cfg = load_config([a for a in args if not a.startswith("experiment=")] + [f"pool={pool}"], plugins)
+    p, gen = open_pool(pool)
+    roles = pool_roles(cfg, plugins, p, gen).roles(choose_roles(cfg, plugins, live=False))
+    s = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
+    indices, k = list(p.indices()), cfg.data.batch_prompts
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for batch in (indices[j:j + k] for j in range(0, len(indices), k)):
+        res, _, _ = replay_batch(p, gen, roles.reward, roles.policy, batch, s, partial=roles.partial)
+        lines += [json.dumps(r.to_dict()) + "\n" for r in res]
+    (out / "results.jsonl").write_text("".join(lines), encoding="utf-8")
+
+
+def run_all(out: Path, bench: bool, batch_via_api: bool = False, vllm: bool = False) -> dict[str, str | float]:
     got: dict[str, str | float] = {}
+    if vllm:
+        for name, args in VLLM_RUNS.items():
+            rodeco(args, out / name)
+            got[name] = normalized(out / name / "results.jsonl")
+        return got
     for name, args in RUNS.items():
         rodeco(args, out / name)
         got[name] = normalized(out / name / "results.jsonl")
@@ -78,6 +122,13 @@ def run_all(out: Path, bench: bool) -> dict[str, str | float]:
     rodeco([*POOL, f"pool={pool}"], out / "pool_run")
     for name, args in REPLAYS.items():
         rodeco([*args, f"pool={pool}"], out / name)
+        got[name] = normalized(out / name / "results.jsonl")
+    for name, args in REPLAY_BATCHES.items():
+        if batch_via_api:
+            print(f"+ replay_batch {' '.join(args)}", flush=True)
+            replay_batches_via_api([*args, *COMMON], pool, out / name)
+        else:
+            rodeco([*args, f"pool={pool}"], out / name)
         got[name] = normalized(out / name / "results.jsonl")
     if bench:
         got["engine_bench_ratio"] = bench_ratio(out / "engine_bench")
@@ -90,15 +141,18 @@ def main() -> int:
     ap.add_argument("dir", type=Path)
     ap.add_argument("--tolerance", type=float, default=0.05, help="allowed relative change of the bench ratio")
     ap.add_argument("--no-bench", action="store_true", help="skip engine_bench")
+    ap.add_argument("--vllm", action="store_true", help="the vLLM cases only (run with .venv-vllm/bin/python)")
+    ap.add_argument("--batch-via-api", action="store_true",
+                    help="record the batched replays through rodeco.replay.replay_batch, not experiment=replay")
     a = ap.parse_args()
     ref = a.dir / "reference.json"
     if a.mode == "record":
-        got = run_all(a.dir / "record", not a.no_bench)
+        got = run_all(a.dir / "record", not a.no_bench and not a.vllm, a.batch_via_api, a.vllm)
         ref.write_text(json.dumps(got, indent=1), encoding="utf-8")
         print(f"recorded {len(got)} outputs in {ref}")
         return 0
     want = json.loads(ref.read_text(encoding="utf-8"))
-    got = run_all(a.dir / "check", not a.no_bench and "engine_bench_ratio" in want)
+    got = run_all(a.dir / "check", not a.no_bench and "engine_bench_ratio" in want, vllm=a.vllm)
     ok = True
     for k, v in want.items():
         if k == "engine_bench_ratio":

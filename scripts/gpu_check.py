@@ -140,9 +140,9 @@ def step_survivors(c: Check) -> dict[str, Any]:
     for engine in engines:
         gen = c.generator(engine)
         lens = [len(gen.encode(p)) for p in PROMPTS[:2]]
-        B, base = Budget(10**12).for_batch(lens, gen.shares_prefix, gen.kv_block)
+        B, base = Budget(10**12).for_batch(lens, gen.kv)
         shared = (10**12 - B.kv_tokens) // 2
-        first = base + max(8, new // 3) if gen.kv_block == 1 else base + 1  # vLLM: one block a row, then decide
+        first = base + max(8, new // 3) if gen.kv.block == 1 else base + 1  # vLLM: one block a row, then decide
         kv = 2 * (shared + n * B.held(first))  # every row fits the first round, not the end: SR rejects
         common = [f"sampling.max_new_tokens={new}", "output.all_candidates=true", "sampling.ignore_eos=false"]
         bon, _ = c.decode(PROMPTS[:2], engine, ["policy=none", "budget=unlimited", *common], n=n)
@@ -275,7 +275,7 @@ def step_efficiency(c: Check) -> dict[str, Any]:
     prompts = [p.text for p in prompts_of(cfg.data)]
     gen = c.generator("auto")
     L0 = max(len(gen.encode(p)) for p in prompts)
-    kv = full_length_tokens(4, L0, s.new_tokens, gen.shares_prefix)
+    kv = full_length_tokens(4, L0, s.new_tokens, gen.kv)
     common = [f"sampling.max_new_tokens={s.new_tokens}", "data.batch_prompts=1"]
     sr, sr_s = c.decode(prompts, "auto", ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", *common],
                         n="auto")

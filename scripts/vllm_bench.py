@@ -80,11 +80,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])  # the prompts' lengths size the pool
     longest = max(len(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
                                               tokenize=True)["input_ids"]) for p in prompts)
+    from rodeco.budget import KVSpec
+
     block = 16 if _cuda() else 32
-    pool = full_length_tokens(a.memory_of, longest, a.new_tokens, True, block)
+    pool = full_length_tokens(a.memory_of, longest, a.new_tokens, KVSpec(shares_prefix=True, block=block))
     gen = load_generator(rodeco.load_config([*base, f"generator.kv_cache_tokens={pool}"]).generator)
     print(f"vLLM KV pool: {gen.kv_pool_tokens} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
-          f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv_block})", flush=True)
+          f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv.block})", flush=True)
     ms = methods(a)
     rows = _done(a, gen.kv_pool_tokens)
     for k, p in enumerate(prompts):
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if a.out is not None:
             _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": gen.kv_pool_tokens, "rows": rows})
     sr = np.array([r["sr"]["seconds"] for r in rows])
-    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": gen.kv_pool_tokens, "kv_block": gen.kv_block,
+    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": gen.kv_pool_tokens, "kv_block": gen.kv.block,
                                "memory_of": a.memory_of, "methods": {}}
     for m in ms:
         secs = np.array([r[m]["seconds"] for r in rows])

@@ -62,10 +62,10 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture()
 def tiny_gen(tiny_model, tiny_tokenizer):
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
     def build(engine: str = "auto", chat_template: bool = True) -> Generator:
-        return Generator(tiny_model, tiny_tokenizer, engine=engine, chat_template=chat_template, name="tiny")
+        return TorchGenerator(tiny_model, tiny_tokenizer, engine=engine, chat_template=chat_template, name="tiny")
 
     return build
 
@@ -73,24 +73,24 @@ def tiny_gen(tiny_model, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded default generator (SmolLM2-135M-Instruct), loaded once per test session."""
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
     from rodeco.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="float32", device="cpu")
-    return Generator(model, tok, name="smollm2")
+    return TorchGenerator(model, tok, name="smollm2")
 
 
 @pytest.fixture(scope="session")
 def smollm2_bf16():
     """The embedded generator in bfloat16 (the GPU default) on CPU: ``build(engine)`` gives a ``Generator`` that
     drives it with that engine (the weights are loaded once per test session)."""
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
     from rodeco.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="bfloat16", device="cpu")
 
     def build(engine: str) -> Generator:
-        return Generator(model, tok, engine=engine, name="smollm2")
+        return TorchGenerator(model, tok, engine=engine, name="smollm2")
 
     return build
 

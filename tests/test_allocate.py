@@ -105,9 +105,9 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory, tiny_model, tiny_tokenizer):
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
-    gen = Generator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
+    gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
     path = tmp_path_factory.mktemp("pool") / "pool"
     record(rodeco.load_config(["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]),
            default_plugins(), path, PROMPTS, 12, gen=gen)
@@ -135,7 +135,7 @@ def test_a_batch_of_prompts_replays_as_it_ran_live(pool, name):
     cfg = rodeco.load_config(["reward=logprob"])
     from rodeco.experiments.record import pool_reward
 
-    replayed, rc, _ = replay_batch(p, rgen, pool_reward(cfg, default_plugins(), p, rgen), dict(policies())[name],
+    replayed, rc, _ = replay_batch(p, rgen, Scorer(pool_reward(cfg, default_plugins(), p, rgen), "logprob"), dict(policies())[name],
                                    [q.index for q in PROMPTS], dataclasses.replace(s))
     assert [r.n_start for r in live] == [r.n_start for r in replayed] and live[0].n_start > 3
     for a, b in zip(live, replayed):

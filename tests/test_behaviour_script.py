@@ -40,6 +40,6 @@ def test_times_are_dropped_and_nothing_else(beh, tmp_path):
                                        ({"demo": "x\n", "engine_bench_ratio": 1.8}, 1)])
 def test_check_compares_with_what_was_recorded(beh, tmp_path, monkeypatch, now, code):
     (tmp_path / "reference.json").write_text(json.dumps({"demo": "x\n", "engine_bench_ratio": 2.0}))
-    monkeypatch.setattr(beh, "run_all", lambda out, bench: now)
+    monkeypatch.setattr(beh, "run_all", lambda out, bench, **kw: now)
     monkeypatch.setattr(sys, "argv", ["behaviour.py", "check", str(tmp_path)])
     assert beh.main() == code

@@ -25,6 +25,7 @@ from helpers import compare_survivors, hf_greedy_logits, run_tiny
 from rodeco.budget import budget_from_device, full_length_tokens
 from rodeco.config import make_budget
 from rodeco.sampling import SamplingParams
+from rodeco.state import SessionSpec
 from rodeco.session import Session
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
@@ -98,8 +99,7 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
 
 def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[Session, Session]:
     def session() -> Session:
-        s = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=8, seed=0, keys=[0, 1],
-                    needs_logprobs=False, ignore_eos=True)  # no row may finish early
+        s = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True))  # no row may finish early
         s.prefill(prompt_ids)
         return s
 
@@ -141,7 +141,7 @@ def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
     gen = smollm2_bf16(engine)
     new = 12
     L0 = max(len(gen.encode(p)) for p in PROMPTS)
-    kv = len(PROMPTS) * full_length_tokens(8, L0, 4, gen.shares_prefix)
+    kv = len(PROMPTS) * full_length_tokens(8, L0, 4, gen.kv)
     bon = run_tiny(gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", f"sampling.max_new_tokens={new}"],
                    seed=2)
     sr = run_tiny(gen, PROMPTS, n=8, overrides=[f"budget.kv_tokens={kv}", f"sampling.max_new_tokens={new}",
@@ -162,14 +162,13 @@ def _cache_bytes(engine) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_tokenizer, dtype, engine):
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
-    gen = Generator(copy.deepcopy(tiny_model).to(dtype), tiny_tokenizer, engine=engine)
+    gen = TorchGenerator(copy.deepcopy(tiny_model).to(dtype), tiny_tokenizer, engine=engine)
     cfg = tiny_model.config
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
     assert gen.kv_bytes_per_token == per_token * dtype.itemsize  # keys and values of every layer
-    sess = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=8, seed=0, keys=[0, 1],
-                   needs_logprobs=False, ignore_eos=True)
+    sess = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True))
     sess.prefill([gen.encode("write a haiku"), gen.encode("give three tips")])
     sess.decode(until=6)
     # what the budget counts is what the cache holds, in the dtype in use
@@ -183,9 +182,9 @@ def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(tiny_model, ti
     """With ``budget.kv_tokens=null`` on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
     tokens as fp32 ones."""
     import rodeco
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
-    gen = Generator(copy.deepcopy(tiny_model).to(getattr(torch, dtype)), tiny_tokenizer)
+    gen = TorchGenerator(copy.deepcopy(tiny_model).to(getattr(torch, dtype)), tiny_tokenizer)
     monkeypatch.setattr(gen, "device", torch.device("cuda:0"))
     monkeypatch.setattr(gen, "layer_devices", lambda: {"cuda:0": 2})
     fp32_bytes = 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 KV heads x head_dim 16 x 4 bytes

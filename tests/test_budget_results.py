@@ -101,7 +101,7 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
 
     cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
-    gen = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024,
+    gen = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024, kv_pool_tokens=None,
                           layer_devices=lambda: {"cuda:0": 24})
     assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
     assert make_budget(cfg, gen, scale=0.5).kv_tokens == int(8 * 2**30 * 0.25 // 1024)  # OOM back-off's halving
@@ -109,11 +109,11 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     # keys and values cost cuda:1 two thirds of 1 KiB; the tighter device sets the budget.
     free = {0: 9 * 2**30, 1: 3 * 2**30}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[torch.device(device).index], 0))
-    split = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024,
+    split = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024, kv_pool_tokens=None,
                             layer_devices=lambda: {"cuda:0": 8, "cuda:1": 16})
     per_token_1 = -(-1024 * 16 // 24)
     assert make_budget(cfg, split).kv_tokens == int(2 * 2**30 * 0.5 // per_token_1)
-    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)
+    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)
     assert make_budget(cfg, cpu).kv_tokens is None  # no device memory to read: unlimited on CPU
 
 
@@ -126,14 +126,14 @@ def test_alpaca_eval_export(tiny_gen, tmp_path):
 
 
 def test_full_length_tokens_by_hand():
-    from rodeco.budget import Budget, full_length_tokens
+    from rodeco.budget import Budget, KVSpec, full_length_tokens
 
-    assert full_length_tokens(4, 50, 128, shared_prefix=True) == 50 + 4 * 128  # the prompt stored once
-    assert full_length_tokens(4, 50, 128, shared_prefix=False) == 4 * (50 + 128)  # copied into every row
+    assert full_length_tokens(4, 50, 128, KVSpec(True, 1)) == 50 + 4 * 128  # the prompt stored once
+    assert full_length_tokens(4, 50, 128, KVSpec(False, 1)) == 4 * (50 + 128)  # copied into every row
     for shared in (True, False):  # Best-of-4's memory holds 4 rows at full length in the loop's arithmetic, not 5
-        B, base = Budget(full_length_tokens(4, 50, 128, shared)).for_batch([50], shared)
+        B, base = Budget(full_length_tokens(4, 50, 128, KVSpec(shared, 1))).for_batch([50], KVSpec(shared, 1))
         assert B.max_rows(base + 128, base + 128) == 4
-        B1, _ = Budget(full_length_tokens(4, 50, 128, shared) - 1).for_batch([50], shared)
+        B1, _ = Budget(full_length_tokens(4, 50, 128, KVSpec(shared, 1)) - 1).for_batch([50], KVSpec(shared, 1))
         assert B1.max_rows(base + 128, base + 128) == 3
 
 

@@ -153,8 +153,9 @@ def test_every_policy_option_builds_and_selects(tiny_gen):
 
 
 def test_every_budget_option_gives_its_budget(monkeypatch):
-    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)  # what make_budget reads
-    cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024, layer_devices=lambda: {"cuda": 30})
+    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)  # what make_budget reads
+    cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024, kv_pool_tokens=None,
+                           layer_devices=lambda: {"cuda": 30})
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
     got = {}
     for opt in options("budget"):

@@ -40,6 +40,7 @@ def test_replay_equals_live_on_smollm2_with_the_default_reward(smollm2, tmp_path
     from rodeco.data import Prompt
     from rodeco.experiments.record import pool_reward, record
     from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.contracts import Scorer
     from rodeco.replay import open_pool, replay_prompt
     from rodeco.runner import loop_settings, run_decode
 
@@ -55,7 +56,8 @@ def test_replay_equals_live_on_smollm2_with_the_default_reward(smollm2, tmp_path
     pool, rgen = open_pool(tmp_path / "pool")
     reward = pool_reward(cfg, plugins, pool, rgen)
     policy = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
-    res, comp, _ = replay_prompt(pool, rgen, reward, policy, 0, loop_settings(cfg, rgen, "fixed", "minilm_rm"))
+    res, comp, _ = replay_prompt(pool, rgen, Scorer(reward, "minilm_rm"), policy, 0,
+                                 loop_settings(cfg, rgen, "fixed", "minilm_rm"))
     assert live.rounds and res.best.candidate_id == live.best.candidate_id and res.best.text == live.best.text
     assert res.best.score == pytest.approx(live.best.score, abs=1e-4)
     assert [r.kept_ids for r in res.rounds] == [r.kept_ids for r in live.rounds]

@@ -18,7 +18,7 @@ import torch
 
 from rodeco import hookimpl, hookspecs
 from rodeco.api import load_config
-from rodeco.generator import Generator
+from rodeco.generator import TorchGenerator
 from rodeco.plugins import Plugins, get_plugin_manager
 from rodeco.runner import run_decode
 from rodeco.state import PromptResult, RunOutput
@@ -27,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 PROMPTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
 
 
-def tiny_generator(seed: int = 0) -> Generator:
+def tiny_generator(seed: int = 0) -> TorchGenerator:
     """A 2-layer random Llama with a 64-word word-level tokenizer: built in memory, offline, in a few seconds."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -41,7 +41,7 @@ def tiny_generator(seed: int = 0) -> Generator:
     cfg = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
                       pad_token_id=0, bos_token_id=None)
-    return Generator(LlamaForCausalLM(cfg), hf_tok, name="tiny")
+    return TorchGenerator(LlamaForCausalLM(cfg), hf_tok, name="tiny")
 
 
 @contextmanager
@@ -56,7 +56,7 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def gen() -> Iterator[Generator]:
+def gen() -> Iterator[TorchGenerator]:
     with one_thread():
         yield tiny_generator()
 
@@ -87,7 +87,7 @@ class Recorder:
         return [payload for k, payload in self.events if k == kind]
 
 
-def decode_with(plugins: Plugins, gen: Generator, policy: str, *overrides: str) -> RunOutput:
+def decode_with(plugins: Plugins, gen: TorchGenerator, policy: str, *overrides: str) -> RunOutput:
     cfg = load_config([f"policy={policy}", "reward=logprob", "n=8", "sampling.max_new_tokens=40",
                        "budget.kv_tokens=200", "budget.min_tokens_per_round=4", "data.batch_prompts=2",
                        "output.progress=false", f"data.prompts=[{','.join(PROMPTS)}]", *overrides])
@@ -95,7 +95,7 @@ def decode_with(plugins: Plugins, gen: Generator, policy: str, *overrides: str) 
 
 
 @pytest.mark.parametrize("policy", ["fixed", "adaptive", "correlation"])
-def test_a_hook_plugin_sees_every_round_of_a_run(gen: Generator, policy: str) -> None:
+def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: str) -> None:
     rec = Recorder()
     plugins = get_plugin_manager(extra=[rec])
     out = decode_with(plugins, gen, policy)
@@ -310,7 +310,7 @@ def check(o: Overhead, out: RunOutput) -> None:
     assert o.calls["run_start"] == o.calls["run_end"] == 1
 
 
-def test_hook_overhead_tiny_model(gen: Generator, capsys: pytest.CaptureFixture) -> None:
+def test_hook_overhead_tiny_model(gen: TorchGenerator, capsys: pytest.CaptureFixture) -> None:
     ov = ["policy=fixed", "reward=logprob", "n=8", "sampling.max_new_tokens=64", "budget.kv_tokens=300",
           "budget.min_tokens_per_round=4", "data.prompts=[w1 w2 w3,w4 w5,w6 w7 w8 w9,w10]"]
     measure(gen, ov)  # warm up

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rodeco
-from rodeco.budget import Budget, full_length_tokens
+from rodeco.budget import Budget, KVSpec, full_length_tokens
 from rodeco.engines.layout import VLLMLayout
 from rodeco.validation import ConfigError
 
@@ -26,18 +26,22 @@ def blocks_held(prompt_lens: list[int], rows: int, own: int, b: int) -> int:
 
 
 def test_block_arithmetic_by_hand():
-    B, base = Budget(2000).for_batch([40, 63], shared_prefix=True, block=32)
+    B, base = Budget(2000).for_batch([40, 63], KVSpec(shares_prefix=True, block=32))
     assert (B.kv_tokens, base, B.block) == (2000 - 2 * 32, 31, 32)  # 32 shared each; the longest tail is 31
     assert B.held(1) == 32 and B.held(32) == 32 and B.held(33) == 64
     assert Budget(1000, block=32).capacity(3, 10**6) == 320  # 31 blocks over 3 rows: 10 blocks each
     assert Budget(1000, block=32).max_rows(40, 10**6) == 1000 // 64  # 40 + 8 tokens hold 2 blocks
-    assert full_length_tokens(4, 40, 100, True, 32) == 32 + 4 * 128  # the tail 8 + 100 tokens: 4 blocks a row
-    assert full_length_tokens(4, 40, 100, True) == 40 + 4 * 100  # block 1: the token arithmetic
+    assert full_length_tokens(4, 40, 100, KVSpec(True, 32)) == 32 + 4 * 128  # the tail 8 + 100 tokens: 4 blocks a row
+    assert full_length_tokens(4, 40, 100, KVSpec(True, 1)) == 40 + 4 * 100  # block 1: the token arithmetic
+    # a batch: every prompt charged the largest share and the largest tail, as Budget.for_batch splits it
+    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 32)) == 2 * (32 + 4 * 160)  # tail 31 + 100: 5 blocks
+    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 1)) == 2 * (63 + 4 * 100)  # padded to the longest
     # a prompt of whole blocks shares all but its last block: vLLM computes the last token for every row
-    assert Budget(2000).for_batch([64], True, 32) == (Budget(2000 - 32, block=32), 32)
-    assert Budget(2000).for_batch([40, 63], True)[1] == 0 and Budget(2000).for_batch([40, 63], False)[1] == 63
+    assert Budget(2000).for_batch([64], KVSpec(True, 32)) == (Budget(2000 - 32, block=32), 32)
+    assert Budget(2000).for_batch([40, 63], KVSpec(True, 1))[1] == 0
+    assert Budget(2000).for_batch([40, 63], KVSpec(False, 1))[1] == 63
     with pytest.raises(ConfigError) as e:
-        Budget(100, block=32).check_feasible(2, 40, 60, block=32)  # 2 x 64 slots > 100
+        Budget(100, block=32).check_feasible(2, 40, 60, KVSpec(True, 32))  # 2 x 64 slots > 100
     assert "128 tokens" in e.value.problem
 
 
@@ -48,7 +52,7 @@ def test_a_decision_point_never_lets_the_rows_overfill_the_budget(prompt_lens, r
     """Decoding ``rows`` rows of every prompt to the decision point the split computes holds at most the budget,
     whatever the prompts' lengths and tails."""
     budget = Budget(kv)
-    B, base = budget.for_batch(prompt_lens, shared_prefix=True, block=b)
+    B, base = budget.for_batch(prompt_lens, KVSpec(shares_prefix=True, block=b))
     cap = B.capacity(rows * len(prompt_lens), base + 10**6)
     until = cap - base
     if until < 1:
@@ -88,5 +92,54 @@ def test_vllm_only_keys_stay_out_of_a_torch_pools_settings():
     assert set(VLLM_ONLY) <= set(candidate_settings(cfg.generator))
     from dataclasses import fields
 
-    from rodeco.vllm_engine import VLLMSettings  # the keys the engine reads are exactly the ones kept out
+    from rodeco.engines.vllm import VLLMSettings  # the keys the engine reads are exactly the ones kept out
     assert set(VLLM_ONLY) == {f.name for f in fields(VLLMSettings)}
+
+
+def test_on_a_pool_of_32_token_blocks_the_efficiency_budget_of_best_of_4_is_what_the_replay_needs(tmp_path):
+    """The efficiency experiment's memory for Best-of-4, on a pool recorded in 32-token blocks, is what the replayed
+    loop needs to hold Best-of-4 at full length: Best-of-4 replays within it, and one block less forces a
+    rejection. (Counted without the pool's block, Best-of-4's memory came out short: 130 tokens where 256 are
+    needed for the 10-token prompt here.)"""
+    import json
+
+    from test_hooks import tiny_generator
+
+    from rodeco.data import prompts_of
+    from rodeco.experiments import efficiency
+    from rodeco.experiments.record import pool_roles, record
+    from rodeco.plugins import default_plugins
+    from rodeco.replay import open_pool, replay_prompt
+    from rodeco.validation import PluginError
+
+    new, words = 30, [f"w{i}" for i in range(3, 61)]
+    texts = [" ".join(words[:10]), " ".join(words[:40])]  # 10 tokens: nothing shared; 40: one shared block
+    cfg = rodeco.load_config(["experiment=efficiency", "reward=logprob", f"sampling.max_new_tokens={new}",
+                              "budget.min_tokens_per_round=2", "data.prompts=[" + ",".join(texts) + "]",
+                              "experiment_args.candidates=32", "experiment_args.n=4", "experiment_args.alphas=[0.5]",
+                              "experiment_args.adaptive_deltas=[]", "experiment_args.policies=[]",
+                              "experiment_args.starts=[]", "experiment_args.scales=[1]",
+                              "experiment_args.partial_rewards=[same]", "experiment_args.calibrated_deltas=[]",
+                              "experiment_args.bon_groups=1", "experiment_args.replicates=1", "output.progress=false"])
+    plugins, path = default_plugins(), tmp_path / "pool"
+    record(cfg, plugins, path, prompts_of(cfg.data), 32, gen=tiny_generator())
+    settings = json.loads((path / "pool.json").read_text())
+    settings.update(engine="VLLMEngine", kv_block=32)  # the pool as vLLM, with 32-token blocks, records it
+    (path / "pool.json").write_text(json.dumps(settings))
+    pool, rgen = open_pool(path)
+    m = efficiency.Measurer(cfg, plugins, pool, rgen, pool_roles(cfg, plugins, pool, rgen), efficiency.parse_args(cfg))
+    checked = 0
+    for index in pool.indices():
+        L0 = len(pool.prompt(index).prompt_ids)
+        kv = m.measure(index, {})["budget"]["1"]
+        assert kv == blocks_held([L0], 4, new, 32)  # 256 for the 10-token prompt, 32 + 4 * 64 for the 40-token one
+        # four candidates that all decode to the end (none ends at an EOS early, which would leave room)
+        full = [len(c.token_ids) + (c.stop is not None) == new for c in pool.prompt(index).candidates]
+        first = next(k for k in range(len(full) - 3) if all(full[k: k + 4]))
+        res, comp, _ = replay_prompt(pool, rgen, m.scorer, m.none, index, m.settings("none", 4, kv), first)
+        assert comp.peak_kv_tokens <= kv and comp.gen_decode_tokens == 4 * (new - 1)  # every row to the end
+        assert all(r.rows_kept == r.rows_before == 4 for r in res.rounds)
+        with pytest.raises(PluginError, match="the budget allows 3"):  # one block less: one row must go
+            replay_prompt(pool, rgen, m.scorer, m.none, index, m.settings("none", 4, kv - 32), first)
+        checked += 1
+    assert checked == 2

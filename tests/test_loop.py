@@ -8,6 +8,7 @@ import torch
 from helpers import compare_survivors, hf_greedy, run_tiny
 
 from rodeco.sampling import SamplingParams
+from rodeco.state import SessionSpec
 from rodeco.session import Session
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
@@ -62,8 +63,7 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
 def test_pruned_cache_matches_fresh_forward(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
-    sess = Session(gen, 3, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
-                   keys=[0, 1], needs_logprobs=False, ignore_eos=True)  # no row may finish early
+    sess = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 20, 0, (0, 1), ignore_eos=True))  # no row may finish early
     sess.prefill(prompt_ids)
     sess.decode(until=6)
     sess.select(torch.tensor([4, 0, 2]))  # a subset, across prompts, reordered
@@ -80,8 +80,7 @@ def test_fast_engine_stores_each_prompt_once_and_frees_it_with_its_last_row(tiny
     gen = tiny_gen("fast")
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
     L0 = max(map(len, prompt_ids))
-    sess = Session(gen, 4, sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=20, seed=0,
-                   keys=[0, 1], needs_logprobs=False, ignore_eos=True)
+    sess = gen.open_session(SessionSpec(4, SamplingParams(1.0, 50, 1.0), 20, 0, (0, 1), ignore_eos=True))
     sess.prefill(prompt_ids)
     sess.decode(until=5)
     assert sess.engine.allocated_tokens == 2 * L0 + 8 * 5  # two prompt caches, eight rows of own tokens
@@ -213,7 +212,7 @@ def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenize
     """The fast engine claims Qwen2 (biased QKV) and Mistral (no sliding window): hold it to generate()."""
     import transformers
 
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
     torch.manual_seed(0)
@@ -229,7 +228,7 @@ def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenize
             for layer in model.model.layers:  # non-zero biases, so that they matter
                 layer.self_attn.q_proj.bias.normal_(0, 0.5)
                 layer.self_attn.k_proj.bias.normal_(0, 0.5)
-    gen = Generator(model, tiny_tokenizer, engine="fast")
+    gen = TorchGenerator(model, tiny_tokenizer, engine="fast")
     out = run_tiny(gen, PROMPTS[:2], n=1, policy="none", overrides=[*GREEDY, "sampling.max_new_tokens=16"])
     for prompt, r in zip(PROMPTS[:2], out.results):
         assert r.best.token_ids == hf_greedy(model, gen, prompt, 16)

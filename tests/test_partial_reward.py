@@ -33,7 +33,7 @@ class HiddenProbe:
 def settings(gen, n: int = 6) -> LoopSettings:
     """A budget that forces decision points after about 4 and 8 tokens."""
     P, rows = max(len(gen.encode(t)) for _, t in PROMPTS), len(PROMPTS) * n
-    kv = len(PROMPTS) * P + rows * 4 if gen.shares_prefix else rows * (P + 4)
+    kv = len(PROMPTS) * P + rows * 4 if gen.kv.shares_prefix else rows * (P + 4)
     return LoopSettings(n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=12, budget=Budget(kv, 2), seed=3,
                         all_candidates=True)
 

@@ -12,6 +12,7 @@ import torch
 from omegaconf import open_dict
 
 import rodeco
+from rodeco.contracts import Scorer
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
 from rodeco.experiments.record import pool_reward, record
@@ -30,7 +31,7 @@ BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_p
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
     real = tiny_gen(engine).new_engine()
-    layout = LAYOUTS[type(real).__name__]()
+    layout = LAYOUTS[type(real).__name__](1)
     ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     tok = lambda b: torch.full((b,), 12, dtype=torch.long)  # noqa: E731
@@ -48,11 +49,11 @@ def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory, tiny_model, tiny_tokenizer):
     """A pool of 12 candidates per prompt recorded with each engine."""
-    from rodeco.generator import Generator
+    from rodeco.generator import TorchGenerator
 
     out = {}
     for engine in ("fast", "hf"):
-        gen = Generator(tiny_model, tiny_tokenizer, engine=engine, name="tiny")
+        gen = TorchGenerator(tiny_model, tiny_tokenizer, engine=engine, name="tiny")
         path = tmp_path_factory.mktemp(f"pool-{engine}") / "pool"
         record(rodeco.load_config(BASE), default_plugins(), path, PROMPTS, 12, gen=gen)
         out[engine] = (gen, path)
@@ -78,7 +79,7 @@ def live_and_replay(gen, path: Path, policy: str, params: dict, kv: int | None, 
     reward = pool_reward(cfg, plugins, pool, rgen)
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
     s = loop_settings(cfg, rgen, policy, "logprob")
-    replayed = [replay_prompt(pool, rgen, reward, pol, p.index, s) for p in PROMPTS]
+    replayed = [replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s) for p in PROMPTS]
     return live, replayed
 
 
@@ -168,10 +169,10 @@ def test_rewards_are_computed_once_then_served_from_the_pool(pools):
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
     s = loop_settings(cfg, rgen, "fixed", "logprob")
     first = pool_reward(cfg, plugins, pool, rgen)
-    replay_prompt(pool, rgen, first, pol, 0, s)
+    replay_prompt(pool, rgen, Scorer(first, "logprob"), pol, 0, s)
     first.save()
     again = pool_reward(cfg, plugins, Pool(path), rgen)  # a new process would start like this
-    res, comp, _ = replay_prompt(Pool(path), rgen, again, pol, 0, s)
+    res, comp, _ = replay_prompt(Pool(path), rgen, Scorer(again, "logprob"), pol, 0, s)
     assert again.computed == 0 and again.cost.calls > 0
 
 
@@ -202,8 +203,9 @@ def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     decided = 0
     for p in PROMPTS:
         final = reward.score(pool.prompt(p.index).final_requests())[:8]
-        res, comp, _ = replay_prompt(pool, rgen, reward, pol, p.index, s, partial=OracleReward(reward))
-        same, comp_same, _ = replay_prompt(pool, rgen, reward, pol, p.index, s)
+        res, comp, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s,
+                                     partial=Scorer(OracleReward(reward), "oracle", "partial_reward"))
+        same, comp_same, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s)
         if all(r.min_reject <= r.rows_before // 2 for r in res.rounds):
             assert res.best.score == pytest.approx(max(final)) and res.best.score >= same.best.score - 1e-9
         decided += len(res.rounds)
@@ -241,7 +243,8 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
     for p in PROMPTS:
         (lv,), _ = decode_batch(gen, Scorer(reward, "logprob"), pol, [(p.index, p.text)], loop_settings(cfg, gen),
                                 partial=Scorer(live, "probe", "partial_reward"))
-        rp, _, _ = replay_prompt(pool, rgen, reward, pol, p.index, s, partial=replayed)
+        rp, _, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s,
+                                 partial=Scorer(replayed, "probe", "partial_reward"))
         assert [r.kept_ids for r in rp.rounds] == [r.kept_ids for r in lv.rounds]
     assert live.seen and live.seen.keys() == replayed.seen.keys()
     for k, h in live.seen.items():  # float16 in the pool

@@ -24,10 +24,11 @@ from rodeco.data import Prompt  # noqa: E402
 from rodeco.experiments.record import pool_reward, record  # noqa: E402
 from rodeco.loading import load_generator  # noqa: E402
 from rodeco.plugins import BuildContext, default_plugins  # noqa: E402
+from rodeco.contracts import Scorer
 from rodeco.replay import open_pool, replay_prompt  # noqa: E402
 from rodeco.runner import loop_settings, run_decode  # noqa: E402
 from rodeco.validation import ConfigError  # noqa: E402
-from rodeco.vllm_engine import request_seed  # noqa: E402
+from rodeco.engines.vllm import request_seed  # noqa: E402
 
 PROMPTS = ["Write a haiku about the sea.", "Name three colors and what they mean to painters."]
 NEW = 40
@@ -102,7 +103,7 @@ def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions
 def test_prefix_is_prefilled_once_and_rows_compute_only_the_tail(vgen):
     out = decode(vgen, ["policy=none", "n=8", "budget.kv_tokens=null"], prompts=[PROMPTS[1]])
     P = len(vgen.encode(PROMPTS[1]))
-    tail = P - (P - 1) // vgen.kv_block * vgen.kv_block
+    tail = P - (P - 1) // vgen.kv.block * vgen.kv.block
     # the first request computes the prompt (or finds it cached from an earlier test), each row its tail
     assert 8 * tail <= out.compute.gen_prefill_tokens <= P + 8 * tail
 
@@ -110,7 +111,7 @@ def test_prefix_is_prefilled_once_and_rows_compute_only_the_tail(vgen):
 def test_a_prompt_of_whole_blocks_fills_the_pool_without_preemption(vgen):
     """A prompt of exactly k blocks: every row computes its last token itself, so it shares k - 1 blocks. With the
     budget at the whole pool, the rows must still step together, never preempted (before the fix: uneven rows)."""
-    text = next(t for k in range(80) if len(vgen.encode(t := "Tell me about " + "the sea " * k)) % vgen.kv_block == 0)
+    text = next(t for k in range(80) if len(vgen.encode(t := "Tell me about " + "the sea " * k)) % vgen.kv.block == 0)
     out = decode(vgen, ["policy=fixed", "n=auto", "budget.kv_tokens=null"], prompts=[text])
     assert out.results[0].rounds and out.results[0].n_start > 32
     assert out.compute.preemptions == 0 and out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
@@ -146,12 +147,12 @@ def test_a_pool_recorded_through_vllm_replays_to_the_live_run(vgen, vpool, polic
     plugins = default_plugins()
     live = run_decode(cfg, plugins, None, gen=vgen).results
     pool, rgen = open_pool(vpool)
-    assert rgen.kv_block == vgen.kv_block and pool.settings["engine"] == "VLLMEngine"
+    assert rgen.kv == vgen.kv and pool.settings["engine"] == "VLLMEngine"
     reward = pool_reward(cfg, plugins, pool, rgen)
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
     s = loop_settings(cfg, rgen, policy, "logprob")
     for i, lv in enumerate(live):
-        rp, comp, _ = replay_prompt(pool, rgen, reward, pol, i, s)
+        rp, comp, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, i, s)
         assert lv.rounds and rp.best.candidate_id == lv.best.candidate_id and rp.best.text == lv.best.text
         assert [(r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in rp.rounds] == [
             (r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in lv.rounds]

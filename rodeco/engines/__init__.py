@@ -22,7 +22,7 @@ import torch
 
 from rodeco.validation import ConfigError
 
-ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.vllm_engine, at the session level
+ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
 
 
 class Engine(Protocol):

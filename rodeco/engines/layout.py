@@ -11,6 +11,12 @@ import torch
 from rodeco.budget import block_shared
 
 
+def _token_by_token(layout: object, block: int) -> None:
+    """rodeco's own engines allocate token by token: a pool of theirs records no block, or block 1."""
+    if block != 1:
+        raise ValueError(f"{type(layout).__name__} allocates token by token, not in blocks of {block}")
+
+
 class HFLayout:
     """``HFEngine``: every row holds the prompt and its own tokens; the cache grows by one slot per step."""
 
@@ -18,7 +24,8 @@ class HFLayout:
     compact_fraction = 0.25  # finished rows leave the batch once they are this share of it (rodeco.session)
     keep_hidden, last_hidden = False, None  # no model, no hidden states (a replay reads the pool's)
 
-    def __init__(self) -> None:
+    def __init__(self, block: int) -> None:
+        _token_by_token(self, block)
         self.rows, self.length = 0, 0
 
     @property
@@ -48,7 +55,8 @@ class FastLayout:
     compact_fraction = 0.25
     keep_hidden, last_hidden = False, None
 
-    def __init__(self) -> None:
+    def __init__(self, block: int) -> None:
+        _token_by_token(self, block)
         self.plen = self.sfx = self.own = self.prefixes = 0  # own: the buffer's slots per row
         self.grp = np.zeros(0, dtype=np.int64)  # the prefix of each allocated row
         self.pending: np.ndarray | None = None  # a selection not applied yet
@@ -101,7 +109,7 @@ class FastLayout:
 
 
 class VLLMLayout:
-    """vLLM (``rodeco.vllm_engine``): blocks of ``block`` tokens; each prompt's full blocks before its last token
+    """vLLM (``rodeco.engines.vllm``): blocks of ``block`` tokens; each prompt's full blocks before its last token
     stored once while any of its rows lives, each row holding the rest of its prompt and its own tokens in whole
     blocks (``rodeco.budget.block_shared``). A finished row leaves at once (``compact_fraction`` 0). An upper bound
     of vLLM's count: it also counts the row's latest token, whose keys vLLM stores only at the next step."""

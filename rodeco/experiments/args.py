@@ -66,4 +66,4 @@ class PoolArgs:
 
 @dataclass
 class ReplayArgs:
-    best_of: Optional[int] = required("null: the budget is budget.kv_tokens; n: per prompt, what Best-of-n fills")
+    best_of: Optional[int] = required("null: the budget is budget.kv_tokens; n: per batch, what Best-of-n fills")

@@ -40,6 +40,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
+from rodeco.contracts import Scorer
 from rodeco.compose import option_node, option_params
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
@@ -133,14 +134,15 @@ class Measurer:
                  a: dict[str, Any]) -> None:
         self.pool, self.gen, self.a = pool, gen, a
         self.choices = choose_roles(cfg, plugins, live=False)
-        self.reward = builder.reward(self.choices.reward)
+        none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"}))
+        self.scorer, self.none = none.reward, none.policy  # the reward's scorer serves every method
+        self.reward = self.scorer.reward  # the pool-served reward (its cache)
         self.reward_name = self.choices.reward.name
         self.base = loop_settings(cfg, gen, "", self.reward_name)
-        self.none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"})).policy
         self.methods: list[Method] = []
         self.skipped: dict[str, str] = {}  # a calibrated policy with a partial reward it has no calibration for
         self.policies: dict[str, Policy] = {}
-        self.partials: dict[str, Any] = {}  # per partial reward: its (pool-served) reward; None for same
+        self.partials: dict[str, Scorer | None] = {}  # per partial reward: its scorer; None for same
         for m in methods(a):
             try:
                 roles = builder.roles(self.method_choices(m, plugins))
@@ -152,7 +154,7 @@ class Measurer:
                 continue
             self.methods.append(m)
             self.policies[m.label] = roles.policy
-            self.partials[m.partial] = roles.partial.reward if roles.partial is not None else None
+            self.partials[m.partial] = roles.partial
         self.method = {m.label: m for m in self.methods}
 
     def method_choices(self, m: Method, plugins: Plugins) -> Choices:
@@ -166,13 +168,13 @@ class Measurer:
         return self.choices.with_(plugins, partial=part, policy=node)
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
-        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False, partial_name=partial,
+        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False,
                                    budget=Budget(kv, self.base.budget.min_tokens_per_round))
 
     def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0,
             partial: str = SAME) -> dict:
         """One replayed run and what it cost (the time model needs the steps' rows and rows x context)."""
-        res, c, reward_s = replay_prompt(self.pool, self.gen, self.reward, policy, index,
+        res, c, reward_s = replay_prompt(self.pool, self.gen, self.scorer, policy, index,
                                          self.settings(name, n, kv, partial), first,
                                          partial=self.partials.get(partial))
         return {"best": float(res.best.score), "best_id": res.best.candidate_id, "n_start": res.n_start,
@@ -199,11 +201,15 @@ class Measurer:
         rec["bon"] = bon
         rec["final"] = final
         for scale in a["scales"]:
-            rec["budget"][str(scale)] = full_length_tokens(scale * a["n"], L0, new, self.gen.shares_prefix)
+            rec["budget"][str(scale)] = self.bon_budget(scale * a["n"], L0)
         offsets = [r * M // a["replicates"] for r in range(a["replicates"])]
         rec["methods"] = self.methods_from(index, rec["budget"], offsets[0])
         rec["replicates"] = [{"offset": k, "methods": self.methods_from(index, rec["budget"], k)} for k in offsets[1:]]
         return rec
+
+    def bon_budget(self, rows: int, prompt_len: int) -> int:
+        """The KV memory Best-of-``rows`` fills at full length, counted in the pool's engine's blocks."""
+        return full_length_tokens(rows, prompt_len, self.base.max_new_tokens, self.gen.kv)
 
     def methods_from(self, index: int, budgets: dict[str, int], offset: int) -> dict[str, dict[str, dict]]:
         """Every method at every budget, its rows drawn from pool candidates ``offset``, ``offset + 1``, ...
@@ -237,7 +243,8 @@ def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measur
     keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups",
             "partial_rewards", "calibrated_deltas", "replicates")
     built = {**{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
-             **{f"partial_{k}": getattr(r, "identity", None) for k, r in measurer.partials.items()}}
+             **{f"partial_{k}": getattr(r.reward, "identity", None) for k, r in measurer.partials.items()
+                if r is not None}}
     return {**{k: a[k] for k in keep}, "pool": pool.settings,
             "identities": {k: v for k, v in built.items() if v is not None},
             "reward": OmegaConf.to_container(cfg.reward, resolve=True), "max_new_tokens": cfg.sampling.max_new_tokens,
@@ -281,7 +288,7 @@ def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path 
             out.append(done[p.index])
             continue
         rec = measurer.measure(p.index, settings)
-        for r in [measurer.reward, *measurer.partials.values()]:
+        for r in [measurer.reward, *(s.reward for s in measurer.partials.values() if s is not None)]:
             if isinstance(r, PoolReward):
                 r.save()
         if writer is not None:

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, open_dict
 
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
-from rodeco.generator import Generator
+from rodeco.generator import TorchGenerator
+from rodeco.protocols import Generator
 from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
@@ -85,13 +86,13 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     return dt
 
 
-def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[Generator, dict]:
+def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[TorchGenerator, dict]:
     """(the torch generator ``generate()`` runs on, {engine: the generator rodeco's loop runs on}): the torch engines
     share one model; ``vllm`` loads the same weights into vLLM."""
     torch_cfg = cfg.generator.copy()
     with open_dict(torch_cfg):
         torch_cfg.engine = "auto" if torch_cfg.engine == "vllm" else torch_cfg.engine
-    base = gen if gen is not None and gen.engine_kind != "vllm" else load_generator(torch_cfg)
+    base = gen if isinstance(gen, TorchGenerator) else load_generator(torch_cfg)
     out = {}
     for e in engines:
         if e == "vllm":
@@ -100,7 +101,7 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
                 vcfg.engine = "vllm"
             out[e] = gen if gen is not None and gen.engine_kind == "vllm" else load_generator(vcfg)
         else:
-            out[e] = base if e == base.engine_kind else Generator(
+            out[e] = base if e == base.engine_kind else TorchGenerator(
                 base.model, base.tokenizer, chat_template=base.use_chat_template, system_prompt=base.system_prompt,
                 engine=e, name=base.name)
     return base, out

@@ -13,10 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.config import candidate_settings
 from rodeco.data import Prompt, prompts_of
-from rodeco.generator import Generator
+from rodeco.protocols import Generator
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
-from rodeco.replay import PoolReward, measure_step_costs, pool_settings, record_prompt
+from rodeco.replay import PoolReward, ReplayGenerator, measure_step_costs, pool_settings, record_prompt
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput
@@ -36,7 +36,8 @@ def pool_dir(cfg: DictConfig, out_dir: Path | None) -> Path:
 
 def pool_roles(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> RoleBuilder:
     """Builds the run's roles with their rewards served from (and filling) the pool's cache."""
-    ctx = BuildContext(generator=gen if isinstance(gen, Generator) else None, device="cpu", plugins=plugins)
+    live = gen is not None and not isinstance(gen, ReplayGenerator)
+    ctx = BuildContext(generator=gen if live else None, device="cpu", plugins=plugins)
     return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), ctx, pool=pool)
 
 

@@ -1,5 +1,6 @@
 """``rodeco experiment=replay pool=DIR policy=... budget...``: the run's policy replayed over a recorded pool by
-the real loop, in seconds. Writes ``results.jsonl`` like a decode run (winners, round traces, compute charged as
+the real loop, in seconds, in batches of ``data.batch_prompts`` prompts (the experiment's default: 1) as a live run
+decodes them. Writes ``results.jsonl`` like a decode run (winners, round traces, compute charged as
 if decoded live) and prints the totals."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from omegaconf import DictConfig
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.experiments.record import pool_roles
 from rodeco.plugins import Plugins
-from rodeco.replay import PoolReward, open_pool, replay_prompt
+from rodeco.replay import PoolReward, open_pool, replay_batch
 from rodeco.results import ResultsWriter
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings
@@ -27,30 +28,31 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     t0 = time.perf_counter()
     pool, gen = open_pool(cfg.pool)
     roles = pool_roles(cfg, plugins, pool, gen).roles(choose_roles(cfg, plugins, live=False))
-    reward, partial, policy = roles.reward.reward, roles.partial.reward if roles.partial else None, roles.policy
-    s = dataclasses.replace(loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name),
-                            partial_name=roles.partial_name)
+    s = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
     best_of = cfg.experiment_args.best_of
     writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
     results, total = [], Compute()
-    for index in pool.indices():
-        if best_of is not None:  # per prompt: the memory Best-of-n fills at full length
-            p = pool.prompt(index)
-            kv = full_length_tokens(best_of, len(p.prompt_ids), s.max_new_tokens, gen.shares_prefix)
+    indices, k = list(pool.indices()), cfg.data.batch_prompts
+    for batch in (indices[j: j + k] for j in range(0, len(indices), k)):  # as a live run batches its prompts
+        if best_of is not None:  # per batch: the memory Best-of-n fills at full length, as the loop counts it
+            lens = [len(pool.prompt(i).prompt_ids) for i in batch]
+            kv = full_length_tokens(best_of, lens, s.max_new_tokens, gen.kv)
             s = dataclasses.replace(s, budget=Budget(kv, s.budget.min_tokens_per_round))
-        res, comp, _ = replay_prompt(pool, gen, reward, policy, index, s, on_round=plugins.round_end,
-                                     partial=partial)
-        results.append(res)
+        res, comp, _ = replay_batch(pool, gen, roles.reward, roles.policy, batch, s, on_round=plugins.round_end,
+                                    partial=roles.partial)
+        results += res
         total.add(comp)
         if writer is not None:
-            writer.write(res.to_dict())
-    reward.save()
-    if isinstance(partial, PoolReward):
-        partial.save()
+            for r in res:
+                writer.write(r.to_dict())
+    for scorer in (roles.reward, roles.partial):
+        if scorer is not None and isinstance(scorer.reward, PoolReward):
+            scorer.reward.save()
     seconds = time.perf_counter() - t0
     mean = sum(r.best.score for r in results) / max(1, len(results))
-    print(f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool}: mean best reward "
-          f"{mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs charged, "
-          f"{reward.computed} reward requests computed (the rest from the cache)")
+    computed = roles.reward.reward.computed
+    print(f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool} in batches of {k}: mean "
+          f"best reward {mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs "
+          f"charged, {computed} reward requests computed (the rest from the cache)")
     print(f"replay_seconds: {seconds:.2f}")
-    return RunOutput(results, total, out_dir, extra={"replay_seconds": seconds, "computed": reward.computed})
+    return RunOutput(results, total, out_dir, extra={"replay_seconds": seconds, "computed": computed})

@@ -1,12 +1,13 @@
 """``generator.engine=vllm``: the candidate rows decoded inside vLLM's serving engine.
 
 vLLM samples inside its engine and hands back tokens, not logits, so it plugs in one level above the torch
-engines' logits interface (``rodeco.engines``): at the session, the seam a replay uses too. ``VLLMSession`` keeps
-the contract of ``rodeco.session.Session`` (prefill, decode to a decision point, reject, the active rows, the stats
-the accounting reads) with one vLLM request per candidate:
+engines' logits interface (``rodeco.engines.Engine``): ``VLLMGenerator`` and ``VLLMSession`` implement
+``rodeco.protocols.Generator`` and ``Session`` (prefill, decode to a decision point, reject, the active rows, the
+stats the accounting reads) with one vLLM request per candidate:
 
-- candidate ``c`` of prompt ``i`` is a request seeded from ``(seed, i, c)``, so it is the same sample under
-  Best-of-N and under Speculative Rejection on this engine (vLLM's random streams, not the torch engines');
+- the row of stream ``c`` of the prompt with stream key ``k`` is a request seeded from ``(seed, k, c)``
+  (``request_seed``), so candidate ``c`` is the same sample under Best-of-N and under Speculative Rejection on this
+  engine (vLLM's random streams, not the torch engines');
 - each prompt is prefilled once, by a one-token request, before its rows start; with prefix caching its full
   blocks before its last token are then shared by every row, and each row computes only the rest
   (``rodeco.budget.block_shared``);
@@ -32,9 +33,9 @@ import numpy as np
 import torch
 
 from rodeco.budget import block_shared
-from rodeco.generator import Generator, ModelShape
-from rodeco.sampling import SamplingParams
-from rodeco.session import Row, SessionStats
+from rodeco.engines.base import ModelGenerator
+from rodeco.shape import KVSpec, ModelShape
+from rodeco.state import Row, SessionSpec, SessionStats
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,34 +73,34 @@ def import_vllm() -> Any:
 
 
 def request_seed(seed: int, key: int, candidate: int) -> int:
-    """vLLM's seed for candidate ``candidate`` of the prompt at dataset index ``key``: a pure function of the three."""
+    """vLLM's seed for the row of stream ``candidate`` of the prompt with stream key ``key`` (by default its dataset
+    index): a pure function of the three."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, key, candidate]).generate_state(2)
     return int((int(state[0]) << 31) ^ int(state[1]))  # < 2**63
 
 
-class VLLMGenerator(Generator):
+class VLLMGenerator(ModelGenerator):
     """A generator whose rows decode in a vLLM ``LLMEngine``. ``model`` is the architecture on the meta device (its
     sizes give the FLOPs and KV bytes; no weights are loaded twice)."""
 
     engine_name = "VLLMEngine"
+    engine_kind = "vllm"
     provides_hidden = False
 
     def __init__(self, llm: Any, meta_model: torch.nn.Module, tokenizer: Any, *, device: str, chat_template: bool,
                  system_prompt: str | None, name: str, settings: VLLMSettings) -> None:
-        super().__init__(meta_model, tokenizer, chat_template=chat_template, system_prompt=system_prompt,
-                         engine="vllm", name=name)
+        super().__init__(meta_model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.llm, self.settings = llm, settings
         self.device = torch.device(device)
-        self.eos_tensor = torch.tensor(self.eos_ids)
         sched = llm.engine_core.engine_core.scheduler
         self.block_pool = sched.kv_cache_manager.block_pool
-        self.kv_block = int(llm.vllm_config.cache_config.block_size)
+        block = int(llm.vllm_config.cache_config.block_size)
         self.num_blocks = int(self.block_pool.num_gpu_blocks) - 1  # block 0 is vLLM's null block
-        self.kv_pool_tokens = self.num_blocks * self.kv_block
+        self.kv_pool_tokens = self.num_blocks * block
         self.max_context = int(llm.vllm_config.model_config.max_model_len)  # what vLLM accepts (run start checks it)
+        self.kv = KVSpec(shares_prefix=True, block=block)  # a prompt's full blocks cached once (prefix caching)
         self.peak_blocks = 0
         self._watch_allocations()
-        self.session_factory = VLLMSession
         self._ids = itertools.count()
 
     def _watch_allocations(self) -> None:
@@ -124,14 +125,8 @@ class VLLMGenerator(Generator):
     def next_id(self) -> int:
         return next(self._ids)
 
-    @property
-    def shares_prefix(self) -> bool:
-        return True  # a prompt's full blocks are cached once (prefix caching) and shared by its rows
-
-    def engine_class(self) -> type:
-        raise ConfigError("generator.engine", "vllm", "vLLM decodes inside its own engine: there is no torch engine "
-                          "to run here (engine_bench's hf-generate baseline, the gpu check's greedy step)",
-                          "use generator.engine=fast or hf for that")
+    def open_session(self, spec: SessionSpec) -> VLLMSession:
+        return VLLMSession(self, spec)
 
     def layer_devices(self) -> dict[str, int]:
         return {str(self.device): self.shape.n_layers}
@@ -139,7 +134,7 @@ class VLLMGenerator(Generator):
     def memory_report(self) -> dict[str, Any]:
         """How the device's memory was split between vLLM and everything else (the reward models)."""
         s = self.settings
-        out: dict[str, Any] = {"engine": "vllm", "device": str(self.device), "kv_block": self.kv_block,
+        out: dict[str, Any] = {"engine": "vllm", "device": str(self.device), "kv_block": self.kv.block,
                                "kv_pool_blocks": self.num_blocks, "kv_pool_tokens": self.kv_pool_tokens,
                                "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
                                "kv_cache_tokens_asked": s.kv_cache_tokens}
@@ -154,19 +149,18 @@ class VLLMGenerator(Generator):
 class VLLMSession:
     """Candidate rows of several prompts decoding in vLLM (see the module doc); the interface of ``Session``."""
 
-    def __init__(self, gen: VLLMGenerator, n: int, *, sampling: SamplingParams, max_new_tokens: int, seed: int,
-                 keys: list[int], needs_logprobs: bool, ignore_eos: bool = False, needs_hidden: bool = False,
-                 compact_fraction: float = 0.0) -> None:
-        if needs_hidden:
+    def __init__(self, gen: VLLMGenerator, spec: SessionSpec) -> None:
+        if spec.needs_hidden:
             raise ConfigError("partial_reward", "(a reward that needs hidden states)",
                               "the vllm engine does not provide the generator's hidden states",
                               "use generator.engine=fast or hf, or a partial reward that scores text")
-        self.gen, self.n, self.max_new, self.seed = gen, n, max_new_tokens, seed
-        self.keys, self.needs_logprobs, self.ignore_eos = [int(k) for k in keys], needs_logprobs, ignore_eos
-        self.sampling = sampling
-        self.hidden_log = None  # never filled: vLLM keeps its hidden states
+        self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
+        self.keys, self.needs_logprobs = [int(k) for k in spec.streams], spec.needs_logprobs
+        self.ignore_eos, self.sampling, self.first = spec.ignore_eos, spec.sampling, spec.first
+        self.hidden_log = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
         self.prompt_of = np.zeros(0, dtype=np.int64)
         self.cand = np.zeros(0, dtype=np.int64)
+        self.stream = np.zeros(0, dtype=np.int64)
         self.t = 0
         self.uid = gen.next_id()
 
@@ -198,7 +192,7 @@ class VLLMSession:
         self.stats = SessionStats(np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P))
         self.preempt0 = self.gen.preemptions()
         self.gen.peak_blocks = self.gen.blocks_in_use()
-        warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if block_shared(len(p), self.gen.kv_block)}
+        warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if block_shared(len(p), self.gen.kv.block)}
         for rid, i in warm.items():
             llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[i]), self._params(1, None))
         while warm:
@@ -207,20 +201,21 @@ class VLLMSession:
                 if i is not None:
                     self.stats.prefill_tokens[i] += self.prompt_lens[i] - int(o.num_cached_tokens or 0)
         self.prompt_of = np.repeat(np.arange(P), n)
-        self.cand = np.tile(np.arange(n), P)
-        self.ids = [f"r{self.uid}-{p}-{c}" for p, c in zip(self.prompt_of, self.cand)]
+        self.cand = np.tile(np.arange(n), P) + self.first
+        self.stream = self.cand.copy()
+        self.ids = [f"r{self.uid}-{p}-{c}" for p, c in zip(self.prompt_of, self.cand)]  # vLLM's request ids
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         self.tokens: list[list[int]] = [[] for _ in self.ids]
         self.lps: list[list[float]] = [[] for _ in self.ids]
         self.done: list[str] = ["" for _ in self.ids]  # "eos" | "length" once vLLM finished the row
-        for rid, p, c in zip(self.ids, self.prompt_of, self.cand):
+        for rid, p, c in zip(self.ids, self.prompt_of, self.stream):
             llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[p]),
                             self._params(self.max_new, request_seed(self.seed, self.keys[p], int(c))))
         self._track_memory()
 
     def _track_memory(self) -> None:
         st = self.stats
-        st.peak_kv_tokens = max(st.peak_kv_tokens, self.gen.peak_blocks * self.gen.kv_block)
+        st.peak_kv_tokens = max(st.peak_kv_tokens, self.gen.peak_blocks * self.gen.kv.block)
         st.peak_kv_bytes = st.peak_kv_tokens * self.gen.kv_bytes_per_token
         st.preemptions = self.gen.preemptions() - self.preempt0
 
@@ -290,10 +285,10 @@ class VLLMSession:
             if why == "eos" and ids and ids[-1] in self.gen.eos_ids:
                 stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
             out.append(Row(int(self.prompt_of[r]), int(self.cand[r]), list(ids),
-                           list(lps) if lps is not None else None, why, stop))
+                           list(lps) if lps is not None else None, why, stop, stream=int(self.stream[r])))
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
-        self.prompt_of, self.cand = self.prompt_of[keep], self.cand[keep]
+        self.prompt_of, self.cand, self.stream = self.prompt_of[keep], self.cand[keep], self.stream[keep]
         for name in ("ids", "tokens", "lps", "done"):
             setattr(self, name, [getattr(self, name)[r] for r in keep])
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
@@ -305,8 +300,8 @@ class VLLMSession:
         return self._leave(sorted(rows), "rejected")
 
     def active(self) -> list[Row]:
-        return [Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None)
-                for p, c, t, lp in zip(self.prompt_of, self.cand, self.tokens, self.lps)]
+        return [Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None, stream=int(k))
+                for p, c, k, t, lp in zip(self.prompt_of, self.cand, self.stream, self.tokens, self.lps)]
 
     def close(self) -> None:
         """Abort whatever is still running (a run stopped between decision points)."""

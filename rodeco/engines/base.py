@@ -1,0 +1,53 @@
+"""What every generator built from a model shares, whichever engine decodes its rows: the tokenizer and chat
+template, the EOS and pad ids, the model's sizes (FLOPs, KV bytes). ``rodeco.generator.TorchGenerator`` (rodeco's
+engines) and ``rodeco.engines.vllm.VLLMGenerator`` build on it; both implement ``rodeco.protocols.Generator``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rodeco.shape import ModelShape
+
+
+class ModelGenerator:
+    """A causal LM's text side and sizes. ``model`` may be on the meta device (vLLM holds the weights)."""
+
+    provides_hidden = True  # the engine can hand rewards the final-layer hidden states
+    kv_pool_tokens: int | None = None  # the engine's own KV capacity, when it has one (vLLM's pool)
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, chat_template: bool = True,
+                 system_prompt: str | None = None, name: str = "") -> None:
+        self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
+        self.use_chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+        self.system_prompt = system_prompt
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = sorted({int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None})
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_ids[0])
+        self.shape = ModelShape.of(model)
+        self.max_context = self.shape.max_context
+        self.kv_bytes_per_token = self.shape.kv_bytes_per_token
+
+    def flops_per_token(self, context: int) -> float:
+        return self.shape.flops_per_token(context)
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.use_chat_template:
+            msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            msgs.append({"role": "user", "content": prompt})
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if not isinstance(ids, list) else ids
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def memory_report(self) -> dict[str, Any] | None:
+        """How the device's memory was split, where an engine has something to say (vLLM); None otherwise."""
+        return None
