@@ -187,14 +187,6 @@ def option_file(group: str, name: str, plugins: Plugins) -> Path | None:
     return None
 
 
-def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
-    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
-    Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
-    params = option_node(group, name, plugins)
-    params.pop("name")
-    return params
-
-
 def option_node(group: str, option: str, plugins: Plugins) -> dict[str, Any]:
     """``<group>=<option>`` as a node: its file's registered ``name`` (an option may select another registered name
     with its own parameters: ``reward=minilm_prefix`` is ``minilm_rm`` with another head) and parameters; an option
