@@ -1,5 +1,7 @@
-"""Ranking helpers for rejection policies: one ranking (best partial score first, ties to the lower candidate
-id), two ways to cut it."""
+"""Ranking helpers for rejection policies.
+
+One ranking (best partial score first, ties to the lower candidate id), cut two ways: ``keep_best`` exactly,
+``keep_top`` clamped to the prompt's share of the forced rejection."""
 
 from __future__ import annotations
 
