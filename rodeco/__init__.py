@@ -20,7 +20,7 @@ from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
-from rodeco.ranking import keep_top
+from rodeco.ranking import keep_best, keep_top
 from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
     Candidate,
@@ -47,7 +47,7 @@ __all__ = [
     "decode", "load_config", "run", "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
     "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
-    "ScoreRequest", "PromptView", "RoundView", "StartView", "keep_top", "Candidate", "Compute", "PromptResult", "Round",
+    "ScoreRequest", "PromptView", "RoundView", "StartView", "keep_top", "keep_best", "Candidate", "Compute", "PromptResult", "Round",
     # decision-time calibration (rodeco experiment=calibrate; policy=calibrated)
     "Calibration", "best_probability", "rejectable", "standardize",
     # checking parameters

@@ -187,14 +187,6 @@ def option_file(group: str, name: str, plugins: Plugins) -> Path | None:
     return None
 
 
-def option_params(group: str, name: str, plugins: Plugins) -> dict[str, Any]:
-    """The parameters of ``<group>=<name>``'s config option (rodeco's or a plugin's), read from its file so that
-    Hydra's global state (a CLI run in progress) is left alone; ``{}`` for an option without a config file."""
-    params = option_node(group, name, plugins)
-    params.pop("name")
-    return params
-
-
 def option_node(group: str, option: str, plugins: Plugins) -> dict[str, Any]:
     """``<group>=<option>`` as a node: its file's registered ``name`` (an option may select another registered name
     with its own parameters: ``reward=minilm_prefix`` is ``minilm_rm`` with another head) and parameters; an option
@@ -212,7 +204,9 @@ HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "dat
 
 def help_groups(plugins: Plugins, width: int = 116) -> str:
     """The config groups and their options, one line each, for ``rodeco --help``: the registered description of
-    the reward, policy or experiment an option selects, else the first sentence of the option file's comment."""
+    the reward, policy or experiment an option selects under its own name, else (an option that is another
+    registered name with parameters of its own, as ``reward=minilm_prefix`` is ``minilm_rm`` with another head, or
+    an option of a group without a registry) the first sentence of the option file's comment."""
     dirs = [conf_dir(), *map(Path, plugins.config_dirs())]
     registries = {"reward": plugins.rewards, "policy": plugins.policies, "experiment": plugins.experiments}
     lines = []
@@ -223,7 +217,8 @@ def help_groups(plugins: Plugins, width: int = 116) -> str:
             node = OmegaConf.load(files[name])
             selects = node.get("task" if group == "experiment" else "name") if group in registries else None
             reg = registries.get(group)
-            text = reg.get(selects).description if reg is not None and selects in reg else _first_sentence(files[name])
+            own = reg is not None and selects == name and selects in reg
+            text = reg.get(selects).description if own else _first_sentence(files[name])
             line = f"    {group}={name}".ljust(30) + " " + text
             lines.append(line if len(line) <= width else line[: width - 3] + "...")
     return "\n".join(lines)

@@ -1,4 +1,7 @@
-"""Ranking helpers for rejection policies."""
+"""Ranking helpers for rejection policies.
+
+One ranking (best partial score first, ties to the lower candidate id), cut two ways: ``keep_best`` exactly,
+``keep_top`` clamped to the prompt's share of the forced rejection."""
 
 from __future__ import annotations
 
@@ -7,9 +10,16 @@ import numpy as np
 from rodeco.state import PromptView
 
 
-def keep_top(pv: PromptView, n_reject: int) -> list[int]:
-    """The rows to keep when rejecting the ``n_reject`` lowest partial scores of one prompt (at least its
-    ``min_reject``, at most ``k - 1``). Ties go to the lower candidate id, so the choice is deterministic."""
-    n_reject = min(pv.k - 1, max(pv.min_reject, n_reject))
+def keep_best(pv: PromptView, n_reject: int) -> list[int]:
+    """The rows left (sorted local indices) after rejecting exactly the ``n_reject`` lowest partial scores of one
+    prompt; ties go to the lower candidate id, so the choice is deterministic. Nothing is clamped: a policy that
+    shares the batch's forced rejection between prompts (``allocate``) may reject fewer than a prompt's
+    ``min_reject``, since only the batch's total is checked; keep ``n_reject`` at most ``k - 1``."""
     order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))  # best first
     return sorted(order[: pv.k - n_reject].tolist())
+
+
+def keep_top(pv: PromptView, n_reject: int) -> list[int]:
+    """``keep_best`` with ``n_reject`` raised to the prompt's ``min_reject`` and capped at ``k - 1``: the rows to
+    keep when a prompt takes its own share of the budget's forced rejection, keeping at least one row."""
+    return keep_best(pv, min(pv.k - 1, max(pv.min_reject, n_reject)))

@@ -27,7 +27,7 @@ import numpy as np
 
 import rodeco
 from rodeco.budget import Budget, full_length_tokens
-from rodeco.compose import option_params
+from rodeco.compose import option_node
 from rodeco.experiments.metrics import expected_best_of, improvement_score
 from rodeco.experiments.record import pool_roles
 from rodeco.plugins import default_plugins
@@ -59,7 +59,7 @@ def build(cfg, plugins, builder, policy: str, params: dict[str, Any], overrides:
     """The roles of one method, from the one ``builder`` every method shares (one reward object: a partial score
     computed for one method is served to the others, and saved with the rest)."""
     choices = choose_roles(cfg, plugins, live=False)
-    node = {**option_params("policy", policy, plugins), **params, **overrides.get(policy, {}), "name": policy}
+    node = {**option_node("policy", policy, plugins), **params, **overrides.get(policy, {})}  # its file's name
     return builder.roles(choices.with_(plugins, partial={"name": SAME}, policy=node))
 
 

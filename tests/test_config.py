@@ -152,21 +152,37 @@ def test_every_policy_option_builds_and_selects(tiny_gen):
     assert {"adaptive", "calibrated", "correlation", "fixed", "none"} <= set(built)
 
 
-def test_every_budget_option_gives_its_budget(monkeypatch):
-    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)  # what make_budget reads
+# What a run under each budget option does on CPU: "cpu" holds at most 2048 cached tokens, so 32 rows of 80 new
+# tokens (2,560 and the prompt at full length) get decision points; "unlimited" (and "cuda", whose budget comes
+# from CUDA memory, none on CPU) hold every row to the end: Best-of-32, no decision point.
+BOUNDED = {"cpu": 2048, "unlimited": None, "cuda": None}
+
+
+def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
+    from helpers import run_tiny
+
+    assert set(options("budget")) == set(BOUNDED)  # a new option: say here what a run under it does
+    for opt, kv in BOUNDED.items():
+        out = run_tiny(tiny_gen(), ["write a haiku about autumn leaves"], n=32,
+                       overrides=[f"budget={opt}", "sampling.max_new_tokens=80", "sampling.ignore_eos=true"])
+        (res,) = out.results
+        assert {len(c.token_ids) for c in res.candidates if c.finished} == {80}, opt  # every finished row at full length
+        rejected = [c for c in res.candidates if c.stop_reason == "rejected"]
+        if kv is None:
+            assert not res.rounds and not rejected and len(res.candidates) == 32, opt  # Best-of-32
+        else:
+            assert res.rounds and rejected and res.compute.peak_kv_tokens <= kv, (opt, res.compute.peak_kv_tokens)
+            assert all(r.rows_kept < r.rows_before for r in res.rounds), opt  # each decision point rejects
+    # On CUDA the same options size the budget from free device memory, except the fixed one.
     cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024, kv_pool_tokens=None,
                            layer_devices=lambda: {"cuda": 30})
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
-    got = {}
-    for opt in options("budget"):
-        cfg = rodeco.load_config([f"budget={opt}"])
-        validate(cfg)
-        got[opt] = (make_budget(cfg, cpu), make_budget(cfg, cuda))
     from_device = budget_from_device(10 * 2**30, 1024, 0.9, 2 * 2**30)  # (10 - 2) GiB * 0.9 / 1 KiB
     assert from_device == int(8 * 2**30 * 0.9 // 1024)
-    assert got["cpu"] == (Budget(2048, 8), Budget(2048, 8))  # a fixed budget, on any device
-    assert got["unlimited"] == (Budget(None, 8), Budget(from_device, 8))  # no limit on CPU; free memory on CUDA
-    assert got["cuda"] == (Budget(None, 8), Budget(from_device, 8))
+    for opt, kv in BOUNDED.items():
+        cfg = rodeco.load_config([f"budget={opt}"])
+        validate(cfg)
+        assert make_budget(cfg, cuda).kv_tokens == (kv or from_device), opt
 
 
 def test_every_generator_option_composes():

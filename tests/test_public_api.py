@@ -38,9 +38,70 @@ def test_plugins_import_only_rodecos_public_names(path):
         assert not private, f"{where} imports {private}, which rodeco does not export"
 
 
-def test_every_public_name_is_there():
-    for name in rodeco.__all__:
-        assert getattr(rodeco, name) is not None, name
+# What each public name is, as docs/plugins.md and rodeco's docstring describe it: a function with the documented
+# leading parameters, a dataclass with the documented fields, a Protocol with its method, an exception, a class.
+FUNCTIONS = {"decode": ["prompts", "n", "reward", "policy", "generator", "overrides"], "load_config": ["overrides",
+             "plugins"], "run": ["cfg", "plugins", "out_dir"], "get_plugin_manager": ["load_entrypoints", "extra"],
+             "keep_top": ["pv", "n_reject"], "keep_best": ["pv", "n_reject"], "take_params": ["node", "params",
+             "defaults"], "check_number": ["key", "value"], "check_positive_int": ["key", "value"],
+             "best_probability": [], "rejectable": [], "standardize": [], "atomic_write": ["path", "data"],
+             "required": ["help"], "load_model_and_tokenizer": ["model"], "resolve_dtype": ["dtype"], "cache_dir": [],
+             "open_pool": ["path"], "pool_served": ["plugins", "pool", "node"], "check_training_prompts": [],
+             "prompts_of": ["data"]}
+DATACLASSES = {"ScoreRequest": {"prompt", "response", "response_ids", "partial", "prompt_index", "candidate_id",
+                                "logprobs", "hidden_state"},
+               "PromptView": {"scores", "history", "candidate_ids", "finished_scores", "tokens_generated",
+                              "min_reject"},
+               "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens"},
+               "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
+               "BuildContext": {"generator", "device", "plugins"}, "PromptResult": {"best", "rounds", "compute"},
+               "Candidate": {"candidate_id", "token_ids", "text", "score"}, "RewardCost": set(), "Compute": set(),
+               "Round": set(), "RunOutput": set(), "Calibration": set()}
+PROTOCOLS = {"Policy": "select", "Reward": "score"}
+EXCEPTIONS = {"ConfigError", "PluginError"}
+CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward"}
+
+
+def test_every_public_name_is_what_the_docs_say():
+    import dataclasses
+    import inspect
+
+    import pluggy
+
+    kinds = [set(FUNCTIONS), set(DATACLASSES), set(PROTOCOLS), EXCEPTIONS, CLASSES, {"hookimpl"}]
+    assert sorted(n for k in kinds for n in k) == sorted(rodeco.__all__), "a public name without its kind here"
+    for name, params in FUNCTIONS.items():
+        f = getattr(rodeco, name)
+        assert inspect.isfunction(f), name
+        assert list(inspect.signature(f).parameters)[: len(params)] == params, (name, inspect.signature(f))
+    for name, fields in DATACLASSES.items():
+        cls = getattr(rodeco, name)
+        assert dataclasses.is_dataclass(cls) and isinstance(cls, type), name
+        assert fields <= {f.name for f in dataclasses.fields(cls)}, (name, fields)
+    assert isinstance(rodeco.RoundView.min_reject_total, property)
+    for name, method in PROTOCOLS.items():
+        proto = getattr(rodeco, name)
+        assert getattr(proto, "_is_protocol", False) and callable(getattr(proto, method)), name
+    for name in EXCEPTIONS:
+        assert issubclass(getattr(rodeco, name), Exception), name
+    assert all(inspect.isclass(getattr(rodeco, n)) for n in CLASSES)
+    assert isinstance(rodeco.hookimpl, pluggy.HookimplMarker) and rodeco.hookimpl.project_name == "rodeco"
+
+
+def test_public_names_import_as_documented():
+    """``from rodeco import X`` for every name; a lazy one (torch, pools) is its module's object; the message of a
+    ``ConfigError`` reads as docs/plugins.md shows it; an unknown name is an AttributeError."""
+    import importlib
+
+    ns: dict = {}
+    exec("from rodeco import " + ", ".join(rodeco.__all__), ns)  # noqa: S102 - a fixed import line
+    assert all(ns[n] is getattr(rodeco, n) for n in rodeco.__all__)
+    for name, module in rodeco._LAZY.items():
+        assert getattr(rodeco, name) is getattr(importlib.import_module(module), name), name
+    e = rodeco.ConfigError("policy.keep", 0, "must be a positive integer", "set e.g. policy.keep=2")
+    assert str(e) == "policy.keep=0: must be a positive integer. Fix: set e.g. policy.keep=2"
+    with pytest.raises(AttributeError, match="no attribute 'keep_all'"):
+        rodeco.keep_all  # noqa: B018
 
 
 def test_importing_rodeco_does_not_import_torch():

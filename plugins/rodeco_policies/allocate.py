@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco import BuildContext, PromptView, RoundView, best_probability, rejectable
+from rodeco import BuildContext, PromptView, RoundView, best_probability, keep_best, rejectable
 from rodeco_policies.calibrated import CalibratedParams, CalibratedPolicy, build_calibrated
 
 
@@ -47,15 +47,9 @@ class AllocatePolicy(CalibratedPolicy):
             n_rej[i] += 1
             if n_rej[i] < view.prompts[i].k - 1:
                 heapq.heappush(heap, (float(ranked[i][n_rej[i]]), i))
+        # a row's chance grows with its score: the n lowest scores are the n least likely rows. keep_best, not
+        # keep_top: a prompt may reject fewer than its min_reject, since only the batch's total is checked
         return [keep_best(pv, n) for pv, n in zip(view.prompts, n_rej)]
-
-
-def keep_best(pv: PromptView, n_reject: int) -> list[int]:
-    """The rows left after rejecting the ``n_reject`` lowest partial scores (the least likely: a row's chance grows
-    with its score); ties go to the lower candidate id. Unlike ``keep_top`` it may reject fewer than the prompt's
-    ``min_reject``: the batch's total is what the budget needs."""
-    order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))  # best first
-    return sorted(order[: pv.k - n_reject].tolist())
 
 
 def build_allocate(params: dict[str, Any], ctx: BuildContext) -> AllocatePolicy:

@@ -40,8 +40,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
+from rodeco.compose import option_node
 from rodeco.contracts import Scorer
-from rodeco.compose import option_node, option_params
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
 from rodeco.experiments.live_check import live_check, matched_bon
@@ -160,11 +160,11 @@ class Measurer:
     def method_choices(self, m: Method, plugins: Plugins) -> Choices:
         """The run's choices with the method's partial reward and policy (their option files' parameters)."""
         part = {"name": m.partial} if m.partial in (SAME, ORACLE) else option_node("reward", m.partial, plugins)
+        node = {**option_node("policy", m.policy, plugins), **m.params}  # the option file's registered name
         try:
-            plugins.policies.get(m.policy)
+            plugins.policies.get(node["name"])
         except ConfigError as e:  # the registry speaks of policy.name: the name came from experiment_args
             raise ConfigError("experiment_args.policies", m.policy, e.problem, e.fix) from None
-        node = {**option_params("policy", m.policy, plugins), **m.params, "name": m.policy}
         return self.choices.with_(plugins, partial=part, policy=node)
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
@@ -257,7 +257,7 @@ def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], build
     model. ``a`` itself is left as it is."""
     if not a["calibrated_deltas"]:
         return a
-    node = {**option_params("policy", "calibrated", plugins), "name": "calibrated"}
+    node = option_node("policy", "calibrated", plugins)
     try:
         builder.roles(choose_roles(cfg, plugins, live=False).with_(plugins, partial={"name": SAME}, policy=node))
     except ConfigError as e:
