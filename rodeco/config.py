@@ -72,10 +72,17 @@ class SamplingConfig:
     ignore_eos: bool = False  # decode exactly max_new_tokens per row (benchmarks)
 
 
+BUDGET_MODES = {"tokens": "budget=cpu: budget.kv_tokens, on any device", "unlimited": "budget=unlimited: no limit, "
+                "on every device", "device": "budget=cuda: from free CUDA memory", "engine": "budget=engine: the "
+                "engine's own KV pool (vLLM's)"}
+
+
 @dataclass
 class BudgetConfig:
-    kv_tokens: Optional[int] = field(default=None, metadata={"help": "KV-cache tokens the batch may hold; null = "
-                                                              "unlimited on CPU, from free memory on CUDA"})
+    mode: str = field(default="tokens", metadata={"help": "tokens (budget.kv_tokens), unlimited (every device), "
+                                                          "device (free CUDA memory), engine (vLLM's KV pool)"})
+    kv_tokens: Optional[int] = field(default=None, metadata={"help": "budget.mode=tokens: KV-cache tokens the batch "
+                                                              "may hold"})
     memory_fraction: float = 0.9  # CUDA: share of free memory (after the reserve) given to the KV cache
     reserve_gib: float = 2.0  # CUDA: memory kept free for activations and the reward model
     min_tokens_per_round: int = field(default=MIN_TOKENS_PER_ROUND, metadata={"help": "each round decodes at least "
@@ -163,6 +170,21 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1", "use e.g. 128")
     if cfg.data.batch_prompts < 1:
         raise ConfigError("data.batch_prompts", cfg.data.batch_prompts, "must be >= 1", "use e.g. 4")
+    check_budget_mode(cfg.budget)
+
+
+def check_budget_mode(b: DictConfig) -> None:
+    """A budget mode names where the budget comes from; only ``tokens`` reads ``budget.kv_tokens``."""
+    if b.mode not in BUDGET_MODES:
+        raise ConfigError("budget.mode", b.mode, "unknown budget mode",
+                          "use one of " + "; ".join(f"{k} ({v})" for k, v in BUDGET_MODES.items()))
+    if b.mode == "tokens" and b.kv_tokens is None:
+        raise ConfigError("budget.kv_tokens", None, "budget.mode=tokens needs a number of tokens",
+                          "set budget.kv_tokens=4096, say; or budget=unlimited (no limit), budget=cuda (free CUDA "
+                          "memory), budget=engine (vLLM's KV pool)")
+    if b.mode != "tokens" and b.kv_tokens is not None:
+        raise ConfigError("budget.kv_tokens", b.kv_tokens, f"budget.mode={b.mode} does not read it "
+                          f"({BUDGET_MODES[b.mode]})", "drop budget.kv_tokens, or use budget.mode=tokens (budget=cpu)")
 
 
 def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
@@ -176,30 +198,47 @@ def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
 
 
 def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0) -> Budget:
-    """The run's budget: ``budget.kv_tokens``, or (null on CUDA) what the free memory of every device holding the
-    generator's layers allows. ``scale`` < 1 shrinks the budget's share after an out-of-memory error (``Backoff``)."""
+    """The run's budget in its ``budget.mode``: ``tokens`` (``budget.kv_tokens``), ``unlimited``, ``device`` (what
+    the free memory of every CUDA device holding the generator's layers allows) or ``engine`` (the engine's own KV
+    pool). ``scale`` < 1 shrinks it after an out-of-memory error (``Backoff``)."""
     b = cfg.budget
-    kv = b.kv_tokens
-    pool = gen.kv_pool_tokens  # the engine's own KV pool (vLLM's): the budget when none is given
-    if pool is not None:
-        if kv is None:
-            kv = pool
-        elif kv > pool:
-            log.warning("budget.kv_tokens=%d exceeds vLLM's KV pool (%d tokens): vLLM will queue and may preempt "
-                        "rows (compute.preemptions counts them); leave budget.kv_tokens null to decide within the "
+    check_budget_mode(b)
+    if b.mode == "unlimited":
+        return Budget(kv_tokens=None, min_tokens_per_round=b.min_tokens_per_round)
+    if b.mode == "device":
+        kv = device_budget(b, gen, scale)
+    else:
+        kv = b.kv_tokens if b.mode == "tokens" else engine_pool(gen)
+        pool = gen.kv_pool_tokens
+        if pool is not None and kv > pool:
+            log.warning("budget.kv_tokens=%d exceeds the engine's KV pool (%d tokens): vLLM will queue and may "
+                        "preempt rows (compute.preemptions counts them); use budget=engine to decide within the "
                         "pool", kv, pool)
         kv = max(1, int(kv * scale)) if scale < 1 else kv
-    elif kv is None and gen.device.type == "cuda":
-        import torch
-
-        from rodeco.budget import budget_from_devices
-
-        layers = {d: k for d, k in gen.layer_devices().items() if d.startswith("cuda")} or {str(gen.device): 1}
-        free = {d: torch.cuda.mem_get_info(torch.device(d))[0] for d in layers}
-        kv = budget_from_devices(free, layers, gen.kv_bytes_per_token, b.memory_fraction * scale,
-                                 int(b.reserve_gib * 2**30))
-        log.info("budget from free CUDA memory: %d KV tokens (%s GiB free)", kv,
-                 ", ".join(f"{d} {f / 2**30:.1f}" for d, f in free.items()))
-    elif kv is not None and scale < 1:
-        kv = max(1, int(kv * scale))
     return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round)
+
+
+def engine_pool(gen: Generator) -> int:
+    if gen.kv_pool_tokens is None:
+        raise ConfigError("budget.mode", "engine", f"the {gen.engine_name} engine has no KV pool of its own",
+                          "use budget=engine with generator.engine=vllm; else budget=cpu (budget.kv_tokens) or "
+                          "budget=cuda (free CUDA memory)")
+    return int(gen.kv_pool_tokens)
+
+
+def device_budget(b: DictConfig, gen: Generator, scale: float) -> int:
+    """``budget.mode=device``: the KV tokens the free memory of the CUDA devices holding the generator allows."""
+    if gen.device.type != "cuda":
+        raise ConfigError("budget.mode", "device", f"the generator is on {gen.device}: there is no device memory "
+                          "to size the budget from", "use budget=cpu (budget.kv_tokens=N) or budget=unlimited")
+    import torch
+
+    from rodeco.budget import budget_from_devices
+
+    layers = {d: k for d, k in gen.layer_devices().items() if d.startswith("cuda")} or {str(gen.device): 1}
+    free = {d: torch.cuda.mem_get_info(torch.device(d))[0] for d in layers}
+    kv = budget_from_devices(free, layers, gen.kv_bytes_per_token, b.memory_fraction * scale,
+                             int(b.reserve_gib * 2**30))
+    log.info("budget from free CUDA memory: %d KV tokens (%s GiB free)", kv,
+             ", ".join(f"{d} {f / 2**30:.1f}" for d, f in free.items()))
+    return kv

@@ -121,7 +121,7 @@ class DecodeRun:
         self.todo = [p for b in self.batches for p in b]
         self.before = previous_compute(self.writer) if self.writer is not None else Compute()
         self.total, self.results = Compute(), []
-        self.backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.kv_tokens is None
+        self.backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.mode == "device"
                                else "budget.kv_tokens")
         self.stop: list[str] = []
 

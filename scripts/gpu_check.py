@@ -11,7 +11,7 @@ Steps (each timed and recorded; one that fails does not stop the others; a globa
 2. ``survivors``: Speculative Rejection (``fixed`` alpha 0.5 under a budget that forces rejections) against
    Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix
    (``vllm`` too where installed: ``.venv-vllm/bin/python``; SR vs Best-of-N in time inside vLLM: vllm_bench.py).
-3. ``budget``: a run whose budget comes from free CUDA memory (``budget.kv_tokens=null``, ``n=auto``); the peak
+3. ``budget``: a run whose budget comes from free CUDA memory (``budget=cuda``, ``n=auto``); the peak
    KV bytes stay within that budget and the peak allocated memory within the free memory it was computed from.
 4. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
    budget asks for more); the run backs off, finishes, and equals a run started at the settings it backed off to.
@@ -191,7 +191,7 @@ def step_budget(c: Check) -> dict[str, Any]:
     base = torch.cuda.memory_allocated(gen.device)
     torch.cuda.reset_peak_memory_stats(gen.device)
     frac = c.sizes.budget_fraction
-    res, secs = c.decode(PROMPTS[:1], "fast", ["policy=fixed", "budget=cuda", "budget.kv_tokens=null",
+    res, secs = c.decode(PROMPTS[:1], "fast", ["policy=fixed", "budget=cuda",
                                                f"budget.memory_fraction={frac}",
                                                f"sampling.max_new_tokens={c.sizes.new_tokens}"], n="auto")
     from rodeco.budget import budget_from_device

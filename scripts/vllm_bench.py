@@ -49,7 +49,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def methods(a: argparse.Namespace) -> dict[str, list[str]]:
-    out = {"sr": ["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", "budget.kv_tokens=null"]}
+    out = {"sr": ["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", "budget=engine"]}
     for n in [int(x) for x in a.bon.split(",") if x]:
         out[f"bon_{n}"] = ["policy=none", f"n={n}", "budget.kv_tokens=1000000000"]  # vLLM's scheduler decides
     return out

@@ -179,7 +179,7 @@ def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_token
 @pytest.mark.parametrize("dtype,tokens", [("float32", 2**20), ("bfloat16", 2**21), ("float16", 2**21)])
 def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(tiny_model, tiny_tokenizer, monkeypatch, dtype,
                                                                   tokens):
-    """With ``budget.kv_tokens=null`` on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
+    """With ``budget=cuda`` (``budget.mode=device``) on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
     tokens as fp32 ones."""
     import rodeco
     from rodeco.generator import TorchGenerator
@@ -190,7 +190,7 @@ def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(tiny_model, ti
     fp32_bytes = 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 KV heads x head_dim 16 x 4 bytes
     free = 2 * 2**30 + 2**20 * fp32_bytes  # the reserve and 2**20 fp32 tokens
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 * free))
-    cfg = rodeco.load_config(["budget.kv_tokens=null", "budget.memory_fraction=1.0", "budget.reserve_gib=2"])
+    cfg = rodeco.load_config(["budget=cuda", "budget.memory_fraction=1.0", "budget.reserve_gib=2"])
     kv = make_budget(cfg, gen).kv_tokens
     assert kv == budget_from_device(free, gen.kv_bytes_per_token, 1.0, 2 * 2**30) == tokens
 

@@ -8,6 +8,7 @@ import pytest
 from helpers import run_tiny
 
 from rodeco.budget import Budget, budget_from_device, kv_bytes_per_token
+from rodeco.validation import ConfigError
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips"]
 
@@ -114,7 +115,8 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     per_token_1 = -(-1024 * 16 // 24)
     assert make_budget(cfg, split).kv_tokens == int(2 * 2**30 * 0.5 // per_token_1)
     cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)
-    assert make_budget(cfg, cpu).kv_tokens is None  # no device memory to read: unlimited on CPU
+    with pytest.raises(ConfigError, match="no device memory"):  # on CPU: nothing to read, and no silent unlimited
+        make_budget(cfg, cpu)
 
 
 def test_alpaca_eval_export(tiny_gen, tmp_path):

@@ -24,7 +24,7 @@ from rodeco.contracts import Scorer, select_checked
 from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.state import PromptView, RoundView, ScoreRequest
-from rodeco.validation import PluginError
+from rodeco.validation import ConfigError, PluginError
 
 
 def options(group: str) -> list[str]:
@@ -152,16 +152,18 @@ def test_every_policy_option_builds_and_selects(tiny_gen):
     assert {"adaptive", "calibrated", "correlation", "fixed", "none"} <= set(built)
 
 
-# What a run under each budget option does on CPU: "cpu" holds at most 2048 cached tokens, so 32 rows of 80 new
-# tokens (2,560 and the prompt at full length) get decision points; "unlimited" (and "cuda", whose budget comes
-# from CUDA memory, none on CPU) hold every row to the end: Best-of-32, no decision point.
-BOUNDED = {"cpu": 2048, "unlimited": None, "cuda": None}
+# What a run under each budget option does on CPU: "cpu" (budget.mode=tokens) holds at most 2048 cached tokens, so
+# 32 rows of 80 new tokens (2,560 and the prompt at full length) get decision points; "unlimited" holds every row
+# to the end: Best-of-32, no decision point. "cuda" (device memory) and "engine" (vLLM's pool) have nothing to read
+# on a CPU torch engine and say so.
+BOUNDED = {"cpu": 2048, "unlimited": None}
+REFUSED_ON_CPU = {"cuda": "no device memory", "engine": "has no KV pool of its own"}
 
 
 def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
     from helpers import run_tiny
 
-    assert set(options("budget")) == set(BOUNDED)  # a new option: say here what a run under it does
+    assert set(options("budget")) == set(BOUNDED) | set(REFUSED_ON_CPU)  # a new option: say what a run under it does
     for opt, kv in BOUNDED.items():
         out = run_tiny(tiny_gen(), ["write a haiku about autumn leaves"], n=32,
                        overrides=[f"budget={opt}", "sampling.max_new_tokens=80", "sampling.ignore_eos=true"])
@@ -173,16 +175,31 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
         else:
             assert res.rounds and rejected and res.compute.peak_kv_tokens <= kv, (opt, res.compute.peak_kv_tokens)
             assert all(r.rows_kept < r.rows_before for r in res.rounds), opt  # each decision point rejects
-    # On CUDA the same options size the budget from free device memory, except the fixed one.
+    for opt, why in REFUSED_ON_CPU.items():
+        with pytest.raises(ConfigError, match=why) as e:
+            run_tiny(tiny_gen(), ["write a haiku"], n=2, overrides=[f"budget={opt}", "sampling.max_new_tokens=4"])
+        assert e.value.key == "budget.mode" and "budget=cpu" in e.value.fix
+    # On CUDA: the fixed budget stays fixed, unlimited stays unlimited, cuda sizes it from free device memory
     cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024, kv_pool_tokens=None,
-                           layer_devices=lambda: {"cuda": 30})
+                           layer_devices=lambda: {"cuda": 30}, engine_name="FastLlamaEngine")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
     from_device = budget_from_device(10 * 2**30, 1024, 0.9, 2 * 2**30)  # (10 - 2) GiB * 0.9 / 1 KiB
     assert from_device == int(8 * 2**30 * 0.9 // 1024)
-    for opt, kv in BOUNDED.items():
+    for opt, kv in {**BOUNDED, "cuda": from_device}.items():
         cfg = rodeco.load_config([f"budget={opt}"])
         validate(cfg)
-        assert make_budget(cfg, cuda).kv_tokens == (kv or from_device), opt
+        assert make_budget(cfg, cuda).kv_tokens == kv, opt
+    vllm = SimpleNamespace(**{**vars(cuda), "kv_pool_tokens": 5000, "engine_name": "VLLMEngine"})
+    assert make_budget(rodeco.load_config(["budget=engine"]), vllm).kv_tokens == 5000  # the engine's own pool
+
+
+@pytest.mark.parametrize("overrides, key", [(["budget.kv_tokens=null"], "budget.kv_tokens"),
+                                            (["budget=unlimited", "budget.kv_tokens=4096"], "budget.kv_tokens"),
+                                            (["budget.mode=pool"], "budget.mode")])
+def test_a_budget_that_names_no_mode_or_two_is_refused(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        validate(rodeco.load_config(overrides))
+    assert e.value.key == key and "budget=" in e.value.fix
 
 
 def test_every_generator_option_composes():

@@ -87,7 +87,7 @@ def test_separate_lm_equal_to_the_generator_reproduces_its_logprobs(tiny_gen, ti
     rodeco.decode(["write a haiku about autumn leaves"], generator=tiny_gen(engine="hf"), n=6, policy="none",
                   plugins=get_plugin_manager(extra=[Recorder()]),
                   overrides=["reward=custom", "reward.function=record", "sampling.max_new_tokens=12",
-                             "budget.kv_tokens=null"])
+                             "budget=unlimited"])
     lm = LMScorer(tiny_model, tiny_tokenizer)
     gen = tiny_gen(engine="hf")
     seen = [q for q in seen if q.response_ids]

@@ -208,7 +208,7 @@ def test_decoding_end_to_end_with_a_preference_rm(rm_dirs, tiny_gen):
 
     out = rodeco.decode(["explain why the sky is blue"], generator=tiny_gen(), n=4, policy="fixed",
                         overrides=["reward=preference_rm", f"reward.model={rm_dirs['llama']}", "reward.device=cpu",
-                                   "sampling.max_new_tokens=24", "budget.kv_tokens=null"])
+                                   "sampling.max_new_tokens=24", "budget=unlimited"])
     (res,) = out.results
     rescored = _build(rm_dirs["llama"]).score([ScoreRequest("explain why the sky is blue", res.best.text, (),
                                                              partial=False)])

@@ -69,7 +69,7 @@ def solo(gen, ids: list[int], seed: int) -> list[int]:
 
 
 def test_best_of_n_candidates_are_their_seeds_solo_samples(vgen):
-    out = decode(vgen, ["policy=none", "n=8", "budget.kv_tokens=null"])  # null: vLLM's pool is the budget
+    out = decode(vgen, ["policy=none", "n=8", "budget=engine"])  # vLLM's pool is the budget
     assert out.compute.preemptions == 0 and not any(r.rounds for r in out.results)
     for i, res in enumerate(out.results):
         ids = vgen.encode(PROMPTS[i])
@@ -101,7 +101,7 @@ def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions
 
 
 def test_prefix_is_prefilled_once_and_rows_compute_only_the_tail(vgen):
-    out = decode(vgen, ["policy=none", "n=8", "budget.kv_tokens=null"], prompts=[PROMPTS[1]])
+    out = decode(vgen, ["policy=none", "n=8", "budget=engine"], prompts=[PROMPTS[1]])
     P = len(vgen.encode(PROMPTS[1]))
     tail = P - (P - 1) // vgen.kv.block * vgen.kv.block
     # the first request computes the prompt (or finds it cached from an earlier test), each row its tail
@@ -112,7 +112,7 @@ def test_a_prompt_of_whole_blocks_fills_the_pool_without_preemption(vgen):
     """A prompt of exactly k blocks: every row computes its last token itself, so it shares k - 1 blocks. With the
     budget at the whole pool, the rows must still step together, never preempted (before the fix: uneven rows)."""
     text = next(t for k in range(80) if len(vgen.encode(t := "Tell me about " + "the sea " * k)) % vgen.kv.block == 0)
-    out = decode(vgen, ["policy=fixed", "n=auto", "budget.kv_tokens=null"], prompts=[text])
+    out = decode(vgen, ["policy=fixed", "n=auto", "budget=engine"], prompts=[text])
     assert out.results[0].rounds and out.results[0].n_start > 32
     assert out.compute.preemptions == 0 and out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
 
