@@ -1,7 +1,8 @@
 """Out-of-memory back-off: a batch that runs out of CUDA memory is retried smaller instead of ending the run.
 
-First ``data.batch_prompts`` is halved down to 1; then the budget's share of memory (``budget.memory_fraction``,
-or ``budget.kv_tokens`` when it is set) is halved, at most ``MAX_BUDGET_HALVINGS`` times. Each step logs a warning
+First ``data.batch_prompts`` is halved down to 1; then the budget's share of memory (``budget.memory_fraction``
+with ``budget=cuda``, ``budget.kv_tokens`` or the engine's pool otherwise) is halved, at most
+``MAX_BUDGET_HALVINGS`` times; ``budget=unlimited`` has no budget to halve. Each step logs a warning
 and applies to the rest of the run. When nothing is left to shrink, the error names the keys to change.
 """
 
@@ -39,7 +40,7 @@ class Backoff:
     """The run's current batch size and budget scale (1, 1/2, 1/4, ...)."""
 
     batch_prompts: int
-    budget_key: str = "budget.memory_fraction"  # what the budget scale shrinks: this, or budget.kv_tokens
+    budget_key: str | None = "budget.memory_fraction"  # what the budget scale shrinks (None: budget=unlimited)
     budget_scale: float = 1.0
 
     def shrink(self, error: BaseException, n_prompts: int) -> None:
@@ -48,9 +49,14 @@ class Backoff:
         if self.batch_prompts > 1:
             self.batch_prompts = max(1, min(self.batch_prompts, n_prompts) // 2)
             change = f"data.batch_prompts -> {self.batch_prompts}"
-        elif self.budget_scale > 0.5 ** MAX_BUDGET_HALVINGS:
+        elif self.budget_key is not None and self.budget_scale > 0.5 ** MAX_BUDGET_HALVINGS:
             self.budget_scale /= 2
             change = f"{self.budget_key} x {self.budget_scale:g}"
+        elif self.budget_key is None:
+            raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with no budget "
+                              f"(budget=unlimited: every row decodes to the end) ({error})",
+                              "give the run a budget: budget=cuda (free CUDA memory, less each row's working "
+                              "memory) or budget=cpu budget.kv_tokens=N; or lower n or sampling.max_new_tokens") from error
         else:
             raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with "
                               f"{self.budget_key} scaled down to {self.budget_scale:g} ({error})",

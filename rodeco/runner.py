@@ -121,8 +121,9 @@ class DecodeRun:
         self.todo = [p for b in self.batches for p in b]
         self.before = previous_compute(self.writer) if self.writer is not None else Compute()
         self.total, self.results = Compute(), []
-        self.backoff = Backoff(cfg.data.batch_prompts, "budget.memory_fraction" if cfg.budget.mode == "device"
-                               else "budget.kv_tokens")
+        self.backoff = Backoff(cfg.data.batch_prompts, {"device": "budget.memory_fraction", "unlimited": None,
+                                                        "engine": "budget (the engine's KV pool)"}.get(
+                                                            cfg.budget.mode, "budget.kv_tokens"))
         self.stop: list[str] = []
 
     def plan(self) -> list[list[Prompt]]:

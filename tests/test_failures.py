@@ -79,11 +79,17 @@ def test_oom_at_the_minimum_names_the_keys_to_change(tiny_gen, caplog):
     gen = tiny_gen()
     faulty(gen, max_rows=0)  # nothing fits
     with caplog.at_level("WARNING"), pytest.raises(ConfigError) as e:
-        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
+        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget.kv_tokens=4096", "sampling.max_new_tokens=8",
                                                     "data.batch_prompts=2"])
     msg = str(e.value)
-    assert "data.batch_prompts" in msg and "budget.memory_fraction" in msg and "Fix:" in msg
-    assert "budget.memory_fraction x 0.125" in caplog.text  # the budget was halved three times first
+    assert "data.batch_prompts" in msg and "budget.kv_tokens" in msg and "Fix:" in msg
+    assert "budget.kv_tokens x 0.125" in caplog.text  # the budget was halved three times first
+    caplog.clear()
+    with caplog.at_level("WARNING"), pytest.raises(ConfigError) as e:  # no budget to halve: say how to give one
+        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
+                                                    "data.batch_prompts=2"])
+    assert "budget=unlimited" in e.value.problem and "budget=cuda" in e.value.fix
+    assert "data.batch_prompts -> 1" in caplog.text and " x 0.5" not in caplog.text
 
 
 def test_a_failing_reward_loses_nothing_and_names_the_plugin_prompt_and_batch(tiny_gen, tmp_path):

@@ -45,7 +45,8 @@ class Builder:
 
     def roles(self, choices: Choices) -> SimpleNamespace:
         self.asked.append(choices)
-        return SimpleNamespace(policy=self.plugins.build_policy(choices.policy.node, BuildContext(plugins=self.plugins)))
+        return SimpleNamespace(policy=self.plugins.build_policy(choices.policy.node, BuildContext(plugins=self.plugins)),
+                               choices=choices)
 
 
 def is_gentle(choices: Choices, policy) -> bool:
@@ -78,7 +79,7 @@ def test_allocate_bench_builds_a_method_from_its_option_file(plugins):
     bench = load_script("allocate_bench")
     builder = Builder(plugins)
     cfg = rodeco.load_config([], plugins)
-    reward, policy, reward_name = bench.build(cfg, plugins, builder, "gentle", {}, {})
-    assert is_gentle(builder.asked[-1], policy) and reward == reward_name == "minilm_rm"
-    _, policy, _ = bench.build(cfg, plugins, builder, "gentle", {}, {"gentle": {"alpha": 0.75}})
-    assert builder.asked[-1].policy.name == "fixed" and policy.alpha == 0.75  # the per-policy overrides win
+    roles = bench.build(cfg, plugins, builder, "gentle", {}, {})
+    assert is_gentle(builder.asked[-1], roles.policy) and roles.choices.reward.name == "minilm_rm"
+    roles = bench.build(cfg, plugins, builder, "gentle", {}, {"gentle": {"alpha": 0.75}})
+    assert builder.asked[-1].policy.name == "fixed" and roles.policy.alpha == 0.75  # the per-policy overrides win

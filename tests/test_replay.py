@@ -68,7 +68,7 @@ CASES = [("none", {}, None), ("fixed", {"alpha": 0.3}, 70), ("fixed", {"alpha": 
 def live_and_replay(gen, path: Path, policy: str, params: dict, kv: int | None, n: int | str = 8,
                     extra: tuple[str, ...] = ()):
     ov = [*BASE, *extra, f"policy={policy}", *[f"policy.{k}={v}" for k, v in params.items()],
-          f"budget.kv_tokens={'null' if kv is None else kv}", f"n={n}", "output.all_candidates=true",
+          "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}", f"n={n}", "output.all_candidates=true",
           "data.batch_prompts=1"]
     cfg = rodeco.load_config(ov)
     with open_dict(cfg):
