@@ -21,6 +21,13 @@ blocks before a prompt's last token (vLLM computes that token for each row, to s
 prompt's last ``P - b * floor((P - 1) / b)`` tokens (1 to ``b``) itself, and a row of own length ``L`` holds
 ``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of ``b``,
 ``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above.
+
+Each row also holds working memory beyond its cache while it decodes: its logits, their sampling copies, attention
+scores (``rodeco.working``). Charged, it is ``w = row_overhead`` tokens a row (``WorkingMemory.tokens``: the bytes
+over ``kv_bytes_per_token``, rounded up), held however long the row is, and not in blocks: a row of own length ``L``
+counts as ``held(L) + w``. Then ``C = floor((floor(B' / r) - w) / b) * b``, at most ``floor(B' / (held(L + m) + w))``
+rows go on, ``n: auto`` is ``floor(B' / ((held(P' + m) + w) * G))`` (``P'`` the start length), and a batch must fit
+``G * (held(P + N) + w)``. With ``w = 0`` every figure is the one above.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class Budget:
     min_tokens_per_round: int = MIN_TOKENS_PER_ROUND
     block: int = 1  # cache slots are allocated in blocks of this many tokens: the rows' share (for_batch) has the
     # engine's; a run's whole budget is counted in tokens until for_batch splits it for an engine (KVSpec)
+    row_overhead: int = 0  # w: tokens' worth of working memory each row holds besides its cache (rodeco.working)
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:
@@ -53,6 +61,9 @@ class Budget:
                               "set it to a positive number of tokens, e.g. 8")
         if self.block < 1:
             raise ConfigError("generator.kv_block", self.block, "must be >= 1", "use the engine's block size")
+        if not isinstance(self.row_overhead, int) or self.row_overhead < 0:
+            raise ConfigError("budget.row_overhead", self.row_overhead, "must be a whole number of tokens >= 0",
+                              "pass WorkingMemory.tokens(kv_bytes_per_token) (rodeco.working), or 0 to charge none")
 
     def held(self, length: int) -> int:
         """Cache slots a row of own length ``length`` holds: ``length`` rounded up to whole blocks."""
@@ -67,31 +78,35 @@ class Budget:
         tokens = self.kv_tokens
         if tokens is not None and shared:
             tokens = max(1, tokens - len(prompt_lens) * shared)
-        return Budget(tokens, self.min_tokens_per_round, kv.block), base
+        return Budget(tokens, self.min_tokens_per_round, kv.block, self.row_overhead), base
 
     def capacity(self, rows: int, max_length: int) -> int:
-        """Cache length per row at which ``rows`` rows fill the budget (the next decision point)."""
+        """Cache length per row at which ``rows`` rows, each with its working memory, fill the budget (the next
+        decision point)."""
         if self.kv_tokens is None:
             return max_length
-        return min(max_length, self.kv_tokens // self.block // max(rows, 1) * self.block)
+        per_row = self.kv_tokens // max(rows, 1) - self.row_overhead
+        return min(max_length, max(0, per_row) // self.block * self.block)
 
     def max_rows(self, length: int, max_length: int) -> int:
         """The most rows that can decode at least ``min_tokens_per_round`` more tokens from ``length``."""
         if self.kv_tokens is None:
             return 1 << 62
         m = min(self.min_tokens_per_round, max_length - length)
-        return self.kv_tokens // self.held(length + m)
+        return self.kv_tokens // (self.held(length + m) + self.row_overhead)
 
     def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int, kv: KVSpec) -> None:
         """Every prompt must be able to keep one row to the end (in the engine's blocks, ``kv.block``)."""
         if self.kv_tokens is None:
             return
-        need = n_prompts * Budget(None, block=kv.block).held(max_length)
+        w = self.row_overhead
+        need = n_prompts * (Budget(None, block=kv.block).held(max_length) + w)
         if self.kv_tokens < need:
             raise ConfigError(
                 "budget.kv_tokens", self.kv_tokens,
                 f"too small for one row per prompt: {n_prompts} prompt(s) x ({prompt_length} prompt + "
-                f"{max_length - prompt_length} new tokens) = {need} tokens",
+                f"{max_length - prompt_length} new tokens" + (f" + {w} of working memory" if w else "")
+                + f") = {need} tokens",
                 f"raise budget.kv_tokens to at least {need}, lower sampling.max_new_tokens, "
                 f"or put fewer prompts in one batch (data.batch_prompts)",
             )
@@ -101,7 +116,7 @@ class Budget:
         if self.kv_tokens is None:
             raise ConfigError("n", "auto", "needs a finite budget", "set budget.kv_tokens, or give n as a number")
         m = min(self.min_tokens_per_round, max_length - prompt_length)
-        return max(1, self.kv_tokens // (self.held(prompt_length + m) * n_prompts))
+        return max(1, self.kv_tokens // ((self.held(prompt_length + m) + self.row_overhead) * n_prompts))
 
 
 def block_shared(prompt_len, block: int):

@@ -139,11 +139,13 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
             raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
         return n
     n = int(s.n)
-    first = budget.held(base + min(budget.min_tokens_per_round, s.max_new_tokens))
+    w = budget.row_overhead  # each row's working memory, in tokens
+    first = budget.held(base + min(budget.min_tokens_per_round, s.max_new_tokens)) + w
     if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:
         fit = budget.kv_tokens // (first * n_prompts)
         shared = s.budget.kv_tokens - budget.kv_tokens
-        raise ConfigError("n", n, f"{n} rows x {n_prompts} prompt(s) x {first} tokens do not fit budget.kv_tokens="
+        held = f"{first} tokens" + (f" ({w} of them working memory)" if w else "")
+        raise ConfigError("n", n, f"{n} rows x {n_prompts} prompt(s) x {held} do not fit budget.kv_tokens="
                           f"{s.budget.kv_tokens}" + (f" less the {shared} prompt tokens stored once" if shared else "")
                           + " for one round of budget.min_tokens_per_round tokens",
                           f"use n<={fit}, n=auto, or raise budget.kv_tokens")

@@ -13,7 +13,7 @@ import torch
 
 from rodeco.state import SamplingParams
 
-__all__ = ["SamplingParams", "sample", "uniforms"]
+__all__ = ["SamplingParams", "sample", "scaled", "uniforms"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -34,17 +34,28 @@ def uniforms(seed: int, candidate_ids: np.ndarray, step: int) -> np.ndarray:
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` in fp32 divided by ``temperature``, with one [B, V] copy at most: the fp32 copy of lower-precision
+    logits is private, so it is divided in place; fp32 logits are the caller's, so dividing copies them once; at
+    temperature 1 fp32 logits are returned as they are (``x / 1.0`` is ``x`` exactly, so the draw is unchanged)."""
+    x = logits.float()
+    if temperature == 1.0:
+        return x
+    return x.div_(temperature) if x is not logits else x / temperature
+
+
 def sample(logits: torch.Tensor, u: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """logits: [B, V], u: [B] uniforms in (0, 1) -> token ids [B]."""
     if p.greedy:
         return logits.argmax(dim=-1)
-    logits = logits.float() / p.temperature
-    if p.top_k and p.top_k < logits.shape[-1]:
-        vals, idx = logits.topk(p.top_k, dim=-1)  # [B, k], sorted descending
+    x = scaled(logits, p.temperature)
+    if p.top_k and p.top_k < x.shape[-1]:
+        vals, idx = x.topk(p.top_k, dim=-1)  # [B, k], sorted descending
     elif p.top_p < 1.0:
-        vals, idx = logits.sort(dim=-1, descending=True)
+        vals, idx = x.sort(dim=-1, descending=True)
     else:
-        vals, idx = logits, None
+        vals, idx = x, None
+    del x  # a private copy is freed here unless the draw reads it
     probs = torch.softmax(vals, dim=-1)
     if p.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p (at least one token)
         cum = probs.cumsum(dim=-1)

@@ -110,6 +110,7 @@ class Session:
             t0, stepped = time.perf_counter(), self.pending is not None
             if stepped:
                 st, context = self.stats, self.engine.length
+                self.logits = self.hidden = None  # sampled from already: let the step not hold them and its own
                 self.logits = self.engine.step(self.pending)  # [B, V]
                 self.hidden = self.engine.last_hidden
                 counts = np.bincount(self.prompt_of, minlength=len(st.decode_tokens))
@@ -174,7 +175,8 @@ class Session:
         self.out, self.n_tok, self.finished = self.out[rows], self.n_tok[rows], self.finished[rows]
         self.lp = self.lp[rows] if self.lp is not None else None
         self.pending = self.pending[rows] if self.pending is not None else None
-        self.logits = self.logits[rows]
+        # logits sampled from already (a token is pending) are not read again: dropped, not copied
+        self.logits = self.logits[rows] if self.pending is None else None
         self.hidden = self.hidden[rows] if self.hidden is not None else None
 
     def close(self) -> None:

@@ -220,7 +220,7 @@ class FastLlamaEngine:
         """tokens: [B] -> logits [B, V]."""
         if self._rows is not None or self.length >= self.capacity:
             self._realloc(max(self.capacity, self.length + 1))
-        B, S, P = tokens.shape[0], self.sfx, self.plen
+        B, S = tokens.shape[0], self.sfx
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
@@ -230,15 +230,23 @@ class FastLlamaEngine:
             q = _rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
             self.k[li][:, :, S] = _rope(k, cos, sin)
             self.v[li][:, :, S] = v
-            ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
-            kpt = [kp.transpose(-1, -2) for kp in self.kp[li]]  # [Hkv, D, P] per prompt
-            s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float() * self.scale
-            s[..., :P] += bias
-            p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
-            o = self._by_prefix(p[..., :P], list(self.vp[li])) + p[..., P:] @ vs  # [B, Hkv, g, D]
+            o = self._attend(q, li, bias)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
         self.sfx, self.pos = S + 1, self.pos + 1
         return self._head(x)
+
+    def _attend(self, q: torch.Tensor, li: int, bias: torch.Tensor) -> torch.Tensor:
+        """Layer ``li``'s attention of the rows' queries ``q`` [B, Hkv, g, D] over their prompt's cache and their own
+        ``sfx + 1`` tokens -> [B, Hkv, g, D]. The scores are fp32 [B, heads, context]: scaled in place, and freed
+        once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.working``)."""
+        S, P = self.sfx, self.plen
+        ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
+        kpt = [kp.transpose(-1, -2) for kp in self.kp[li]]  # [Hkv, D, P] per prompt
+        s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float().mul_(self.scale)
+        s[..., :P] += bias
+        p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
+        del s
+        return self._by_prefix(p[..., :P], list(self.vp[li])) + p[..., P:] @ vs
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the last layer's output; its normed state is kept in ``last_hidden`` when asked."""
