@@ -197,16 +197,18 @@ def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0) -> Budget:
+def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0, row_overhead: int = 0) -> Budget:
     """The run's budget in its ``budget.mode``: ``tokens`` (``budget.kv_tokens``), ``unlimited``, ``device`` (what
-    the free memory of every CUDA device holding the generator's layers allows) or ``engine`` (the engine's own KV
-    pool). ``scale`` < 1 shrinks it after an out-of-memory error (``Backoff``)."""
+    the free memory of every CUDA device holding the generator's layers allows, each row charged ``row_overhead``
+    tokens' worth of working memory: ``rodeco.working``) or ``engine`` (the engine's own KV pool). ``scale`` < 1
+    shrinks it after an out-of-memory error (``Backoff``)."""
     b = cfg.budget
     check_budget_mode(b)
     if b.mode == "unlimited":
         return Budget(kv_tokens=None, min_tokens_per_round=b.min_tokens_per_round)
     if b.mode == "device":
         kv = device_budget(b, gen, scale)
+        return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round, row_overhead=row_overhead)
     else:
         kv = b.kv_tokens if b.mode == "tokens" else engine_pool(gen)
         pool = gen.kv_pool_tokens

@@ -26,6 +26,7 @@ from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, PromptResult, RoundView, RunOutput
 from rodeco.validation import ConfigError, Interrupted, PluginError
+from rodeco.working import WorkingMemory, working_memory
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,14 @@ def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str)
                               f"({gen.max_context} tokens)", "shorten or drop the prompt, or lower max_new_tokens")
 
 
-def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "") -> LoopSettings:
+def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "",
+                  row_overhead: int = 0) -> LoopSettings:
+    """The loop's settings from the config; ``row_overhead``: each row's working memory in tokens, charged when the
+    budget comes from device memory (``DecodeRun``)."""
     s = cfg.sampling
     return LoopSettings(
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-        budget=make_budget(cfg, gen), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
+        budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
         policy_name=policy_name, reward_name=reward_name)
 
 
@@ -92,6 +96,18 @@ def shard_device(cfg: DictConfig) -> DictConfig:
     return g
 
 
+def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, prompts: list[Prompt]) -> WorkingMemory:
+    """Each row's working memory in this run (``rodeco.working``): at the longest prompt plus max_new_tokens, with
+    the log-probs and hidden states its roles read."""
+    decider = roles.partial or roles.reward
+    s = cfg.sampling
+    longest = max((len(gen.encode(p.text)) for p in prompts), default=1)
+    return working_memory(gen.shape, context=longest + s.max_new_tokens, max_new_tokens=s.max_new_tokens,
+                          sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
+                          needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
+                          needs_hidden=decider.needs_hidden_states)
+
+
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
                gen: Generator | None = None) -> RunOutput:
     """One decode run: the roles chosen (unknown names fail before any model is loaded), the prompts and the
@@ -115,7 +131,11 @@ class DecodeRun:
                  out_dir: str | Path | None) -> None:
         self.cfg, self.plugins, self.gen, self.roles, self.prompts = cfg, plugins, gen, roles, prompts
         self.out_dir = out_dir
-        self.settings = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
+        self.working = row_working_memory(cfg, gen, roles, prompts)
+        # charged only where the budget comes from device memory; reported in every mode (summary.json)
+        self.overhead = self.working.tokens(gen.kv_bytes_per_token) if cfg.budget.mode == "device" else 0
+        self.settings = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name, self.overhead)
+        self.peak_rows = 0
         self.writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
         self.batches = self.plan()
         self.todo = [p for b in self.batches for p in b]
@@ -166,7 +186,7 @@ class DecodeRun:
             self.stop_if_asked()
             part = pending[:self.backoff.batch_prompts]
             try:
-                _, comp = decode_batch(self.gen, self.roles.reward, self.roles.policy,
+                res, comp = decode_batch(self.gen, self.roles.reward, self.roles.policy,
                                        [(p.index, p.text) for p in part], self.settings, on_round=self.on_round,
                                        on_done=self.on_done, partial=self.roles.partial)
             except Exception as e:
@@ -179,13 +199,15 @@ class DecodeRun:
                 pending = [p for p in pending if p.index not in finished]
                 continue
             pending = pending[len(part):]
+            self.peak_rows = max(self.peak_rows, sum(r.n_start for r in res))  # rows only shrink after the start
             self.total.add(comp)
             self.write_summary()
 
     def back_off(self, e: BaseException, part: list[Prompt]) -> None:
         free_cached_memory()
         self.backoff.shrink(e, len(part))
-        self.settings = replace(self.settings, budget=make_budget(self.cfg, self.gen, self.backoff.budget_scale))
+        self.settings = replace(self.settings, budget=make_budget(self.cfg, self.gen, self.backoff.budget_scale,
+                                                                  self.overhead))
 
     def located(self, e: PluginError, k: int, part: list[Prompt]) -> PluginError:
         """A plugin's failure, with where the run was and where what it finished is kept."""
@@ -223,6 +245,9 @@ class DecodeRun:
             "compute": spent.to_dict(), "n_prompts": len(self.writer.records), "prompts_total": len(self.prompts),
             "complete": len(self.writer.records) >= len(self.prompts), "policy": c.policy.name,
             "reward": c.reward.name, "partial_reward": c.partial.name,
+            "working_memory": {**self.working.to_dict(), "charged_tokens_per_row": self.overhead,
+                               "budget_mode": self.cfg.budget.mode, "peak_rows": self.peak_rows,
+                               "peak_bytes_modelled": self.peak_rows * self.working.total},
             **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {})})
 
 

@@ -202,3 +202,37 @@ def test_row_overhead_in_the_start_checks():
     with pytest.raises(ConfigError) as e:
         Budget(100, row_overhead=-1)
     assert e.value.key == "budget.row_overhead" and "WorkingMemory.tokens" in e.value.fix
+
+
+def test_a_run_charges_it_where_the_budget_is_device_memory_and_reports_it_in_every_mode(tiny_gen, tmp_path,
+                                                                                        monkeypatch):
+    """``budget=cuda``: the rows' budget charges each row its working memory in tokens; ``budget=cpu``: nothing is
+    charged; both runs say in ``summary.json`` what a row holds and what the run's rows held at most."""
+    import json
+
+    import rodeco
+    from rodeco.data import prompts_of
+    from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.roles import RoleBuilder, choose_roles
+    from rodeco.runner import DecodeRun, run_decode
+
+    plugins, gen = default_plugins(), tiny_gen()
+    texts = ["write a haiku about autumn", "name three colours"]
+    over = ["reward=logprob", "sampling.max_new_tokens=6", "output.progress=false", "n=4",
+            "data.prompts=[" + ",".join(texts) + "]"]
+    expect = working_memory(gen.shape, context=max(len(gen.encode(t)) for t in texts) + 6, max_new_tokens=6,
+                            sampling=SamplingParams(1.0, 50, 1.0), needs_logprobs=True, needs_hidden=False)
+    cfg = rodeco.load_config(over)
+    run_decode(cfg, plugins, tmp_path / "cpu", gen=gen)
+    wm = json.loads((tmp_path / "cpu" / "summary.json").read_text())["working_memory"]
+    assert wm["total"] == expect.total and wm["charged_tokens_per_row"] == 0 and wm["budget_mode"] == "tokens"
+    assert wm["peak_rows"] == 8 and wm["peak_bytes_modelled"] == 8 * expect.total  # 2 prompts x 4 rows at the start
+    cuda = rodeco.load_config([*over, "budget=cuda", "budget.reserve_gib=0"])  # a CUDA device with 1 GiB free
+    monkeypatch.setattr(gen, "device", torch.device("cuda:0"))
+    monkeypatch.setattr(gen, "layer_devices", lambda: {"cuda:0": gen.shape.n_layers})
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
+    roles = RoleBuilder(plugins, gen.name, BuildContext(plugins=plugins)).roles(choose_roles(cuda, plugins))
+    run = DecodeRun(cuda, plugins, gen, roles, prompts_of(cuda.data), None)
+    w = expect.tokens(gen.kv_bytes_per_token)
+    assert w > 0 and run.overhead == w and run.settings.budget.row_overhead == w
+    assert run.settings.budget.kv_tokens == int(2**30 * 0.9 // gen.kv_bytes_per_token)
