@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -185,19 +185,30 @@ class Plugins:
         """(name, dataclass) of every registered experiment that declares its ``experiment_args``."""
         return [(n, e.args) for n in self.experiments.names() if (e := self.experiments.get(n)).args is not None]
 
-    def build_reward(self, node: Any, ctx: BuildContext, key: str = "reward") -> Reward:
-        """The reward a config node (``{name: ..., <params>}``) describes, built by its registered factory."""
-        name, params = split_node(node, key)
-        return self.rewards.get(name, f"{key}.name").factory(params, self._ctx(ctx))
-
-    def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy") -> Policy:
-        name, params = split_node(node, key)
-        return self.policies.get(name).factory(params, self._ctx(ctx))
-
-    def _ctx(self, ctx: BuildContext) -> BuildContext:
+    def build(self, entry: Entry, params: dict[str, Any], ctx: BuildContext,
+              identities: dict[str, str] | None = None) -> Any:
+        """The one builder: a registered reward or policy (``entry``), built by its factory from ``params`` with
+        ``ctx`` (its ``plugins`` filled in; ``identities``, what the scores come from, put in it when given).
+        ``rodeco.roles.RoleBuilder`` builds every role through it, the policy with the identities of its scorers;
+        ``build_reward`` and ``build_policy`` are thin wrappers for one config node."""
+        if identities is not None:
+            ctx = replace(ctx, identities=dict(identities))
         if ctx.plugins is None:
             ctx.plugins = self
-        return ctx
+        return entry.factory(dict(params), ctx)
+
+    def build_reward(self, node: Any, ctx: BuildContext, key: str = "reward") -> Reward:
+        """The reward a config node (``{name: ..., <params>}``) describes."""
+        name, params = split_node(node, key)
+        return self.build(self.rewards.get(name, f"{key}.name"), params, ctx)
+
+    def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy",
+                     identities: dict[str, str] | None = None) -> Policy:
+        """The policy a config node describes; ``identities`` (``rodeco.calibration.identities``: what the scores it
+        decides by come from) go into its ``BuildContext``, so that a policy tied to them (``calibrated``'s
+        calibration file) checks them. Without them such a policy cannot check and says so."""
+        name, params = split_node(node, key)
+        return self.build(self.policies.get(name, f"{key}.name"), params, ctx, identities)
 
     # Lifecycle hooks: called at run/round/prompt boundaries only, always with keyword arguments.
     def run_start(self, config: dict[str, Any], n_prompts: int) -> None:

@@ -127,7 +127,7 @@ class RoleBuilder:
         """The reward ``choice`` names, built once (from a pool: a ``PoolReward`` serving the pool's cache)."""
         k = (choice.key, choice.cache_key())
         if k not in self._built:
-            built = choice.entry.factory(dict(choice.params), self._ctx())
+            built = self.plugins.build(choice.entry, choice.params, self._ctx())
             if self.pool is not None:
                 built = PoolReward(self.pool, built, reward_key(choice.node, getattr(built, "identity", None)))
             self._built[k] = built
@@ -160,8 +160,8 @@ class RoleBuilder:
     def roles(self, choices: Choices) -> Roles:
         """The scorers, then the policy, built with the identities of what the scores come from."""
         reward, partial, ids = self.scorers(choices)
-        ctx = replace(self._ctx(), identities=ids)
-        return Roles(reward, partial, choices.policy.entry.factory(dict(choices.policy.params), ctx), ids, choices)
+        policy = self.plugins.build(choices.policy.entry, choices.policy.params, self._ctx(), identities=ids)
+        return Roles(reward, partial, policy, ids, choices)
 
     def _ctx(self) -> BuildContext:
         if self.ctx.plugins is None:

@@ -90,7 +90,7 @@ def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
     from rodeco.api import load_config
     from rodeco.experiments.record import pool_roles
     from rodeco.plugins import default_plugins
-    from rodeco.replay import open_pool, replay_batch
+    from rodeco.replay import PoolReward, open_pool, replay_batch
     from rodeco.roles import choose_roles
     from rodeco.runner import loop_settings
 
@@ -105,6 +105,9 @@ def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
     for batch in (indices[j:j + k] for j in range(0, len(indices), k)):
         res, _, _ = replay_batch(p, gen, roles.reward, roles.policy, batch, s, partial=roles.partial)
         lines += [json.dumps(r.to_dict()) + "\n" for r in res]
+    for r in [roles.reward.reward, *([roles.partial.reward] if roles.partial else [])]:
+        if isinstance(r, PoolReward):
+            r.save()  # as experiment=replay does: the next case is served what this one computed
     (out / "results.jsonl").write_text("".join(lines), encoding="utf-8")
 
 

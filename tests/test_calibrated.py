@@ -259,3 +259,24 @@ def test_calibrate_measures_where_finals_sit_against_partial_scores():
     assert stats["final_offset"] == [pytest.approx(3.0)] and stats["final_spread"] == [pytest.approx(2.0)]
     cal = Calibration(generator="g", partial_reward="r", reward="r", lengths=[8], **stats)
     assert cal.final_link(8) == pytest.approx((3.0, 2.0)) and calibration(0.5, 0.8, link=None).final_link(8) is None
+
+
+def test_the_public_builder_passes_identities_so_the_calibration_is_checked(caplog):
+    """``Plugins.build_policy`` is a thin wrapper over the one builder (``Plugins.build``, what ``RoleBuilder`` uses):
+    given identities, ``calibrated`` checks its file against them; without, it says that it could not."""
+    from rodeco.calibration import identities
+    from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.validation import ConfigError
+
+    plugins = default_plugins()
+    from conftest import REPO
+
+    node = {"name": "calibrated",
+            "calibration": str(REPO / "plugins/rodeco_policies/calibrations/smollm2--minilm_rm.json")}
+    good = identities("smollm2", ("minilm_rm", "84e7ae6d8e8da25d"), None)
+    assert plugins.build_policy(node, BuildContext(), identities=good) is not None
+    with pytest.raises(ConfigError, match="measured with another generator"):
+        plugins.build_policy(node, BuildContext(), identities={**good, "generator": "meta-llama/Llama-3.2-1B"})
+    with caplog.at_level("WARNING"):
+        plugins.build_policy(node, BuildContext())
+    assert "is not checked" in caplog.text

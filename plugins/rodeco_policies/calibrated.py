@@ -216,4 +216,7 @@ def build_calibrated(params: dict[str, Any], ctx: BuildContext) -> CalibratedPol
     cal.source["path"] = str(path)
     if ctx.identities:
         cal.check(ctx.identities)
+    else:  # built outside a run (Plugins.build_policy without identities): nothing to check the file against
+        log.warning("policy=calibrated built without the identities of what its scores come from: calibration %s "
+                    "is not checked against the run's generator and reward (a run's roles pass them)", path)
     return CalibratedPolicy(cal, float(p["delta"]), int(p["simulations"]))
