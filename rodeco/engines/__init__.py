@@ -11,7 +11,11 @@
   LM head reads) of each row's last position after ``prefill``/``step``: ``[rows, hidden]``, no extra forward.
 
 ``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``;
-``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache.
+``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache. The folder
+also holds every other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so
+it plugs in at the session, ``rodeco.protocols.Session``), ``layout`` (the model-free layouts a replay counts
+memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds is chosen
+above the engines, in ``rodeco.loading``.
 """
 
 from __future__ import annotations
