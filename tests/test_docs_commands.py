@@ -199,7 +199,9 @@ def check_script(path: str, args: list[str]) -> None:
     documented arguments (``--help``: it has a parser). Config overrides it passes on (``allocate_bench``'s extra
     arguments, ``scale_bench``'s ``overrides``) compose as a ``rodeco`` command's would."""
     assert (REPO / path).is_file(), f"{path}: no such script"
-    with mock.patch.object(sys, "argv", [str(REPO / path), *args]), parse_only():
+    script_dir = str((REPO / path).parent)  # python puts a script's own directory first on sys.path
+    with mock.patch.object(sys, "argv", [str(REPO / path), *args]), \
+            mock.patch.object(sys, "path", [script_dir, *sys.path]), parse_only():
         try:
             runpy.run_path(str(REPO / path), run_name="__main__")
         except Parsed as p:
