@@ -56,7 +56,8 @@ class Backoff:
             raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with no budget "
                               f"(budget=unlimited: every row decodes to the end) ({error})",
                               "give the run a budget: budget=cuda (free CUDA memory, less each row's working "
-                              "memory) or budget=cpu budget.kv_tokens=N; or lower n or sampling.max_new_tokens") from error
+                              "memory) or budget=cpu budget.kv_tokens=N; or lower n or sampling.max_new_tokens"
+                              ) from error
         else:
             raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with "
                               f"{self.budget_key} scaled down to {self.budget_scale:g} ({error})",

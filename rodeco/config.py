@@ -209,13 +209,12 @@ def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0, row_overhea
     if b.mode == "device":
         kv = device_budget(b, gen, scale)
         return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round, row_overhead=row_overhead)
-    else:
-        kv = b.kv_tokens if b.mode == "tokens" else engine_pool(gen)
-        pool = gen.kv_pool_tokens
-        if pool is not None and kv > pool:
-            log.warning("budget.kv_tokens=%d exceeds vLLM's KV pool (%d tokens): vLLM will queue and may preempt "
-                        "rows (compute.preemptions counts them); use budget=engine to decide within the pool", kv, pool)
-        kv = max(1, int(kv * scale)) if scale < 1 else kv
+    kv = b.kv_tokens if b.mode == "tokens" else engine_pool(gen)
+    pool = gen.kv_pool_tokens
+    if pool is not None and kv > pool:
+        log.warning("budget.kv_tokens=%d exceeds vLLM's KV pool (%d tokens): vLLM will queue and may preempt rows "
+                    "(compute.preemptions counts them); use budget=engine to decide within the pool", kv, pool)
+    kv = max(1, int(kv * scale)) if scale < 1 else kv
     return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round)
 
 

@@ -4,7 +4,6 @@ vLLM's is ``rodeco.engines.vllm.VLLMGenerator``, a pool's ``rodeco.replay.Replay
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -16,8 +15,6 @@ from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import SessionSpec
 
 __all__ = ["ModelShape", "TorchGenerator"]
-
-log = logging.getLogger(__name__)
 
 
 class TorchGenerator(ModelGenerator):

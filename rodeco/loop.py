@@ -123,7 +123,8 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
     if s.n in ("auto", "calibrated"):
         if budget.kv_tokens is None:
             raise ConfigError("n", s.n, "needs a finite budget to size the start",
-                              "set budget.kv_tokens (budget=cpu), budget=cuda on a GPU or budget=engine on vLLM, or give n as a number")
+                              "set budget.kv_tokens (budget=cpu), budget=cuda on a GPU or budget=engine on vLLM, "
+                              "or give n as a number")
         most = budget.auto_n(n_prompts, base, base + s.max_new_tokens)
         most = min(most, cap) if cap is not None else most
         if s.n == "auto":

@@ -31,15 +31,15 @@ from rodeco.working import WorkingMemory, working_memory
 log = logging.getLogger(__name__)
 
 
-def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> None:
-    if not gen.max_context:
-        return
-    for p in prompts:
-        n = len(gen.encode(p.text))
-        if n + max_new > gen.max_context:
+def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> list[int]:
+    """Each prompt's length in tokens, every prompt checked to fit the model's context with ``max_new`` more."""
+    lens = [len(gen.encode(p.text)) for p in prompts]
+    for p, n in zip(prompts, lens):
+        if gen.max_context and n + max_new > gen.max_context:
             raise ConfigError(key, f"prompt {p.index} ({n} tokens)",
                               f"prompt + sampling.max_new_tokens={max_new} exceeds the model's context "
                               f"({gen.max_context} tokens)", "shorten or drop the prompt, or lower max_new_tokens")
+    return lens
 
 
 def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "",
@@ -49,8 +49,8 @@ def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward
     s = cfg.sampling
     return LoopSettings(
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-        budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos, all_candidates=cfg.output.all_candidates,
-        policy_name=policy_name, reward_name=reward_name)
+        budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos,
+        all_candidates=cfg.output.all_candidates, policy_name=policy_name, reward_name=reward_name)
 
 
 @contextmanager
@@ -96,12 +96,11 @@ def shard_device(cfg: DictConfig) -> DictConfig:
     return g
 
 
-def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, prompts: list[Prompt]) -> WorkingMemory:
-    """Each row's working memory in this run (``rodeco.working``): at the longest prompt plus max_new_tokens, with
-    the log-probs and hidden states its roles read."""
+def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: int) -> WorkingMemory:
+    """Each row's working memory in this run (``rodeco.working``): at the ``longest`` prompt plus max_new_tokens,
+    with the log-probs and hidden states its roles read."""
     decider = roles.partial or roles.reward
     s = cfg.sampling
-    longest = max((len(gen.encode(p.text)) for p in prompts), default=1)
     return working_memory(gen.shape, context=longest + s.max_new_tokens, max_new_tokens=s.max_new_tokens,
                           sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
                           needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
@@ -119,7 +118,6 @@ def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = N
     gen = gen or load_generator(shard_device(cfg))
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
     roles = RoleBuilder(plugins, gen.name, ctx).roles(choices)
-    check_lengths(gen, prompts, cfg.sampling.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
     return DecodeRun(cfg, plugins, gen, roles, prompts, out_dir if out_dir is not None else cfg.output.dir).run()
 
 
@@ -131,7 +129,9 @@ class DecodeRun:
                  out_dir: str | Path | None) -> None:
         self.cfg, self.plugins, self.gen, self.roles, self.prompts = cfg, plugins, gen, roles, prompts
         self.out_dir = out_dir
-        self.working = row_working_memory(cfg, gen, roles, prompts)
+        key = "data.path" if cfg.data.path else "data.prompts"
+        lens = check_lengths(gen, prompts, cfg.sampling.max_new_tokens, key)  # each prompt encoded once
+        self.working = row_working_memory(cfg, gen, roles, max(lens, default=1))
         # charged only where the budget comes from device memory; reported in every mode (summary.json)
         self.overhead = self.working.tokens(gen.kv_bytes_per_token) if cfg.budget.mode == "device" else 0
         self.settings = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name, self.overhead)

@@ -81,7 +81,6 @@ class Session:
         self.cand = np.tile(np.arange(n), P) + self.spec.first
         self.stream = self.cand.copy()
         B = P * n
-        self.stats.peak_rows = B
         self.out = torch.full((B, self.max_new), gen.pad_id, dtype=torch.long, device=dev)
         self.lp = torch.zeros((B, self.max_new), device=dev) if self.needs_logprobs else None
         self.n_tok = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row (EOS included)
@@ -119,7 +118,6 @@ class Session:
                 st.steps += 1
                 st.step_rows.append(self.rows)
                 st.step_context.append(context)
-                st.peak_rows = max(st.peak_rows, self.rows)
                 self._track_memory()
             if self.hidden_log is not None:
                 self.hidden_log.append((self.t, self.cand.copy(), self._hidden()))

@@ -72,7 +72,6 @@ class SessionStats:
     step_context: list[int] = field(default_factory=list)  # cached tokens per row before each step
     step_seconds: list[float] = field(default_factory=list)  # wall time of each step (forward, sampling; no sync)
     preemptions: int = 0  # rows the engine preempted (vLLM's scheduler; rodeco's own engines never do)
-    peak_rows: int = 0  # the most rows forwarded in one step (what the working memory follows)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ So ``total = response + hidden + max(attention + activations, logits + max(sampl
 ``ceil(total / kv_bytes_per_token)`` extra tokens per row (``WorkingMemory.tokens``, ``Budget.row_overhead``).
 Left out, as they are smaller than either phase for the models rodeco runs: the MLP's activations (a few
 ``[rows, intermediate]`` tensors, after the attention's are freed: about 12 KiB a row for SmolLM2 in bf16, against
-288 KiB of logits; ``ModelShape`` has no intermediate size) and each prompt's (not row's) prefill activations. The ``hf`` engine's attention is the model's own and is not counted here.
+288 KiB of logits; ``ModelShape`` has no intermediate size) and each prompt's (not row's) prefill activations.
+The ``hf`` engine's attention is the model's own and is not counted here.
 """
 
 from __future__ import annotations
