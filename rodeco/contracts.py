@@ -1,5 +1,5 @@
 """Calling plugins and holding them to their contracts (``rodeco.protocols``): a reward returns one finite float per
-request, a policy valid row indices within the budget. A broken contract is a ``PluginError`` naming the plugin."""
+request, a policy valid row indices or counts within the budget. A broken contract is a ``PluginError`` naming the plugin."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from rodeco.backoff import is_oom
 from rodeco.protocols import Policy, Reward, RewardCost
-from rodeco.state import RoundView, ScoreRequest
+from rodeco.state import Counts, PromptView, RoundView, ScoreRequest
 from rodeco.validation import ConfigError, PluginError
 
 
@@ -60,27 +60,43 @@ def plugin_failure(e: Exception, plugin: str, doing: str, prompts: Sequence[int]
     return PluginError(f"{plugin} raised {type(e).__name__}: {e} (while {doing} prompt(s) {sorted(set(prompts))})")
 
 
-def select_checked(policy: Policy, name: str, view: RoundView) -> list[list[int]]:
-    """Run the policy and check its answer against the contract in ``rodeco.protocols.Policy``."""
+def select_checked(policy: Policy, name: str, view: RoundView) -> list[Counts]:
+    """Run the policy and check its answer against the contract in ``rodeco.protocols.Policy``: each prompt's
+    answer as ``Counts`` (a keep list is read as counts of 0 and 1), the checks applied to the totals after copies."""
     try:
-        keep = policy.select(view)
+        answer = policy.select(view)
     except Exception as e:
         raise plugin_failure(e, f"policy {name!r}", "deciding for", [p.prompt_index for p in view.prompts])
-    if len(keep) != len(view.prompts):
-        raise PluginError(f"policy {name!r} returned {len(keep)} keep lists for {len(view.prompts)} prompts")
+    if len(answer) != len(view.prompts):
+        raise PluginError(f"policy {name!r} returned {len(answer)} answers for {len(view.prompts)} prompts")
     out = []
-    for kept, pv in zip(keep, view.prompts):
-        kept = [int(i) for i in kept]
-        if not kept:
-            raise PluginError(f"policy {name!r} kept no row of prompt {pv.prompt_index}; keep at least one")
-        if len(set(kept)) != len(kept) or min(kept) < 0 or max(kept) >= pv.k:
-            raise PluginError(f"policy {name!r} returned duplicate or out-of-range rows {kept} for a prompt "
-                              f"with {pv.k} rows")
-        out.append(sorted(kept))
-    total = sum(len(k) for k in out)
+    for a, pv in zip(answer, view.prompts):
+        counts = _counts(a, pv, name)
+        if counts.total == 0 and not pv.finished_scores:
+            raise PluginError(f"policy {name!r} kept no row of prompt {pv.prompt_index}, which has no finished "
+                              "candidate yet; keep at least one")
+        out.append(counts)
+    total = sum(c.total for c in out)
     if total > view.max_rows_next:
         raise PluginError(
-            f"policy {name!r} kept {total} rows but the budget allows {view.max_rows_next} at this decision point "
-            f"(at least {view.min_reject_total} must go). Fix: raise budget.kv_tokens or lower n, or use a "
-            f"policy that rejects (policy=fixed)")
+            f"policy {name!r} kept {total} rows (copies included) but the budget allows {view.max_rows_next} at this "
+            f"decision point (at least {view.min_reject_total} must go). Fix: raise budget.kv_tokens or lower n, or "
+            f"use a policy that rejects (policy=fixed)")
     return out
+
+
+def _counts(a: list[int] | Counts, pv: PromptView, name: str) -> Counts:
+    """One prompt's answer as counts; a keep list must name distinct rows, counts must be one per row, none negative."""
+    if isinstance(a, Counts):
+        if len(a) != pv.k:
+            raise PluginError(f"policy {name!r} returned {len(a)} counts for prompt {pv.prompt_index}, which has "
+                              f"{pv.k} rows; give one count per row")
+        if any(c < 0 for c in a):
+            raise PluginError(f"policy {name!r} returned negative counts {list(a)} for prompt {pv.prompt_index}; a "
+                              "count is 0 (reject), 1 (keep) or more (copies)")
+        return a
+    kept = [int(i) for i in a]
+    if kept and (len(set(kept)) != len(kept) or min(kept) < 0 or max(kept) >= pv.k):
+        raise PluginError(f"policy {name!r} returned duplicate or out-of-range rows {kept} for a prompt "
+                          f"with {pv.k} rows (to copy rows, return rodeco.Counts)")
+    return Counts.keep(kept, pv.k)

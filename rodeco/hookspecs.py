@@ -65,8 +65,9 @@ def rodeco_run_start(config: dict[str, Any], n_prompts: int) -> None:
 
 
 @hookspec
-def rodeco_round_end(view: RoundView, kept: list[list[int]]) -> None:
-    """Called after each decision point with its ``RoundView`` and the rows kept per prompt (local indices)."""
+def rodeco_round_end(view: RoundView, kept: list[list[int]], counts: list[list[int]]) -> None:
+    """Called after each decision point with its ``RoundView``, the rows kept per prompt (local indices) and the
+    policy's counts per prompt (one per row: 0 rejected, 1 kept, ``c > 1`` kept with ``c - 1`` copies)."""
 
 
 @hookspec

@@ -1,11 +1,12 @@
-"""The decoding loop: Best-of-N and Speculative Rejection are two policies of this one loop.
+"""The decoding loop: Best-of-N, Speculative Rejection and search (particle filtering, beam search) are policies of
+this one loop.
 
 prefill each prompt once, fan its cache out to n rows
 while rows are active:
-    decode until the cache would exceed the budget   (the decision point)
+    decode until the cache would exceed the budget, or the policy's decision_tokens  (the decision point)
     score finished rows (reward) and active rows (partial_reward)
-    keep = policy(view of every prompt)               (rejected rows leave the cache)
-the best finished candidate of each prompt wins
+    counts = policy(view of every prompt)    (0: the row leaves the cache; c > 1: c - 1 copies join it)
+the winner rule picks each prompt's winner among its finished candidates (by default the highest reward)
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, select_checked
 from rodeco.protocols import Generator, Policy, Session
-from rodeco.state import (Compute, PromptRef, PromptResult, PromptView, RoundView, Row, SamplingParams, ScoreRequest,
-                          SessionSpec, StartView)
+from rodeco.sampling import copy_stream
+from rodeco.state import (Compute, Counts, PromptRef, PromptResult, PromptView, RoundView, Row, SamplingParams,
+                          ScoreRequest, SessionSpec, StartView)
 from rodeco.trace import Trace
 from rodeco.validation import ConfigError, PluginError
+from rodeco.winner import WinnerRule
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class LoopSettings:
     all_candidates: bool = False
     policy_name: str = ""
     reward_name: str = ""
+    winner: WinnerRule = WinnerRule()  # how each prompt's winner is chosen among its finished candidates
 
 
 def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
@@ -65,7 +69,8 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
     sess = gen.open_session(session_spec(s, n, prompts, needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
                                          needs_hidden=decider.needs_hidden_states, first=first))
     trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
-                  reward=s.reward_name)
+                  reward=s.reward_name, winner=s.winner)
+    every = decision_tokens(policy, s.policy_name)
     acct = Accounting(gen, len(prompts))
     results: dict[int, PromptResult] = {}
 
@@ -78,11 +83,14 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
     with closing(sess):  # a run stopped or failed mid-batch leaves nothing decoding (vLLM's requests are aborted)
         with acct.timed("prefill"):
             sess.prefill(ids)
+        trace.start(sess.prompt_of, sess.cand)
         rnd = 0
         while sess.rows:
             with acct.timed("decode"):
-                cap = budget.capacity(sess.rows, base + s.max_new_tokens)
-                left = sess.decode(until=cap - base)  # to the decision point
+                until = budget.capacity(sess.rows, base + s.max_new_tokens) - base
+                if every:  # the policy's own decision points; the budget's still bind
+                    until = min(until, (sess.t // every + 1) * every)
+                left = sess.decode(until=until)  # to the decision point
                 left += sess.retire_finished()
             trace.finished(left, score_rows(scorer, "reward", gen, prompts, left, acct))
             report_done()
@@ -93,14 +101,49 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
             with acct.timed("prune"):
                 fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
                 view, rows, keys = _round_view(rnd, sess, scores, trace, s, fit)
-                keep = select_checked(policy, s.policy_name, view)
+                counts = select_checked(policy, s.policy_name, view)
                 if on_round is not None:
-                    on_round(view, keep)
-                trace.round(view, keep, keys)
-                trace.rejected(sess.reject([int(r) for pr, kept in zip(rows, keep) for r in np.delete(pr, kept)]))
+                    on_round(view, counts)
+                apply_counts(sess, trace, rnd, rows, keys, view, counts)
             report_done()
             rnd += 1
     return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
+
+
+def apply_counts(sess: Session, trace: Trace, rnd: int, rows: list[np.ndarray], keys: list[int], view: RoundView,
+                 counts: list[Counts]) -> None:
+    """A decision's counts applied: rows of count 0 leave the batch, a row of count ``c > 1`` gets ``c - 1`` copies,
+    each a new candidate (the prompt's next id, a stream derived from its lineage) right after its parent."""
+    drop, parents, ids, streams, copies = [], [], [], [], []
+    for pr, c, key in zip(rows, counts, keys):
+        made: dict[int, list[int]] = {}
+        for local, k in enumerate(c):
+            r = int(pr[local])
+            if k == 0:
+                drop.append(r)
+            for j in range(k - 1):
+                parent = int(sess.cand[r])
+                made.setdefault(parent, []).append(trace.copy(key, parent, rnd))
+                parents.append(r)
+                ids.append(made[parent][-1])
+                streams.append(copy_stream(int(sess.stream[r]), sess.t, j))
+        copies.append(made)
+    trace.round(view, counts, keys, copies)
+    trace.rejected(sess.reject(drop))
+    if parents:  # the parents' places once the rejected rows are gone
+        kept = np.setdiff1d(np.arange(sess.rows + len(drop)), drop)
+        sess.fork(np.searchsorted(kept, parents).tolist(), ids, streams)
+
+
+def decision_tokens(policy: Policy, name: str) -> int | None:
+    """The policy's ``decision_tokens`` (a decision every that many tokens), checked; None if it has none."""
+    every = getattr(policy, "decision_tokens", None)
+    if every is None:
+        return None
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise PluginError(f"policy {name!r} asks for a decision every {every!r} tokens; decision_tokens must be a "
+                          "whole number of at least 1, or None")
+    return every
 
 
 def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: Sequence[PromptRef], rows: Sequence[Row],
@@ -112,7 +155,7 @@ def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: Sequence[Prom
         reqs = [ScoreRequest(prompt=prompts[r.prompt].text, response=gen.decode_text(r.token_ids),
                              response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt].index,
                              candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
-                             else None, hidden_state=r.hidden) for r in rows]
+                             else None, hidden_state=r.hidden, stream=r.stream) for r in rows]
         return scorer(reqs)
 
 
@@ -156,19 +199,21 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
 def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings,
                 fit: int) -> tuple[RoundView, list[np.ndarray], list[int]]:
     """The policy's view of every prompt, each prompt's batch rows (in the view's local order) and its batch key;
-    ``fit``: the most rows the budget lets decode on."""
-    max_rows = min(sess.rows, fit)
+    ``fit``: the most rows the budget lets decode on (copies may grow the batch up to it)."""
     views, rows_of, keys = [], [], np.unique(sess.prompt_of)
-    for p in keys:
+    shares = np.full(len(keys), fit // len(keys)) + (np.arange(len(keys)) < fit % len(keys))
+    for p, share in zip(keys, shares):
         rows = np.nonzero(sess.prompt_of == p)[0]
         rows_of.append(rows)
         cands = sess.cand[rows].tolist()
         views.append(PromptView(
             prompt_index=trace.prompts[p].index, candidate_ids=cands, scores=scores[rows],
             history=trace.history(p, cands), finished_scores=trace.finished_scores(p), tokens_generated=sess.t,
-            min_reject=0))
-    _share_min_reject(views, sess.rows - max_rows)
-    view = RoundView(round=rnd, prompts=views, max_rows_next=max_rows, max_new_tokens=s.max_new_tokens)
+            min_reject=0, parents=trace.parents(p, cands), origins=trace.origins(p, cands),
+            finished_ids=trace.finished_ids(p), max_rows=int(share),
+            rng=np.random.default_rng([s.seed & 0xFFFFFFFF, trace.prompts[p].stream_key, rnd])))
+    _share_min_reject(views, sess.rows - fit)
+    view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=trace.n)
     return view, rows_of, keys.tolist()
 
 

@@ -29,7 +29,7 @@ from rodeco import hookspecs
 from rodeco.config import split_node
 from rodeco.params import check_params, is_schema
 from rodeco.protocols import Policy, Reward
-from rodeco.state import Compute, PromptResult, RoundView
+from rodeco.state import Compute, Counts, PromptResult, RoundView
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -214,8 +214,9 @@ class Plugins:
     def run_start(self, config: dict[str, Any], n_prompts: int) -> None:
         self.pm.hook.rodeco_run_start(config=config, n_prompts=n_prompts)
 
-    def round_end(self, view: RoundView, kept: list[list[int]]) -> None:
-        self.pm.hook.rodeco_round_end(view=view, kept=kept)
+    def round_end(self, view: RoundView, counts: list[Counts]) -> None:
+        """A decision point's hook, given the policy's answer as counts (``rodeco.contracts.select_checked``)."""
+        self.pm.hook.rodeco_round_end(view=view, kept=[c.kept for c in counts], counts=[list(c) for c in counts])
 
     def prompt_done(self, result: PromptResult) -> None:
         self.pm.hook.rodeco_prompt_done(result=result)

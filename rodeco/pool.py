@@ -9,6 +9,9 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
                                   [c, t] sampled candidate c's token t (what a reward that needs hidden states
                                   gets at a decision point after t + 1 tokens)
     DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
+    DIR/continuations/<index>.json  copies' continuations, decoded on demand when a replay forks a row
+                                  (``rodeco.replay.ReplayGenerator.continuations``): copy stream -> its parent's
+                                  stream, the step of the fork, the tokens from there, their log-probs, stop token
     DIR/step_costs.json           decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
                                   complete (the time model of the efficiency experiment is fitted to them);
                                   pools recorded before the name changed hold it as calibration.json
@@ -173,3 +176,11 @@ class Pool:
 
     def write_scores(self, key: str, index: int, entries: dict[str, list[float]]) -> None:
         atomic_write(self.path / "scores" / key / f"{index}.json", json.dumps(entries) + "\n")
+
+    def continuations(self, index: int) -> dict[str, dict[str, Any]]:
+        """``str(copy stream) -> {parent, step, tokens, logprobs, stop, seconds}`` of the copies decoded so far."""
+        f = self.path / "continuations" / f"{index}.json"
+        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+
+    def write_continuations(self, index: int, entries: dict[str, dict[str, Any]]) -> None:
+        atomic_write(self.path / "continuations" / f"{index}.json", json.dumps(entries) + "\n")

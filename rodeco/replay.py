@@ -4,7 +4,10 @@ the same compute accounting) run over a recorded pool instead of a model.
 - ``ReplayGenerator`` stands in for the generator: the pool's prompt ids, its saved tokenizer, the model's sizes
   (FLOPs and KV bytes) and a model-free engine layout (``rodeco.engines.layout``) that allocates as the engine the
   pool was recorded with does.
-- ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate.
+- ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate. A copy
+  (a forking policy's count above 1) continues with the pool's continuation of it: decoded once, on demand, by the
+  live generator from its parent's tokens with its own stream (``ReplayGenerator.continuations``), stored in the pool
+  under its stream and served from there afterwards.
 - ``PoolReward`` serves rewards from the pool's cache, computing what is missing on first use, and charges every
   request the tokens, FLOPs and seconds it cost when it was computed, as a live run would pay them.
 - ``OracleReward`` (``partial_reward=oracle``) scores a partial response with its candidate's final reward: the
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,14 @@ import torch
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
+from rodeco.generator import TorchGenerator
 from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt, session_spec
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
 from rodeco.protocols import Generator, Policy, Reward, RewardCost
+from rodeco.sampling import COPY_BIT
 from rodeco.session import Session
 from rodeco.shape import KVSpec
-from rodeco.state import Compute, PromptRef, PromptResult, ScoreRequest, SessionSpec
+from rodeco.state import Compute, PromptRef, PromptResult, SamplingParams, ScoreRequest, SessionSpec
 from rodeco.validation import ConfigError
 
 # ModelShape fields a pool's settings leave out: pools recorded before they existed must still extend
@@ -104,7 +109,7 @@ class ReplayGenerator:
     provides_hidden = True  # the pool's recorded hidden states, where it has them (Pool.hidden)
     kv_pool_tokens = None
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, live: Callable[[], Generator] | None = None) -> None:
         from transformers import AutoTokenizer
 
         s = pool.settings
@@ -119,6 +124,57 @@ class ReplayGenerator:
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
         self._ids: dict[str, list[int]] = {}
+        self._live_factory, self._live = live or (lambda: live_generator(pool)), None
+        self.continuation_seconds = 0.0  # spent decoding copies' continuations that the pool did not hold
+        self.continued = 0  # continuations decoded (the rest served from the pool)
+
+    def continuations(self, index: int, stream_key: int, parents: list[int], step: int,
+                      prefixes: list[list[int]], streams: list[int]) -> list[dict[str, Any]]:
+        """The continuations of copies of prompt ``index`` made after ``step`` tokens: copy ``j`` holds
+        ``prefixes[j]`` (its parent's tokens, of stream ``parents[j]``) and has stream ``streams[j]``. Served from
+        the pool; the missing ones decoded together by the live generator, as the live copy continues: its parent's
+        tokens fed step by step (``Session.force``), then sampled with its own stream to the pool's
+        ``max_new_tokens``; stored in the pool at once."""
+        have = self.pool.continuations(index)
+        miss = [j for j, st in enumerate(streams) if str(st) not in have]
+        if miss:
+            t0 = time.perf_counter()
+            ps = self.pool.settings
+            live = self.live()
+            sampling = SamplingParams(**ps["sampling"])
+            sess = live.open_session(SessionSpec(len(miss), sampling, int(ps["max_new_tokens"]), int(ps["seed"]),
+                                                 (stream_key,), needs_logprobs=True))
+            sess.prefill([self.pool.prompt(index).prompt_ids])
+            sess.stream[:] = [streams[j] for j in miss]
+            sess.cand[:] = miss
+            sess.force(torch.tensor([prefixes[j] for j in miss], dtype=torch.long).reshape(len(miss), step))
+            rows = sess.decode(until=int(ps["max_new_tokens"])) + sess.retire_finished()
+            seconds = (time.perf_counter() - t0) / len(miss)
+            for r in rows:
+                j = r.candidate_id
+                assert r.token_ids[:step] == prefixes[j], "a continuation must start with its parent's tokens"
+                have[str(streams[j])] = {"parent": parents[j], "step": step, "tokens": r.token_ids,
+                                         "logprobs": r.logprobs, "stop": r.stop, "seconds": seconds,
+                                         "text": live.decode_text(r.token_ids)}
+            self.pool.write_continuations(index, have)
+            self.continuation_seconds += time.perf_counter() - t0
+            self.continued += len(miss)
+        out = [have[str(st)] for st in streams]
+        for e, p, st in zip(out, parents, streams):
+            if e["parent"] != p or e["step"] != step:
+                raise ConfigError("pool", str(self.pool.path), f"continuation {st} of prompt {index} was stored for "
+                                  f"parent {e['parent']} at step {e['step']}, not {p} at {step}",
+                                  "remove the pool's continuations/ folder (it is rebuilt on demand)")
+        return out
+
+    def live(self) -> Generator:
+        """The live generator that decodes continuations: loaded on first use (the pool's generator settings)."""
+        if self._live is None:
+            self._live = self._live_factory()
+            if not isinstance(self._live, TorchGenerator):
+                raise ConfigError("generator.engine", self._live.engine_name, "continuations of copies are decoded "
+                                  "with rodeco's own engines (fast, hf)", "replay with generator.engine=fast")
+        return self._live
 
     def add(self, p: PoolPrompt) -> None:
         self._ids[p.text] = p.prompt_ids
@@ -147,7 +203,8 @@ class PoolSession(Session):
     """A session whose candidates are the pool's: the row of stream ``c`` (``first``, ``first + 1``, ...) emits
     the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's candidates per prompt), and
     finishes where the recording did. An offset ``first`` draws another set of candidates (wrapping round), as
-    another seed would. A row's candidate id, stream and pool index are the one number ``c mod M``."""
+    another seed would. A starting row's candidate id, stream and pool index are the one number ``c mod M``; a
+    copy emits its continuation (``ReplayGenerator.continuations``)."""
 
     def __init__(self, gen: ReplayGenerator, spec: SessionSpec, engine: Any, compact_fraction: float) -> None:
         super().__init__(gen, spec, engine, compact_fraction)
@@ -189,6 +246,29 @@ class PoolSession(Session):
         super().select(rows)
         self.rec, self.rec_lp = self.rec[rows.cpu()], self.rec_lp[rows.cpu()]
 
+    def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
+        """Copies as live makes them; each then emits its continuation from the pool (decoded on first use)."""
+        if self.needs_hidden:
+            raise ConfigError("partial_reward", "a reward that reads hidden states", "a pool records no hidden "
+                              "states of copies", "replay forking policies with a partial reward that reads text")
+        parent_streams = [int(self.stream[r]) for r in parents]
+        slots = super().fork(parents, ids, streams)
+        by_prompt: dict[int, list[int]] = {}
+        for j, r in enumerate(slots):
+            by_prompt.setdefault(int(self.prompt_of[r]), []).append(j)
+        T, t = self.max_new, self.t
+        for p, js in by_prompt.items():
+            conts = self.gen.continuations(int(self.indices[p]), int(self.keys[p]), [parent_streams[j] for j in js],
+                                           t, [self.out[slots[j], :t].tolist() for j in js],
+                                           [streams[j] for j in js])
+            for j, c in zip(js, conts):
+                r = slots[j]
+                toks = (c["tokens"] + ([c["stop"]] if c["stop"] is not None else []))[:T]
+                self.rec[r, t:] = self.gen.pad_id
+                self.rec[r, t: len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
+                self.rec_lp[r, t: min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
+        return slots
+
 
 class PoolReward:
     """A reward served from the pool's cache (``scores/<key>/``): each (prompt, candidate, length, partial) is
@@ -216,7 +296,10 @@ class PoolReward:
 
     @staticmethod
     def _key(r: ScoreRequest) -> str:
-        return f"{r.candidate_id}:{len(r.response_ids)}:{int(r.partial)}"
+        """A starting candidate by its id (as before copies existed), a copy by its stream, which names its
+        lineage under any policy (its id is only the next free one of its run)."""
+        who = f"s{r.stream}" if r.stream is not None and r.stream & COPY_BIT else str(r.candidate_id)
+        return f"{who}:{len(r.response_ids)}:{int(r.partial)}"
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
         miss = [r for r in requests if self._key(r) not in self.entries(r.prompt_index)]
@@ -232,9 +315,16 @@ class PoolReward:
         self.cost.calls += 1
         return out
 
-    def final_score(self, index: int, candidate: int) -> float:
-        """Candidate ``candidate``'s final reward (computed on first use), charged to no one."""
-        req = self.pool.prompt(index).request(candidate)
+    def final_score(self, index: int, candidate: int, stream: int | None = None) -> float:
+        """Candidate ``candidate``'s final reward (a copy's, by its ``stream``: its stored continuation's), computed
+        on first use, charged to no one."""
+        p = self.pool.prompt(index)
+        if stream is not None and stream & COPY_BIT:
+            c = self.pool.continuations(index)[str(stream)]
+            req = ScoreRequest(p.text, c["text"], tuple(c["tokens"]), partial=False, prompt_index=index,
+                               candidate_id=candidate, logprobs=tuple(c["logprobs"]), stream=stream)
+        else:
+            req = p.request(candidate)
         if self._key(req) not in self.entries(index):
             self._compute([req])
         return self.entries(index)[self._key(req)][0]
@@ -272,7 +362,7 @@ class OracleReward:
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
         self.final.score(requests)  # the charge
-        return [self.final.final_score(r.prompt_index, r.candidate_id) for r in requests]
+        return [self.final.final_score(r.prompt_index, r.candidate_id, r.stream) for r in requests]
 
 
 def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
@@ -329,6 +419,18 @@ def replay_batch(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Polic
     return res, comp, sum(r.seconds for r in charged) - seconds0
 
 
-def open_pool(path: str | Path, key: str = "pool") -> tuple[Pool, ReplayGenerator]:
+def live_generator(pool: Pool) -> Generator:
+    """The generator a pool was recorded with, loaded from its settings (what decodes copies' continuations)."""
+    from omegaconf import OmegaConf
+
+    from rodeco.loading import load_generator
+
+    return load_generator(OmegaConf.create(pool.settings["generator"]))
+
+
+def open_pool(path: str | Path, key: str = "pool",
+              live: Callable[[], Generator] | None = None) -> tuple[Pool, ReplayGenerator]:
+    """A pool and its generator; ``live`` builds the live generator that decodes copies' continuations (default:
+    the pool's own, loaded on first use)."""
     pool = Pool(path, key)
-    return pool, ReplayGenerator(pool)
+    return pool, ReplayGenerator(pool, live)

@@ -24,7 +24,7 @@ from rodeco.plugins import BuildContext, Plugins
 from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, PromptResult, RoundView, RunOutput
+from rodeco.state import Compute, Counts, PromptResult, RoundView, RunOutput
 from rodeco.validation import ConfigError, Interrupted, PluginError
 from rodeco.working import WorkingMemory, working_memory
 
@@ -221,9 +221,9 @@ class DecodeRun:
             raise Interrupted(self.stop[0], len(self.results), len(self.todo),
                               str(self.writer.path) if self.writer is not None else None)
 
-    def on_round(self, view: RoundView, kept: list[list[int]]) -> None:
+    def on_round(self, view: RoundView, counts: list[Counts]) -> None:
         """A decision point: the hook, then stop here if a signal came."""
-        self.plugins.round_end(view, kept)
+        self.plugins.round_end(view, counts)
         self.stop_if_asked()
 
     def on_done(self, result: PromptResult) -> None:

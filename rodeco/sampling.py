@@ -13,7 +13,7 @@ import torch
 
 from rodeco.state import SamplingParams
 
-__all__ = ["SamplingParams", "sample", "scaled", "uniforms"]
+__all__ = ["SamplingParams", "copy_stream", "row_keys", "sample", "scaled", "uniforms"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -24,6 +24,33 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M64
         x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M64
         return x ^ (x >> np.uint64(31))
+
+
+COPY_BIT = 1 << 62  # set in every copy's stream; a starting row's stream is its candidate number (below 2**24)
+
+
+def copy_stream(parent: int, step: int, sibling: int) -> int:
+    """The stream of the ``sibling``-th copy (0, 1, ...) made of the row of stream ``parent`` after ``step`` tokens: a
+    pure function of its lineage, so the same copy has the same stream under any policy, and siblings' differ."""
+    x = np.array([parent & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = _splitmix64(_splitmix64(x ^ np.uint64(0xA0761D6478BD642F)) + np.uint64(step) * np.uint64(0xE7037ED1A0B428DB))
+        x = _splitmix64(x + np.uint64(sibling) * np.uint64(0x8EBC6AF09C88C6E3))
+    return int(x[0] & np.uint64(COPY_BIT - 1)) | COPY_BIT
+
+
+def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
+    """Each row's key into ``uniforms``: ``(prompt key << 24) | stream`` for a starting row (as before copies
+    existed), a hash of both with the top bit set for a copy (whose stream has ``COPY_BIT``), so no two rows share
+    one."""
+    k, st = prompt_keys.astype(np.uint64), streams.astype(np.uint64)
+    out = (k << np.uint64(24)) | st
+    copy = (st & np.uint64(COPY_BIT)) != 0
+    if copy.any():
+        with np.errstate(over="ignore"):
+            mixed = _splitmix64(st[copy] ^ _splitmix64(k[copy] * np.uint64(0x9E3779B97F4A7C15)))
+        out[copy] = mixed | np.uint64(1 << 63)
+    return out
 
 
 def uniforms(seed: int, candidate_ids: np.ndarray, step: int) -> np.ndarray:

@@ -8,13 +8,16 @@ every one of its rows' random streams and vLLM seeds; by default its dataset ind
 in the batch: ``Row.prompt``, a session's ``prompt_of``). A candidate has an *id* (``candidate_id``: results,
 ``PromptView.candidate_ids``, ``ScoreRequest.candidate_id``, the trace's key), a *stream* (``Row.stream``: its
 random-stream key within its prompt, what makes candidate ``i`` the same sample under Best-of-N and Speculative
-Rejection), a *pool index* (which recorded candidate a replayed row is) and an engine *request seed* (vLLM). Today
-a candidate's id, stream and pool index are one number; they are separate fields so that a copied row (a new id
-and stream, its parent's history) or a served request (its own stream key) can tell them apart.
+Rejection), a *pool index* (which recorded candidate a replayed row is) and an engine *request seed* (vLLM). A
+starting candidate's id, stream and pool index are one number. A *copy* (a decision's count above 1,
+``rodeco.lineage``) is a new candidate: the next free id of its prompt, and a stream derived from its parent's stream,
+the step of the fork and its place among its siblings, so the same copy has the same stream under any policy (a
+pool stores its continuation under that stream).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,35 @@ class Row:
     stop: int | None = None  # the EOS token that ended it (reason "eos")
     hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
     stream: int | None = None  # the random-stream key within its prompt (None: the candidate id)
+
+
+class Counts(tuple):
+    """A policy's answer for one prompt as counts, one per row (local order): 0 rejects the row, 1 keeps it, ``c > 1``
+    keeps it and adds ``c - 1`` copies (new candidates that continue from its tokens and cache). Its own type, so that
+    a keep list ``[0, 1]`` (rows 0 and 1 kept) is never read as counts; a plain list is a keep list."""
+
+    def __new__(cls, counts: Sequence[int] | np.ndarray) -> Counts:
+        return super().__new__(cls, (int(c) for c in counts))
+
+    @classmethod
+    def keep(cls, kept: Sequence[int], k: int) -> Counts:
+        """The counts of the keep list ``kept`` among ``k`` rows (1 for each kept row, 0 elsewhere)."""
+        out = [0] * k
+        for i in kept:
+            out[int(i)] = 1
+        return cls(out)
+
+    @property
+    def total(self) -> int:
+        return sum(self)
+
+    @property
+    def kept(self) -> list[int]:
+        """The rows that go on (count at least 1), in local order."""
+        return [i for i, c in enumerate(self) if c > 0]
+
+    def __repr__(self) -> str:
+        return f"Counts({list(self)})"
 
 
 @dataclass
@@ -114,6 +146,7 @@ class ScoreRequest:
     candidate_id: int = 0
     logprobs: tuple[float, ...] | None = None
     hidden_state: np.ndarray | None = field(default=None, compare=False)
+    stream: int | None = None  # the candidate's random stream (a copy's names its lineage; a pool keys copies by it)
 
 
 @dataclass
@@ -130,6 +163,14 @@ class PromptView:
     finished_scores: list[float]  # final rewards of this prompt's candidates that already finished
     tokens_generated: int  # response tokens so far (same for every active row)
     min_reject: int  # the budget's share for this prompt: reject at least this many rows
+    # lineage (rodeco.lineage): each row's parent candidate id (None: a starting row) and origin, the position
+    # (0..n_start-1) among the prompt's starting rows of the row it descends from (its own, for a starting row)
+    parents: list[int | None] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    finished_ids: list[int] = field(default_factory=list)  # the candidates of finished_scores, in its order
+    max_rows: int = 0  # this prompt's share of the rows the budget fits next round (RoundView.max_rows_next)
+    # seeded by (run seed, prompt's stream key, round): a policy that samples (particle_filter) stays reproducible
+    rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
 
     @property
     def k(self) -> int:
@@ -142,8 +183,9 @@ class RoundView:
 
     round: int
     prompts: list[PromptView]
-    max_rows_next: int  # the most rows (over all prompts) that fit the next round
+    max_rows_next: int  # the most rows (over all prompts) that fit the next round: may exceed the rows there are
     max_new_tokens: int
+    n_start: int = 0  # rows each prompt started with
 
     @property
     def min_reject_total(self) -> int:
@@ -171,6 +213,8 @@ class Candidate:
     finished: bool  # reached EOS or max_new_tokens
     rejected_at_round: int | None = None
     stop_reason: str = ""  # "eos", "length", "rejected"
+    parent: int | None = None  # a copy's parent candidate (None: a starting row); left out of records when None
+    forked_round: int | None = None  # the decision point that made the copy
 
 
 @dataclass
@@ -185,6 +229,7 @@ class Round:
     rejected_ids: list[int]
     scores: dict[int, float]  # candidate id -> partial score
     min_reject: int
+    copies: dict[int, list[int]] = field(default_factory=dict)  # parent id -> its copies' ids (left out when empty)
 
 
 @dataclass
@@ -248,14 +293,29 @@ class PromptResult:
     compute: Compute  # this prompt's share of its batch's compute
     policy: str = ""
     reward: str = ""
+    winner: str = "reward"  # the rule that chose ``best`` (rodeco.winner); left out of records at its default
+    answer: str | None = None  # the answer a vote chose by (left out when None)
 
     @property
     def best_response(self) -> str:
         return self.best.text
 
     def to_dict(self) -> dict[str, Any]:
+        """The record written to results.jsonl. The fields search added (lineage, the winner rule) are left out at
+        their defaults, so a run without copies writes the records it wrote before they existed."""
         d = asdict(self)
         d["compute"] = self.compute.to_dict()
+        for c in [d["best"]] + (d["candidates"] or []):
+            for k in ("parent", "forked_round"):
+                if c[k] is None:
+                    del c[k]
+        for r in d["rounds"]:
+            if not r["copies"]:
+                del r["copies"]
+        if d["winner"] == "reward":
+            del d["winner"]
+        if d["answer"] is None:
+            del d["answer"]
         return d
 
 

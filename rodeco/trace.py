@@ -1,6 +1,7 @@
 """What happened to one batch, recorded as it decodes: each candidate's partial scores by round, final scores,
-every decision point, and the rows that left (finished or rejected). From these records it builds each
-prompt's ``PromptResult``; it computes nothing of its own."""
+every decision point, the rows that left (finished or rejected), and the lineage of copies (parent, round of the
+fork, the starting row each descends from). From these records it builds each prompt's ``PromptResult``; it computes
+nothing of its own but the next free candidate id of a prompt."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rodeco.state import Candidate, Compute, PromptRef, PromptResult, Round, RoundView, Row
+from rodeco.winner import WinnerRule
+from rodeco.state import Candidate, Compute, Counts, PromptRef, PromptResult, Round, RoundView, Row
 
 
 class Trace:
     """Keyed by batch key (the prompt's position in the batch) and candidate id."""
 
     def __init__(self, prompts: Sequence[PromptRef], n: int, decode_text: Callable[[list[int]], str], *,
-                 all_candidates: bool = False, policy: str = "", reward: str = "") -> None:
+                 all_candidates: bool = False, policy: str = "", reward: str = "",
+                 winner: WinnerRule | None = None) -> None:
         self.prompts, self.n, self.decode_text = prompts, n, decode_text
+        self.winner = winner or WinnerRule()
         self.all_candidates, self.policy, self.reward = all_candidates, policy, reward
         P = len(prompts)
         self.partial: list[dict[int, list[float]]] = [{} for _ in range(P)]  # candidate -> score per round
@@ -24,6 +28,32 @@ class Trace:
         self.rounds: list[list[Round]] = [[] for _ in range(P)]
         self.left: list[Row] = []  # rows that left the batch, in the order they left
         self.emitted: set[int] = set()
+        self.parent: list[dict[int, tuple[int, int]]] = [{} for _ in range(P)]  # copy -> (parent, round of the fork)
+        self.origin: list[dict[int, int]] = [{} for _ in range(P)]  # candidate -> position of its starting row
+        self.next_id = [0] * P
+
+    def start(self, prompt_of: Sequence[int], cands: Sequence[int]) -> None:
+        """The starting rows (after prefill): each is its own origin; copies take ids above them."""
+        for p, c in zip(prompt_of, cands):
+            p, c = int(p), int(c)
+            self.origin[p][c] = len(self.origin[p])
+            self.next_id[p] = max(self.next_id[p], c + 1)
+
+    def copy(self, p: int, parent: int, rnd: int) -> int:
+        """A new candidate of prompt ``p`` copied from ``parent`` at decision point ``rnd``: its id. It inherits its
+        parent's origin and partial-score history."""
+        c = self.next_id[p]
+        self.next_id[p] += 1
+        self.parent[p][c] = (parent, rnd)
+        self.origin[p][c] = self.origin[p][parent]
+        self.partial[p][c] = list(self.partial[p].get(parent, []))
+        return c
+
+    def parents(self, p: int, cands: list[int]) -> list[int | None]:
+        return [self.parent[p][c][0] if c in self.parent[p] else None for c in cands]
+
+    def origins(self, p: int, cands: list[int]) -> list[int]:
+        return [self.origin[p][c] for c in cands]
 
     def finished(self, rows: Sequence[Row], scores: np.ndarray) -> None:
         """Rows that reached EOS or max_new_tokens, with their final rewards."""
@@ -39,15 +69,17 @@ class Trace:
     def rejected(self, rows: Sequence[Row]) -> None:
         self.left += rows
 
-    def round(self, view: RoundView, keep: list[list[int]], keys: Sequence[int]) -> None:
-        """A decision point: ``keys[j]`` is the batch key of ``view.prompts[j]``."""
-        for pv, kept, p in zip(view.prompts, keep, keys):
+    def round(self, view: RoundView, counts: list[Counts], keys: Sequence[int],
+              copies: Sequence[dict[int, list[int]]]) -> None:
+        """A decision point: ``keys[j]`` is the batch key of ``view.prompts[j]``, ``copies[j]`` its copies' ids by
+        parent. ``rows_kept`` counts the rows that go on, copies included."""
+        for pv, c, p, cp in zip(view.prompts, counts, keys, copies):
             ids = pv.candidate_ids
-            kept_ids = [ids[i] for i in kept]
+            kept_ids = [ids[i] for i in c.kept]
             self.rounds[p].append(Round(
-                round=view.round, tokens_generated=pv.tokens_generated, rows_before=pv.k, rows_kept=len(kept),
-                kept_ids=kept_ids, rejected_ids=[c for c in ids if c not in set(kept_ids)],
-                scores={c: float(sc) for c, sc in zip(ids, pv.scores)}, min_reject=pv.min_reject))
+                round=view.round, tokens_generated=pv.tokens_generated, rows_before=pv.k, rows_kept=c.total,
+                kept_ids=kept_ids, rejected_ids=[x for x in ids if x not in set(kept_ids)],
+                scores={x: float(sc) for x, sc in zip(ids, pv.scores)}, min_reject=pv.min_reject, copies=dict(cp)))
 
     def history(self, p: int, cands: list[int]) -> np.ndarray:
         """[k, r] earlier partial scores of these candidates (this round's score excluded)."""
@@ -61,6 +93,9 @@ class Trace:
     def finished_scores(self, p: int) -> list[float]:
         return list(self.final[p].values())
 
+    def finished_ids(self, p: int) -> list[int]:
+        return list(self.final[p])
+
     def newly_done(self, active: set[int]) -> list[int]:
         """Prompts with no active row left that were not reported yet (now marked reported)."""
         done = [p for p in range(len(self.prompts)) if p not in active and p not in self.emitted]
@@ -71,12 +106,15 @@ class Trace:
         cands = []
         for f in (f for f in self.left if f.prompt == p):
             rejected = f.reason == "rejected"
+            parent, rnd = self.parent[p].get(f.candidate_id, (None, None))
             cands.append(Candidate(
                 candidate_id=f.candidate_id, token_ids=f.token_ids, text=self.decode_text(f.token_ids),
                 score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
                 finished=not rejected, stop_reason=f.reason,
-                rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None))
-        best = max((c for c in cands if c.finished), key=lambda c: c.score)
-        return PromptResult(prompt_index=self.prompts[p].index, prompt=self.prompts[p].text, best=best, n_start=self.n,
-                            rounds=self.rounds[p], candidates=cands if self.all_candidates else None,
-                            compute=compute, policy=self.policy, reward=self.reward)
+                rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None,
+                parent=parent, forked_round=rnd))
+        choice = self.winner.choose([c for c in cands if c.finished])
+        return PromptResult(prompt_index=self.prompts[p].index, prompt=self.prompts[p].text, best=choice.best,
+                            n_start=self.n, rounds=self.rounds[p], candidates=cands if self.all_candidates else None,
+                            compute=compute, policy=self.policy, reward=self.reward, winner=choice.rule,
+                            answer=choice.answer)

@@ -16,7 +16,7 @@ from rodeco_policies.correlation import CorrelationPolicy, build_correlation, ra
 
 from rodeco.contracts import select_checked
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
-from rodeco.state import PromptView, RoundView
+from rodeco.state import Counts, PromptView, RoundView
 from rodeco.validation import ConfigError, PluginError
 
 BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated", "allocate")
@@ -101,7 +101,7 @@ def test_policy_contract(builtins: Plugins, name: str, data) -> None:
         if name not in CROSS_PROMPT:
             assert p.k - len(kept) >= p.min_reject, f"{name} rejected {p.k - len(kept)} < min_reject={p.min_reject}"
     assert sum(len(k) for k in keep) <= view.max_rows_next
-    assert select_checked(policy, name, view) == [sorted(int(i) for i in k) for k in keep]
+    assert select_checked(policy, name, view) == [Counts.keep(k, p.k) for k, p in zip(keep, view.prompts)]
     # deterministic: the same inputs (a fresh copy, a fresh policy) give the same output; the view is not mutated
     assert build(builtins, name).select(copy.deepcopy(before)) == keep
     assert policy.select(view) == keep

@@ -66,7 +66,7 @@ CASES = [("none", {}, None), ("fixed", {"alpha": 0.3}, 70), ("fixed", {"alpha": 
 
 
 def live_and_replay(gen, path: Path, policy: str, params: dict, kv: int | None, n: int | str = 8,
-                    extra: tuple[str, ...] = ()):
+                    extra: tuple[str, ...] = (), with_gen: bool = False):
     ov = [*BASE, *extra, f"policy={policy}", *[f"policy.{k}={v}" for k, v in params.items()],
           "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}", f"n={n}", "output.all_candidates=true",
           "data.batch_prompts=1"]
@@ -75,12 +75,12 @@ def live_and_replay(gen, path: Path, policy: str, params: dict, kv: int | None, 
         cfg.data.path, cfg.data.prompts, cfg.output.progress = None, [p.text for p in PROMPTS], False
     plugins = default_plugins()
     live = run_decode(cfg, plugins, None, gen=gen).results
-    pool, rgen = open_pool(path)
+    pool, rgen = open_pool(path, live=lambda: gen)  # the live generator decodes copies' continuations
     reward = pool_reward(cfg, plugins, pool, rgen)
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
     s = loop_settings(cfg, rgen, policy, "logprob")
     replayed = [replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s) for p in PROMPTS]
-    return live, replayed
+    return (live, replayed, rgen) if with_gen else (live, replayed)
 
 
 @pytest.mark.parametrize("engine", ["fast", "hf"])
@@ -108,6 +108,35 @@ def test_replay_equals_live(pools, engine, policy, params, kv):
         assert comp.gen_flops == pytest.approx(lc.gen_flops, rel=1e-12)
         decided += len(lv.rounds)
     assert decided > 0 or policy == "none"
+
+
+SEARCH = [("particle_filter", {"decision_tokens": 4}, None), ("particle_filter", {"resampling": "systematic", "decision_tokens": 4}, 110),
+          ("beam", {"beam_width": 2, "decision_tokens": 4}, 70), ("beam", {"beam_width": 4, "decision_tokens": 5}, None),
+          ("dvts", {"beam_width": 2, "decision_tokens": 3}, 110)]
+
+
+@pytest.mark.parametrize("policy, params, kv", SEARCH)
+def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params, kv):
+    """Copies replayed from the pool's continuations (decoded on first use from the parent's tokens, then served
+    from the pool) give the live run's winners, candidates, lineage, rounds and compute."""
+    gen, shared = pools["fast"]
+    path = tmp_path / "pool"
+    shutil.copytree(shared, path)
+    for attempt in ("decoded", "served"):
+        live, replayed, rgen = live_and_replay(gen, path, policy, params, kv, with_gen=True)
+        copies = 0
+        for lv, (rp, comp, _) in zip(live, replayed):
+            assert (rp.best.candidate_id, rp.best.text) == (lv.best.candidate_id, lv.best.text)
+            assert [(r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.copies) for r in rp.rounds] == [
+                (r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.copies) for r in lv.rounds]
+            assert [(c.candidate_id, c.token_ids, c.stop_reason, c.parent, c.forked_round) for c in rp.candidates] == [
+                (c.candidate_id, c.token_ids, c.stop_reason, c.parent, c.forked_round) for c in lv.candidates]
+            lc = lv.compute
+            assert (comp.gen_decode_tokens, comp.decode_steps, comp.peak_kv_tokens) == (
+                lc.gen_decode_tokens, lc.decode_steps, lc.peak_kv_tokens)
+            copies += sum(c.parent is not None for c in lv.candidates)
+        assert copies > 0
+        assert (rgen.continued > 0) == (attempt == "decoded")  # the second replay decodes nothing
 
 
 def test_replay_starts_from_auto_as_live(pools):

@@ -1,4 +1,4 @@
-"""rodeco's built-in rejection policies, registered through the ``rodeco`` entry-point group like any third-party
+"""rodeco's built-in rejection and search policies, registered through the ``rodeco`` entry-point group like any third-party
 plugin, with their config options (``conf/policy``)."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from rodeco_policies.allocate import AllocateParams, build_allocate
 from rodeco_policies.basic import FixedParams, NoneParams, build_fixed, build_none
 from rodeco_policies.calibrated import CalibratedParams, build_calibrated
 from rodeco_policies.correlation import CorrelationParams, build_correlation
+from rodeco_policies.search import (BeamParams, DVTSParams, ParticleFilterParams, build_beam, build_dvts,
+                                    build_particle_filter)
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -34,6 +36,13 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
     register("allocate", build_allocate,
              "calibrated, with a batch's forced rejections taken from the prompts whose leader is clearest",
              params=AllocateParams)
+    register("particle_filter", build_particle_filter,
+             "particle filtering: resample rows in proportion to softmax(score / temperature), copies included",
+             params=ParticleFilterParams)
+    register("beam", build_beam, "reward-guided beam search: the top beam_width rows, each expanded into "
+             "n / beam_width rows", params=BeamParams)
+    register("dvts", build_dvts, "diverse verifier tree search: n / beam_width independent beams of width 1",
+             params=DVTSParams)
 
 
 @hookimpl
