@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
+from rodeco.winner import WinnerRule
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -112,6 +113,16 @@ class OutputConfig:
 
 
 @dataclass
+class WinnerConfig:
+    rule: str = field(default="reward", metadata={"help": "reward (the highest final reward), majority "
+                                                          "(self-consistency) or weighted (weighted Best-of-N)"})
+    extractor: str = field(default="boxed", metadata={"help": "a vote's answers: boxed, last_number, regex, or "
+                                                               "package.module:function"})
+    pattern: Optional[str] = field(default=None, metadata={"help": "extractor=regex: the pattern (its first group)"})
+    temperature: float = field(default=1.0, metadata={"help": "rule=weighted: weights softmax(reward / temperature)"})
+
+
+@dataclass
 class MergeConfig:
     dir: Optional[str] = field(default=None, metadata={"help": "task=merge: a sharded multirun's sweep dir"})
 
@@ -123,6 +134,7 @@ class RodecoConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    winner: WinnerConfig = field(default_factory=WinnerConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
     reward: Any = field(default_factory=lambda: {"name": MISSING})
     # scores active rows at decision points: `same` (the reward), or any reward option (partial_reward=logprob)
@@ -171,6 +183,12 @@ def validate(cfg: DictConfig) -> None:
     if cfg.data.batch_prompts < 1:
         raise ConfigError("data.batch_prompts", cfg.data.batch_prompts, "must be >= 1", "use e.g. 4")
     check_budget_mode(cfg.budget)
+    winner_rule(cfg)
+
+
+def winner_rule(cfg: DictConfig) -> WinnerRule:
+    """The ``winner`` node as a rule (checked: its rule, extractor and pattern)."""
+    return WinnerRule(**OmegaConf.to_container(cfg.winner, resolve=True))
 
 
 def check_budget_mode(b: DictConfig) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
-from rodeco.config import make_budget
+from rodeco.config import make_budget, winner_rule
 from rodeco.data import Prompt, batches_of, prompts_of
 from rodeco.protocols import Generator
 from rodeco.loop import LoopSettings, decode_batch
@@ -50,7 +50,8 @@ def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward
     return LoopSettings(
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
         budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos,
-        all_candidates=cfg.output.all_candidates, policy_name=policy_name, reward_name=reward_name)
+        all_candidates=cfg.output.all_candidates, policy_name=policy_name, reward_name=reward_name,
+        winner=winner_rule(cfg))
 
 
 @contextmanager

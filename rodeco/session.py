@@ -20,7 +20,7 @@ import torch
 
 from rodeco.engines import Engine
 from rodeco.sampling import row_keys, sample, uniforms
-from rodeco.state import Row, SessionSpec, SessionStats
+from rodeco.state import Row, SessionSpec, SessionStats, fork_order
 
 if TYPE_CHECKING:
     from rodeco.protocols import Generator  # rodeco.generator.TorchGenerator, or a pool's ReplayGenerator
@@ -215,17 +215,3 @@ class Session:
         return [Row(int(p), int(c), i, lp, hidden=x, stream=int(k))
                 for p, c, k, i, lp, x in zip(self.prompt_of, self.cand, self.stream, ids, lps, hs)]
 
-
-def fork_order(rows: int, parents: list[int]) -> tuple[list[int], list[int]]:
-    """The batch after a fork of ``rows`` rows: each row followed by its copies (``parents[j]``: copy ``j``'s parent),
-    as batch indices of the old batch; and the new position of each copy ``j``."""
-    by_parent: dict[int, list[int]] = {}
-    for j, r in enumerate(parents):
-        by_parent.setdefault(int(r), []).append(j)
-    order, slots = [], [0] * len(parents)
-    for r in range(rows):
-        order.append(r)
-        for j in by_parent.get(r, ()):
-            slots[j] = len(order)
-            order.append(r)
-    return order, slots

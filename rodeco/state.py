@@ -327,3 +327,18 @@ class RunOutput:
     compute: Compute
     out_dir: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def fork_order(rows: int, parents: list[int]) -> tuple[list[int], list[int]]:
+    """The batch after a fork of ``rows`` rows: each row followed by its copies (``parents[j]``: copy ``j``'s parent),
+    as batch indices of the old batch; and the new position of each copy ``j``."""
+    by_parent: dict[int, list[int]] = {}
+    for j, r in enumerate(parents):
+        by_parent.setdefault(int(r), []).append(j)
+    order, slots = [], [0] * len(parents)
+    for r in range(rows):
+        order.append(r)
+        for j in by_parent.get(r, ()):
+            slots[j] = len(order)
+            order.append(r)
+    return order, slots

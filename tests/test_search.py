@@ -267,3 +267,14 @@ def test_winner_rules_choose_by_reward_majority_or_weighted_vote():
         WinnerRule(rule="majority", extractor="nope")
     with pytest.raises(ConfigError, match="winner.rule"):
         WinnerRule(rule="best")
+
+
+def test_the_result_records_the_rule_that_chose_its_winner(tiny_gen):
+    ov = ["budget=unlimited", "winner.rule=weighted", "winner.extractor=regex", "winner.pattern='[a-z]+'"]
+    out = run_tiny(tiny_gen("fast"), PROMPTS[:1], n=4, policy="none", overrides=ov)
+    (r,) = out.results
+    d = r.to_dict()
+    assert d["winner"] == "weighted" and d["answer"] == r.answer and r.answer
+    assert r.best in [c for c in r.candidates if c.finished]
+    plain = run_tiny(tiny_gen("fast"), PROMPTS[:1], n=4, policy="none", overrides=["budget=unlimited"])
+    assert "winner" not in plain.results[0].to_dict()  # the default is left out of the record

@@ -89,6 +89,35 @@ def test_speculative_rejection_survivors_are_the_best_of_n_samples_within_budget
     assert c.gen_decode_tokens < bon.compute.gen_decode_tokens
 
 
+def streams_of(res) -> dict[int, int]:
+    """Each candidate's random stream from its lineage (``rodeco.sampling.copy_stream``)."""
+    from rodeco.sampling import copy_stream
+
+    out = {c.candidate_id: c.candidate_id for c in res.candidates if c.parent is None}
+    for rnd in res.rounds:
+        for parent, kids in rnd.copies.items():
+            for j, kid in enumerate(kids):
+                out[kid] = copy_stream(out[parent], rnd.tokens_generated, j)
+    return out
+
+
+def test_a_copy_is_a_solo_request_of_prompt_and_prefix_with_its_seed(vgen):
+    out = decode(vgen, ["policy=beam", "policy.beam_width=2", "policy.decision_tokens=8", "n=4", "budget=engine"])
+    assert out.compute.preemptions == 0
+    checked = 0
+    for i, res in enumerate(out.results):
+        ids, streams = vgen.encode(PROMPTS[i]), streams_of(res)
+        for c in res.candidates:
+            if c.parent is None or checked >= 4:
+                continue
+            t = res.rounds[c.forked_round].tokens_generated
+            cont = solo(vgen, ids + c.token_ids[:t], request_seed(0, i, streams[c.candidate_id]))
+            n = len(c.token_ids) - t
+            assert c.token_ids[t:] == cont[:n], (i, c.candidate_id)
+            checked += 1
+    assert checked > 0
+
+
 def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions_reported(vgen, caplog):
     """Best-of-32 at 100 tokens needs twice the 4096-token pool: vLLM's scheduler preempts, and rodeco reports it
     (what a vLLM user's Best-of-N does today, counted)."""

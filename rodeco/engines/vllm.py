@@ -35,7 +35,7 @@ import torch
 from rodeco.budget import block_shared
 from rodeco.engines.base import ModelGenerator
 from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import Row, SessionSpec, SessionStats
+from rodeco.state import Row, SessionSpec, SessionStats, fork_order
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,7 @@ class VLLMSession:
             raise ConfigError("n", n, f"{n} rows x {P} prompt(s) exceed generator.max_num_seqs="
                               f"{self.gen.settings.max_num_seqs}, and the rows of a decision point must all step "
                               "together", "raise generator.max_num_seqs, or lower n or data.batch_prompts")
+        self.prompt_ids = [list(p) for p in prompt_ids]
         self.prompt_lens = [len(p) for p in prompt_ids]
         self.prompt_len = max(self.prompt_lens)
         self.stats = SessionStats(np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P))
@@ -208,6 +209,8 @@ class VLLMSession:
         self.tokens: list[list[int]] = [[] for _ in self.ids]
         self.lps: list[list[float]] = [[] for _ in self.ids]
         self.done: list[str] = ["" for _ in self.ids]  # "eos" | "length" once vLLM finished the row
+        # per row: its request's prompt length until its first output (that token comes from a prefill), then 0
+        self.fresh: list[int] = [self.prompt_lens[p] for p in self.prompt_of]
         for rid, p, c in zip(self.ids, self.prompt_of, self.stream):
             llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[p]),
                             self._params(self.max_new, request_seed(self.seed, self.keys[p], int(c))))
@@ -229,8 +232,9 @@ class VLLMSession:
                 continue
             c, p = o.outputs[0], int(self.prompt_of[r])
             new = list(c.token_ids)
-            if not self.tokens[r] and new:
-                st.prefill_tokens[p] += self.prompt_lens[p] - int(o.num_cached_tokens or 0)
+            if self.fresh[r] and new:  # its request's prefill: the prompt (a copy's: and its parent's tokens)
+                st.prefill_tokens[p] += self.fresh[r] - int(o.num_cached_tokens or 0)
+                self.fresh[r] = 0
                 k = len(new) - 1
             else:
                 k = len(new)
@@ -289,7 +293,7 @@ class VLLMSession:
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
         self.prompt_of, self.cand, self.stream = self.prompt_of[keep], self.cand[keep], self.stream[keep]
-        for name in ("ids", "tokens", "lps", "done"):
+        for name in ("ids", "tokens", "lps", "done", "fresh"):
             setattr(self, name, [getattr(self, name)[r] for r in keep])
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return out
@@ -298,6 +302,27 @@ class VLLMSession:
         """Abort active rows (batch indices) after a decision point, freeing their blocks; returns them."""
         self.gen.llm.abort_request([self.ids[r] for r in rows])
         return self._leave(sorted(rows), "rejected")
+
+    def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
+        """Copies as new requests: the prompt and the parent's tokens, seeded from the copy's stream
+        (``request_seed``), served from vLLM's prefix cache; each goes right after its parent. The uncached part
+        of each copy's prompt is charged as its prefill (vLLM's ``num_cached_tokens``)."""
+        from vllm.inputs import TokensPrompt
+
+        order, slots = fork_order(self.rows, parents)
+        for name in ("ids", "tokens", "lps", "done", "fresh"):
+            old = getattr(self, name)
+            setattr(self, name, [list(old[r]) if isinstance(old[r], list) else old[r] for r in order])
+        self.prompt_of, self.cand, self.stream = self.prompt_of[order], self.cand[order], self.stream[order]
+        self.cand[slots], self.stream[slots] = ids, streams
+        for r in slots:
+            p = int(self.prompt_of[r])
+            self.ids[r], self.fresh[r] = f"r{self.uid}-{p}-{int(self.cand[r])}", self.prompt_lens[p] + self.t
+            self.gen.llm.add_request(self.ids[r], TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),
+                                     self._params(self.max_new - self.t, request_seed(self.seed, self.keys[p],
+                                                                                      int(self.stream[r]))))
+        self.row_of = {rid: r for r, rid in enumerate(self.ids)}
+        return slots
 
     def active(self) -> list[Row]:
         return [Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None, stream=int(k))
