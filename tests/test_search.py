@@ -3,10 +3,15 @@ tokens, the built-in search policies and the winner rules."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
+import rodeco_policies
 import torch
 from helpers import run_tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from rodeco import BuildContext, Counts, PluginError
@@ -278,3 +283,44 @@ def test_the_result_records_the_rule_that_chose_its_winner(tiny_gen):
     assert r.best in [c for c in r.candidates if c.finished]
     plain = run_tiny(tiny_gen("fast"), PROMPTS[:1], n=4, policy="none", overrides=["budget=unlimited"])
     assert "winner" not in plain.results[0].to_dict()  # the default is left out of the record
+
+
+SEARCH = ("particle_filter", "beam", "dvts")
+
+
+@pytest.mark.parametrize("name", SEARCH)
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_search_policies_keep_the_contract(name, data):
+    """On random views (rows, scores, finished candidates, the budget's room): a valid answer within each prompt's
+    share, reproducible from the view's seeded generators, the view left as it was."""
+    from test_policies import round_views
+
+    from rodeco.plugins import get_plugin_manager
+
+    pm = get_plugin_manager(load_entrypoints=False, extra=[rodeco_policies])
+    view = data.draw(round_views())
+    view.n_start = data.draw(st.integers(1, 16))
+    extra = data.draw(st.integers(0, 24))
+    view.max_rows_next = max(len(view.prompts), sum(p.k for p in view.prompts) - view.min_reject_total + extra)
+    share = view.max_rows_next // len(view.prompts)
+    for j, pv in enumerate(view.prompts):
+        pv.max_rows = share + (j < view.max_rows_next % len(view.prompts))
+        pv.origins = [data.draw(st.integers(0, view.n_start - 1)) for _ in range(pv.k)]
+        pv.parents = [None] * pv.k
+    params = {"beam_width": data.draw(st.integers(1, 8))} if name != "particle_filter" else {}
+    policy = pm.build_policy({"name": name, **params}, BuildContext(plugins=pm))
+
+    def seeded():
+        v = copy.deepcopy(view)
+        for j, pv in enumerate(v.prompts):
+            pv.rng = np.random.default_rng(j)
+        return v
+
+    v = seeded()
+    counts = select_checked(policy, name, v)
+    assert all(c.total <= pv.max_rows for c, pv in zip(counts, v.prompts))
+    assert select_checked(policy, name, seeded()) == counts  # reproducible
+    for a, b in zip(v.prompts, view.prompts):
+        np.testing.assert_array_equal(a.scores, b.scores)
+        assert a.candidate_ids == b.candidate_ids and a.origins == b.origins

@@ -45,7 +45,8 @@ class EfficiencyArgs:
     candidates: int = required("M: pool candidates per prompt; Best-of-N's curve goes up to N = M")
     alphas: list[float] = required("policy=fixed at each alpha")
     adaptive_deltas: list[float] = required("policy=adaptive at each delta")
-    policies: list[str] = required("other policies, with their config options' defaults")
+    policies: list[str] = required("other policies, with their config options' defaults: name (from n=auto) or "
+                                   "name@start (from that many rows, e.g. particle_filter@4)")
     calibrated_deltas: list[float] = required("policy=calibrated at each delta, from n=auto and n=calibrated")
     partial_rewards: list[str] = required("what decides: same, oracle (the ceiling), reward options (learned heads)")
     starts: list[int] = required("fixed alpha 0.5 started from each of these many rows (the others start at auto)")

@@ -93,6 +93,11 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
     if not (a["alphas"] or a["adaptive_deltas"] or a["policies"]):
         raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
                           "give alphas, adaptive_deltas or policies")
+    for p in a["policies"]:
+        start = p.partition("@")[2]
+        if start and not (start.isdigit() and int(start) > 0):
+            raise ConfigError("experiment_args.policies", p, "the start after @ must be a positive number of rows",
+                              "e.g. particle_filter@16, or particle_filter (from n=auto)")
     if a["live_check"] < 0:
         raise ConfigError("experiment_args.live_check", a["live_check"], "must be >= 0", "e.g. 4, or 0 for none")
     return a
@@ -117,7 +122,10 @@ def methods(a: dict[str, Any]) -> list[Method]:
         out += [Method(f"fixed_alpha_{x:g}{sfx}", "fixed", {"alpha": float(x)}, partial=part) for x in a["alphas"]]
         out += [Method(f"adaptive_delta_{d:g}{sfx}", "adaptive", {"delta": float(d)}, partial=part)
                 for d in a["adaptive_deltas"]]
-        out += [Method(f"{p}{sfx}", p, {}, partial=part) for p in a["policies"]]
+        for p in a["policies"]:  # "name" (from n=auto) or "name@start" (from that many rows)
+            name, _, start = p.partition("@")
+            out.append(Method(f"{name}{f'_start_{start}' if start else ''}{sfx}", name, {},
+                              int(start) if start else "auto", part))
         if part in (SAME, ORACLE):
             out += [Method(f"fixed_alpha_0.5_start_{k}{sfx}", "fixed", {"alpha": 0.5}, k, part) for k in a["starts"]]
     for d in a["calibrated_deltas"]:

@@ -1,0 +1,128 @@
+"""Accuracy against FLOPs on a verifiable set: seeded arithmetic problems with exact answers, decoded live by the
+generator (default: the embedded SmolLM2), every method scored by one reward (default ``logprob``: the generator's
+own mean token log-probability; no reward model is told the answer).
+
+Methods, each live and charged all it does (prefill, decode of every row, copies, every scorer call):
+
+- ``bon_N``: Best-of-N, the winner by reward; ``vote_N`` / ``wvote_N``: the same candidates, the winner by majority
+  vote / reward-weighted vote over the extracted answer (``winner.rule``, ``last_number``), which costs the same;
+- ``sr_N``: Speculative Rejection (``fixed``, alpha 0.5) from N rows at Best-of-4's memory, the winner by reward;
+- ``pf_N``: ``particle_filter`` from N rows at Best-of-4's memory (winner by reward, and ``pf_N_wvote``).
+
+Accuracy is the share of problems whose winner's last number is the answer, with a bootstrap 95% CI over problems;
+FLOPs are the mean per problem (generator and reward). Nothing is chosen on these problems: every method runs at
+its defaults. Results are written per problem as they finish (``--out DIR``, resumable), then summarized::
+
+    python scripts/arith_bench.py --problems 40 --out runs/arith
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+METHODS = ("bon_4", "bon_16", "sr_16", "pf_16", "pf_4")
+
+
+def problems(k: int, seed: int) -> list[tuple[str, int]]:
+    """``k`` seeded problems: sums and differences of two-digit numbers, products of one-digit ones."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        kind = rng.choice("+-*")
+        a, b = (rng.randint(2, 9), rng.randint(2, 9)) if kind == "*" else (rng.randint(10, 60), rng.randint(2, 30))
+        ans = a + b if kind == "+" else a - b if kind == "-" else a * b
+        out.append((f"What is {a} {kind} {b}? Answer with the number.", ans))
+    return out
+
+
+def run_method(gen, method: str, prompt: str, new: int) -> dict:
+    import rodeco
+    from rodeco.budget import full_length_tokens
+
+    kind, n = method.split("_")[0], int(method.split("_")[1])
+    ov = ["reward=logprob", f"sampling.max_new_tokens={new}", "output.all_candidates=true"]
+    if kind == "bon":
+        ov += ["policy=none", "budget=unlimited"]
+    else:
+        kv = full_length_tokens(4, [len(gen.encode(prompt))], new, gen.kv)
+        ov += [f"budget.kv_tokens={kv}"]
+        ov += ["policy=fixed", "policy.alpha=0.5"] if kind == "sr" else ["policy=particle_filter",
+                                                                          "policy.decision_tokens=8"]
+    out = rodeco.decode([prompt], generator=gen, n=n, overrides=ov)
+    (r,) = out.results
+    return {"candidates": [{"text": c.text, "score": c.score, "finished": c.finished} for c in r.candidates],
+            "flops": out.compute.total_flops, "decode_tokens": out.compute.gen_decode_tokens,
+            "peak_kv_tokens": out.compute.peak_kv_tokens}
+
+
+def winner_answers(rec: dict) -> dict[str, int | None]:
+    """Each winner rule's answer (its winner's last number) from a run's finished candidates."""
+    from rodeco.state import Candidate
+    from rodeco.winner import WinnerRule, last_number, normalize
+
+    fin = [Candidate(i, [], c["text"], c["score"], True) for i, c in enumerate(rec["candidates"]) if c["finished"]]
+    out = {}
+    for rule in ("reward", "majority", "weighted"):
+        best = WinnerRule(rule=rule, extractor="last_number").choose(fin).best
+        num = last_number(best.text)
+        out[rule] = int(float(normalize(num))) if num is not None and normalize(num).lstrip("-").isdigit() else None
+    return out
+
+
+def boot_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), (reps, len(x)))].mean(1)
+    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
+
+
+def summarize(recs: list[dict]) -> list[dict]:
+    rows = []
+    for m in METHODS:
+        rules = ("reward", "majority", "weighted") if m.startswith(("bon", "pf")) else ("reward",)
+        for rule in rules:
+            ok = np.array([winner_answers(r[m])[rule] == r["answer"] for r in recs], dtype=float)
+            rows.append({"method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
+                         "accuracy": float(ok.mean()), "ci": boot_ci(ok),
+                         "tflops": float(np.mean([r[m]["flops"] for r in recs]) / 1e12), "problems": len(recs)})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0, help="the problems' seed")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    import rodeco
+    from rodeco.loading import load_generator
+    from rodeco.results import atomic_write
+
+    gen = load_generator(rodeco.load_config([]).generator)
+    a.out.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for i, (q, ans) in enumerate(problems(a.problems, a.seed)):
+        f = a.out / f"{i}.json"
+        if f.is_file():
+            recs.append(json.loads(f.read_text(encoding="utf-8")))
+            continue
+        rec = {"problem": q, "answer": ans, **{m: run_method(gen, m, q, a.max_new_tokens) for m in METHODS}}
+        atomic_write(f, json.dumps(rec) + "\n")
+        recs.append(rec)
+        print(f"problem {i}: {q} = {ans}", file=sys.stderr)
+    rows = summarize(recs)
+    atomic_write(a.out / "summary.json", json.dumps(rows, indent=1) + "\n")
+    print(f"{len(recs)} problems; scorer: logprob; accuracy [95% CI over problems], mean TFLOPs per problem")
+    for r in rows:
+        print(f"{r['method']:>14}  {r['accuracy']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]  {r['tflops']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
