@@ -85,12 +85,44 @@ def live_runner(pool_path: str, overrides: list[str]):
     return run, np
 
 
+PLACEHOLDER = {"best": 0.0, "flops": 1.0, "steps": 0, "decode_tokens": 0, "rows_x_context": 0.0, "reward_s": 0.0}
+
+
+def report_half(records: list[dict], args: dict, tm, max_new: int, labels: list[str], summary: dict) -> dict:
+    """The search rows on the report half, as ``analysis.summarize`` computes a row (the same bootstrap resamples:
+    the halves drawn in its order and seed), paired with fixed alpha 0.5; their selection-half figures are left
+    out where they did not run there."""
+    import numpy as np
+
+    from rodeco.experiments import analysis
+
+    m = analysis.Measurements(records, args["n"], tm, max_new)
+    sel_idx, rep_idx = analysis.split_halves(m.index)
+    pos = {i: k for k, i in enumerate(m.index)}
+    rng = np.random.default_rng(0)
+    analysis.Half.of(m, np.array([pos[i] for i in sel_idx]), rng, 0)
+    report = analysis.Half.of(m, np.array([pos[i] for i in rep_idx]), rng, args["bootstrap"])
+    table, boot = {}, {}
+    for label in [analysis.REF, *labels]:
+        run = m.method(label, 1)
+        table[f"{label}@1"] = {}
+        table[f"{label}@1"]["report"], boot[f"{label}@1"] = report.stats(m, run, 1, analysis.REPORT_CI)
+        # not run on the selection half (--report-only): its figure there is not a number
+        table[f"{label}@1"]["selection"] = {"speedup_flops": float("nan"), "bound": None, "not_run": True}
+    analysis.pair_with(table, boot, analysis.REF)
+    ref = summary["methods"][f"{analysis.REF}@1"]["report"]
+    assert abs(table[f"{analysis.REF}@1"]["report"]["speedup_flops"] - ref["speedup_flops"]) < 1e-9
+    return {k: v for k, v in table.items() if not k.startswith(analysis.REF + "@")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="the efficiency run's directory (efficiency_prompts.jsonl)")
     ap.add_argument("--pool", required=True)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (in the records' order)")
     ap.add_argument("--alternatives", action="store_true", help="also the alternatives, on the selection half")
+    ap.add_argument("--report-only", action="store_true",
+                    help="the search policies on the report half only, at their defaults (nothing is chosen)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     a = ap.parse_args()
     from rodeco.experiments import analysis
@@ -109,6 +141,8 @@ def main() -> int:
 
     for r in tqdm(records, desc="search", unit="prompt"):
         i = r["prompt_index"]
+        if a.report_only and i not in rep:
+            continue
         want = {**METHODS, **(ALTERNATIVES if a.alternatives and i in sel else {})}
         have = done.setdefault(i, {"prompt_index": i, "methods": {}})
         for label, (node, n) in want.items():
@@ -116,7 +150,9 @@ def main() -> int:
                 have["methods"][label] = run(i, node, n, int(r["budget"]["1"]))
         atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))  # as each prompt finishes
     for r in records:
-        for label, run_ in done[r["prompt_index"]]["methods"].items():
+        for label in METHODS:  # a prompt the search policies did not run on (--report-only): never read
+            r["methods"][label] = {"1": PLACEHOLDER}
+        for label, run_ in done.get(r["prompt_index"], {"methods": {}})["methods"].items():
             r["methods"][label] = {"1": run_}
     labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *METHODS]
     alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]
@@ -124,11 +160,31 @@ def main() -> int:
     args = {**eff["args"], "bootstrap": a.bootstrap, "scales": [1]}
     tm = analysis.TimeModel(**eff["time_model"]) if "time_model" in eff else analysis.TimeModel.fit(
         Pool(a.pool), [r["prompt_index"] for r in records])
-    summary = analysis.summarize(records, args, tm, int(records[0]["settings"]["max_new_tokens"]), labels + alt)
+    max_new = int(records[0]["settings"]["max_new_tokens"])
+    summary = analysis.summarize(records, args, tm, max_new, labels[:2] + alt)  # what the efficiency run has
+    searched = report_half(records, args, tm, max_new, list(METHODS), summary)
+    summary["methods"].update(searched)
     within = all(m["within_budget"] for d in done.values() for m in d["methods"].values())
-    copies = {k: float(np.mean([done[r["prompt_index"]]["methods"][k]["copies"] for r in records])) for k in METHODS}
-    summary["search"] = {"within_budget": within, "mean_copies": copies, "live": list(METHODS) + alt}
-    atomic_write(a.run_dir / "search.json", json.dumps(summary, indent=1, default=float) + "\n")
+    copies = {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep])) for k in METHODS}
+    from rodeco.experiments import render
+
+    # efficiency.json's layout (scripts/results_tables.py renders it), with the search rows and how they ran
+    res = {**{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"}, **summary,
+           "args": args, "headline": analysis.headline(summary), "per_prompt": records,
+           "search": {"within_budget": within, "mean_copies": copies, "live": list(METHODS) + alt}}
+    atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
+    (a.run_dir / "search.md").write_text(render.markdown(summary), encoding="utf-8")
+    rng = np.random.default_rng(0)
+    pos = {r["prompt_index"]: k for k, r in enumerate(records)}
+    R = np.array([pos[i] for i in rep])
+    boots = [rng.choice(R, len(R)) for _ in range(a.bootstrap)]
+    ref = np.array([r["methods"]["fixed_alpha_0.5"]["1"]["best"] for r in records])
+    paired = {}
+    for label in labels:
+        d = np.array([r["methods"][label]["1"]["best"] for r in records]) - ref
+        paired[label] = [float(d[R].mean()), *np.percentile([d[b].mean() for b in boots], [2.5, 97.5]).tolist()]
+    res["search"]["reward_minus_fixed_alpha_0.5"] = paired
+    atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
     print(f"{len(records)} prompts ({len(rep)} report, {len(sel)} selection); budget: Best-of-4's memory per prompt; "
           f"every copy within it: {within}")
     print(f"{'method':>28} {'half':>9} {'reward':>8} {'improvement [95% CI]':>24} {'TFLOPs':>8} "
@@ -142,6 +198,11 @@ def main() -> int:
             vs = x.get("vs_fixed_alpha_0.5", {})
             vs_s = f"{vs.get('ratio', float('nan')):.2f} [{vs.get('ci', [float('nan')] * 2)[0]:.2f}, " \
                    f"{vs.get('ci', [float('nan')] * 2)[1]:.2f}]" if vs else ""
+            curve = summary["curve"][half]
+            at_flops = float(np.interp(np.log(x["flops"]), np.log(curve["flops"]), curve["improvement"]))
+            vs_s += f"  BoN at these FLOPs: {at_flops:.1f}"
+            dr = paired.get(label) if half == "report" else None
+            vs_s += f"  reward - fixed: {dr[0]:+.4f} [{dr[1]:+.4f}, {dr[2]:+.4f}]" if dr else ""
             print(f"{label:>28} {half:>9} {x['reward']:8.4f} {x['improvement']:8.1f} [{ci[0]:6.1f}, {ci[1]:6.1f}] "
                   f"{x['flops'] / 1e12 / len(rep if half == 'report' else sel):8.3f} {x['speedup_flops']:8.2f} "
                   f"[{sci[0]:6.2f}, {sci[1]:6.2f}]{'+' if x['beyond_curve'] else ' '} {vs_s:>24}")

@@ -116,6 +116,11 @@ def test_a_copy_is_a_solo_request_of_prompt_and_prefix_with_its_seed(vgen):
             assert c.token_ids[t:] == cont[:n], (i, c.candidate_id)
             checked += 1
     assert checked > 0
+    # a copy's prefill is served from the prefix cache: it computes less than one block of its prompt and prefix
+    copies = sum(len(v) for r in out.results for x in r.rounds for v in x.copies.values())
+    P = [len(vgen.encode(p)) for p in PROMPTS]
+    starts = sum(p + 4 * vgen.kv.block for p in P)  # each prompt once, each starting row its tail
+    assert copies > 0 and out.compute.gen_prefill_tokens <= starts + copies * vgen.kv.block
 
 
 def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions_reported(vgen, caplog):
