@@ -123,9 +123,12 @@ def tiny_view(min_reject: int) -> RoundView:
     """One prompt's 8 rows at the first decision point, with distinct scores."""
     scores = np.array([0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4])
     pv = PromptView(prompt_index=0, candidate_ids=list(range(8)), scores=scores, history=np.zeros((8, 0)),
-                    finished_scores=[], tokens_generated=16, min_reject=min_reject)
-    return RoundView(round=0, prompts=[pv], max_rows_next=8 - min_reject, max_new_tokens=128)
+                    finished_scores=[], tokens_generated=16, min_reject=min_reject, parents=[None] * 8,
+                    origins=list(range(8)), max_rows=8 - min_reject, rng=np.random.default_rng(0))
+    return RoundView(round=0, prompts=[pv], max_rows_next=8 - min_reject, max_new_tokens=128, n_start=8)
 
+
+SAMPLES = {"particle_filter"}  # draws its rows (PromptView.rng) rather than keeping the top ones
 
 # How many of tiny_view(0)'s 8 rows a policy of each registered kind keeps, from its option file's parameters
 # (correlation has no earlier decision point to correlate with, so it rejects at its fallback rate, alpha).
@@ -143,9 +146,13 @@ def test_every_policy_option_builds_and_selects(tiny_gen):
                 with pytest.raises(PluginError, match="the budget allows 5"):
                     select_checked(policy, name, view)
                 continue
-            (kept,) = select_checked(policy, name, view)  # valid rows, at least one, within the budget
+            (counts,) = select_checked(policy, name, view)  # valid rows, at least one, within the budget
+            kept = counts.kept
             best_first = np.argsort(-view.prompts[0].scores).tolist()
-            assert kept == sorted(best_first[: len(kept)]), (opt, kept)  # the highest-scoring rows
+            if name in SAMPLES:  # resamples: any rows, in all no more than the budget fits
+                assert 1 <= counts.total <= view.max_rows_next, (opt, counts)
+            else:
+                assert kept == sorted(best_first[: len(kept)]), (opt, kept)  # the highest-scoring rows
             if name in EXPECTED_KEPT:
                 assert len(kept) == min(8 - min_reject, EXPECTED_KEPT[name](params)), (opt, min_reject, kept)
         built.append(opt)
