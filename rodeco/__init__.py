@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rodeco.api import decode, load_config, run
+from rodeco.api import Decoder, decode, load_config, run
 from rodeco.calibration import Calibration, best_probability, rejectable, standardize
 from rodeco.config import required
 from rodeco.contracts import Scorer
@@ -46,7 +46,7 @@ _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.
 
 __all__ = [
     # running
-    "decode", "load_config", "run", "RunOutput",
+    "decode", "Decoder", "load_config", "run", "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
     "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
     "ScoreRequest", "PromptView", "RoundView", "StartView", "Counts", "keep_top", "keep_best", "Candidate", "Compute", "PromptResult", "Round",

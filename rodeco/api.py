@@ -18,7 +18,7 @@ from rodeco.state import RunOutput
 if TYPE_CHECKING:
     from rodeco.protocols import Generator
 
-__all__ = ["decode", "load_config", "run"]
+__all__ = ["Decoder", "decode", "load_config", "run"]
 
 
 def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | None = None) -> RunOutput:
@@ -38,6 +38,75 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
     return entry.factory(cfg, plugins, Path(out_dir) if out_dir is not None else None)
 
 
+def _compose(plugins: Plugins, overrides: list[str] | None, n: int | str | None, reward: str | None,
+             policy: str | None, generator: str | Generator | None, prompts: list[str] | str | None,
+             kw: dict[str, Any]) -> DictConfig:
+    """The config of a Python call: ``rodeco.decode``'s arguments as overrides, the prompts inline."""
+    ov = list(overrides or [])
+    ov += [f"reward={reward}"] if reward else []
+    ov += [f"policy={policy}"] if policy else []
+    ov += [f"generator={generator}"] if isinstance(generator, str) else []
+    ov += [f"n={n}"] if n is not None else []
+    cfg = load_config(ov, plugins)
+    with open_dict(cfg):
+        cfg.data.path, cfg.data.prompts = None, [prompts] if isinstance(prompts, str) else list(prompts or [])
+        cfg.output.progress = False
+        for k, v in kw.items():
+            cfg[k] = v
+    validate(cfg)
+    return cfg
+
+
+class Decoder:
+    """A loaded generator and its roles, built once, decoding many calls: what a notebook or a server holds.
+
+        dec = rodeco.Decoder(reward="minilm_rm", overrides=["sampling.max_new_tokens=64"])
+        out = dec.decode(["Write a haiku about autumn."], n=16, policy="fixed")
+
+    The generator is loaded and the reward (and partial reward) built at construction; a call may change what
+    the config lets a run change (``n``, ``policy`` and its parameters, sampling, the budget, the seed, the winner
+    rule) but not the generator or the reward, which would need a new ``Decoder`` (a ``ConfigError`` says so).
+    Policies are built per call (they are cheap and may carry per-run state)."""
+
+    def __init__(self, *, reward: str | None = None, generator: str | Generator | None = None,
+                 overrides: list[str] | None = None, plugins: Plugins | None = None, **kw: Any) -> None:
+        from rodeco.loading import load_generator
+        from rodeco.plugins import BuildContext
+        from rodeco.roles import RoleBuilder, choose_roles
+
+        self.plugins = plugins or default_plugins()
+        self.overrides = [*(overrides or []), *([f"reward={reward}"] if reward else []),
+                          *([f"generator={generator}"] if isinstance(generator, str) else [])]
+        self.kw = kw
+        self.cfg = _compose(self.plugins, self.overrides, None, None, None, None, None, kw)
+        check_plugin_params(self.cfg, self.plugins)
+        self.choices = choose_roles(self.cfg, self.plugins)
+        self.gen = generator if generator is not None and not isinstance(generator, str) else load_generator(
+            self.cfg.generator)
+        ctx = BuildContext(generator=self.gen, device=str(self.gen.device), plugins=self.plugins)
+        self.builder = RoleBuilder(self.plugins, self.gen.name, ctx)
+        self.builder.roles(self.choices)  # the reward and partial reward, built now and reused by every call
+
+    def decode(self, prompts: list[str] | str, *, n: int | str | None = None, policy: str | None = None,
+               overrides: list[str] | None = None, out_dir: str | Path | None = None, **kw: Any) -> RunOutput:
+        """Decode ``prompts`` as ``rodeco.decode`` would with the decoder's settings plus this call's."""
+        from rodeco.data import prompts_of
+        from rodeco.roles import choose_roles
+        from rodeco.runner import DecodeRun
+        from rodeco.validation import ConfigError
+
+        cfg = _compose(self.plugins, [*self.overrides, *(overrides or [])], n, None, policy, None, prompts,
+                       {**self.kw, **kw})
+        check_plugin_params(cfg, self.plugins)
+        for key in ("generator", "reward", "partial_reward"):
+            if cfg[key] != self.cfg[key]:
+                raise ConfigError(key, str(dict(cfg[key])), "a Decoder's generator and rewards are fixed when it is "
+                                  "built", f"build another rodeco.Decoder with this {key}")
+        roles = self.builder.roles(choose_roles(cfg, self.plugins))
+        return DecodeRun(cfg, self.plugins, self.gen, roles, prompts_of(cfg.data),
+                         out_dir if out_dir is not None else cfg.output.dir).run()
+
+
 def decode(prompts: list[str] | str, *, n: int | str | None = None, reward: str | None = None,
            policy: str | None = None, generator: str | Generator | None = None, overrides: list[str] | None = None,
            out_dir: str | Path | None = None, plugins: Plugins | None = None, **kw: Any) -> RunOutput:
@@ -50,18 +119,7 @@ def decode(prompts: list[str] | str, *, n: int | str | None = None, reward: str 
     """
     from rodeco.runner import run_decode
 
-    ov = list(overrides or [])
-    ov += [f"reward={reward}"] if reward else []
-    ov += [f"policy={policy}"] if policy else []
-    ov += [f"generator={generator}"] if isinstance(generator, str) else []
-    ov += [f"n={n}"] if n is not None else []
     plugins = plugins or default_plugins()
-    cfg = load_config(ov, plugins)
-    with open_dict(cfg):
-        cfg.data.path, cfg.data.prompts = None, [prompts] if isinstance(prompts, str) else list(prompts)
-        cfg.output.progress = False
-        for k, v in kw.items():
-            cfg[k] = v
-    validate(cfg)
+    cfg = _compose(plugins, overrides, n, reward, policy, generator, prompts, kw)
     gen = generator if generator is not None and not isinstance(generator, str) else None
     return run_decode(cfg, plugins, out_dir, gen=gen)

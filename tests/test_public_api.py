@@ -60,7 +60,7 @@ DATACLASSES = {"ScoreRequest": {"prompt", "response", "response_ids", "partial",
                "Round": set(), "RunOutput": set(), "Calibration": set()}
 PROTOCOLS = {"Policy": "select", "Reward": "score"}
 EXCEPTIONS = {"ConfigError", "PluginError"}
-CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward", "Counts"}
+CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward", "Counts", "Decoder"}
 
 
 def test_every_public_name_is_what_the_docs_say():
