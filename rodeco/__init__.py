@@ -20,7 +20,7 @@ from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
-from rodeco.ranking import keep_best, keep_top
+from rodeco.ranking import best_first, keep_best, keep_top
 from rodeco.winner import WinnerRule
 from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
@@ -49,7 +49,7 @@ __all__ = [
     "decode", "Decoder", "load_config", "run", "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
     "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
-    "ScoreRequest", "PromptView", "RoundView", "StartView", "Counts", "keep_top", "keep_best", "Candidate", "Compute", "PromptResult", "Round",
+    "ScoreRequest", "PromptView", "RoundView", "StartView", "Counts", "keep_top", "keep_best", "best_first", "Candidate", "Compute", "PromptResult", "Round",
     "WinnerRule",
     # decision-time calibration (rodeco experiment=calibrate; policy=calibrated)
     "Calibration", "best_probability", "rejectable", "standardize",

@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from rodeco.state import Candidate
 from rodeco.validation import ConfigError
@@ -113,15 +114,19 @@ class WinnerRule:
             raise ConfigError("winner.temperature", self.temperature, "must be a number above 0",
                               "set winner.temperature, e.g. 1.0")
         if self.rule != "reward":
-            extractor(self.extractor, self.pattern)  # fail at start-up, not at the first prompt
+            self.extract  # noqa: B018  resolved now: a bad extractor fails at start-up, not at the first prompt
+
+    @cached_property
+    def extract(self) -> Callable[[str], str | None]:
+        """The extractor, resolved once (a regex compiled, a function imported) for every prompt it reads."""
+        return extractor(self.extractor, self.pattern)
 
     def choose(self, finished: Sequence[Candidate]) -> Choice:
         """The winner among a prompt's finished candidates (at least one)."""
         top = max(finished, key=lambda c: c.score)
         if self.rule == "reward":
             return Choice(top, "reward")
-        get = extractor(self.extractor, self.pattern)
-        answers = [(c, get(c.text)) for c in finished]
+        answers = [(c, self.extract(c.text)) for c in finished]
         voting = [(c, normalize(a)) for c, a in answers if a is not None and normalize(a)]
         if not voting:
             return Choice(top, "reward")

@@ -26,6 +26,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 # label -> (policy node, start rows)
 METHODS = {
     "particle_filter_start_16": ({"name": "particle_filter"}, 16),
@@ -40,8 +42,6 @@ ALTERNATIVES = {  # tried on the selection half only
 
 def live_runner(pool_path: str, overrides: list[str]):
     """A function (prompt index, policy node, start, kv budget) -> the run record the efficiency analysis reads."""
-    import numpy as np
-
     import rodeco
     from rodeco.budget import Budget
     from rodeco.compose import option_node
@@ -82,7 +82,7 @@ def live_runner(pool_path: str, overrides: list[str]):
                 "wall_s": float(sum(c.time_s.values())), "budget": kv,
                 "within_budget": bool(c.peak_kv_tokens <= kv)}
 
-    return run, np
+    return run
 
 
 PLACEHOLDER = {"best": 0.0, "flops": 1.0, "steps": 0, "decode_tokens": 0, "rows_x_context": 0.0, "reward_s": 0.0}
@@ -92,8 +92,6 @@ def report_half(records: list[dict], args: dict, tm, max_new: int, labels: list[
     """The search rows on the report half, as ``analysis.summarize`` computes a row (the same bootstrap resamples:
     the halves drawn in its order and seed), paired with fixed alpha 0.5; their selection-half figures are left
     out where they did not run there."""
-    import numpy as np
-
     from rodeco.experiments import analysis
 
     m = analysis.Measurements(records, args["n"], tm, max_new)
@@ -115,6 +113,65 @@ def report_half(records: list[dict], args: dict, tm, max_new: int, labels: list[
     return {k: v for k, v in table.items() if not k.startswith(analysis.REF + "@")}
 
 
+def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep: list[int]) -> dict[int, dict]:
+    """Each prompt's live search runs (``search_prompts.jsonl``, rewritten as each prompt finishes; resumed)."""
+    from tqdm.auto import tqdm
+
+    from rodeco.results import atomic_write
+
+    out_f = a.run_dir / "search_prompts.jsonl"
+    done = {}
+    if out_f.is_file():
+        done = {d["prompt_index"]: d for d in map(json.loads, out_f.read_text().splitlines()) if d}
+    run = live_runner(a.pool, [])
+    for r in tqdm(records, desc="search", unit="prompt"):
+        i = r["prompt_index"]
+        if a.report_only and i not in rep:
+            continue
+        want = {**METHODS, **(ALTERNATIVES if a.alternatives and i in sel else {})}
+        have = done.setdefault(i, {"prompt_index": i, "methods": {}})
+        for label, (node, n) in want.items():
+            if label not in have["methods"]:
+                have["methods"][label] = run(i, node, n, int(r["budget"]["1"]))
+        atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))
+    return done
+
+
+def paired_rewards(records: list[dict], rep: list[int], labels: list[str], resamples: int) -> dict[str, list[float]]:
+    """Each method's mean final reward minus fixed alpha 0.5's on the report half, with a 95% CI over prompts."""
+    rng = np.random.default_rng(0)
+    pos = {r["prompt_index"]: k for k, r in enumerate(records)}
+    R = np.array([pos[i] for i in rep])
+    boots = [rng.choice(R, len(R)) for _ in range(resamples)]
+    ref = np.array([r["methods"]["fixed_alpha_0.5"]["1"]["best"] for r in records])
+    out = {}
+    for label in labels:
+        d = np.array([r["methods"][label]["1"]["best"] for r in records]) - ref
+        out[label] = [float(d[R].mean()), *np.percentile([d[b].mean() for b in boots], [2.5, 97.5]).tolist()]
+    return out
+
+
+def print_table(summary: dict, labels: list[str], alt: list[str], paired: dict, halves: dict[str, list[int]]) -> None:
+    nan2 = [float("nan")] * 2
+    print(f"{'method':>28} {'half':>9} {'reward':>8} {'improvement [95% CI]':>24} {'TFLOPs':>8} "
+          f"{'FLOPs speedup vs BoN [95% CI]':>32} {'vs fixed 0.5':>24}")
+    for label in labels + alt:
+        half = "selection" if label in alt else "report"
+        x = summary["methods"][f"{label}@1"][half]
+        ci, sci = x.get("improvement_ci", nan2), x.get("speedup_flops_ci", nan2)
+        vs = x.get("vs_fixed_alpha_0.5", {})
+        vs_s = f"{vs.get('ratio', float('nan')):.2f} [{vs.get('ci', nan2)[0]:.2f}, {vs.get('ci', nan2)[1]:.2f}]" \
+            if vs else ""
+        curve = summary["curve"][half]
+        at_flops = float(np.interp(np.log(x["flops"]), np.log(curve["flops"]), curve["improvement"]))
+        vs_s += f"  BoN at these FLOPs: {at_flops:.1f}"
+        dr = paired.get(label) if half == "report" else None
+        vs_s += f"  reward - fixed: {dr[0]:+.4f} [{dr[1]:+.4f}, {dr[2]:+.4f}]" if dr else ""
+        print(f"{label:>28} {half:>9} {x['reward']:8.4f} {x['improvement']:8.1f} [{ci[0]:6.1f}, {ci[1]:6.1f}] "
+              f"{x['flops'] / 1e12 / len(halves[half]):8.3f} {x['speedup_flops']:8.2f} "
+              f"[{sci[0]:6.2f}, {sci[1]:6.2f}]{'+' if x['beyond_curve'] else ' '} {vs_s:>24}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="the efficiency run's directory (efficiency_prompts.jsonl)")
@@ -125,30 +182,14 @@ def main() -> int:
                     help="the search policies on the report half only, at their defaults (nothing is chosen)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     a = ap.parse_args()
-    from rodeco.experiments import analysis
+    from rodeco.experiments import analysis, render
     from rodeco.pool import Pool
     from rodeco.results import atomic_write
 
     records = [json.loads(x) for x in (a.run_dir / "efficiency_prompts.jsonl").read_text().splitlines() if x.strip()]
     records = records[: a.limit] if a.limit else records
     sel, rep = analysis.split_halves([r["prompt_index"] for r in records])
-    out_f = a.run_dir / "search_prompts.jsonl"
-    done = {}
-    if out_f.is_file():
-        done = {d["prompt_index"]: d for d in map(json.loads, out_f.read_text().splitlines()) if d}
-    run, np = live_runner(a.pool, [])
-    from tqdm.auto import tqdm
-
-    for r in tqdm(records, desc="search", unit="prompt"):
-        i = r["prompt_index"]
-        if a.report_only and i not in rep:
-            continue
-        want = {**METHODS, **(ALTERNATIVES if a.alternatives and i in sel else {})}
-        have = done.setdefault(i, {"prompt_index": i, "methods": {}})
-        for label, (node, n) in want.items():
-            if label not in have["methods"]:
-                have["methods"][label] = run(i, node, n, int(r["budget"]["1"]))
-        atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))  # as each prompt finishes
+    done = run_searches(a, records, sel, rep)
     for r in records:
         for label in METHODS:  # a prompt the search policies did not run on (--report-only): never read
             r["methods"][label] = {"1": PLACEHOLDER}
@@ -162,50 +203,20 @@ def main() -> int:
         Pool(a.pool), [r["prompt_index"] for r in records])
     max_new = int(records[0]["settings"]["max_new_tokens"])
     summary = analysis.summarize(records, args, tm, max_new, labels[:2] + alt)  # what the efficiency run has
-    searched = report_half(records, args, tm, max_new, list(METHODS), summary)
-    summary["methods"].update(searched)
+    summary["methods"].update(report_half(records, args, tm, max_new, list(METHODS), summary))
     within = all(m["within_budget"] for d in done.values() for m in d["methods"].values())
-    copies = {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep])) for k in METHODS}
-    from rodeco.experiments import render
-
+    paired = paired_rewards(records, rep, labels, a.bootstrap)
     # efficiency.json's layout (scripts/results_tables.py renders it), with the search rows and how they ran
     res = {**{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"}, **summary,
            "args": args, "headline": analysis.headline(summary), "per_prompt": records,
-           "search": {"within_budget": within, "mean_copies": copies, "live": list(METHODS) + alt}}
+           "search": {"within_budget": within, "live": list(METHODS) + alt, "reward_minus_fixed_alpha_0.5": paired,
+                      "mean_copies": {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep]))
+                                      for k in METHODS}}}
     atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
     (a.run_dir / "search.md").write_text(render.markdown(summary), encoding="utf-8")
-    rng = np.random.default_rng(0)
-    pos = {r["prompt_index"]: k for k, r in enumerate(records)}
-    R = np.array([pos[i] for i in rep])
-    boots = [rng.choice(R, len(R)) for _ in range(a.bootstrap)]
-    ref = np.array([r["methods"]["fixed_alpha_0.5"]["1"]["best"] for r in records])
-    paired = {}
-    for label in labels:
-        d = np.array([r["methods"][label]["1"]["best"] for r in records]) - ref
-        paired[label] = [float(d[R].mean()), *np.percentile([d[b].mean() for b in boots], [2.5, 97.5]).tolist()]
-    res["search"]["reward_minus_fixed_alpha_0.5"] = paired
-    atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
     print(f"{len(records)} prompts ({len(rep)} report, {len(sel)} selection); budget: Best-of-4's memory per prompt; "
           f"every copy within it: {within}")
-    print(f"{'method':>28} {'half':>9} {'reward':>8} {'improvement [95% CI]':>24} {'TFLOPs':>8} "
-          f"{'FLOPs speedup vs BoN [95% CI]':>32} {'vs fixed 0.5':>24}")
-    for label in labels + alt:
-        row = summary["methods"][f"{label}@1"]
-        for half in ("report",) if label not in alt else ("selection",):
-            x = row[half]
-            ci = x.get("improvement_ci", [float("nan")] * 2)
-            sci = x.get("speedup_flops_ci", [float("nan")] * 2)
-            vs = x.get("vs_fixed_alpha_0.5", {})
-            vs_s = f"{vs.get('ratio', float('nan')):.2f} [{vs.get('ci', [float('nan')] * 2)[0]:.2f}, " \
-                   f"{vs.get('ci', [float('nan')] * 2)[1]:.2f}]" if vs else ""
-            curve = summary["curve"][half]
-            at_flops = float(np.interp(np.log(x["flops"]), np.log(curve["flops"]), curve["improvement"]))
-            vs_s += f"  BoN at these FLOPs: {at_flops:.1f}"
-            dr = paired.get(label) if half == "report" else None
-            vs_s += f"  reward - fixed: {dr[0]:+.4f} [{dr[1]:+.4f}, {dr[2]:+.4f}]" if dr else ""
-            print(f"{label:>28} {half:>9} {x['reward']:8.4f} {x['improvement']:8.1f} [{ci[0]:6.1f}, {ci[1]:6.1f}] "
-                  f"{x['flops'] / 1e12 / len(rep if half == 'report' else sel):8.3f} {x['speedup_flops']:8.2f} "
-                  f"[{sci[0]:6.2f}, {sci[1]:6.2f}]{'+' if x['beyond_curve'] else ' '} {vs_s:>24}")
+    print_table(summary, labels, alt, paired, {"report": rep, "selection": sel})
     return 0
 
 

@@ -42,7 +42,7 @@ def test_plugins_import_only_rodecos_public_names(path):
 # leading parameters, a dataclass with the documented fields, a Protocol with its method, an exception, a class.
 FUNCTIONS = {"decode": ["prompts", "n", "reward", "policy", "generator", "overrides"], "load_config": ["overrides",
              "plugins"], "run": ["cfg", "plugins", "out_dir"], "get_plugin_manager": ["load_entrypoints", "extra"],
-             "keep_top": ["pv", "n_reject"], "keep_best": ["pv", "n_reject"], "take_params": ["node", "params",
+             "keep_top": ["pv", "n_reject"], "keep_best": ["pv", "n_reject"], "best_first": ["pv", "rows"], "take_params": ["node", "params",
              "defaults"], "check_number": ["key", "value"], "check_positive_int": ["key", "value"],
              "best_probability": [], "rejectable": [], "standardize": [], "atomic_write": ["path", "data"],
              "required": ["help"], "load_model_and_tokenizer": ["model"], "resolve_dtype": ["dtype"], "cache_dir": [],

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from rodeco import BuildContext, ConfigError, Counts, PromptView, RoundView, check_number, check_positive_int, take_params
+from rodeco import (BuildContext, ConfigError, Counts, PromptView, RoundView, best_first, check_number,
+                    check_positive_int, take_params)
 
 RESAMPLING = ("multinomial", "systematic")
 EVERY_HELP = "a decision point every this many tokens (besides those the budget forces)"
@@ -90,12 +91,6 @@ def population(view: RoundView, pv: PromptView) -> int:
     return max(1, min(view.n_start or pv.k, pv.max_rows or pv.k))
 
 
-def best_first(pv: PromptView, rows: np.ndarray) -> np.ndarray:
-    """``rows`` (local indices) ranked by partial score, ties to the lower candidate id."""
-    ids = np.asarray(pv.candidate_ids)[rows]
-    return rows[np.lexsort((ids, -np.asarray(pv.scores)[rows]))]
-
-
 class ParticleFilterPolicy:
     def __init__(self, temperature: float, resampling: str, decision_tokens: int, finished_weight: bool) -> None:
         self.temperature = check_number("policy.temperature", temperature, 0.0, float("inf"), lo_open=True,
@@ -118,12 +113,16 @@ class ParticleFilterPolicy:
         return out
 
 
-class BeamPolicy:
+class _Beams:
+    """What ``beam`` and ``dvts`` are built from: a width and how often to decide."""
+
     def __init__(self, beam_width: int, decision_tokens: int) -> None:
         check_positive_int("policy.beam_width", beam_width, 4)
         self.beam_width = beam_width
         self.decision_tokens = every(decision_tokens)
 
+
+class BeamPolicy(_Beams):
     def select(self, view: RoundView) -> list[Counts]:
         out = []
         for pv in view.prompts:
@@ -141,12 +140,7 @@ def expand_best(pv: PromptView, rows: np.ndarray, width: int, total: int) -> np.
     return counts
 
 
-class DVTSPolicy:
-    def __init__(self, beam_width: int, decision_tokens: int) -> None:
-        check_positive_int("policy.beam_width", beam_width, 4)
-        self.beam_width = beam_width
-        self.decision_tokens = every(decision_tokens)
-
+class DVTSPolicy(_Beams):
     def select(self, view: RoundView) -> list[Counts]:
         out = []
         for pv in view.prompts:

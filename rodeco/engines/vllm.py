@@ -149,6 +149,8 @@ class VLLMGenerator(ModelGenerator):
 class VLLMSession:
     """Candidate rows of several prompts decoding in vLLM (see the module doc); the interface of ``Session``."""
 
+    ROW_LISTS = ("ids", "tokens", "lps", "done", "fresh")  # per-row lists, in batch order
+
     def __init__(self, gen: VLLMGenerator, spec: SessionSpec) -> None:
         if spec.needs_hidden:
             raise ConfigError("partial_reward", "(a reward that needs hidden states)",
@@ -293,7 +295,7 @@ class VLLMSession:
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
         self.prompt_of, self.cand, self.stream = self.prompt_of[keep], self.cand[keep], self.stream[keep]
-        for name in ("ids", "tokens", "lps", "done", "fresh"):
+        for name in self.ROW_LISTS:
             setattr(self, name, [getattr(self, name)[r] for r in keep])
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return out
@@ -310,12 +312,12 @@ class VLLMSession:
         from vllm.inputs import TokensPrompt
 
         order, slots = fork_order(self.rows, parents)
-        for name in ("ids", "tokens", "lps", "done", "fresh"):
-            old = getattr(self, name)
-            setattr(self, name, [list(old[r]) if isinstance(old[r], list) else old[r] for r in order])
+        for name in self.ROW_LISTS:
+            setattr(self, name, [getattr(self, name)[r] for r in order])
         self.prompt_of, self.cand, self.stream = self.prompt_of[order], self.cand[order], self.stream[order]
         self.cand[slots], self.stream[slots] = ids, streams
         for r in slots:
+            self.tokens[r], self.lps[r] = list(self.tokens[r]), list(self.lps[r])  # its own, from its parent's
             p = int(self.prompt_of[r])
             self.ids[r], self.fresh[r] = f"r{self.uid}-{p}-{int(self.cand[r])}", self.prompt_lens[p] + self.t
             self.gen.llm.add_request(self.ids[r], TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),

@@ -94,13 +94,21 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
                           "give alphas, adaptive_deltas or policies")
     for p in a["policies"]:
-        start = p.partition("@")[2]
-        if start and not (start.isdigit() and int(start) > 0):
-            raise ConfigError("experiment_args.policies", p, "the start after @ must be a positive number of rows",
-                              "e.g. particle_filter@16, or particle_filter (from n=auto)")
+        policy_start(p)
     if a["live_check"] < 0:
         raise ConfigError("experiment_args.live_check", a["live_check"], "must be >= 0", "e.g. 4, or 0 for none")
     return a
+
+
+def policy_start(entry: str) -> tuple[str, int | str]:
+    """An ``experiment_args.policies`` entry, ``name`` (from n=auto) or ``name@start`` (from that many rows)."""
+    name, _, start = entry.partition("@")
+    if not start:
+        return name, "auto"
+    if not (start.isdigit() and int(start) > 0):
+        raise ConfigError("experiment_args.policies", entry, "the start after @ must be a positive number of rows",
+                          "e.g. particle_filter@16, or particle_filter (from n=auto)")
+    return name, int(start)
 
 
 @dataclass(frozen=True)
@@ -122,10 +130,9 @@ def methods(a: dict[str, Any]) -> list[Method]:
         out += [Method(f"fixed_alpha_{x:g}{sfx}", "fixed", {"alpha": float(x)}, partial=part) for x in a["alphas"]]
         out += [Method(f"adaptive_delta_{d:g}{sfx}", "adaptive", {"delta": float(d)}, partial=part)
                 for d in a["adaptive_deltas"]]
-        for p in a["policies"]:  # "name" (from n=auto) or "name@start" (from that many rows)
-            name, _, start = p.partition("@")
-            out.append(Method(f"{name}{f'_start_{start}' if start else ''}{sfx}", name, {},
-                              int(start) if start else "auto", part))
+        for p in a["policies"]:
+            name, start = policy_start(p)
+            out.append(Method(f"{name}{'' if start == 'auto' else f'_start_{start}'}{sfx}", name, {}, start, part))
         if part in (SAME, ORACLE):
             out += [Method(f"fixed_alpha_0.5_start_{k}{sfx}", "fixed", {"alpha": 0.5}, k, part) for k in a["starts"]]
     for d in a["calibrated_deltas"]:
