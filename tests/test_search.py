@@ -11,6 +11,7 @@ import rodeco_policies
 import torch
 from helpers import run_tiny
 from hypothesis import given, settings
+from test_policies import round_views  # imported here: applying @given inside a running test fails hypothesis' check
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -294,8 +295,6 @@ SEARCH = ("particle_filter", "beam", "dvts")
 def test_search_policies_keep_the_contract(name, data):
     """On random views (rows, scores, finished candidates, the budget's room): a valid answer within each prompt's
     share, reproducible from the view's seeded generators, the view left as it was."""
-    from test_policies import round_views
-
     from rodeco.plugins import get_plugin_manager
 
     pm = get_plugin_manager(load_entrypoints=False, extra=[rodeco_policies])
