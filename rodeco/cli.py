@@ -63,6 +63,14 @@ def _main(cfg: DictConfig) -> None:
         _share_threads(cfg, hc.launcher)
     out_dir = cfg.output.dir if cfg.output.dir is not None else hc.runtime.output_dir
     fail = _job_failure if multirun else _fail
+    if cfg.task == "serve":
+        from rodeco.serve import serve
+
+        try:
+            serve(cfg)
+        except (ConfigError, PluginError) as e:
+            fail(e)
+        return
     try:
         out = run(cfg, out_dir=out_dir)
     except (ConfigError, PluginError, IncompleteMerge) as e:
@@ -126,3 +134,9 @@ def main() -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = full
+
+
+def serve_main() -> None:
+    """``rodeco-serve ...``: ``rodeco task=serve ...``."""
+    sys.argv.insert(1, "task=serve")
+    main()

@@ -71,6 +71,8 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 128
     ignore_eos: bool = False  # decode exactly max_new_tokens per row (benchmarks)
+    stop: list[str] = field(default_factory=list, metadata={"help": "stop strings: a candidate ends when its text "
+                                                                    "holds one (cut before it, as at EOS)"})
 
 
 BUDGET_MODES = {"tokens": "budget=cpu: budget.kv_tokens, on any device", "unlimited": "budget=unlimited: no limit, "
@@ -128,6 +130,37 @@ class MergeConfig:
 
 
 @dataclass
+class ServeConfig:
+    """``rodeco task=serve``: the OpenAI-compatible server (docs/serve.md)."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind; off loopback it needs a key"})
+    port: int = 8000
+    api_key: Optional[str] = field(default=None, metadata={"help": "clients send it as a Bearer token (or set "
+                                                                    "RODECO_API_KEY)"})
+    allow_public_without_key: bool = field(default=False, metadata={"help": "bind off loopback with no key (logs a "
+                                                                             "warning)"})
+    model: Optional[str] = field(default=None, metadata={"help": "the model name requests use (default: the "
+                                                                  "generator option's name)"})
+    policies: list[Any] = field(default_factory=lambda: [{"name": "fixed", "alpha": [0.0, 0.95]}, {"name": "none"}],
+                                metadata={"help": "the policy options a request may choose: [{name: OPTION, PARAM: "
+                                                  "[lo, hi] or {choices: [...]}}, ...]"})
+    best_of: int = field(default=16, metadata={"help": "candidates per request when it gives no best_of"})
+    max_best_of: int = 64
+    max_tokens: int = field(default=512, metadata={"help": "the most max_tokens a request may ask for"})
+    request_memory: float = field(default=0.25, metadata={"help": "a rejecting policy's default budget: the memory of "
+                                                                   "this share of best_of rows at full length"})
+    max_queue: int = field(default=64, metadata={"help": "requests waiting beyond this get 429"})
+    batch_requests: int = field(default=16, metadata={"help": "the most requests decoded in one batch"})
+    batch_wait_s: float = field(default=0.02, metadata={"help": "how long a batch waits for more arrivals"})
+    check_tokens: int = field(default=8, metadata={"help": "cancelled requests leave the batch within this many "
+                                                            "tokens"})
+    request_timeout_s: float = 300.0
+    drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight requests get this long"})
+    max_body_bytes: int = 1_000_000
+    retry_after_s: int = 1
+
+
+@dataclass
 class RodecoConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -136,6 +169,7 @@ class RodecoConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     winner: WinnerConfig = field(default_factory=WinnerConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     reward: Any = field(default_factory=lambda: {"name": MISSING})
     # scores active rows at decision points: `same` (the reward), or any reward option (partial_reward=logprob)
     partial_reward: Any = field(default_factory=lambda: {"name": "same"})
@@ -144,7 +178,7 @@ class RodecoConfig:
     pool: Optional[str] = field(default=None, metadata={"help": "a pool directory (experiment=pool records one; "
                                                                  "replay, efficiency, perplexity, correlation use it)"})
     seed: int = 0
-    task: str = "decode"  # what `run` does: decode, merge, or an experiment's name
+    task: str = "decode"  # what `run` does: decode, merge, serve (the CLI's), or an experiment's name
     experiment_args: Any = field(default_factory=dict)
 
 

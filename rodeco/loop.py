@@ -11,7 +11,7 @@ the winner rule picks each prompt's winner among its finished candidates (by def
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ from rodeco.protocols import Generator, Policy, Session
 from rodeco.sampling import copy_stream
 from rodeco.state import (Compute, Counts, PromptRef, PromptResult, PromptView, RoundView, Row, SamplingParams,
                           ScoreRequest, SessionSpec, StartView)
+from rodeco.stops import StopStrings
 from rodeco.trace import Trace
 from rodeco.validation import ConfigError, PluginError
 from rodeco.winner import WinnerRule
@@ -41,41 +42,49 @@ class LoopSettings:
     policy_name: str = ""
     reward_name: str = ""
     winner: WinnerRule = WinnerRule()  # how each prompt's winner is chosen among its finished candidates
+    stop: tuple[str, ...] = ()  # stop strings: a row ends when its text holds one (rodeco.stops)
+    check_tokens: int | None = None  # with decode_batch's ``cancelled``: ask it at least every this many tokens
 
 
 def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
     """The spec of a session of ``n`` rows per prompt of ``prompts`` under the run's settings ``s``."""
+    seeds = tuple(p.seed_or(s.seed) for p in prompts)
     return SessionSpec(n, s.sampling, s.max_new_tokens, s.seed, tuple(p.stream_key for p in prompts),
-                       indices=tuple(p.index for p in prompts), ignore_eos=s.ignore_eos, **kw)
+                       indices=tuple(p.index for p in prompts), ignore_eos=s.ignore_eos, stop=tuple(s.stop),
+                       seeds=seeds if any(x != s.seed for x in seeds) else (), **kw)
 
 
 def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequence[PromptRef | tuple[int, str]],
                  s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
-                 partial: Scorer | None = None, first: int = 0) -> tuple[list[PromptResult], Compute]:
+                 partial: Scorer | None = None, first: int = 0,
+                 cancelled: Callable[[Session], Collection[int]] | None = None) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts in one batch; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
     each decision point and ``on_done(result)`` as soon as a prompt has no active row left. The rows are the
     generator's session (``Generator.open_session``: live, vLLM, or a recorded pool's); they are candidates
     ``first``, ``first + 1``, ... of each prompt. ``partial`` scores active rows at decision points (the
-    ``partial_reward`` role); by default ``scorer`` does."""
+    ``partial_reward`` role); by default ``scorer`` does. ``cancelled(session)`` names batch keys whose rows leave now
+    (a server's disconnected clients; it may read the session's rows and step); it is asked at every decision point
+    and every ``s.check_tokens`` tokens, and a cancelled prompt gets no result (the others' are returned, in order)."""
     decider = partial or scorer  # the partial_reward role: by default the reward itself
     prompts = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
-    ids = [gen.encode(p.text) for p in prompts]
+    ids = [gen.encode(p.source) for p in prompts]
     P = max(map(len, ids))
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
     budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
     n = rows_per_prompt(s, budget, base, len(ids), policy)
     sess = gen.open_session(session_spec(s, n, prompts, needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
                                          needs_hidden=decider.needs_hidden_states, first=first))
-    trace = Trace(prompts, n, gen.decode_text, all_candidates=s.all_candidates, policy=s.policy_name,
+    text = StopStrings(tuple(s.stop)).text(gen.decode_text)  # a response as rewards and results read it
+    trace = Trace(prompts, n, text, all_candidates=s.all_candidates, policy=s.policy_name,
                   reward=s.reward_name, winner=s.winner)
     every = decision_tokens(policy, s.policy_name)
     acct = Accounting(gen, len(prompts))
     results: dict[int, PromptResult] = {}
 
     def report_done() -> None:  # every prompt that has no active row left, once
-        for p in trace.newly_done(set(sess.prompt_of.tolist())):
+        for p in sorted(trace.newly_done(set(sess.prompt_of.tolist())) - trace.cancelled):
             results[p] = trace.result(p, acct.prompt(p, sess.stats))
             if on_done is not None:
                 on_done(results[p])
@@ -90,13 +99,13 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
                 until = budget.capacity(sess.rows, base + s.max_new_tokens) - base
                 if every:  # the policy's own decision points; the budget's still bind
                     until = min(until, (sess.t // every + 1) * every)
-                left = sess.decode(until=until)  # to the decision point
-                left += sess.retire_finished()
-            trace.finished(left, score_rows(scorer, "reward", gen, prompts, left, acct))
+                left = decode_round(sess, until, trace, cancelled, s.check_tokens)  # to the decision point
+                left += [r for r in sess.retire_finished() if r.prompt not in trace.cancelled]
+            trace.finished(left, score_rows(scorer, "reward", text, prompts, left, acct))
             report_done()
             if not sess.rows:
                 break
-            scores = score_rows(decider, "partial_reward", gen, prompts, sess.active(), acct)
+            scores = score_rows(decider, "partial_reward", text, prompts, sess.active(), acct)
             trace.scored(sess.prompt_of, sess.cand, scores)
             with acct.timed("prune"):
                 fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
@@ -107,7 +116,25 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
                 apply_counts(sess, trace, rnd, rows, keys, view, counts)
             report_done()
             rnd += 1
-    return [results[p] for p in range(len(prompts))], acct.batch(sess.stats)
+    return [results[p] for p in range(len(prompts)) if p in results], acct.batch(sess.stats)
+
+
+def decode_round(sess: Session, until: int, trace: Trace, cancelled: Callable[[Session], Collection[int]] | None,
+                 every: int | None) -> list[Row]:
+    """Decode to ``until``; with ``cancelled``, pause every ``every`` tokens (and at ``until``) to let the rows of
+    cancelled prompts leave. Returns the rows that finished on the way, but for cancelled prompts'."""
+    left: list[Row] = []
+    while True:
+        pause = None if cancelled is None or not every else (sess.t // every + 1) * every
+        left += sess.decode(until=until, pause=pause)
+        if cancelled is not None:
+            gone = set(int(p) for p in cancelled(sess)) - trace.cancelled
+            if gone:
+                rows = [r for r, p in enumerate(sess.prompt_of.tolist()) if p in gone]
+                trace.cancel(gone, sess.reject(rows) if rows else [])
+                left = [r for r in left if r.prompt not in gone]
+        if pause is None or not sess.rows or sess.t >= until:
+            return left
 
 
 def apply_counts(sess: Session, trace: Trace, rnd: int, rows: list[np.ndarray], keys: list[int], view: RoundView,
@@ -146,13 +173,13 @@ def decision_tokens(policy: Policy, name: str) -> int | None:
     return every
 
 
-def score_rows(scorer: Scorer, role: str, gen: Generator, prompts: Sequence[PromptRef], rows: Sequence[Row],
-               acct: Accounting) -> np.ndarray:
+def score_rows(scorer: Scorer, role: str, text: Callable[[list[int]], str], prompts: Sequence[PromptRef],
+               rows: Sequence[Row], acct: Accounting) -> np.ndarray:
     """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
-    decision point), charged to that role."""
+    decision point), charged to that role; ``text`` decodes a response (cut at a stop string)."""
     partial = role == "partial_reward"
     with acct.scoring(role, scorer, [r.prompt for r in rows]):
-        reqs = [ScoreRequest(prompt=prompts[r.prompt].text, response=gen.decode_text(r.token_ids),
+        reqs = [ScoreRequest(prompt=prompts[r.prompt].text, response=text(r.token_ids),
                              response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt].index,
                              candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
                              else None, hidden_state=r.hidden, stream=r.stream) for r in rows]
@@ -211,7 +238,8 @@ def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: Lo
             history=trace.history(p, cands), finished_scores=trace.finished_scores(p), tokens_generated=sess.t,
             min_reject=0, parents=trace.parents(p, cands), origins=trace.origins(p, cands),
             finished_ids=trace.finished_ids(p), max_rows=int(share),
-            rng=np.random.default_rng([s.seed & 0xFFFFFFFF, trace.prompts[p].stream_key, rnd])))
+            rng=np.random.default_rng([trace.prompts[p].seed_or(s.seed) & 0xFFFFFFFF, trace.prompts[p].stream_key,
+                                       rnd])))
     _share_min_reject(views, sess.rows - fit)
     view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=trace.n)
     return view, rows_of, keys.tolist()

@@ -383,6 +383,9 @@ def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
     if s.ignore_eos:
         raise ConfigError("sampling.ignore_eos", True, "a pool records candidates up to their EOS only",
                           "replay with sampling.ignore_eos=false")
+    if s.stop:
+        raise ConfigError("sampling.stop", list(s.stop), "a pool records candidates up to their EOS, not to a stop "
+                          "string", "replay with sampling.stop=[] (decode live to use stop strings)")
     if n != "auto" and int(n) > pool.candidates:
         raise ConfigError("n", n, f"the pool holds {pool.candidates} candidates per prompt",
                           f"use n<={pool.candidates}")

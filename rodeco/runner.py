@@ -51,7 +51,7 @@ def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward
         n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
         budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos,
         all_candidates=cfg.output.all_candidates, policy_name=policy_name, reward_name=reward_name,
-        winner=winner_rule(cfg))
+        winner=winner_rule(cfg), stop=tuple(s.stop))
 
 
 @contextmanager

@@ -53,10 +53,13 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
     return out
 
 
-def uniforms(seed: int, candidate_ids: np.ndarray, step: int) -> np.ndarray:
-    """Uniform(0, 1) draws, one per candidate, a pure function of (seed, candidate id, step)."""
+def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np.ndarray:
+    """Uniform(0, 1) draws, one per candidate, a pure function of (seed, candidate id, step); ``seed`` is one for all
+    or one per candidate (a server's batch: each request's own)."""
+    seed = np.asarray(seed).astype(np.int64).astype(np.uint64) if isinstance(seed, np.ndarray) else \
+        np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) + np.uint64(step) * np.uint64(0xD1B54A32D192ED03))
+        key = _splitmix64(seed + np.uint64(step) * np.uint64(0xD1B54A32D192ED03))
         x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 

@@ -21,6 +21,7 @@ import torch
 from rodeco.engines import Engine
 from rodeco.sampling import row_keys, sample, uniforms
 from rodeco.state import Row, SessionSpec, SessionStats, fork_order
+from rodeco.stops import StopStrings
 
 if TYPE_CHECKING:
     from rodeco.protocols import Generator  # rodeco.generator.TorchGenerator, or a pool's ReplayGenerator
@@ -38,6 +39,8 @@ class Session:
         self.max_new, self.seed, self.needs_logprobs = spec.max_new_tokens, spec.seed, spec.needs_logprobs
         self.compact_fraction = compact_fraction
         self.keys = np.asarray(spec.streams, dtype=np.uint64)  # per prompt: mixes into each row's random stream
+        self.seeds = np.asarray(spec.prompt_seeds(), dtype=np.int64)  # per prompt: its seed
+        self.stops = StopStrings(tuple(spec.stop))
         self.eos = gen.eos_tensor if not spec.ignore_eos else torch.tensor([-1], device=gen.device)  # never sampled
         self.engine = engine
         self.needs_hidden = spec.needs_hidden or spec.record_hidden
@@ -59,7 +62,8 @@ class Session:
         """[B] this step's tokens: sampled from the logits with each row's own random stream (or forced)."""
         if self.forced is not None and self.t < self.forced.shape[1]:
             return self.forced[:, self.t]
-        u = torch.from_numpy(uniforms(self.seed, self._row_keys(), self.t)).to(self.logits.device)
+        seed = self.seeds[self.prompt_of] if self.spec.seeds else self.seed
+        u = torch.from_numpy(uniforms(seed, self._row_keys(), self.t)).to(self.logits.device)
         return sample(self.logits, u, self.sampling)
 
     def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
@@ -91,6 +95,7 @@ class Session:
         self.lp = torch.zeros((B, self.max_new), device=dev) if self.needs_logprobs else None
         self.n_tok = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row (EOS included)
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.stopped = torch.zeros(B, dtype=torch.bool, device=dev)  # finished by a stop string
         self.pending: torch.Tensor | None = None  # sampled tokens not yet fed to the model
         self._track_memory()
 
@@ -104,14 +109,16 @@ class Session:
         return row_keys(self.keys[self.prompt_of], self.stream)
 
     @torch.inference_mode()
-    def decode(self, until: int) -> list[Row]:
-        """Generate until every active row has ``until`` tokens (or has finished). Returns the rows that left on
-        the way: all of them at ``max_new_tokens``, else finished rows once they are a ``compact_fraction`` of
-        the batch (the rest stay until ``retire_finished``)."""
+    def decode(self, until: int, pause: int | None = None) -> list[Row]:
+        """Generate until every active row has ``until`` tokens (or has finished); with ``pause``, return early once
+        they have ``pause`` (the cache stays sized for ``until``: a caller checking something every few tokens).
+        Returns the rows that left on the way: all of them at ``max_new_tokens``, else finished rows once they are
+        a ``compact_fraction`` of the batch (the rest stay until ``retire_finished``)."""
         until = min(until, self.max_new)
         self.engine.reserve(self.prompt_len + until)
+        stop_at = until if pause is None else min(pause, until)
         left: list[Row] = []
-        while self.t < until and self.rows:
+        while self.t < stop_at and self.rows:
             t0, stepped = time.perf_counter(), self.pending is not None
             if stepped:
                 st, context = self.stats, self.engine.length
@@ -134,6 +141,8 @@ class Session:
             self.t += 1
             self.n_tok = torch.where(self.finished, self.n_tok, self.n_tok + 1)
             self.finished |= torch.isin(tok, self.eos)
+            if self.stops:
+                self._stop_strings()
             self.pending = tok
             n_fin = int(self.finished.sum())
             if self.t >= self.max_new or n_fin == self.rows:
@@ -144,14 +153,25 @@ class Session:
                 self.stats.step_seconds.append(time.perf_counter() - t0)
         return left
 
+    def _stop_strings(self) -> None:
+        """Rows whose text now holds a stop string finish (``rodeco.stops``)."""
+        live = (~self.finished).nonzero()[:, 0].tolist()
+        if not live:
+            return
+        tails = self.out[live, max(0, self.t - self.stops.tail_tokens): self.t].tolist()  # active: t tokens each
+        hit = [i for i, h in zip(live, self.stops.ended(tails, self.gen.decode_text)) if h]
+        if hit:
+            self.finished[hit] = True
+            self.stopped[hit] = True
+
     def retire_finished(self) -> list[Row]:
         """Move the rows that reached EOS out of the batch; returns them."""
         return self._retire(self.finished) if bool(self.finished.any()) else []
 
     def _retire(self, which: torch.Tensor) -> list[Row]:
         idx = which.nonzero()[:, 0].tolist()
-        n_tok, fin = self.n_tok.tolist(), self.finished.tolist()
-        left = [self._finished(i, n_tok[i], "eos" if fin[i] else "length") for i in idx]
+        n_tok, fin, stop = self.n_tok.tolist(), self.finished.tolist(), self.stopped.tolist()
+        left = [self._finished(i, n_tok[i], "stop" if stop[i] else "eos" if fin[i] else "length") for i in idx]
         self.select((~which).nonzero()[:, 0])
         return left
 
@@ -192,6 +212,7 @@ class Session:
         self.engine.select(rows)
         self.prompt_of, self.cand, self.stream = self.prompt_of[rows_np], self.cand[rows_np], self.stream[rows_np]
         self.out, self.n_tok, self.finished = self.out[rows], self.n_tok[rows], self.finished[rows]
+        self.stopped = self.stopped[rows]
         self.lp = self.lp[rows] if self.lp is not None else None
         self.pending = self.pending[rows] if self.pending is not None else None
         self.forced = self.forced[rows] if self.forced is not None else None

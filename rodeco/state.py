@@ -38,15 +38,27 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class PromptRef:
-    """One prompt of a batch: its dataset index, its text, and its stream key (None: the dataset index)."""
+    """One prompt of a batch: its dataset index, its text, its stream key (None: the dataset index), its own seed
+    (None: the run's ``seed``; a server's requests each bring theirs) and, for a conversation, its messages (what the
+    chat template encodes; ``text`` is then the conversation as the rewards read it)."""
 
     index: int
     text: str
     stream: int | None = None
+    seed: int | None = None
+    messages: tuple[tuple[str, str], ...] | None = None  # (role, content) pairs
 
     @property
     def stream_key(self) -> int:
         return self.index if self.stream is None else int(self.stream)
+
+    def seed_or(self, run_seed: int) -> int:
+        return run_seed if self.seed is None else int(self.seed)
+
+    @property
+    def source(self) -> str | list[dict[str, str]]:
+        """What the generator encodes: the text, or the conversation's messages."""
+        return self.text if self.messages is None else [{"role": r, "content": c} for r, c in self.messages]
 
 
 @dataclass
@@ -57,7 +69,7 @@ class Row:
     candidate_id: int
     token_ids: list[int]
     logprobs: list[float] | None
-    reason: str = ""  # "" while active; "eos" | "length" | "rejected" once it left
+    reason: str = ""  # "" while active; "eos" | "stop" (a stop string) | "length" | "rejected" once it left
     stop: int | None = None  # the EOS token that ended it (reason "eos")
     hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
     stream: int | None = None  # the random-stream key within its prompt (None: the candidate id)
@@ -124,6 +136,11 @@ class SessionSpec:
     ignore_eos: bool = False
     record_hidden: bool = False
     first: int = 0
+    seeds: tuple[int, ...] = ()  # per prompt of the batch: its seed (empty: ``seed`` for every prompt)
+    stop: tuple[str, ...] = ()  # stop strings (``rodeco.stops``): a row whose text holds one ends there
+
+    def prompt_seeds(self) -> tuple[int, ...]:
+        return self.seeds or (self.seed,) * len(self.streams)
 
 
 @dataclass(frozen=True)
@@ -212,7 +229,7 @@ class Candidate:
     score: float | None  # final reward, or the last partial reward if it was rejected
     finished: bool  # reached EOS or max_new_tokens
     rejected_at_round: int | None = None
-    stop_reason: str = ""  # "eos", "length", "rejected"
+    stop_reason: str = ""  # "eos", "stop" (a stop string), "length", "rejected"
     parent: int | None = None  # a copy's parent candidate (None: a starting row); left out of records when None
     forked_round: int | None = None  # the decision point that made the copy
 

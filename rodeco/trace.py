@@ -31,6 +31,7 @@ class Trace:
         self.parent: list[dict[int, tuple[int, int]]] = [{} for _ in range(P)]  # copy -> (parent, round of the fork)
         self.origin: list[dict[int, int]] = [{} for _ in range(P)]  # candidate -> position of its starting row
         self.next_id = [0] * P
+        self.cancelled: set[int] = set()  # prompts whose rows left because their request went away (no result)
 
     def start(self, prompt_of: Sequence[int], cands: Sequence[int]) -> None:
         """The starting rows (after prefill): each is its own origin; copies take ids above them."""
@@ -69,6 +70,11 @@ class Trace:
     def rejected(self, rows: Sequence[Row]) -> None:
         self.left += rows
 
+    def cancel(self, prompts: set[int], rows: Sequence[Row]) -> None:
+        """Prompts whose requests went away, with their rows that left: they get no result."""
+        self.cancelled |= prompts
+        self.left += rows
+
     def round(self, view: RoundView, counts: list[Counts], keys: Sequence[int],
               copies: Sequence[dict[int, list[int]]]) -> None:
         """A decision point: ``keys[j]`` is the batch key of ``view.prompts[j]``, ``copies[j]`` its copies' ids by
@@ -96,9 +102,9 @@ class Trace:
     def finished_ids(self, p: int) -> list[int]:
         return list(self.final[p])
 
-    def newly_done(self, active: set[int]) -> list[int]:
+    def newly_done(self, active: set[int]) -> set[int]:
         """Prompts with no active row left that were not reported yet (now marked reported)."""
-        done = [p for p in range(len(self.prompts)) if p not in active and p not in self.emitted]
+        done = {p for p in range(len(self.prompts)) if p not in active and p not in self.emitted}
         self.emitted.update(done)
         return done
 

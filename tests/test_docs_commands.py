@@ -34,7 +34,7 @@ from rodeco.plugins import BuildContext, get_plugin_manager
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]
 PLACEHOLDER = re.compile(r"NAME|<[^>]*>|\bmy_|\.\.\.")  # prose such as `rodeco experiment=NAME`
-COMMAND = re.compile(r"^(rodeco|make|pip|python|pytest)( |$)")
+COMMAND = re.compile(r"^(rodeco|rodeco-serve|make|pip|python|pytest)( |$)")
 INLINE = " (inline)"  # where an inline code span was found: `python scripts/x.py` alone names the script
 # Files whose text is in the docs (the reader saves them) and the test that runs them as the docs show.
 DOC_FILES = {"lab.py": ("policy-lab.md", "test_policy_lab_docs.py",
@@ -59,8 +59,8 @@ def documented_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = documented_commands()
-RODECO = [(w, c) for w, c in COMMANDS if c.split()[0] == "rodeco"]
-OTHERS = [(w, c) for w, c in COMMANDS if c.split()[0] != "rodeco"]
+RODECO = [(w, c) for w, c in COMMANDS if c.split()[0] in ("rodeco", "rodeco-serve")]
+OTHERS = [(w, c) for w, c in COMMANDS if c.split()[0] not in ("rodeco", "rodeco-serve")]
 
 
 def test_the_docs_show_commands():
@@ -244,7 +244,8 @@ def overrides_of(command: str) -> list[str]:
     """The overrides of a `rodeco` command line: flags dropped, a sweep replaced by its first value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    args = shlex.split(command, comments=True)[1:]
+    args = shlex.split(command, comments=True)
+    args = ["task=serve", *args[1:]] if args[0] == "rodeco-serve" else args[1:]  # rodeco-serve: rodeco task=serve
     out, skip = [], False
     for a in args:
         if skip or a in ("-m", "--multirun", "--help", "-h", "--info") or a.startswith("hydra"):
@@ -263,7 +264,12 @@ def check_command(command: str, plugins) -> None:
     validate(cfg)
     plugins.rewards.get(cfg.reward.name)
     plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))  # checks the policy's parameters
-    if cfg.task not in ("decode", "merge"):
+    if cfg.task == "serve":  # the server's own checks, as at its start-up
+        from rodeco.serve import check_binding, check_serve
+
+        check_binding(cfg)
+        check_serve(cfg, plugins)
+    elif cfg.task not in ("decode", "merge"):
         plugins.experiments.get(cfg.task)
     if cfg.data.path is not None:
         assert cfg.data.prompts is None  # a path replaces the prompts a data option set

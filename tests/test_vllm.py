@@ -272,3 +272,50 @@ def test_the_vllm_bench_script_prints_the_speedup(tmp_path):
     res = json.loads((tmp_path / "vllm_bench.json").read_text())
     assert res["summary"]["prompts"] == 2 and res["summary"]["methods"]["sr"]["preemptions"] == 0
     assert len(res["rows"]) == 2 and all(r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"])
+
+
+def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen):
+    """``rodeco task=serve`` with generator.engine=vllm: the openai client's chat and completions with n and
+    best_of; four concurrent seeded Best-of-N requests equal their solo answers; a client that goes away has its
+    requests aborted in vLLM (none left unfinished) while the batch goes on."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx2 as httpx
+    from serve_helpers import SlowGen, client, metric, running
+
+    ov = [*gen_overrides(), f"budget.kv_tokens={POOL}", "serve.batch_wait_s=0.3", "serve.check_tokens=4"]
+    with running(SlowGen(vgen, 0.02), ov) as (url, state):
+        c = client(url)
+        r = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": PROMPTS[0]}], n=2,
+                                      max_tokens=12, seed=1, extra_body={"best_of": 6})
+        assert len(r.choices) == 2 and r.model_extra["rodeco"]["candidates_started"] == 6
+        r = c.completions.create(model="smollm2", prompt=PROMPTS[1], max_tokens=8, seed=2,
+                                 extra_body={"best_of": 4, "rodeco": {"policy": "none"}})
+        assert r.choices[0].text is not None
+
+        def ask(i):
+            return c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": PROMPTS[i % 2]}],
+                                             max_tokens=10, seed=20 + i,
+                                             extra_body={"best_of": 4, "rodeco": {"policy": "none"}})
+
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(ask, range(4), timeout=300))
+        alone = [ask(i) for i in range(4)]
+        assert [x.choices[0].message.content for x in together] == [x.choices[0].message.content for x in alone]
+        assert max(x.model_extra["rodeco"]["batch_requests"] for x in together) > 1
+
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 4,
+                "max_tokens": 60, "seed": 3, "rodeco": {"policy": "none"}}
+        other = {}
+        t = threading.Thread(target=lambda: other.update(r=httpx.post(f"{url}/v1/chat/completions", timeout=300,
+                                                                          json={**body, "seed": 4})))
+        t.start()
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.5)
+        t.join(300)
+        text = httpx.get(f"{url}/metrics").text
+        assert other["r"].status_code == 200
+        assert metric(text, "rodeco_cancelled_requests_total") == 1
+        assert metric(text, "rodeco_cancelled_rows_total") >= 1
+        assert not vgen.llm.has_unfinished_requests()  # the gone client's requests were aborted, not left running

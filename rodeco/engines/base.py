@@ -36,14 +36,19 @@ class ModelGenerator:
     def flops_per_token(self, context: int) -> float:
         return self.shape.flops_per_token(context)
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """A prompt's token ids: a text as one user message, or a conversation's messages (``role``/``content``),
+        through the chat template (``generator.system_prompt`` first unless the conversation has a system message).
+        Without a template, a text is tokenized as it is and a conversation as its contents, one per line."""
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         if self.use_chat_template:
-            msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-            msgs.append({"role": "user", "content": prompt})
+            if self.system_prompt and not any(m["role"] == "system" for m in msgs):
+                msgs.insert(0, {"role": "system", "content": self.system_prompt})
             ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
             ids = ids["input_ids"] if not isinstance(ids, list) else ids
             return [int(i) for i in ids]
-        return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in msgs)
+        return [int(i) for i in self.tokenizer(text)["input_ids"]]
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

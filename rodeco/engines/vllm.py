@@ -36,6 +36,7 @@ from rodeco.budget import block_shared
 from rodeco.engines.base import ModelGenerator
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import Row, SessionSpec, SessionStats, fork_order
+from rodeco.stops import StopStrings
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,8 @@ class VLLMSession:
                               "the vllm engine does not provide the generator's hidden states",
                               "use generator.engine=fast or hf, or a partial reward that scores text")
         self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
+        self.seeds = [int(x) for x in spec.prompt_seeds()]  # per prompt: its seed
+        self.stops = StopStrings(tuple(spec.stop))  # checked here on each new token (rodeco.stops), as live rows are
         self.keys, self.needs_logprobs = [int(k) for k in spec.streams], spec.needs_logprobs
         self.ignore_eos, self.sampling, self.first = spec.ignore_eos, spec.sampling, spec.first
         self.hidden_log = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
@@ -215,7 +218,7 @@ class VLLMSession:
         self.fresh: list[int] = [self.prompt_lens[p] for p in self.prompt_of]
         for rid, p, c in zip(self.ids, self.prompt_of, self.stream):
             llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[p]),
-                            self._params(self.max_new, request_seed(self.seed, self.keys[p], int(c))))
+                            self._params(self.max_new, request_seed(self.seeds[p], self.keys[p], int(c))))
         self._track_memory()
 
     def _track_memory(self) -> None:
@@ -228,6 +231,7 @@ class VLLMSession:
         """Append each row's new tokens; charge the forwards: a row's first token came from its prompt's tail
         (prefill), every later one from a decode forward over its context."""
         st, counts, flops = self.stats, np.zeros(len(self.keys), np.int64), np.zeros(len(self.keys))
+        stopped: list[str] = []
         for o in outs:
             r = self.row_of.get(o.request_id)
             if r is None:
@@ -248,6 +252,11 @@ class VLLMSession:
                 self.lps[r] += [next(iter(d.values())).logprob for d in c.logprobs]
             if o.finished:
                 self.done[r] = "eos" if c.finish_reason == "stop" else "length"
+            elif self.stops and new and self.stops.hit(self.gen.decode_text(self.tokens[r][-self.stops.tail_tokens:])):
+                self.done[r] = "stop"
+                stopped.append(o.request_id)
+        if stopped:  # a stop string: the row ends here, its blocks freed
+            self.gen.llm.abort_request(stopped)
         st.decode_tokens += counts
         st.decode_flops += flops
         if counts.any():
@@ -255,10 +264,10 @@ class VLLMSession:
             st.step_rows.append(int(counts.sum()))
             st.step_context.append(self.prompt_len + self.t)
 
-    def decode(self, until: int) -> list[Row]:
-        """Step the engine until every active row has ``until`` tokens or has finished; returns the rows that
-        finished on the way (vLLM has freed their blocks already)."""
-        until = min(until, self.max_new)
+    def decode(self, until: int, pause: int | None = None) -> list[Row]:
+        """Step the engine until every active row has ``until`` tokens (``pause``, if sooner) or has finished;
+        returns the rows that finished on the way (vLLM has freed their blocks already)."""
+        until = min(until, self.max_new, until if pause is None else pause)
         llm, left = self.gen.llm, []
         while self.rows and min(len(self.tokens[r]) for r in range(self.rows)) < until:
             if not llm.has_unfinished_requests():
@@ -321,7 +330,7 @@ class VLLMSession:
             p = int(self.prompt_of[r])
             self.ids[r], self.fresh[r] = f"r{self.uid}-{p}-{int(self.cand[r])}", self.prompt_lens[p] + self.t
             self.gen.llm.add_request(self.ids[r], TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),
-                                     self._params(self.max_new - self.t, request_seed(self.seed, self.keys[p],
+                                     self._params(self.max_new - self.t, request_seed(self.seeds[p], self.keys[p],
                                                                                       int(self.stream[r]))))
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return slots

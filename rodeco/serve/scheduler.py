@@ -1,0 +1,252 @@
+"""The batcher: one thread that owns the decoder and decodes queued jobs in batches.
+
+Jobs queue (bounded: a full queue is a 429). When the decoder is free, the batch is the oldest job and the jobs
+after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
+budget and ``serve.batch_requests``; jobs with other settings wait for a later batch. A batch runs to its end
+(admitting jobs mid-batch needs per-prompt step counts: not done). Between decision points the loop pauses every
+``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave the batch, their rows and
+memory freed, whatever the policy, Best-of-N included.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rodeco.api import Decoder
+from rodeco.protocols import Policy, Session
+from rodeco.serve.errors import APIError
+from rodeco.serve.jobs import Job
+from rodeco.serve.metrics import Metrics
+from rodeco.state import Compute, Counts, PromptResult, RoundView
+
+log = logging.getLogger(__name__)
+
+
+class KeepAtLeast:
+    """A policy wrapper: each prompt keeps at least ``need[prompt index]`` candidates to the end (finished ones
+    count), taking back its best-scoring rejected rows where the policy kept fewer (a request's ``n``)."""
+
+    def __init__(self, inner: Policy, need: dict[int, int]) -> None:
+        self.inner, self.need = inner, need
+        self.decision_tokens = getattr(inner, "decision_tokens", None)
+
+    def __getattr__(self, name: str) -> Any:  # choose_start and whatever else the loop may read
+        return getattr(self.inner, name)
+
+    def select(self, view: RoundView) -> list[list[int] | Counts]:
+        out: list[list[int] | Counts] = []
+        for pv, ans in zip(view.prompts, self.inner.select(view)):
+            counts = list(ans) if isinstance(ans, Counts) else list(Counts.keep(ans, pv.k))
+            short = self.need.get(pv.prompt_index, 1) - len(pv.finished_scores) - sum(counts)
+            for i in np.argsort(-np.asarray(pv.scores), kind="stable"):
+                if short <= 0:
+                    break
+                if counts[i] == 0:
+                    counts[i], short = 1, short - 1
+            out.append(Counts(counts))
+        return out
+
+
+@dataclass
+class Answer:
+    """What a job gets back: its result (every candidate) and its share of the batch's compute."""
+
+    result: PromptResult
+    bon_flops_modelled: float
+    queue_s: float
+    decode_s: float
+    batch_requests: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, decoder: Decoder, serve: Any, metrics: Metrics) -> None:
+        self.dec, self.serve, self.metrics = decoder, serve, metrics
+        self.budget = decoder.budget()
+        self.cond = threading.Condition()
+        self.queue: list[Job] = []
+        self.running: list[Job] = []
+        self.closing = False  # SIGTERM: no new jobs
+        self.stopped = False
+        self.peak_kv = 0
+        self.thread = threading.Thread(target=self._loop, name="rodeco-batcher", daemon=True)
+        metrics.budget.set(-1 if self.budget.kv_tokens is None else self.budget.kv_tokens)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.cond:
+            if self.closing:
+                raise APIError(503, "the server is shutting down. Fix: retry on another instance",
+                               type="server_error", code="shutting_down")
+            if len(self.queue) >= self.serve.max_queue:
+                raise APIError(429, f"the queue is full ({self.serve.max_queue} requests, serve.max_queue). Fix: "
+                               f"retry after {self.serve.retry_after_s} s", type="rate_limit_error",
+                               code="queue_full", headers={"Retry-After": str(self.serve.retry_after_s)})
+            self.queue.append(job)
+            self.metrics.queue_depth.set(len(self.queue))
+            self.cond.notify_all()
+
+    def cancel(self, job: Job, why: str) -> None:
+        """A job's client went away or its time ran out: it leaves the queue, or its batch within
+        ``serve.check_tokens`` tokens."""
+        if job.cancelled or job.future.done():
+            return
+        job.cancel()
+        self.metrics.cancelled.inc()
+        log.info("request %d cancelled: %s", job.id, why)
+        with self.cond:
+            if job in self.queue:
+                self.queue.remove(job)
+                self.metrics.queue_depth.set(len(self.queue))
+                job.future.set_exception(APIError(499, f"the request was cancelled: {why}", code="cancelled"))
+
+    def in_flight(self) -> int:
+        with self.cond:
+            return len(self.queue) + len(self.running)
+
+    def close(self) -> None:
+        """Take no new jobs (SIGTERM); the queued and running ones still finish."""
+        with self.cond:
+            self.closing = True
+
+    def stop(self, reason: str = "the server stopped") -> None:
+        """Cancel everything left and end the thread."""
+        with self.cond:
+            self.stopped = True
+            for j in self.queue + self.running:
+                j.cancel()
+                if not j.future.done():
+                    j.future.set_exception(APIError(503, f"{reason}. Fix: retry", type="server_error",
+                                                    code="shutting_down"))
+            self.queue.clear()
+            self.cond.notify_all()
+
+    # -- the batcher thread ------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            try:
+                self._decode(jobs)
+            except Exception as e:  # a failed batch fails its jobs, never the server
+                log.exception("a batch of %d request(s) failed", len(jobs))
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(e)
+            finally:
+                with self.cond:
+                    self.running = []
+                self.metrics.batch_requests.set(0)
+                self.metrics.batch_rows.set(0)
+
+    def _take(self) -> list[Job] | None:
+        """The next batch (see the module doc), or None once stopped."""
+        with self.cond:
+            while not self.queue and not self.stopped:
+                self.cond.wait(0.5)
+            if self.stopped:
+                return None
+        time.sleep(self.serve.batch_wait_s)  # let requests that arrive together decode together
+        with self.cond:
+            self.queue = [j for j in self.queue if not j.cancelled]
+            if not self.queue:
+                return []
+            key, longest, chosen = self.queue[0].key, 0, []
+            for j in self.queue:
+                if j.key != key or len(chosen) >= self.serve.batch_requests:
+                    continue
+                trial = chosen + [j]
+                L = max(x.prompt_tokens for x in trial)
+                need = sum(x.padded(L, self.dec.gen) for x in trial)
+                if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
+                    continue
+                chosen, longest = trial, L
+            self.queue = [j for j in self.queue if j not in chosen]
+            self.running = chosen
+            self.metrics.queue_depth.set(len(self.queue))
+        return chosen
+
+    def _decode(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        t0 = time.monotonic()
+        m, k, gen = self.metrics, jobs[0].key, self.dec.gen
+        longest = max(j.prompt_tokens for j in jobs)
+        kv = sum(j.padded(longest, gen) for j in jobs)
+        for j in jobs:
+            j.started = t0
+            m.queue_wait.observe(t0 - j.submitted)
+        m.batches.inc()
+        m.batch_requests.set(len(jobs))
+        m.batch_budget.set(kv)
+        by_id = {j.id: j for j in jobs}
+
+        def on_round(view: RoundView, counts: list[Counts]) -> None:
+            m.batch_rows.set(sum(c.total for c in counts))
+            for pv, c in zip(view.prompts, counts):
+                j = by_id.get(pv.prompt_index)
+                if j is not None and j.stream:
+                    j.events.put({"round": view.round, "tokens": pv.tokens_generated, "rows": pv.k,
+                                  "kept": c.total, "best_partial": float(np.max(pv.scores))})
+            self.dec.plugins.round_end(view, counts)
+
+        dropped: set[int] = set()
+
+        def cancelled(sess: Session) -> Collection[int]:
+            gone = {b for b, j in enumerate(jobs) if j.cancelled or self.stopped} - dropped
+            if gone:
+                m.cancelled_rows.inc(int(np.isin(sess.prompt_of, list(gone)).sum()))
+                dropped.update(gone)
+            m.batch_rows.set(int((~np.isin(sess.prompt_of, list(dropped))).sum()))
+            return gone
+
+        def on_done(r: PromptResult) -> None:
+            j = by_id[r.prompt_index]
+            self.dec.plugins.prompt_done(r)
+            if not j.future.done():
+                j.future.set_result(self._answer(j, r, t0, len(jobs)))
+
+        _, comp = self.dec.batch(
+            [j.ref for j in jobs], n=k.best_of, policy=jobs[0].policy, sampling=k.sampling, max_new_tokens=k.max_tokens,
+            kv_tokens=kv, stop=k.stop, check_tokens=self.serve.check_tokens, all_candidates=True, on_done=on_done,
+            on_round=on_round, cancelled=cancelled,
+            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}))
+        m.decode_tokens.inc(comp.gen_decode_tokens)
+        m.prefill_tokens.inc(comp.gen_prefill_tokens)
+        m.flops.inc(comp.total_flops)
+        self.peak_kv = max(self.peak_kv, comp.peak_kv_tokens)
+        m.peak_kv.set(self.peak_kv)
+        for j in jobs:
+            if not j.future.done():  # cancelled in the batch: its rows left, no result
+                j.future.set_exception(APIError(499, "the request was cancelled", code="cancelled"))
+
+    def _answer(self, j: Job, r: PromptResult, t0: float, batch: int) -> Answer:
+        """A finished job's answer, its tallies added to the metrics."""
+        m, gen = self.metrics, self.dec.gen
+        cands = r.candidates or []
+        rejected = [c for c in cands if c.stop_reason == "rejected"]
+        done = [c for c in cands if c.finished]
+        mean_len = sum(len(c.token_ids) + (c.stop_reason == "eos") for c in done) / max(1, len(done))
+        comp = r.compute
+        per_final = (comp.reward_flops - comp.partial_reward_flops) / max(1, len(done))
+        L = int(round(mean_len))
+        decode = sum(gen.flops_per_token(j.prompt_tokens + t) for t in range(L))
+        prefill = j.prompt_tokens * gen.flops_per_token(j.prompt_tokens // 2)
+        bon = prefill + j.key.best_of * (decode + per_final)  # modelled: every candidate as long as the finished
+        m.started.inc(r.n_start)
+        m.rejected.inc(len(rejected))
+        m.rejected_tokens.inc(sum(len(c.token_ids) for c in rejected))
+        m.bon_flops.inc(bon)
+        m.saved.inc(max(0.0, bon - comp.total_flops))
+        return Answer(r, bon, (j.started or t0) - j.submitted, time.monotonic() - t0, batch)
+
