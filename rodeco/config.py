@@ -151,6 +151,8 @@ class ServeConfig:
                                                                    "this share of best_of rows at full length"})
     max_queue: int = field(default=64, metadata={"help": "requests waiting beyond this get 429"})
     batch_requests: int = field(default=16, metadata={"help": "the most requests decoded in one batch"})
+    max_batch_rows: int = field(default=512, metadata={"help": "the most candidate rows a batch starts (on vllm: at "
+                                                               "most generator.max_num_seqs)"})
     batch_wait_s: float = field(default=0.02, metadata={"help": "how long a batch waits for more arrivals"})
     check_tokens: int = field(default=8, metadata={"help": "cancelled requests leave the batch within this many "
                                                             "tokens"})

@@ -326,3 +326,14 @@ def test_a_decoder_from_a_composed_config_decodes_batches_not_calls(tiny_gen):
     assert res[0].best.text is not None and comp.gen_decode_tokens > 0
     with pytest.raises(ConfigError, match="call batch"):
         dec.decode(PROMPTS[0])
+
+
+def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
+    with running(tiny_gen("fast"), ["serve.max_batch_rows=8", "serve.batch_wait_s=0.5"]) as (url, _):
+        c = client(url)
+        with ThreadPoolExecutor(3) as pool:  # three requests of 4 rows, queued together: 8 rows fit one batch
+            rs = list(pool.map(lambda i: chat(c, PROMPTS[i], best_of=4, max_tokens=6, seed=i,
+                                                rodeco={"policy": "none"}), range(3), timeout=120))
+        with pytest.raises(Exception, match="serve.max_batch_rows"):
+            chat(c, PROMPTS[0], best_of=9, max_tokens=4)
+    assert sorted(r.model_extra["rodeco"]["batch_requests"] for r in rs) == [1, 2, 2]

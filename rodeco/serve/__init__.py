@@ -59,8 +59,8 @@ def check_binding(cfg: DictConfig) -> None:
 def check_serve(cfg: DictConfig, plugins: Plugins) -> None:
     """The ``serve`` node's values, each error naming its key and fix."""
     s = cfg.serve
-    for key in ("port", "best_of", "max_best_of", "max_tokens", "max_queue", "batch_requests", "check_tokens",
-                "max_body_bytes"):
+    for key in ("port", "best_of", "max_best_of", "max_tokens", "max_queue", "batch_requests", "max_batch_rows",
+                "check_tokens", "max_body_bytes"):
         v = s[key]
         if not isinstance(v, int) or v < (0 if key == "port" else 1):
             raise ConfigError(f"serve.{key}", v, "must be a positive whole number", f"set serve.{key} to e.g. 16")

@@ -2,7 +2,7 @@
 
 Jobs queue (bounded: a full queue is a 429). When the decoder is free, the batch is the oldest job and the jobs
 after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
-budget and ``serve.batch_requests``; jobs with other settings wait for a later batch. A batch runs to its end
+budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; jobs with other settings wait for a later batch. A batch runs to its end
 (admitting jobs mid-batch needs per-prompt step counts: not done). Between decision points the loop pauses every
 ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave the batch, their rows and
 memory freed, whatever the policy, Best-of-N included.
@@ -169,6 +169,8 @@ class Scheduler:
                 L = max(x.prompt_tokens for x in trial)
                 need = sum(x.padded(L, self.dec.gen) for x in trial)
                 if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
+                    continue
+                if sum(x.key.best_of for x in trial) > self.serve.max_batch_rows and chosen:
                     continue
                 chosen, longest = trial, L
             self.queue = [j for j in self.queue if j not in chosen]
