@@ -337,3 +337,43 @@ def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
         with pytest.raises(Exception, match="serve.max_batch_rows"):
             chat(c, PROMPTS[0], best_of=9, max_tokens=4)
     assert sorted(r.model_extra["rodeco"]["batch_requests"] for r in rs) == [1, 2, 2]
+
+
+def test_search_policies_serve_n_choices_and_their_parameters_are_checked(tiny_gen):
+    """particle_filter, beam and dvts behind the server, batched together by policy: each request gets its n
+    choices (copies within the budget); a parameter the policy refuses is a 400 naming the request's field."""
+    ov = ["serve.policies=[{name: particle_filter}, {name: beam, beam_width: [1, 8]}, {name: dvts}]",
+          "serve.batch_wait_s=0.3"]
+    pols = [{"policy": "particle_filter"}, {"policy": "beam", "params": {"beam_width": 2}}, {"policy": "dvts"}]
+    with running(tiny_gen("fast"), ov) as (url, _):
+        c = client(url)
+        with ThreadPoolExecutor(6) as pool:
+            rs = list(pool.map(lambda i: chat(c, PROMPTS[i % 4], n=3, best_of=8, max_tokens=24, seed=i,
+                                                rodeco=pols[i % 3]), range(6), timeout=120))
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+            "rodeco": {"policy": "beam", "params": {"beam_width": 2.5}}})
+    assert all(len(x.choices) == 3 and x.model_extra["rodeco"]["rounds"] > 0 for x in rs)
+    assert max(x.model_extra["rodeco"]["batch_requests"] for x in rs) > 1
+    assert r.status_code == 400 and r.json()["error"]["param"] == "rodeco.params.beam_width"
+    assert "rodeco.params.beam_width" in r.json()["error"]["message"].split("Fix:")[1]
+
+
+def test_keep_at_least_takes_back_the_best_rejected_rows_within_the_budgets_rows():
+    from test_policies import pv, rview
+
+    from rodeco.serve.scheduler import KeepAtLeast
+    from rodeco.state import Counts
+
+    class KeepBest:  # keeps each prompt's best row only
+        decision_tokens = 7
+
+        def select(self, view):
+            return [[int(np.argmax(p.scores))] for p in view.prompts]
+
+    view = rview(pv([0.1, 0.9, 0.5, 0.7], prompt_index=10), pv([0.3, 0.2, 0.1], finished=[1.0], prompt_index=11))
+    wrapped = KeepAtLeast(KeepBest(), {10: 3, 11: 3})
+    assert wrapped.decision_tokens == 7
+    assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 1, 0])]  # best first; finished ones count
+    view.max_rows_next = 4  # room for two rows more than the policy kept: the first prompt's take them
+    assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 0, 0])]

@@ -181,7 +181,8 @@ class Planner:
             self.plugins.build_policy(node, BuildContext(plugins=self.plugins))
         except ConfigError as e:
             key = e.key.split(".", 1)[-1] if e.key.startswith("policy.") else e.key
-            raise bad_field(f"rodeco.params.{key}", e.value, e.problem, e.fix) from None
+            raise bad_field(f"rodeco.params.{key}", e.value, e.problem, e.fix.replace("policy.", "rodeco.params."))\
+                from None
         return node
 
     def _kv_tokens(self, req: ChatRequest | CompletionRequest, policy: dict[str, Any], best_of: int, n: int,

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 class KeepAtLeast:
     """A policy wrapper: each prompt keeps at least ``need[prompt index]`` candidates to the end (finished ones
-    count), taking back its best-scoring rejected rows where the policy kept fewer (a request's ``n``)."""
+    count), taking back its best-scoring rejected rows where the policy kept fewer (a request's ``n``), as far as
+    the budget's rows allow (a request's budget holds ``n`` rows at full length, but a search policy's copies may
+    have taken the room; the request then gets fewer choices)."""
 
     def __init__(self, inner: Policy, need: dict[int, int]) -> None:
         self.inner, self.need = inner, need
@@ -41,17 +43,17 @@ class KeepAtLeast:
         return getattr(self.inner, name)
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:
-        out: list[list[int] | Counts] = []
-        for pv, ans in zip(view.prompts, self.inner.select(view)):
-            counts = list(ans) if isinstance(ans, Counts) else list(Counts.keep(ans, pv.k))
-            short = self.need.get(pv.prompt_index, 1) - len(pv.finished_scores) - sum(counts)
+        answers = [list(a) if isinstance(a, Counts) else list(Counts.keep(a, pv.k))
+                   for pv, a in zip(view.prompts, self.inner.select(view))]
+        room = view.max_rows_next - sum(map(sum, answers))  # rows taken back stay within the budget's rows
+        for pv, counts in zip(view.prompts, answers):
+            short = min(self.need.get(pv.prompt_index, 1) - len(pv.finished_scores) - sum(counts), room)
             for i in np.argsort(-np.asarray(pv.scores), kind="stable"):
                 if short <= 0:
                     break
                 if counts[i] == 0:
-                    counts[i], short = 1, short - 1
-            out.append(Counts(counts))
-        return out
+                    counts[i], short, room = 1, short - 1, room - 1
+        return [Counts(c) for c in answers]
 
 
 @dataclass
