@@ -128,7 +128,7 @@ def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
     """A ``ConfigError`` for a composition error whose cause we can name: an unknown key (with the valid keys and
     the closest one), a value of the wrong type, or an unknown config option; None for anything else."""
     from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 
     cause = e.__cause__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:  # a key the node lacks
@@ -145,7 +145,7 @@ def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
                else f"use one of the keys of {where}, or +{full}=... to add a new key" if valid
                else f"remove it, or +{full}=... to add a new key")
         return ConfigError(full, value, problem, fix)
-    if isinstance(cause, ValidationError) and cause.full_key:
+    if isinstance(cause, (ValidationError, ConfigTypeError)) and cause.full_key:  # ConfigTypeError: a dict for a list
         return ConfigError(str(cause.full_key), _value_of(str(cause.full_key), overrides), cause.msg.split("\n")[0],
                            "give a value of the type the key takes (rodeco --cfg job shows the config)")
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:

@@ -67,6 +67,9 @@ def test_a_value_of_the_wrong_type_names_its_key():
     with pytest.raises(ConfigError) as e:
         rodeco.load_config(["experiment=efficiency", "experiment_args.n=many"])
     assert e.value.key == "experiment_args.n" and e.value.value == "many"
+    with pytest.raises(ConfigError) as e:  # a dict where a list belongs (serve.policies is a list of entries)
+        rodeco.load_config(["serve.policies={fixed: {}}"])
+    assert e.value.key == "serve.policies" and e.value.value == {"fixed": {}}
 
 
 @pytest.mark.parametrize("overrides, key, hint", [
