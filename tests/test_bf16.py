@@ -215,3 +215,38 @@ def test_readme_documents_every_dtype():
 
     (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `generator.dtype`")]
     assert all(f"`{name}`" in row for name in ["auto", *DTYPES])
+
+
+def test_bf16_keys_stored_transposed_give_the_plain_layouts_logits_bit_for_bit(tiny_model):
+    """On CPU in bf16 the fast engine stores generated keys transposed (a step's scores then read a plain matrix,
+    not a transposed slice, which bf16 matmuls copy first); the logits are those of the plain layout, bit for bit,
+    through steps, a fan-out, a pruning and a new round's capacity. In fp32 the plain layout is kept."""
+    from rodeco.engines.fast import FastLlamaEngine
+
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    ids = torch.randint(5, 300, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a left-padded prompt
+    engines = [FastLlamaEngine(model), FastLlamaEngine(model)]
+    with torch.inference_mode():
+        for e in engines:
+            e.prefill(ids, mask)
+            e.select(torch.arange(2).repeat_interleave(3))
+            e.reserve(7 + 6)
+        plain = engines[1]
+        assert engines[0].keys_t and plain.keys_t
+        plain.keys_t, plain.k = False, [k.transpose(-1, -2).contiguous() for k in plain.k]
+        tok = torch.randint(5, 300, (6,), generator=torch.Generator().manual_seed(1))
+        for t in range(10):
+            if t == 4:  # a decision point: rows pruned, then a new round's capacity
+                for e in engines:
+                    e.select(torch.tensor([0, 2, 5]))
+                    e.reserve(7 + 12)
+                tok = tok[[0, 2, 5]]
+            a, b = engines[0].step(tok), plain.step(tok)
+            assert torch.equal(a, b), t
+            tok = a.argmax(-1)
+    fp32 = FastLlamaEngine(tiny_model)
+    with torch.inference_mode():
+        fp32.prefill(ids, mask)
+    assert not fp32.keys_t and fp32.k[0].shape == (2, fp32.hkv, 0, fp32.d)  # fp32 keeps the plain layout
