@@ -131,7 +131,6 @@ class Decoder:
         return DecodeRun(cfg, self.plugins, self.gen, roles, prompts_of(cfg.data),
                          out_dir if out_dir is not None else cfg.output.dir).run()
 
-
     def batch(self, prompts: Sequence[PromptRef], *, n: int, policy: dict[str, Any] | None = None,
               sampling: SamplingParams | None = None, max_new_tokens: int | None = None, kv_tokens: int | None = None,
               stop: Sequence[str] = (), check_tokens: int | None = None, all_candidates: bool = True,

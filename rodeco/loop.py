@@ -100,7 +100,7 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
                 if every:  # the policy's own decision points; the budget's still bind
                     until = min(until, (sess.t // every + 1) * every)
                 left = decode_round(sess, until, trace, cancelled, s.check_tokens)  # to the decision point
-                left += [r for r in sess.retire_finished() if r.prompt not in trace.cancelled]
+                left += sess.retire_finished()  # a cancelled prompt's rows were rejected, finished ones too
             trace.finished(left, score_rows(scorer, "reward", text, prompts, left, acct))
             report_done()
             if not sess.rows:

@@ -235,7 +235,9 @@ def test_bf16_keys_stored_transposed_give_the_plain_layouts_logits_bit_for_bit(t
             e.reserve(7 + 6)
         plain = engines[1]
         assert engines[0].keys_t and plain.keys_t
-        plain.keys_t, plain.k = False, [k.transpose(-1, -2).contiguous() for k in plain.k]
+        assert engines[0].k[0].stride(-2) == 1  # stored transposed: the token axis is the contiguous one
+        plain.keys_t, plain.k = False, [k.contiguous() for k in plain.k]
+        assert plain.k[0].stride(-1) == 1
         tok = torch.randint(5, 300, (6,), generator=torch.Generator().manual_seed(1))
         for t in range(10):
             if t == 4:  # a decision point: rows pruned, then a new round's capacity

@@ -10,7 +10,7 @@ batch is only recorded and applied by the next ``reserve``. Pruning (a selection
 once, one ``index_select`` per layer of the generated part, layer by layer, so memory is freed at the decision point
 and old and new caches coexist for one layer at most. The ``heads / kv_heads`` query heads that share a KV head are
 treated as a short query sequence, so grouped-query attention needs no repeated keys. On CPU in bf16 the generated
-keys are stored transposed (``keys_t``): a step's scores then multiply by a plain matrix, where a transposed slice of
+keys are stored transposed (``keys_t``, a transposed view): a step's scores then multiply by a plain matrix, where a transposed slice of
 the cache would be copied by the bf16 matmul first (the logits are the same bit for bit). On CPU, weights are prepacked
 once for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than plain
 ``F.linear`` at decode batch sizes; this holds a second copy of the weights in memory.
@@ -103,7 +103,7 @@ class FastLlamaEngine:
         self.kp: list[torch.Tensor] = []  # per layer: prompt keys [G, kv_heads, P, head_dim], one per prompt
         self.vp: list[torch.Tensor] = []
         self.pbias = torch.empty(0, 0)  # [G, P]: 0, or -inf at left padding
-        # per layer: generated keys [B, kv_heads, capacity - P, head_dim], or with ``keys_t`` stored transposed
+        # per layer: generated keys [B, kv_heads, capacity - P, head_dim]; with ``keys_t`` a view of storage laid out
         # [B, kv_heads, head_dim, capacity - P], so that a step's scores read them as a plain matrix: on CPU a bf16
         # matmul copies a transposed slice first (2.5x slower a call); in fp32 the plain layout is kept
         self.k: list[torch.Tensor] = []
@@ -128,7 +128,7 @@ class FastLlamaEngine:
 
     @property
     def capacity(self) -> int:
-        return self.plen + (self.k[0].shape[3 if self.keys_t else 2] if self.k else 0)
+        return self.plen + (self.k[0].shape[2] if self.k else 0)
 
     @property
     def allocated_tokens(self) -> int:
@@ -141,12 +141,8 @@ class FastLlamaEngine:
         cap = max(capacity - self.plen, S)
         for cache, t in ((self.k, self.keys_t), (self.v, False)):
             for i, old in enumerate(cache):  # one layer at a time: peak is one extra layer
-                if t:  # transposed keys: the token axis is the last
-                    new = old.new_empty(n, self.hkv, self.d, cap)
-                    new[..., :S] = old.index_select(0, rows)[..., :S]
-                else:
-                    new = old.new_empty(n, self.hkv, cap, self.d)
-                    new[:, :, :S] = old.index_select(0, rows)[:, :, :S]
+                new = _cache(old, n, self.hkv, cap, self.d, t)
+                new[:, :, :S] = old.index_select(0, rows)[:, :, :S]
                 cache[i] = new
                 del old
         self.pos, self.grp, self._rows = self.pos.index_select(0, rows), self.grp.index_select(0, rows), None
@@ -173,8 +169,7 @@ class FastLlamaEngine:
         self.kp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
         self.vp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
         self.keys_t = dev.type == "cpu" and dt != torch.float32
-        kshape = (G, self.hkv, self.d, 0) if self.keys_t else (G, self.hkv, 0, self.d)
-        self.k = [torch.empty(kshape, device=dev, dtype=dt) for _ in self.layers]
+        self.k = [_cache(self.kp[0], G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]
         self.v = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
         valid = mask.bool()
         self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
@@ -240,10 +235,7 @@ class FastLlamaEngine:
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
             q = _rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
-            if self.keys_t:
-                self.k[li][..., S] = _rope(k, cos, sin)
-            else:
-                self.k[li][:, :, S] = _rope(k, cos, sin)
+            self.k[li][:, :, S] = _rope(k, cos, sin)
             self.v[li][:, :, S] = v
             o = self._attend(q, li, bias)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
@@ -255,10 +247,9 @@ class FastLlamaEngine:
         ``sfx + 1`` tokens -> [B, Hkv, g, D]. The scores are fp32 [B, heads, context]: scaled in place, and freed
         once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.working``)."""
         S, P = self.sfx, self.plen
-        kst = self.k[li][..., : S + 1] if self.keys_t else self.k[li][:, :, : S + 1].transpose(-1, -2)  # [B,Hkv,D,S+1]
-        vs = self.v[li][:, :, : S + 1]
+        ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
         kpt = [kp.transpose(-1, -2) for kp in self.kp[li]]  # [Hkv, D, P] per prompt
-        s = torch.cat([self._by_prefix(q, kpt), q @ kst], dim=-1).float().mul_(self.scale)
+        s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float().mul_(self.scale)
         s[..., :P] += bias
         p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
         del s
@@ -269,6 +260,14 @@ class FastLlamaEngine:
         h = _rms_norm(x, self.norm, self.eps)
         self.last_hidden = h if self.keep_hidden else None
         return self.lm_head(h)
+
+
+def _cache(like: torch.Tensor, rows: int, heads: int, length: int, dim: int, transposed: bool) -> torch.Tensor:
+    """An empty cache ``[rows, heads, length, dim]`` like ``like``; ``transposed``: a view of storage laid out
+    ``[rows, heads, dim, length]``, so that its ``transpose(-1, -2)`` slices are plain matrices."""
+    if transposed:
+        return like.new_empty(rows, heads, dim, length).transpose(-1, -2)
+    return like.new_empty(rows, heads, length, dim)
 
 
 def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:

@@ -56,8 +56,8 @@ def check_binding(cfg: DictConfig) -> None:
         log.warning("serving on %s with no API key: anyone who reaches it can use it", s.host)
 
 
-def check_serve(cfg: DictConfig, plugins: Plugins) -> None:
-    """The ``serve`` node's values, each error naming its key and fix."""
+def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
+    """The ``serve`` node's values, each error naming its key and fix; returns the policies offered (``offered``)."""
     s = cfg.serve
     for key in ("port", "best_of", "max_best_of", "max_tokens", "max_queue", "batch_requests", "max_batch_rows",
                 "check_tokens", "max_body_bytes"):
@@ -69,7 +69,7 @@ def check_serve(cfg: DictConfig, plugins: Plugins) -> None:
     if s.best_of > s.max_best_of:
         raise ConfigError("serve.best_of", s.best_of, f"above serve.max_best_of={s.max_best_of}",
                           "lower it or raise serve.max_best_of")
-    offered(s.policies, plugins)
+    return offered(s.policies, plugins)
 
 
 def offered(policies: Any, plugins: Plugins) -> dict[str, dict[str, Any]]:
@@ -106,14 +106,13 @@ def build_state(cfg: DictConfig, plugins: Plugins | None = None, generator: Gene
     """The server's state from a composed config: the decoder built once, the batcher started."""
     plugins = plugins or default_plugins()
     check_binding(cfg)
-    check_serve(cfg, plugins)
+    policies = check_serve(cfg, plugins)
     dec = Decoder.from_config(cfg, plugins, generator=generator)
     model = cfg.serve.model or dec.gen.name
     metrics = Metrics()
     scheduler = Scheduler(dec, cfg.serve, metrics)
     default = OmegaConf.to_container(cfg.policy, resolve=True)
-    planner = Planner(dec.gen, cfg.serve, offered(cfg.serve.policies, plugins), default, scheduler.budget,
-                      cfg.sampling, plugins, model)
+    planner = Planner(dec.gen, cfg.serve, policies, default, scheduler.budget, cfg.sampling, plugins, model)
     scheduler.start()
     return State(planner, scheduler, metrics, cfg.serve, api_key(cfg), model)
 
@@ -126,40 +125,39 @@ def serve(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator 
     state = build_state(cfg, plugins, generator)
     config = uvicorn.Config(make_app(state), host=cfg.serve.host, port=int(cfg.serve.port), log_level="info",
                             timeout_graceful_shutdown=5, lifespan="off")
-    server = DrainingServer(config, state)
+    server = draining_server(config, state)
     log.info("rodeco serves %s on http://%s:%d (policies: %s)", state.model, cfg.serve.host, cfg.serve.port,
              ", ".join(state.planner.offered))
     server.run()
     state.scheduler.stop("the server stopped")
 
 
-class DrainingServer:
+def draining_server(config: Any, state: State) -> Any:
     """uvicorn's server with rodeco's shutdown: the first SIGTERM/SIGINT starts a drain (new requests 503, in-flight
-    ones finish within ``serve.drain_timeout_s``), then the server exits; a second SIGINT exits at once."""
+    ones finish within ``serve.drain_timeout_s``), then the server exits; a second SIGINT exits at once. (uvicorn is
+    imported here, when a server starts.)"""
+    import uvicorn
 
-    def __new__(cls, config: Any, state: State) -> Any:
-        import uvicorn
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if state.draining:
+                if sig == signal.SIGINT:
+                    super().handle_exit(sig, frame)
+                return
+            log.warning("%s: draining (new requests get 503; %d in flight get %.0f s)",
+                        signal.Signals(sig).name, state.scheduler.in_flight(), state.serve.drain_timeout_s)
+            state.draining = True
+            state.scheduler.close()
+            threading.Thread(target=self._drain, name="rodeco-drain", daemon=True).start()
 
-        class _Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                if state.draining:
-                    if sig == signal.SIGINT:
-                        super().handle_exit(sig, frame)
-                    return
-                log.warning("%s: draining (new requests get 503; %d in flight get %.0f s)",
-                            signal.Signals(sig).name, state.scheduler.in_flight(), state.serve.drain_timeout_s)
-                state.draining = True
-                state.scheduler.close()
-                threading.Thread(target=self._drain, name="rodeco-drain", daemon=True).start()
+        def _drain(self) -> None:
+            end = time.monotonic() + state.serve.drain_timeout_s
+            while state.scheduler.in_flight() and time.monotonic() < end:
+                time.sleep(0.05)
+            if state.scheduler.in_flight():
+                log.warning("drain timeout: cancelling %d request(s)", state.scheduler.in_flight())
+            state.scheduler.stop("the server is shutting down")
+            time.sleep(0.2)  # let the last answers go out
+            self.should_exit = True
 
-            def _drain(self) -> None:
-                end = time.monotonic() + state.serve.drain_timeout_s
-                while state.scheduler.in_flight() and time.monotonic() < end:
-                    time.sleep(0.05)
-                if state.scheduler.in_flight():
-                    log.warning("drain timeout: cancelling %d request(s)", state.scheduler.in_flight())
-                state.scheduler.stop("the server is shutting down")
-                time.sleep(0.2)  # let the last answers go out
-                self.should_exit = True
-
-        return _Server(config)
+    return DrainingServer(config)

@@ -104,10 +104,6 @@ class Guard:
                                               type="server_error", code="internal_error"))(scope, receive, send)
 
 
-async def read_body(request: Request) -> bytes:
-    return await request.body()
-
-
 def watch(job: Job) -> asyncio.Future:
     """The job's future in this event loop; an outcome nobody waits for any more (a cancelled job's) is consumed."""
     fut = asyncio.wrap_future(job.future)
@@ -127,10 +123,14 @@ async def wait_for(state: State, job: Job, request: Request) -> Answer:
             state.scheduler.cancel(job, "the client disconnected")
             raise APIError(499, "client disconnected", code="cancelled")
         if time.monotonic() > deadline:
-            state.scheduler.cancel(job, "timed out")
-            raise APIError(504, f"the request took longer than serve.request_timeout_s="
-                           f"{state.serve.request_timeout_s} s. Fix: lower best_of or max_tokens, or retry later",
-                           type="timeout_error", code="timeout")
+            raise timed_out(state, job)
+
+
+def timed_out(state: State, job: Job) -> APIError:
+    """A job past ``serve.request_timeout_s``: cancelled, and the 504 that says so."""
+    state.scheduler.cancel(job, "timed out")
+    return APIError(504, f"the request took longer than serve.request_timeout_s={state.serve.request_timeout_s} s. "
+                    "Fix: lower best_of or max_tokens, or retry later", type="timeout_error", code="timeout")
 
 
 def choices_of(job: Job, a: Answer) -> list[Any]:
@@ -199,9 +199,7 @@ async def stream(state: State, job: Job, req: Any) -> AsyncIterator[bytes]:
             if done:
                 break
             if time.monotonic() > deadline:
-                state.scheduler.cancel(job, "timed out")
-                raise APIError(504, f"the request took longer than serve.request_timeout_s="
-                               f"{state.serve.request_timeout_s} s", type="timeout_error", code="timeout")
+                raise timed_out(state, job)
             yield b": rodeco waiting\n\n"  # keeps the connection alive; a gone client shows here
         a = fut.result()
         chosen = choices_of(job, a)
@@ -237,7 +235,7 @@ def make_app(state: State) -> Starlette:
         t0 = time.monotonic()
         status = 500
         try:
-            req = parse(await read_body(request), kind)
+            req = parse(await request.body(), kind)
             job = state.planner.plan(req)
             state.scheduler.submit(job)
             if req.stream:

@@ -78,9 +78,6 @@ class Planner:
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
 
-    def policy_node(self, name: str) -> dict[str, Any]:
-        return option_node("policy", name, self.plugins)
-
     def plan(self, req: ChatRequest | CompletionRequest) -> Job:
         s = self.serve
         if req.model != self.model:
@@ -170,7 +167,7 @@ class Planner:
             if name not in self.offered:
                 raise bad_field("rodeco.policy", name, "not a policy this server offers",
                                 f"use one of {sorted(self.offered)} (serve.policies)", code="unknown_policy")
-            node = self.policy_node(name)
+            node = option_node("policy", name, self.plugins)
         allowed = self.offered.get(name if name is not None else str(node["name"]), {})
         for k, v in (opts.params.items() if opts is not None else ()):
             if k not in allowed:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,6 @@ class Answer:
     queue_s: float
     decode_s: float
     batch_requests: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -163,18 +162,17 @@ class Scheduler:
             self.queue = [j for j in self.queue if not j.cancelled]
             if not self.queue:
                 return []
-            key, longest, chosen = self.queue[0].key, 0, []
+            key, chosen = self.queue[0].key, []
             for j in self.queue:
                 if j.key != key or len(chosen) >= self.serve.batch_requests:
                     continue
                 trial = chosen + [j]
-                L = max(x.prompt_tokens for x in trial)
-                need = sum(x.padded(L, self.dec.gen) for x in trial)
+                need = batch_kv_tokens(trial, self.dec.gen)
                 if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
                     continue
                 if sum(x.key.best_of for x in trial) > self.serve.max_batch_rows and chosen:
                     continue
-                chosen, longest = trial, L
+                chosen = trial
             self.queue = [j for j in self.queue if j not in chosen]
             self.running = chosen
             self.metrics.queue_depth.set(len(self.queue))
@@ -184,9 +182,8 @@ class Scheduler:
         if not jobs:
             return
         t0 = time.monotonic()
-        m, k, gen = self.metrics, jobs[0].key, self.dec.gen
-        longest = max(j.prompt_tokens for j in jobs)
-        kv = sum(j.padded(longest, gen) for j in jobs)
+        m, k = self.metrics, jobs[0].key
+        kv = batch_kv_tokens(jobs, self.dec.gen)
         for j in jobs:
             j.started = t0
             m.queue_wait.observe(t0 - j.submitted)
@@ -254,3 +251,8 @@ class Scheduler:
         m.saved.inc(max(0.0, bon - comp.total_flops))
         return Answer(r, bon, (j.started or t0) - j.submitted, time.monotonic() - t0, batch)
 
+
+def batch_kv_tokens(jobs: list[Job], gen: Any) -> int:
+    """A batch's budget: its jobs' budgets, each with the padding of its prompt to the batch's longest."""
+    longest = max(j.prompt_tokens for j in jobs)
+    return sum(j.padded(longest, gen) for j in jobs)
