@@ -41,34 +41,25 @@ Writes ``serve_bench.json`` (after each phase) and the servers' logs (``logs/``)
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import math
 import os
-import queue
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from serve_bench_figures import (Record, bootstrap_index, diff, figures, print_server_side, print_table, ratio,
+                                 server_side, write)
+from serve_bench_servers import (ROOT, Scorer, Send, Server, free_port, launched, metrics_delta, model_dir,
+                                 rodeco_argv, rodeco_sender, scrape, shown, vllm_argv, vllm_sender)
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_bench")
-
-RODECO_KEYS = ("queue_seconds", "decode_seconds", "decode_tokens", "prefill_tokens", "flops", "bon_flops_modelled",
-               "candidates_started", "candidates_rejected", "rounds", "batch_requests", "kv_tokens")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -152,278 +143,7 @@ def arrivals(k: int, rate: float, seed: int) -> np.ndarray:
     return t - t[0]
 
 
-# -- servers ---------------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen
-    url: str
-    log_path: Path
-    started_s: float = 0.0  # seconds from launch to a healthy /health
-
-
-def tail(path: Path, chars: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
-
-
-@contextlib.contextmanager
-def launched(name: str, argv: list[str], port: int, log_dir: Path, timeout: float,
-             env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> Iterator[Server]:
-    """``argv`` as a subprocess in its own process group (this environment plus ``env``, less ``unset``), waited for
-    on /health (at most ``timeout`` s), and its process group stopped at the end (SIGTERM, then SIGKILL), whatever
-    happens."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{name}.log"
-    url = f"http://127.0.0.1:{port}"
-    log.info("starting %s: %s", name, " ".join(argv))
-    with open(log_path, "w") as out:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=ROOT,
-                                env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset})
-        server = Server(name, proc, url, log_path)
-        try:
-            end = t0 + timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({proc.returncode}) before it answered /health; its log "
-                                       f"({log_path}) ends:\n{tail(log_path)}")
-                with contextlib.suppress(OSError):
-                    if http_get(f"{url}/health", timeout=2)[0] == 200:
-                        break
-                if time.monotonic() > end:
-                    raise RuntimeError(f"{name} did not answer /health within {timeout:.0f} s; its log ({log_path}) "
-                                       f"ends:\n{tail(log_path)}")
-                time.sleep(0.5)
-            server.started_s = time.monotonic() - t0
-            log.info("%s is up on %s after %.1f s (pid %d)", name, url, server.started_s, proc.pid)
-            yield server
-        finally:
-            stop(proc, name)
-
-
-def stop(proc: subprocess.Popen, name: str, grace: float = 20.0) -> None:
-    """SIGTERM to the process group, up to ``grace`` s for it to exit, then SIGKILL to whatever of the group is
-    left (a server's workers too)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        log.warning("%s did not exit within %.0f s of SIGTERM: SIGKILL", name, grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-    log.info("%s stopped (exit %s)", name, proc.returncode)
-
-
-def model_dir(generator: str) -> Path:
-    """The directory rodeco loads ``generator``'s weights from (the embedded GGUF, dequantized once and cached)."""
-    import rodeco
-    from rodeco.loading import weights
-
-    g = rodeco.load_config([f"generator={generator}"]).generator
-    src, gguf = weights(g.model, g.gguf_file)
-    if gguf is not None or not (Path(src) / "config.json").is_file():
-        sys.exit(f"generator={generator}: vLLM needs a local model directory, rodeco gives {src} ({gguf})")
-    return Path(src)
-
-
-def on_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def dtype_of(a: argparse.Namespace) -> str:
-    return a.dtype if a.dtype != "auto" else ("bfloat16" if on_cuda() else "float32")
-
-
-def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
-    exe = a.rodeco_bin or Path(sys.executable).parent / "rodeco"
-    if not Path(exe).is_file():
-        exe = ROOT / ".venv" / "bin" / "rodeco"
-    return [str(exe), "task=serve", "serve.host=127.0.0.1", f"serve.port={port}", f"generator={a.generator}",
-            f"generator.dtype={dtype_of(a)}", f"reward={a.reward}", f"budget.kv_tokens={a.kv_tokens}",
-            f"sampling.max_new_tokens={a.max_tokens}", f"sampling.top_k={a.top_k}",
-            f"serve.max_tokens={max(512, a.max_tokens)}", f"serve.max_best_of={max(64, a.best_of)}",
-            f"serve.max_queue={max(64, a.requests + a.warmup)}", f"serve.request_timeout_s={a.request_timeout}",
-            "serve.drain_timeout_s=5",  # serve.policies: the default offers fixed (alpha in [0, 0.95]) and none
-            f"hydra.run.dir={a.out / 'hydra'}", *a.rodeco_arg]
-
-
-def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], dict[str, Any]]:
-    """vLLM's server as rodeco's own vLLM engine sets it up (rodeco/engines/vllm.py): the dtype, KV blocks of 32 on
-    CPU (16 on CUDA), a KV pool of ``--kv-tokens`` in whole blocks plus vLLM's null block, prefix caching,
-    max_model_len the model's context or the pool if smaller."""
-    cfg = json.loads((src / "config.json").read_text())
-    dtype = dtype_of(a)
-    block = 16 if on_cuda() else 32
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim \
-        * (4 if dtype in ("float32", "float") else 2)
-    blocks = -(-a.kv_tokens // block)
-    max_len = min(cfg.get("max_position_embeddings") or blocks * block, blocks * block)
-    max_seqs = 512
-    settings = {"dtype": dtype, "block_size": block, "kv_pool_tokens": blocks * block,
-                "kv_cache_memory_bytes": (blocks + 1) * block * per_token, "max_model_len": max_len,
-                "max_num_seqs": max_seqs, "max_num_batched_tokens": max(max_seqs * block, max_len, 8192),
-                "enforce_eager": a.vllm_eager}
-    argv = [str(a.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(src),
-            "--served-model-name", a.generator, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-            "--block-size", str(block), "--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"]),
-            "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
-            "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), "--seed", str(a.seed),
-            "--enable-prefix-caching", "--disable-uvicorn-access-log", "--generation-config", "vllm",
-            *(["--enforce-eager"] if a.vllm_eager else []), *a.vllm_arg]
-    return argv, settings
-
-
-# -- the client-side scorer (vLLM's responses) -----------------------------------------------------------------------
-class Scorer:
-    """The reward, built once in this process, behind ONE thread that every request's scoring queues for. With
-    ``batching`` the thread scores all the requests waiting when it comes free in one reward call; each of them
-    waits for, and is charged, that whole call."""
-
-    def __init__(self, reward: str, batching: bool = True, threads: int = 0) -> None:
-        import torch
-
-        import rodeco
-        from rodeco.plugins import default_plugins
-
-        if threads > 0:  # torch's threads in this process: spinning against vLLM's CPU workers slows both
-            torch.set_num_threads(threads)
-
-        plugins = default_plugins()
-        node = rodeco.load_config([f"reward={reward}"], plugins).reward  # the node rodeco's server builds
-        self.reward = plugins.build_reward(node, rodeco.BuildContext(plugins=plugins))
-        self.batching = batching
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name="scorer", daemon=True)
-        self.thread.start()
-
-    def score(self, prompt: str, texts: list[str]) -> tuple[list[float], float, float, int]:
-        """(scores, seconds waiting for the scorer, seconds of the reward call, requests in that call)."""
-        fut: Future = Future()
-        self.queue.put((prompt, texts, time.monotonic(), fut))
-        return fut.result()
-
-    def _loop(self) -> None:
-        from rodeco import ScoreRequest
-
-        while True:
-            items = [self.queue.get()]
-            while self.batching and items[-1] is not None:
-                try:
-                    items.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = items[-1] is None
-            items = [x for x in items if x is not None]
-            if items:
-                t0 = time.monotonic()
-                try:
-                    flat = self.reward.score([ScoreRequest(p, t, (), partial=False) for p, ts, _, _ in items
-                                              for t in ts])
-                    took, at = time.monotonic() - t0, 0
-                    for _, ts, asked, fut in items:
-                        fut.set_result(([float(x) for x in flat[at: at + len(ts)]], t0 - asked, took, len(items)))
-                        at += len(ts)
-                except Exception as e:  # these requests fail; the scorer goes on
-                    for *_, fut in items:
-                        if not fut.done():
-                            fut.set_exception(e)
-            if stop:
-                return
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(60)
-
-
 # -- requests --------------------------------------------------------------------------------------------------------
-@dataclass
-class Record:
-    i: int
-    prompt_index: int
-    seed: int
-    arrival: float  # scheduled, seconds from the phase's start
-    sent: float = math.nan  # when a thread sent it
-    end: float = math.nan  # when its answer (and, for vLLM, its scoring) was in
-    latency: float = math.nan  # end - arrival
-    reward: float = math.nan
-    ok: bool = False
-    error: str | None = None
-    server: dict[str, Any] = field(default_factory=dict)
-
-
-Send = Callable[[str, int], tuple[float, dict[str, Any]]]
-
-
-def client(url: str, timeout: float) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
-
-
-def rodeco_sender(url: str, model: str, a: argparse.Namespace, policy: dict[str, Any]) -> Send:
-    c = client(url, a.request_timeout)
-
-    def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
-        raw = c.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
-            temperature=a.temperature, top_p=1.0, seed=seed, n=1, extra_body={"best_of": a.best_of, "rodeco": policy})
-        d = raw.http_response.json()
-        rb = d["rodeco"]
-        info = {k: rb.get(k) for k in RODECO_KEYS} | {"completion_tokens": d["usage"]["completion_tokens"],
-                                                       "prompt_tokens": d["usage"]["prompt_tokens"],
-                                                       "winner_tokens": rb["choices"][0]["tokens"],
-                                                       "text": d["choices"][0]["message"]["content"]}
-        return float(rb["choices"][0]["reward"]), info
-
-    return send
-
-
-def vllm_sender(url: str, model: str, a: argparse.Namespace, scorer: Scorer) -> Send:
-    c = client(url, a.request_timeout)
-    extra = {"top_k": a.top_k if a.top_k > 0 else -1}
-
-    def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
-        t0 = time.monotonic()
-        raw = c.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
-            temperature=a.temperature, top_p=1.0, seed=seed, n=a.best_of, extra_body=extra)
-        d = raw.http_response.json()
-        gen_s = time.monotonic() - t0
-        texts = [ch["message"]["content"] or "" for ch in sorted(d["choices"], key=lambda ch: ch["index"])]
-        scores, wait_s, score_s, together = scorer.score(prompt, texts)
-        best = int(np.argmax(scores))
-        return scores[best], {"generate_seconds": gen_s, "score_wait_seconds": wait_s, "score_seconds": score_s,
-                              "score_batch_requests": together,
-                              "completion_tokens": d["usage"]["completion_tokens"],
-                              "prompt_tokens": d["usage"]["prompt_tokens"], "choices": len(texts),
-                              "scores": scores, "text": texts[best]}
-
-    return send
-
 
 def warm(name: str, send: Send, texts: list[str], a: argparse.Namespace) -> None:
     """``--warmup`` untimed requests, one at a time: the first requests' one-off costs (allocations, lazy imports)."""
@@ -478,161 +198,6 @@ def run_phase(name: str, send: Send, prompts: list[Any], times: np.ndarray, seed
     return recs, t0
 
 
-# -- figures ---------------------------------------------------------------------------------------------------------
-def scrape(url: str) -> dict[str, float]:
-    """``/metrics`` as {sample name: value summed over its labels} (histogram buckets left out); {} if it fails."""
-    try:
-        status, text = http_get(f"{url}/metrics", timeout=10)
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    if status != 200:
-        return out
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
-        if name.endswith(("_bucket", "_created")):
-            continue
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) != 0}
-
-
-def bootstrap_index(n: int, reps: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(reps, n))
-
-
-def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
-    """requests/s, p50/p95 latency and mean reward over the requests, and the same on each resample of the requests
-    (the rows of ``idx``, the same for every server: paired over prompts).
-
-    requests/s is completed requests over first arrival (the phase's start) to last completion; a resample's is its
-    completed requests over the phase's start to its own last completion. A resample that misses the last request
-    to complete ends earlier, so these resamples lean high (the point sits near the CI's lower end with few
-    requests); a ratio of two servers' on the same resamples (``ratio``) cancels part of that. (Re-attaching drawn
-    latencies to the fixed arrival schedule breaks the link between when a request came and how long it waited,
-    and drawing the gaps between completions explodes when a batch's requests finish together: both were worse.)"""
-    ok = np.array([r.ok for r in recs])
-    arr = np.array([r.arrival for r in recs])
-    lat = np.where(ok, [r.latency for r in recs], np.nan)
-    rew = np.where(ok, [r.reward for r in recs], np.nan)
-
-    def stats(ix: np.ndarray) -> dict[str, np.ndarray]:
-        o = ok[ix]
-        with np.errstate(all="ignore"), _quiet():
-            span = np.nanmax(arr[ix] + lat[ix], axis=-1) - arr.min()
-            return {"requests_per_s": np.where(o.any(-1), o.sum(-1) / span, np.nan),
-                    "p50_latency_s": np.nanquantile(lat[ix], 0.5, axis=-1),
-                    "p95_latency_s": np.nanquantile(lat[ix], 0.95, axis=-1),
-                    "mean_reward": np.nanmean(rew[ix], axis=-1)}
-
-    point = stats(np.arange(len(recs)))
-    boot = stats(idx)
-    from rodeco.experiments.bootstrap import ci
-
-    out: dict[str, Any] = {"sent": len(recs), "completed": int(ok.sum()), "errors": int((~ok).sum())}
-    for k in point:
-        out[k] = float(point[k])
-        out[k + "_ci"] = ci(boot[k])
-    out["_boot"] = boot
-    return out
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
-def ratio(num: dict[str, Any], den: dict[str, Any], key: str) -> dict[str, Any]:
-    """``num[key] / den[key]`` with its 95% CI from the ratios on the same resamples (paired over requests)."""
-    from rodeco.experiments.bootstrap import ci
-
-    with np.errstate(all="ignore"):
-        return {"ratio": num[key] / den[key], "ci": ci(num["_boot"][key] / den["_boot"][key])}
-
-
-def diff(a_: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, Any]:
-    from rodeco.experiments.bootstrap import ci
-
-    return {"diff": a_[key] - b[key], "ci": ci(a_["_boot"][key] - b["_boot"][key])}
-
-
-def server_side(name: str, recs: list[Record], delta: dict[str, float], span: float) -> dict[str, Any]:
-    """What the server says of the phase: rodeco's per-request block (means) or vLLM's client-measured split
-    (generation, waiting for the scorer, scoring), and /metrics' histogram means and counters over the phase."""
-    ok = [r for r in recs if r.ok]
-    out: dict[str, Any] = {"span_s": span}
-    if ok and name in ("sr", "bon"):
-        for k in RODECO_KEYS + ("completion_tokens", "prompt_tokens"):
-            vals = [r.server.get(k) for r in ok if isinstance(r.server.get(k), (int, float))]
-            out[f"mean_{k}"] = float(np.mean(vals)) if vals else None
-        # the batch's wall time per token of the winner: about a decode step's time (prefill and reward calls in it)
-        out["mean_decode_seconds_per_winner_token"] = float(np.mean(
-            [r.server["decode_seconds"] / max(1, r.server["winner_tokens"]) for r in ok]))
-        flops = sum(r.server.get("flops") or 0 for r in ok)
-        bon = sum(r.server.get("bon_flops_modelled") or 0 for r in ok)
-        out["flops_over_bon_modelled"] = flops / bon if bon else None
-    elif ok:
-        for k in ("generate_seconds", "score_wait_seconds", "score_seconds", "score_batch_requests",
-                  "completion_tokens", "prompt_tokens"):
-            out[f"mean_{k}"] = float(np.mean([r.server[k] for r in ok]))
-    tokens = delta.get("rodeco_decode_tokens_total", delta.get("vllm:generation_tokens_total"))
-    if tokens is not None and span > 0:
-        out["decode_tokens_per_s"] = tokens / span
-    means = {}
-    for k, v in delta.items():
-        if k.endswith("_sum") and delta.get(k[:-4] + "_count"):
-            means[k[:-4]] = v / delta[k[:-4] + "_count"]
-    out["metrics_means"] = means
-    out["metrics_counters"] = {k: v for k, v in delta.items() if k.endswith("_total")}
-    return out
-
-
-def print_table(summary: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> None:
-    def f(x: dict[str, Any], k: str, fmt: str) -> str:
-        lo, hi = x[k + "_ci"]
-        return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
-
-    print(f"\n{'server':>6} {'done':>7} {'requests/s [95% CI]':>26} {'p50 latency s':>26} {'p95 latency s':>26} "
-          f"{'mean reward':>28}")
-    for name, x in summary.items():
-        print(f"{name:>6} {x['completed']:>3}/{x['sent']:<3} {f(x, 'requests_per_s', '.3f'):>26} "
-              f"{f(x, 'p50_latency_s', '.2f'):>26} {f(x, 'p95_latency_s', '.2f'):>26} "
-              f"{f(x, 'mean_reward', '.3f'):>28}")
-    for k, r in ratios.items():
-        v = r.get("ratio", r.get("diff"))
-        print(f"{k}: {v:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]")
-
-
-def print_server_side(name: str, s: dict[str, Any]) -> None:
-    """The phase's server-side figures; of /metrics, the servers' own (rodeco_*, vllm:*), not the process's."""
-    skip = {"metrics_means", "metrics_counters"}
-    plain = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if k not in skip)
-    print(f"{name} server-side: {plain}")
-    for what in ("means", "counters"):
-        own = {k: v for k, v in s[f"metrics_{what}"].items() if k.startswith(("rodeco_", "vllm:"))}
-        if own:
-            print(f"  /metrics {what} over the phase: " + ", ".join(f"{k} {v:.4g}" for k, v in own.items()))
-
-
-def write(out: Path, obj: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".serve_bench.json.tmp"
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    tmp.replace(out / "serve_bench.json")
-
 
 # -- main ------------------------------------------------------------------------------------------------------------
 def _terminate(signum: int, frame: Any) -> None:
@@ -649,86 +214,101 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a.out = a.out.resolve()
     if not a.skip_vllm and not a.vllm_python.is_file():
         sys.exit(f"--vllm-python {a.vllm_python}: no such file (make setup-vllm builds .venv-vllm), or --skip-vllm")
-    prompts, warm_texts = load_prompts(a)
-    k = len(prompts)
-    times = arrivals(k, a.rate, a.seed)
-    seeds = [a.seed + i for i in range(k)]
-    idx = bootstrap_index(sum(t <= a.duration for t in times), a.bootstrap, a.seed)
-    src = model_dir(a.generator)  # dequantizes the embedded model once (rodeco's cache), before any server starts
-    doc: dict[str, Any] = {"args": {k_: str(v) if isinstance(v, Path) else v for k_, v in vars(a).items()},
-                           "prompt_indices": [p.index for p in prompts], "arrivals": times.tolist(), "seeds": seeds,
-                           "model_dir": str(src), "servers": {}}
-    summary: dict[str, dict[str, Any]] = {}
-    policies = {"sr": {"policy": "fixed", "params": {"alpha": a.alpha}}, "bon": {"policy": "none"}}
+    bench = Bench(a)
+    bench.rodeco_phases()
+    scorer = Scorer(a.reward, a.score_batching, a.scorer_threads)  # the same reward, client-side
+    try:
+        bench.rescore(scorer)
+        if not a.skip_vllm:
+            bench.vllm_phase(scorer)
+    finally:
+        scorer.close()
+    bench.doc["ratios"] = ratios_of(bench.summary)
+    bench.doc["wall_seconds"] = time.monotonic() - wall0
+    write(a.out, bench.doc)
+    report(bench.doc, bench.summary, a, len(bench.prompts))
+    return bench.doc
 
-    def record(name: str, srv: Server, recs: list[Record], before: dict, after: dict,
-               extra: dict[str, Any], load: tuple[float, ...]) -> None:
-        fig = figures(recs, idx)
-        summary[name] = fig
+
+class Bench:
+    """One run's prompts, arrivals and seeds (the same for every server), and what each phase recorded."""
+
+    POLICIES = {"sr": lambda a: {"policy": "fixed", "params": {"alpha": a.alpha}}, "bon": lambda a: {"policy": "none"}}
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.prompts, self.warm_texts = load_prompts(a)
+        self.times = arrivals(len(self.prompts), a.rate, a.seed)
+        self.seeds = [a.seed + i for i in range(len(self.prompts))]
+        self.idx = bootstrap_index(sum(t <= a.duration for t in self.times), a.bootstrap, a.seed)
+        self.src = model_dir(a.generator)  # dequantizes the embedded model once (rodeco's cache), before any server
+        args = {k: shown(v, a.out) if isinstance(v, Path) else v for k, v in vars(a).items()}
+        self.doc: dict[str, Any] = {"args": args, "prompt_indices": [p.index for p in self.prompts],
+                                    "arrivals": self.times.tolist(), "seeds": self.seeds,
+                                    "model_dir": shown(self.src), "servers": {}}
+        self.summary: dict[str, dict[str, Any]] = {}
+
+    def phase(self, name: str, srv: Server, send: Send, extra: dict[str, Any]) -> None:
+        """Warm the server, send the requests, and record the phase (written at once)."""
+        warm(name, send, self.warm_texts, self.a)
+        before, load = scrape(srv.url), os.getloadavg()
+        recs, _ = run_phase(name, send, self.prompts, self.times, self.seeds, self.a)
+        after = scrape(srv.url)
+        fig = self.summary[name] = figures(recs, self.idx)
         ends = [r.end for r in recs if r.ok]
         span = (max(ends) - min(r.arrival for r in recs)) if ends else float("nan")
-        side = server_side(name, recs, metrics_delta(before, after), span)
-        doc["servers"][name] = {"summary": {k_: v for k_, v in fig.items() if k_ != "_boot"}, "server_side": side,
-                                "start_seconds": srv.started_s, "log": str(srv.log_path),
-                                # this machine's 1-minute load average before and after the phase: other work
-                                # on the same cores shows here
-                                "load_avg_1m": [load[0], os.getloadavg()[0]],
-                                "records": [asdict(r) for r in recs], **extra}
-        write(a.out, doc)
+        self.doc["servers"][name] = {
+            "summary": {k: v for k, v in fig.items() if k != "_boot"},
+            "server_side": server_side(name, recs, metrics_delta(before, after), span),
+            "start_seconds": srv.started_s, "log": shown(srv.log_path, self.a.out),
+            # this machine's 1-minute load average before and after the phase: other work on the same cores shows here
+            "load_avg_1m": [load[0], os.getloadavg()[0]], "records": [asdict(r) for r in recs], **extra}
+        write(self.a.out, self.doc)
 
-    # 1 and 2: rodeco's server, Speculative Rejection then Best-of-N, in separate phases
-    port = free_port()
-    env = {"HYDRA_FULL_ERROR": "1", **({"OMP_NUM_THREADS": str(a.rodeco_threads)} if a.rodeco_threads > 0 else {})}
-    with launched("rodeco", rodeco_argv(a, port), port, a.out / "logs", a.start_timeout, env=env) as srv:
+    def rodeco_phases(self) -> None:
+        """Servers 1 and 2: rodeco's server, Speculative Rejection then Best-of-N, in separate phases."""
+        a, port = self.a, free_port()
+        env = {"HYDRA_FULL_ERROR": "1", **({"OMP_NUM_THREADS": str(a.rodeco_threads)} if a.rodeco_threads > 0 else {})}
+        with launched("rodeco", rodeco_argv(a, port), port, a.out / "logs", a.start_timeout, env=env) as srv:
+            for name in ("sr", "bon"):
+                policy = self.POLICIES[name](a)
+                self.phase(name, srv, rodeco_sender(srv.url, a.generator, a, policy), {"request_rodeco": policy})
+
+    def rescore(self, scorer: Scorer) -> None:
+        """Rescoring rodeco's winners client-side checks that the scorer is the server's reward."""
+        prompt_of = {p.index: p.text for p in self.prompts}
         for name in ("sr", "bon"):
-            send = rodeco_sender(srv.url, a.generator, a, policies[name])
-            warm(name, send, warm_texts, a)
-            before, load = scrape(srv.url), os.getloadavg()
-            recs, _ = run_phase(name, send, prompts, times, seeds, a)
-            record(name, srv, recs, before, scrape(srv.url), {"request_rodeco": policies[name]}, load)
-    scorer = None
-    try:
-        # the same reward, client-side: rescoring rodeco's winners checks it is the server's
-        scorer = Scorer(a.reward, a.score_batching, a.scorer_threads)
-        for name in ("sr", "bon"):
-            recs = doc["servers"][name]["records"]
-            done = [r for r in recs if r["ok"]]
+            done = [r for r in self.doc["servers"][name]["records"] if r["ok"]]
             if done:
-                prompt_of = {p.index: p.text for p in prompts}
                 again = [scorer.score(prompt_of[r["prompt_index"]], [r["server"]["text"]])[0][0] for r in done]
                 gap = max(abs(x - r["reward"]) for x, r in zip(again, done))
-                doc["servers"][name]["client_rescore_max_abs_diff"] = gap
+                self.doc["servers"][name]["client_rescore_max_abs_diff"] = gap
                 log.info("%s: rodeco's rewards vs this process's scorer on the same texts: max |diff| %.2e", name, gap)
-        # 3: vLLM's own server, Best-of-N with n=N, scored here
-        if not a.skip_vllm:
-            port = free_port()
-            argv, settings = vllm_argv(a, port, src)
-            with launched("vllm", argv, port, a.out / "logs", a.vllm_start_timeout,
-                          unset=("VLLM_CPU_KVCACHE_SPACE",)) as srv:  # it would override the KV pool's size
-                send = vllm_sender(srv.url, a.generator, a, scorer)
-                warm("vllm", send, warm_texts, a)
-                before, load = scrape(srv.url), os.getloadavg()
-                recs, _ = run_phase("vllm", send, prompts, times, seeds, a)
-                record("vllm", srv, recs, before, scrape(srv.url), {"vllm_settings": settings}, load)
-    finally:
-        if scorer is not None:
-            scorer.close()
 
-    ratios: dict[str, Any] = {}
-    if "vllm" in summary:
-        ratios["sr_over_vllm_requests_per_s"] = ratio(summary["sr"], summary["vllm"], "requests_per_s")
-        ratios["vllm_over_sr_p50_latency"] = ratio(summary["vllm"], summary["sr"], "p50_latency_s")
-        ratios["sr_minus_vllm_mean_reward"] = diff(summary["sr"], summary["vllm"], "mean_reward")
-    ratios["sr_over_bon_requests_per_s"] = ratio(summary["sr"], summary["bon"], "requests_per_s")
-    ratios["bon_over_sr_p50_latency"] = ratio(summary["bon"], summary["sr"], "p50_latency_s")
-    ratios["sr_minus_bon_mean_reward"] = diff(summary["sr"], summary["bon"], "mean_reward")
-    doc["ratios"] = ratios
-    doc["wall_seconds"] = time.monotonic() - wall0
-    write(a.out, doc)
+    def vllm_phase(self, scorer: Scorer) -> None:
+        """Server 3: vLLM's own server, Best-of-N with n=N, its responses scored here."""
+        a, port = self.a, free_port()
+        argv, settings = vllm_argv(a, port, self.src)
+        with launched("vllm", argv, port, a.out / "logs", a.vllm_start_timeout,
+                      unset=("VLLM_CPU_KVCACHE_SPACE",)) as srv:  # it would override the KV pool's size
+            self.phase("vllm", srv, vllm_sender(srv.url, a.generator, a, scorer), {"vllm_settings": settings})
 
+
+def ratios_of(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Speculative Rejection against vLLM (when it ran) and against rodeco's Best-of-N, paired over requests."""
+    out: dict[str, Any] = {}
+    for other in ("vllm", "bon"):
+        if other in summary:
+            out[f"sr_over_{other}_requests_per_s"] = ratio(summary["sr"], summary[other], "requests_per_s")
+            out[f"{other}_over_sr_p50_latency"] = ratio(summary[other], summary["sr"], "p50_latency_s")
+            out[f"sr_minus_{other}_mean_reward"] = diff(summary["sr"], summary[other], "mean_reward")
+    return out
+
+
+def report(doc: dict[str, Any], summary: dict[str, dict[str, Any]], a: argparse.Namespace, k: int) -> None:
     print(f"\n{k} requests per server, rate {a.rate}/s, best_of {a.best_of}, max_tokens {a.max_tokens}, "
           f"alpha {a.alpha}, KV {a.kv_tokens} tokens; CIs: {a.bootstrap} bootstrap resamples of the requests")
-    print_table(summary, ratios)
+    print_table(summary, doc["ratios"])
     print()
     for name, s in doc["servers"].items():
         print_server_side(name, s["server_side"])
@@ -741,7 +321,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if not r["ok"]:
                 print(f"{name} request {r['i']} (prompt {r['prompt_index']}): {r['error']}")
     print(f"\nwrote {a.out / 'serve_bench.json'} ({doc['wall_seconds']:.0f} s)")
-    return doc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,332 @@
+"""``scripts/serve_bench.py``'s servers: started in their own process group, waited for, stopped; the argv of
+rodeco's and of vLLM's, the client-side scorer of vLLM's responses, the senders that ask each server, and their
+``/metrics``; where a path is recorded, ``shown`` gives it relative to the repository, the output or rodeco's cache
+(never this machine's absolute path)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("serve_bench")
+
+RODECO_KEYS = ("queue_seconds", "decode_seconds", "decode_tokens", "prefill_tokens", "flops", "bon_flops_modelled",
+               "candidates_started", "candidates_rejected", "rounds", "batch_requests", "kv_tokens")
+Send = Callable[[str, int], tuple[float, dict[str, Any]]]
+
+
+def shown(path: Path, out: Path | None = None) -> str:
+    """``path`` as a record holds it: relative to ``out`` (the run's output), the repository, or rodeco's cache
+    (``<rodeco cache>/...``); else its name."""
+    from rodeco.loading import cache_dir
+
+    path = Path(os.path.abspath(path))  # symlinks kept: a venv's python stays the venv's
+    for base, label in ((out, ""), (ROOT, ""), (cache_dir(), "<rodeco cache>/")):
+        if base is not None and path != Path(base).resolve() and path.is_relative_to(Path(base).resolve()):
+            return label + str(path.relative_to(Path(base).resolve()))
+    return path.name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+    started_s: float = 0.0  # seconds from launch to a healthy /health
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def launched(name: str, argv: list[str], port: int, log_dir: Path, timeout: float,
+             env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> Iterator[Server]:
+    """``argv`` as a subprocess in its own process group (this environment plus ``env``, less ``unset``), waited for
+    on /health (at most ``timeout`` s), and its process group stopped at the end (SIGTERM, then SIGKILL), whatever
+    happens."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    url = f"http://127.0.0.1:{port}"
+    log.info("starting %s: %s", name, " ".join(argv))
+    with open(log_path, "w") as out:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=ROOT,
+                                env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset})
+        server = Server(name, proc, url, log_path)
+        try:
+            end = t0 + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({proc.returncode}) before it answered /health; its log "
+                                       f"({log_path}) ends:\n{tail(log_path)}")
+                with contextlib.suppress(OSError):
+                    if http_get(f"{url}/health", timeout=2)[0] == 200:
+                        break
+                if time.monotonic() > end:
+                    raise RuntimeError(f"{name} did not answer /health within {timeout:.0f} s; its log ({log_path}) "
+                                       f"ends:\n{tail(log_path)}")
+                time.sleep(0.5)
+            server.started_s = time.monotonic() - t0
+            log.info("%s is up on %s after %.1f s (pid %d)", name, url, server.started_s, proc.pid)
+            yield server
+        finally:
+            stop(proc, name)
+
+
+def stop(proc: subprocess.Popen, name: str, grace: float = 20.0) -> None:
+    """SIGTERM to the process group, up to ``grace`` s for it to exit, then SIGKILL to whatever of the group is
+    left (a server's workers too)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not exit within %.0f s of SIGTERM: SIGKILL", name, grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    log.info("%s stopped (exit %s)", name, proc.returncode)
+
+
+def model_dir(generator: str) -> Path:
+    """The directory rodeco loads ``generator``'s weights from (the embedded GGUF, dequantized once and cached)."""
+    import rodeco
+    from rodeco.loading import weights
+
+    g = rodeco.load_config([f"generator={generator}"]).generator
+    src, gguf = weights(g.model, g.gguf_file)
+    if gguf is not None or not (Path(src) / "config.json").is_file():
+        sys.exit(f"generator={generator}: vLLM needs a local model directory, rodeco gives {src} ({gguf})")
+    return Path(src)
+
+
+def on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def dtype_of(a: argparse.Namespace) -> str:
+    return a.dtype if a.dtype != "auto" else ("bfloat16" if on_cuda() else "float32")
+
+
+def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
+    exe = a.rodeco_bin or Path(sys.executable).parent / "rodeco"
+    if not Path(exe).is_file():
+        exe = ROOT / ".venv" / "bin" / "rodeco"
+    return [str(exe), "task=serve", "serve.host=127.0.0.1", f"serve.port={port}", f"generator={a.generator}",
+            f"generator.dtype={dtype_of(a)}", f"reward={a.reward}", f"budget.kv_tokens={a.kv_tokens}",
+            f"sampling.max_new_tokens={a.max_tokens}", f"sampling.top_k={a.top_k}",
+            f"serve.max_tokens={max(512, a.max_tokens)}", f"serve.max_best_of={max(64, a.best_of)}",
+            f"serve.max_queue={max(64, a.requests + a.warmup)}", f"serve.request_timeout_s={a.request_timeout}",
+            "serve.drain_timeout_s=5",  # serve.policies: the default offers fixed (alpha in [0, 0.95]) and none
+            f"hydra.run.dir={a.out / 'hydra'}", *a.rodeco_arg]
+
+
+def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], dict[str, Any]]:
+    """vLLM's server as rodeco's own vLLM engine sets it up (rodeco/engines/vllm.py): the dtype, KV blocks of 32 on
+    CPU (16 on CUDA), a KV pool of ``--kv-tokens`` in whole blocks plus vLLM's null block, prefix caching,
+    max_model_len the model's context or the pool if smaller."""
+    cfg = json.loads((src / "config.json").read_text())
+    dtype = dtype_of(a)
+    block = 16 if on_cuda() else 32
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim \
+        * (4 if dtype in ("float32", "float") else 2)
+    blocks = -(-a.kv_tokens // block)
+    max_len = min(cfg.get("max_position_embeddings") or blocks * block, blocks * block)
+    max_seqs = 512
+    settings = {"dtype": dtype, "block_size": block, "kv_pool_tokens": blocks * block,
+                "kv_cache_memory_bytes": (blocks + 1) * block * per_token, "max_model_len": max_len,
+                "max_num_seqs": max_seqs, "max_num_batched_tokens": max(max_seqs * block, max_len, 8192),
+                "enforce_eager": a.vllm_eager}
+    argv = [str(a.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(src),
+            "--served-model-name", a.generator, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+            "--block-size", str(block), "--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"]),
+            "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
+            "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), "--seed", str(a.seed),
+            "--enable-prefix-caching", "--disable-uvicorn-access-log", "--generation-config", "vllm",
+            *(["--enforce-eager"] if a.vllm_eager else []), *a.vllm_arg]
+    return argv, settings
+
+
+# -- the client-side scorer (vLLM's responses) -----------------------------------------------------------------------
+class Scorer:
+    """The reward, built once in this process, behind ONE thread that every request's scoring queues for. With
+    ``batching`` the thread scores all the requests waiting when it comes free in one reward call; each of them
+    waits for, and is charged, that whole call."""
+
+    def __init__(self, reward: str, batching: bool = True, threads: int = 0) -> None:
+        import torch
+
+        import rodeco
+        from rodeco.plugins import default_plugins
+
+        if threads > 0:  # torch's threads in this process: spinning against vLLM's CPU workers slows both
+            torch.set_num_threads(threads)
+
+        plugins = default_plugins()
+        node = rodeco.load_config([f"reward={reward}"], plugins).reward  # the node rodeco's server builds
+        self.reward = plugins.build_reward(node, rodeco.BuildContext(plugins=plugins))
+        self.batching = batching
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="scorer", daemon=True)
+        self.thread.start()
+
+    def score(self, prompt: str, texts: list[str]) -> tuple[list[float], float, float, int]:
+        """(scores, seconds waiting for the scorer, seconds of the reward call, requests in that call)."""
+        fut: Future = Future()
+        self.queue.put((prompt, texts, time.monotonic(), fut))
+        return fut.result()
+
+    def _loop(self) -> None:
+        from rodeco import ScoreRequest
+
+        while True:
+            items = [self.queue.get()]
+            while self.batching and items[-1] is not None:
+                try:
+                    items.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = items[-1] is None
+            items = [x for x in items if x is not None]
+            if items:
+                t0 = time.monotonic()
+                try:
+                    flat = self.reward.score([ScoreRequest(p, t, (), partial=False) for p, ts, _, _ in items
+                                              for t in ts])
+                    took, at = time.monotonic() - t0, 0
+                    for _, ts, asked, fut in items:
+                        fut.set_result(([float(x) for x in flat[at: at + len(ts)]], t0 - asked, took, len(items)))
+                        at += len(ts)
+                except Exception as e:  # these requests fail; the scorer goes on
+                    for *_, fut in items:
+                        if not fut.done():
+                            fut.set_exception(e)
+            if stop:
+                return
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(60)
+
+
+
+def client(url: str, timeout: float) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
+
+
+def rodeco_sender(url: str, model: str, a: argparse.Namespace, policy: dict[str, Any]) -> Send:
+    c = client(url, a.request_timeout)
+
+    def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
+        raw = c.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
+            temperature=a.temperature, top_p=1.0, seed=seed, n=1, extra_body={"best_of": a.best_of, "rodeco": policy})
+        d = raw.http_response.json()
+        rb = d["rodeco"]
+        info = {k: rb.get(k) for k in RODECO_KEYS} | {"completion_tokens": d["usage"]["completion_tokens"],
+                                                       "prompt_tokens": d["usage"]["prompt_tokens"],
+                                                       "winner_tokens": rb["choices"][0]["tokens"],
+                                                       "text": d["choices"][0]["message"]["content"]}
+        return float(rb["choices"][0]["reward"]), info
+
+    return send
+
+
+def vllm_sender(url: str, model: str, a: argparse.Namespace, scorer: Scorer) -> Send:
+    c = client(url, a.request_timeout)
+    extra = {"top_k": a.top_k if a.top_k > 0 else -1}
+
+    def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
+        t0 = time.monotonic()
+        raw = c.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
+            temperature=a.temperature, top_p=1.0, seed=seed, n=a.best_of, extra_body=extra)
+        d = raw.http_response.json()
+        gen_s = time.monotonic() - t0
+        texts = [ch["message"]["content"] or "" for ch in sorted(d["choices"], key=lambda ch: ch["index"])]
+        scores, wait_s, score_s, together = scorer.score(prompt, texts)
+        best = int(np.argmax(scores))
+        return scores[best], {"generate_seconds": gen_s, "score_wait_seconds": wait_s, "score_seconds": score_s,
+                              "score_batch_requests": together,
+                              "completion_tokens": d["usage"]["completion_tokens"],
+                              "prompt_tokens": d["usage"]["prompt_tokens"], "choices": len(texts),
+                              "scores": scores, "text": texts[best]}
+
+    return send
+
+
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics`` as {sample name: value summed over its labels} (histogram buckets left out); {} if it fails."""
+    try:
+        status, text = http_get(f"{url}/metrics", timeout=10)
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name = head.split("{", 1)[0]
+        if name.endswith(("_bucket", "_created")):
+            continue
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) != 0}
+
+
