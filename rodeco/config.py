@@ -36,6 +36,9 @@ class GeneratorConfig:
                                                           "(rows decode in vLLM: make setup-vllm)"})
     device_map: Optional[str] = field(default=None, metadata={"help": "auto: spread a model too big for one device "
                                                                       "over all of them (accelerate; hf engine)"})
+    compile: str = field(default="auto", metadata={"help": "auto (on CUDA), true, false: the fast engine's decode "
+                                                           "step compiled with torch.compile (not part of a pool's "
+                                                           "identity)"})
     chat_template: bool = field(default=True, metadata={"help": "apply the tokenizer's chat template if it has one"})
     system_prompt: Optional[str] = None
     trust_remote_code: bool = False
@@ -58,10 +61,15 @@ VLLM_ONLY = ("kv_cache_tokens", "gpu_memory_utilization", "tensor_parallel_size"
              "max_num_seqs", "enforce_eager")  # the generator keys only generator.engine=vllm reads
 
 
+NOT_IDENTITY = ("compile",)  # generator keys that change speed, not which candidates a pool holds
+
+
 def candidate_settings(generator: DictConfig) -> dict[str, Any]:
-    """The ``generator`` keys a candidate's tokens depend on (what a pool records): the vLLM keys only on vLLM."""
+    """The ``generator`` keys a candidate's tokens depend on (what a pool records): the vLLM keys only on vLLM, and
+    never ``compile`` (a pool recorded eager extends compiled, and the other way round)."""
     d = OmegaConf.to_container(generator, resolve=True)
-    return d if d.get("engine") == "vllm" else {k: v for k, v in d.items() if k not in VLLM_ONLY}
+    skip = NOT_IDENTITY + (() if d.get("engine") == "vllm" else VLLM_ONLY)
+    return {k: v for k, v in d.items() if k not in skip}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from rodeco.engines import Engine, engine_class
+from rodeco.engines.compiled import CompiledStep, compile_setting
 from rodeco.engines.base import ModelGenerator
 from rodeco.session import Session
 from rodeco.shape import KVSpec, ModelShape
@@ -22,10 +23,13 @@ class TorchGenerator(ModelGenerator):
     FLOPs, and the engine ``generator.engine`` chose for it."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, chat_template: bool = True,
-                 system_prompt: str | None = None, engine: str = "auto", name: str = "") -> None:
+                 system_prompt: str | None = None, engine: str = "auto", name: str = "",
+                 compile: bool | str = False) -> None:
         super().__init__(model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.engine_kind = engine
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
+        self.compile = compile_setting(compile, self.device, self.engine_class())
+        self._compiled: CompiledStep | None = None  # built on the first session that needs it, shared by the rest
 
     def layer_devices(self) -> dict[str, int]:
         """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
@@ -54,7 +58,18 @@ class TorchGenerator(ModelGenerator):
         return KVSpec(shares_prefix=bool(self.engine_class().shares_prefix), block=1)
 
     def new_engine(self) -> Engine:
-        return self.engine_class()(self.model)
+        cls = self.engine_class()
+        if not self.compile:
+            return cls(self.model)
+        if self._compiled is None:
+            self._compiled = CompiledStep.of(self.model)
+        return cls(self.model, compiled=self._compiled)
+
+    @property
+    def compiled(self) -> CompiledStep | None:
+        """The compiled step (``generator.compile``) once a session has built it: its ``compiles`` and
+        ``compile_seconds``."""
+        return self._compiled
 
     def open_session(self, spec: SessionSpec) -> Session:
         return Session(self, spec, self.new_engine())

@@ -149,7 +149,7 @@ def load_generator(cfg: DictConfig) -> Generator:
     lm, tok = load_model_and_tokenizer(cfg.model, cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
                                        trust_remote_code=cfg.trust_remote_code, device_map=device_map)
     return TorchGenerator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
-                     engine="hf" if device_map else engine, name=cfg.model)
+                     engine="hf" if device_map else engine, name=cfg.model, compile=cfg.get("compile", "auto"))
 
 
 def _load_vllm(cfg: DictConfig) -> Generator:

@@ -18,7 +18,9 @@ query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), 
     the cast of that output back to the model's dtype below fp32 (``H c (8 + e)`` bytes, ``8 H c`` in fp32), and the
     prompt's padding mask expanded to the row (fp32, ``4 c`` at most); ``activations``, what the layer holds
     meanwhile: the residual stream, the fused QKV projection, the rotated queries, the attention's output and the
-    rotary cosines and sines (``e (hidden + (3 H + 2 H_kv + 2) D)``);
+    rotary cosines and sines (``e (hidden + (3 H + 2 H_kv + 2) D)``); ``prompt_gather``, with ``generator.compile``
+    only: the layer's prompt keys and values gathered for the row (``2 H_kv P D e`` for a prompt of ``P`` tokens;
+    ``rodeco.engines.compiled``);
   - the logits: ``logits``, the model's output ``V e`` (after prefill the fan-out copy of the prompt's logits takes
     its place), and the larger of what sampling and the log-probs add:
 
@@ -30,7 +32,7 @@ query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), 
     - ``logprobs`` (when a reward reads them): the fp32 log-softmax (``4 V``) and, from logits below fp32, the fp32
       copy it is taken of (``4 V``).
 
-So ``total = response + hidden + max(attention + activations, logits + max(sampling, logprobs))``. A budget charges it as
+So ``total = response + hidden + max(attention + activations + prompt_gather, logits + max(sampling, logprobs))``. A budget charges it as
 ``ceil(total / kv_bytes_per_token)`` extra tokens per row (``WorkingMemory.tokens``, ``Budget.row_overhead``).
 Left out, as they are smaller than either phase for the models rodeco runs: the MLP's activations (a few
 ``[rows, intermediate]`` tensors, after the attention's are freed: about 12 KiB a row for SmolLM2 in bf16, against
@@ -73,9 +75,10 @@ class WorkingMemory:
 
 
 def working_memory(shape: ModelShape, *, context: int, max_new_tokens: int, sampling: SamplingParams,
-                   needs_logprobs: bool, needs_hidden: bool) -> WorkingMemory:
+                   needs_logprobs: bool, needs_hidden: bool, gathered_prompt: int = 0) -> WorkingMemory:
     """The working memory of one row of a model of ``shape`` attending ``context`` tokens (prompt and own; use the
-    longest a row reaches) and sampling as ``sampling`` says, term by term (the module doc)."""
+    longest a row reaches) and sampling as ``sampling`` says, term by term (the module doc); ``gathered_prompt``:
+    the prompt tokens whose keys and values a compiled step gathers per row (0 for the eager step)."""
     if shape.vocab_size is None or shape.hidden_size is None:
         raise ConfigError("generator.model", None, "the model's shape has no vocab_size or hidden_size (a pool "
                           "recorded before working memory was counted)",
@@ -89,12 +92,13 @@ def working_memory(shape: ModelShape, *, context: int, max_new_tokens: int, samp
         "hidden": shape.hidden_size * e if needs_hidden else 0,
         "attention": shape.n_heads * context * (2 * FP32 + (e if e != FP32 else 0)) + FP32 * context,
         "activations": e * (shape.hidden_size + (3 * shape.n_heads + 2 * shape.n_kv_heads + 2) * shape.head_dim),
+        "prompt_gather": 2 * shape.n_kv_heads * gathered_prompt * shape.head_dim * e,
         "logits": V * e,
         "sampling": _sampling_bytes(V, e, sampling),
         "logprobs": (FP32 + (FP32 if e != FP32 else 0)) * V if needs_logprobs else 0,
     }
     logits = terms["logits"] + max(terms["sampling"], terms["logprobs"])
-    layers = terms["attention"] + terms["activations"]
+    layers = terms["attention"] + terms["activations"] + terms["prompt_gather"]
     phase = "logits" if logits >= layers else "attention"
     return WorkingMemory(terms, terms["response"] + terms["hidden"] + max(logits, layers), phase)
 

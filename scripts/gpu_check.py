@@ -16,7 +16,9 @@ Steps (each timed and recorded; one that fails does not stop the others; a globa
    reported against the memory the budget was given (goal: at most 1.1 times).
 4. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
    budget asks for more); the run backs off, finishes, and equals a run started at the settings it backed off to.
-5. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``).
+5. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``), the
+   fast engine eager and compiled (``generator.compile=true``, its compile time apart; issue 29's goal on CUDA: the
+   compiled engine at >= 2x ``generate()`` in bf16 at batch 64).
 6. ``efficiency``: Speculative Rejection live against Best-of-N live on AlpacaFarm prompts, both with measured
    wall times: SR at the memory Best-of-4 fills, Best-of-N at the smallest N whose mean best reward reaches SR's.
 
@@ -260,10 +262,12 @@ def step_engine_bench(c: Check) -> dict[str, Any]:
     s = c.sizes
     cfg = rodeco.load_config(["experiment=engine_bench", *c.overrides(), f"experiment_args.batch={s.bench_batch}",
                               f"experiment_args.new_tokens={s.bench_tokens}",
-                              f"experiment_args.repeats={s.bench_repeats}"])
+                              f"experiment_args.repeats={s.bench_repeats}",
+                              "experiment_args.engines=[fast,fast-compiled]"])  # eager and generator.compile=true
     res = rodeco.run(cfg).extra
     keep = ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
-            "matmul_peak_fraction", "batch", "new_tokens", "engine", "dtype", "device", "runs_rodeco", "runs_hf")
+            "matmul_peak_fraction", "batch", "new_tokens", "engine", "dtype", "device", "runs_rodeco", "runs_hf",
+            "engines", "cpu")
     return {**{k: res[k] for k in keep if k in res}, "ok": res["speedup_vs_hf_generate"] > 0}
 
 

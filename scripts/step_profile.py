@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,16 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-
-def cpu_facts() -> dict[str, Any]:
-    """The CPU's model name and the flags bf16 matmuls depend on (Linux /proc/cpuinfo)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-    return {"model": model, "flags": {f: f in flags for f in keep}, "threads": torch.get_num_threads()}
 
 
 class Timer:
@@ -68,7 +57,7 @@ def layer_flops(model: torch.nn.Module) -> tuple[float, float]:
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
-    from rodeco.experiments.engine_bench import matmul_peak_gflops
+    from rodeco.experiments.engine_bench import cpu_facts, matmul_peak_gflops
     from rodeco.generator import TorchGenerator
     from rodeco.loading import load_model_and_tokenizer
     from rodeco.sampling import SamplingParams, sample, uniforms

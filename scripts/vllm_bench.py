@@ -1,11 +1,14 @@
-"""Speculative Rejection against Best-of-N inside vLLM, at equal memory, in measured wall time.
+"""Speculative Rejection against Best-of-N inside one engine, at equal memory, in measured wall time: vLLM (the
+default) or rodeco's own engines (``--engine fast`` or ``hf``).
 
-vLLM gets a KV pool the size of Best-of-``--memory-of``'s memory (for the longest prompt). On each prompt, in one
-process and alternating the order:
+The engine gets a KV pool the size of Best-of-``--memory-of``'s memory (for the longest prompt). On each prompt, in
+one process and alternating the order:
 
 1. Speculative Rejection (``policy=fixed``, α = ``--alpha``, ``n=auto``) decodes live within the pool;
-2. Best-of-N, for each N of ``--bon``, submits its N requests to the same engine and pool and lets vLLM's scheduler
-   run them as memory frees (preempting where it must): the baseline a vLLM user has today.
+2. Best-of-N, for each N of ``--bon``: on vLLM it submits its N requests to the same engine and pool and lets
+   vLLM's scheduler run them as memory frees (preempting where it must), the baseline a vLLM user has today; on
+   rodeco's engines, whose budget a batch never exceeds, it runs in waves of ``--memory-of`` rows (N / memory-of
+   decodes of independent samples, seeds 0, 1, ...; its reward is the best of all of them, its time their sum).
 
 A method's time is its decode's wall time: prefill, decode, every reward call, pruning (``compute.time_s``; loading
 models is not in it). The speedup is Best-of-N's total time over Speculative Rejection's, with a bootstrap 95% CI
@@ -13,6 +16,7 @@ over prompts; each method's mean final reward says which N matches Speculative R
 environment::
 
     .venv-vllm/bin/python scripts/vllm_bench.py --prompts 16 --bon 32,64 --out runs/vllm_bench
+    python scripts/vllm_bench.py --engine fast --dtype bfloat16 --prompts 16 --bon 8,16 --out runs/live_bf16
 """
 
 from __future__ import annotations
@@ -42,16 +46,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eager", action="store_true", help="generator.enforce_eager (starts fast; decodes slower)")
+    ap.add_argument("--engine", default="vllm", choices=["vllm", "fast", "hf"], help="vllm, or rodeco's own engine "
+                    "(Best-of-N in waves of --memory-of rows)")
+    ap.add_argument("--compile", default="auto", help="generator.compile (fast engine)")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--out", type=Path, default=None, help="write vllm_bench.json here (prompt by prompt)")
     ap.add_argument("--resume", action="store_true", help="keep the prompts --out already holds (same arguments)")
     return ap.parse_args(argv)
 
 
-def methods(a: argparse.Namespace) -> dict[str, list[str]]:
-    out = {"sr": ["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", "budget=engine"]}
+def methods(a: argparse.Namespace, pool: int) -> dict[str, list[list[str]]]:
+    """Each method's decodes of one prompt (one list of overrides each: Best-of-N on rodeco's engines is waves)."""
+    if a.engine == "vllm":
+        out = {"sr": [["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", "budget=engine"]]}
+        for n in [int(x) for x in a.bon.split(",") if x]:
+            out[f"bon_{n}"] = [["policy=none", f"n={n}", "budget.kv_tokens=1000000000"]]  # vLLM's scheduler decides
+        return out
+    mem = ["budget=cpu", f"budget.kv_tokens={pool}"]
+    out = {"sr": [["policy=fixed", f"policy.alpha={a.alpha}", "n=auto", *mem]]}
     for n in [int(x) for x in a.bon.split(",") if x]:
-        out[f"bon_{n}"] = ["policy=none", f"n={n}", "budget.kv_tokens=1000000000"]  # vLLM's scheduler decides
+        if n % a.memory_of:
+            sys.exit(f"--bon {n}: Best-of-N runs in waves of --memory-of={a.memory_of} rows; use a multiple of it")
+        out[f"bon_{n}"] = [["policy=none", f"n={a.memory_of}", f"seed={w}", *mem] for w in range(n // a.memory_of)]
     return out
 
 
@@ -71,44 +87,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rodeco.data import prompts_of
     from rodeco.loading import load_generator, weights
 
-    base = [f"generator.model={a.model}", "generator.engine=vllm", f"generator.dtype={a.dtype}",
-            f"generator.enforce_eager={str(a.eager).lower()}", f"sampling.max_new_tokens={a.new_tokens}",
-            f"reward={a.reward}"]
+    vllm = a.engine == "vllm"
+    base = [f"generator.model={a.model}", f"generator.engine={a.engine}", f"generator.dtype={a.dtype}",
+            *([f"generator.enforce_eager={str(a.eager).lower()}"] if vllm else [f"generator.compile={a.compile}"]),
+            f"sampling.max_new_tokens={a.new_tokens}", f"reward={a.reward}"]
     prompts = prompts_of(rodeco.load_config([f"data={a.data}", f"data.limit={a.prompts}"]).data)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])  # the prompts' lengths size the pool
-    longest = max(len(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
-                                              tokenize=True)["input_ids"]) for p in prompts)
     from rodeco.budget import KVSpec
 
-    block = 16 if _cuda() else 32
-    pool = full_length_tokens(a.memory_of, longest, a.new_tokens, KVSpec(shares_prefix=True, block=block))
-    gen = load_generator(rodeco.load_config([*base, f"generator.kv_cache_tokens={pool}"]).generator)
-    print(f"vLLM KV pool: {gen.kv_pool_tokens} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
+    if vllm:  # vLLM's pool is set when it loads: the prompts' lengths from the tokenizer first
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
+        longest = max(len(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                                  tokenize=True)["input_ids"]) for p in prompts)
+        kv = KVSpec(shares_prefix=True, block=16 if _cuda() else 32)
+        gen = load_generator(rodeco.load_config([*base, "generator.kv_cache_tokens="
+                                                 f"{full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"])
+                             .generator)
+        pool = gen.kv_pool_tokens
+    else:  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes the memory
+        gen = load_generator(rodeco.load_config(base).generator)
+        longest = max(len(gen.encode(p.text)) for p in prompts)
+        pool = full_length_tokens(a.memory_of, longest, a.new_tokens, gen.kv)
+    print(f"{a.engine} KV pool: {pool} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
           f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv.block})", flush=True)
-    ms = methods(a)
-    rows = _done(a, gen.kv_pool_tokens)
+    ms = methods(a, pool)
+    rows = _done(a, pool)
     for k, p in enumerate(prompts):
         if any(r["prompt_index"] == p.index for r in rows):
             continue
         order = list(ms) if k % 2 == 0 else list(ms)[::-1]
         row: dict[str, Any] = {"prompt_index": p.index}
         for m in order:
-            t0 = time.perf_counter()
-            out = rodeco.decode([p.text], generator=gen, overrides=[*base, *ms[m]])
-            c, res = out.compute, out.results[0]
-            row[m] = {"seconds": sum(c.time_s.values()), "wall_with_setup": time.perf_counter() - t0,
-                      "reward": res.best.score, "n_start": res.n_start, "decode_tokens": c.gen_decode_tokens,
-                      "preemptions": c.preemptions, "peak_kv_tokens": c.peak_kv_tokens, "time_s": c.time_s}
+            row[m] = _measure(rodeco, gen, p.text, base, ms[m])
         rows.append(row)
         print(f"prompt {p.index}: " + ", ".join(f"{m} {row[m]['seconds']:.1f}s r={row[m]['reward']:.3f} "
                                                  f"pre={row[m]['preemptions']}" for m in ms), flush=True)
         if a.out is not None:
-            _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": gen.kv_pool_tokens, "rows": rows})
+            _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows})
     sr = np.array([r["sr"]["seconds"] for r in rows])
-    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": gen.kv_pool_tokens, "kv_block": gen.kv.block,
-                               "memory_of": a.memory_of, "methods": {}}
+    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": pool, "kv_block": gen.kv.block,
+                               "memory_of": a.memory_of, "engine": a.engine, "methods": {}}
     for m in ms:
         secs = np.array([r[m]["seconds"] for r in rows])
         s = {"mean_reward": float(np.mean([r[m]["reward"] for r in rows])), "seconds": float(secs.sum()),
@@ -123,9 +142,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
               f"{s['preemptions']} preemptions{extra}")
     if a.out is not None:
-        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": gen.kv_pool_tokens, "rows": rows,
+        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows,
                        "summary": summary})
     return summary
+
+
+def _measure(rodeco: Any, gen: Any, prompt: str, base: list[str], decodes: list[list[str]]) -> dict[str, Any]:
+    """One method on one prompt: its decodes (one, or Best-of-N's waves) summed; the reward is the best of them."""
+    t0 = time.perf_counter()
+    outs = [rodeco.decode([prompt], generator=gen, overrides=[*base, *d]) for d in decodes]
+    cs, best = [o.compute for o in outs], [o.results[0] for o in outs]
+    times: dict[str, float] = {}
+    for c in cs:
+        for k, v in c.time_s.items():
+            times[k] = times.get(k, 0.0) + v
+    return {"seconds": sum(times.values()), "wall_with_setup": time.perf_counter() - t0,
+            "reward": max(r.best.score for r in best), "n_start": sum(r.n_start for r in best),
+            "decode_tokens": sum(c.gen_decode_tokens for c in cs), "preemptions": sum(c.preemptions for c in cs),
+            "peak_kv_tokens": max(c.peak_kv_tokens for c in cs), "time_s": times, "decodes": len(decodes)}
 
 
 def _done(a: argparse.Namespace, pool: int) -> list[dict[str, Any]]:

@@ -89,6 +89,8 @@ def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
         assert sv["survivors_equal"] + sv["rejected"] == 2 * gc.Sizes.quick().rows
     assert s["budget"]["skipped"].startswith("needs CUDA") and s["oom"]["skipped"].startswith("needs CUDA")
     assert s["engine_bench"]["speedup_vs_hf_generate"] > 0
+    compiled = s["engine_bench"]["engines"]["fast-compiled"]  # generator.compile=true: compiled in the warm-up
+    assert compiled["tokens_per_s"] > 0 and compiled["compiles_warm_up"] >= 1 and compiled["compiles_timed"] == 0
     eff = s["efficiency"]
     assert eff["data"] == "demo" and eff["prompts"] == 2 and eff["best_of_n"][0]["N"] == 1
     assert eff["sr"]["peak_kv_tokens"] <= eff["budget_kv_tokens"] and eff["flops_ratio_bon_over_sr"] > 0

@@ -18,6 +18,8 @@ once for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -87,10 +89,13 @@ class _Layer:
 
 class FastLlamaEngine:
     shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
+    compilable = True  # generator.compile applies (rodeco.engines.compiled)
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module,
+                 compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
         cfg = model.config
         self.model = model
+        self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
         self.layers = [_Layer(l) for l in model.model.layers]
         self.embed = model.model.embed_tokens.weight
         self.norm = model.model.norm.weight
@@ -111,6 +116,7 @@ class FastLlamaEngine:
         self.v: list[torch.Tensor] = []
         self.grp = torch.empty(0, dtype=torch.long)  # [B] the prompt (prefix) each row decodes from
         self.segs: list[tuple[int, slice | torch.Tensor]] = []  # (prefix, its rows), from _segments
+        self.even = False  # every prefix has as many rows, in prefix order: one batched matmul serves them all
         self.pos = torch.empty(0, dtype=torch.long)  # [B] position of the next token
         self.plen = 0  # P: padded prompt length
         self.sfx = 0  # generated tokens cached per row
@@ -152,6 +158,7 @@ class FastLlamaEngine:
                 cache[:] = [c.index_select(0, live) for c in cache]
             self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
         self.segs = _segments(self.grp)
+        self.even = _even(self.segs, self.grp.shape[0])
 
     def select(self, rows: torch.Tensor) -> None:
         self._rows = rows if self._rows is None else self._rows.index_select(0, rows)
@@ -176,6 +183,7 @@ class FastLlamaEngine:
         self.plen, self.sfx, self._rows = L, 0, None
         self.grp = torch.arange(G, device=dev)
         self.segs = _segments(self.grp)
+        self.even = _even(self.segs, self.grp.shape[0])
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [G, L]
         self.pos = pos[:, -1] + 1
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril_()
@@ -208,11 +216,17 @@ class FastLlamaEngine:
         gate, up = lay.gate_up(_rms_norm(x, lay.ln2, self.eps)).chunk(2, dim=-1)
         return x + lay.down(F.silu(gate) * up)
 
-    def _by_prefix(self, a: torch.Tensor, b: list[torch.Tensor]) -> torch.Tensor:
+    def _by_prefix(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Per prompt: ``a[rows] @ b[prompt]`` with the rows' query heads as one matrix, so a prompt's cache is
-        read once for all its rows. a: [B, Hkv, g, X], b[j]: [Hkv, X, Y] -> [B, Hkv, g, Y]."""
+        read once for all its rows. a: [B, Hkv, g, X], b: [G, Hkv, X, Y] -> [B, Hkv, g, Y]. Prompts with as many rows
+        each, in order (Best-of-N's batches), are one batched matmul of the same per-prompt products."""
         B, H, g, X = a.shape
-        out = a.new_empty(B, H, g, b[0].shape[-1]) if len(self.segs) > 1 else None
+        G = b.shape[0]
+        if G > 1 and self.even:
+            k = B // G
+            res = a.view(G, k, H, g, X).transpose(1, 2).reshape(G, H, k * g, X) @ b
+            return res.view(G, H, k, g, -1).transpose(1, 2).reshape(B, H, g, -1)
+        out = a.new_empty(B, H, g, b.shape[-1]) if len(self.segs) > 1 else None
         for j, r in self.segs:
             aj = a[r]
             k = aj.shape[0]
@@ -231,6 +245,11 @@ class FastLlamaEngine:
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
+        if self.compiled is not None:
+            logits, hidden = self.compiled(x, cos, sin, bias, self.grp, S, self.kp, self.vp, self.k, self.v)
+            self.last_hidden = hidden if self.keep_hidden else None
+            self.sfx, self.pos = S + 1, self.pos + 1
+            return logits
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
@@ -248,12 +267,12 @@ class FastLlamaEngine:
         once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.working``)."""
         S, P = self.sfx, self.plen
         ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
-        kpt = [kp.transpose(-1, -2) for kp in self.kp[li]]  # [Hkv, D, P] per prompt
+        kpt = self.kp[li].transpose(-1, -2)  # [G, Hkv, D, P]
         s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float().mul_(self.scale)
         s[..., :P] += bias
         p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
         del s
-        return self._by_prefix(p[..., :P], list(self.vp[li])) + p[..., P:] @ vs
+        return self._by_prefix(p[..., :P], self.vp[li]) + p[..., P:] @ vs
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the last layer's output; its normed state is kept in ``last_hidden`` when asked."""
@@ -268,6 +287,13 @@ def _cache(like: torch.Tensor, rows: int, heads: int, length: int, dim: int, tra
     if transposed:
         return like.new_empty(rows, heads, dim, length).transpose(-1, -2)
     return like.new_empty(rows, heads, length, dim)
+
+
+def _even(segs: list[tuple[int, slice | torch.Tensor]], rows: int) -> bool:
+    """Whether the segments are prefixes 0, 1, ... in order, each a range of the same number of rows."""
+    k = rows // max(len(segs), 1)
+    return all(isinstance(r, slice) and j == i and r.start == i * k and r.stop == (i + 1) * k
+               for i, (j, r) in enumerate(segs)) and k * len(segs) == rows
 
 
 def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:

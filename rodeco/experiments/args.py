@@ -17,7 +17,7 @@ class EngineBenchArgs:
     prompts: list[str] = required("the prompts")
     matmul_size: int = required("n of the n x n matmul (generator dtype) that measures the peak")
     engines: list[str] = required("engines rodeco's loop is timed on, alternating ([]: generator.engine; the first "
-                                  "gives rodeco_tokens_per_s)")
+                                  "gives rodeco_tokens_per_s; fast-compiled: fast with generator.compile=true)")
 
 
 @dataclass

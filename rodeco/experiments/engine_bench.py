@@ -5,15 +5,19 @@ same number of new tokens (EOS ignored), in one process, alternating runs; the m
 The machine's matmul peak ``P`` in the generator's dtype is measured in the same run, and ``F = A * flops_per_token / P`` says how
 close rodeco's decode gets to it. On CUDA every clock read waits for the device (``torch.cuda.synchronize``).
 ``experiment_args.engines`` times rodeco's loop on several engines of the same weights in the same run (``vllm``:
-in the vLLM environment), each against the same ``generate()``.
+in the vLLM environment; ``fast-compiled``: the fast engine with ``generator.compile=true``, its compilation timed
+apart, in the warm-up), each against the same ``generate()``; with ``fast`` and ``vllm`` both timed, their ratio is
+printed. The CPU's model and the flags bf16 matmuls depend on are recorded with the figures.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, open_dict
@@ -28,6 +32,7 @@ from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, RunOutput
+from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,16 @@ def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu", dtype:
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The CPU's model name and the flags bf16 matmuls depend on (Linux /proc/cpuinfo), and torch's threads."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
+    return {"model": model, "flags": {f: f in flags for f in keep}, "threads": torch.get_num_threads()}
 
 
 def _clock(gen) -> float:
@@ -86,12 +101,30 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     return dt
 
 
+def _compiled(gen) -> tuple[int, float] | None:
+    """(graphs compiled, seconds compiling) of a generator's compiled step; None if it is not compiled."""
+    step = getattr(gen, "compiled", None)
+    return (step.compiles, step.compile_seconds) if step is not None else None
+
+
+def _compile_figures(warm: tuple[int, float] | None, end: tuple[int, float] | None) -> dict[str, Any]:
+    if warm is None or end is None:
+        return {}
+    return {"compiles_warm_up": warm[0], "compile_seconds": warm[1], "compiles_timed": end[0] - warm[0],
+            "compile_seconds_timed": end[1] - warm[1]}
+
+
 def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[TorchGenerator, dict]:
     """(the torch generator ``generate()`` runs on, {engine: the generator rodeco's loop runs on}): the torch engines
     share one model; ``vllm`` loads the same weights into vLLM."""
     torch_cfg = cfg.generator.copy()
     with open_dict(torch_cfg):
         torch_cfg.engine = "auto" if torch_cfg.engine == "vllm" else torch_cfg.engine
+    known = ("auto", "fast", "fast-compiled", "hf", "vllm")
+    for e in engines:
+        if e not in known:
+            raise ConfigError("experiment_args.engines", e, "not an engine this benchmark times",
+                              f"use some of {', '.join(known)}")
     base = gen if isinstance(gen, TorchGenerator) else load_generator(torch_cfg)
     out = {}
     for e in engines:
@@ -100,10 +133,13 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
             with open_dict(vcfg):
                 vcfg.engine = "vllm"
             out[e] = gen if gen is not None and gen.engine_kind == "vllm" else load_generator(vcfg)
+        elif e == base.engine_kind and not (e == "fast" and base.compile):  # as configured; "fast" is always eager
+            out[e] = base
         else:
-            out[e] = base if e == base.engine_kind else TorchGenerator(
-                base.model, base.tokenizer, chat_template=base.use_chat_template, system_prompt=base.system_prompt,
-                engine=e, name=base.name)
+            compiled = e == "fast-compiled"
+            out[e] = TorchGenerator(base.model, base.tokenizer, chat_template=base.use_chat_template,
+                                    system_prompt=base.system_prompt, engine="fast" if compiled else e,
+                                    name=base.name, compile="true" if compiled else "false")
     return base, out
 
 
@@ -126,6 +162,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     log.info("warm-up")
     for g in gens.values():
         _rodeco_run(g, prompts, scorer, policy, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
+    warm = {e: _compiled(g) for e, g in gens.items()}
     _hf_run(base, prompts, rows, sp, 4, cfg.seed)
     runs: dict[str, list[float]] = {e: [] for e in engines}
     theirs = []
@@ -144,11 +181,16 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     res = {"rodeco_tokens_per_s": A, "hf_generate_tokens_per_s": B, "speedup_vs_hf_generate": A / B,
            "matmul_peak_gflops": P, "matmul_peak_fraction": F, "flops_per_token": flops_tok,
            "batch": rows * len(prompts), "new_tokens": a.new_tokens, "engine": gen.engine_name,
-           "dtype": str(gen.dtype), "device": str(gen.device), "threads": torch.get_num_threads(),
+           "dtype": str(gen.dtype), "device": str(gen.device), "threads": torch.get_num_threads(), "cpu": cpu_facts(),
            "runs_rodeco": ours, "runs_hf": theirs,
            "engines": {e: {"engine": g.engine_name, "tokens_per_s": statistics.median(runs[e]),
-                           "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e]}
+                           "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e],
+                           **_compile_figures(warm[e], _compiled(g))}
                        for e, g in gens.items()}}
+    if "fast" in gens and "vllm" in gens:
+        res["fast_over_vllm"] = statistics.median(runs["fast"]) / statistics.median(runs["vllm"])
+    if "fast-compiled" in gens and "vllm" in gens:
+        res["fast_compiled_over_vllm"] = statistics.median(runs["fast-compiled"]) / statistics.median(runs["vllm"])
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
     for k in ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
@@ -156,5 +198,13 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         print(f"{k}: {res[k]:.3f}")
     if len(engines) > 1:
         for e, r in res["engines"].items():
-            print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate()")
+            extra = (f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
+                     f"{r['compiles_timed']} while timed" if "compile_seconds" in r else "")
+            print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate(){extra}")
+        for k in ("fast_over_vllm", "fast_compiled_over_vllm"):
+            if k in res:
+                print(f"{k}: {res[k]:.3f}")
+    c = res["cpu"]
+    print(f"cpu: {c['model']}, {c['threads']} threads, " + ", ".join(f"{k} {'yes' if v else 'no'}"
+                                                                    for k, v in c["flags"].items()))
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)

@@ -1,0 +1,134 @@
+"""``generator.compile``: the fast engine's decode step compiled with torch.compile (``rodeco.engines.compiled``).
+
+On a tiny random Llama, with a temporary inductor cache: the compiled step gives the eager step's tokens in fp32 and
+its logits to round-off (bf16: to the bound ``tests/test_bf16.py`` uses); Speculative Rejection's survivors are
+still Best-of-N's samples with compile on, in both dtypes; a run with rejections, finished rows and several rounds
+compiles a bounded handful of graphs and a second run none; the setting is checked and kept out of a pool's
+identity.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import compare_survivors, run_tiny
+from omegaconf import OmegaConf
+
+from rodeco.config import candidate_settings
+from rodeco.engines.compiled import compile_setting
+from rodeco.engines.fast import FastLlamaEngine
+from rodeco.engines.hf import HFEngine
+from rodeco.generator import TorchGenerator
+from rodeco.validation import ConfigError
+
+PROMPTS = ["Write a haiku about autumn.", "Name three primary colors.", "Say hi."]
+MOST_GRAPHS = 6  # dynamo's 0/1 specializations: one row, one prompt, the first own token (see rodeco.engines.compiled)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _inductor_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def gens(tiny_model, tiny_tokenizer):
+    """Per dtype: (eager, compiled) generators of the tiny model, built once (each compiled step compiles its own
+    graphs, which costs seconds)."""
+    made: dict[torch.dtype, tuple[TorchGenerator, TorchGenerator]] = {}
+
+    def get(dtype=torch.float32) -> tuple[TorchGenerator, TorchGenerator]:
+        if dtype not in made:
+            m = copy.deepcopy(tiny_model).to(dtype)
+            made[dtype] = (TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="false"),
+                           TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="true"))
+        return made[dtype]
+
+    return get
+
+
+def test_the_setting_is_checked_and_auto_compiles_on_cuda_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_setting("auto", cuda, FastLlamaEngine) and not compile_setting("auto", cpu, FastLlamaEngine)
+    assert compile_setting("true", cpu, FastLlamaEngine) and compile_setting(True, cpu, FastLlamaEngine)
+    assert not compile_setting("false", cuda, FastLlamaEngine) and not compile_setting("auto", cuda, HFEngine)
+    with pytest.raises(ConfigError, match="generator.compile.*only the fast engine"):
+        compile_setting("true", cpu, HFEngine)
+    with pytest.raises(ConfigError, match="generator.compile.*maybe.*auto, true or false"):
+        compile_setting("maybe", cpu, FastLlamaEngine)
+
+
+def test_compile_is_not_part_of_a_pools_identity():
+    a = OmegaConf.create({"model": "m", "engine": "auto", "compile": "auto", "dtype": "auto"})
+    b = OmegaConf.create({"model": "m", "engine": "auto", "compile": "true", "dtype": "auto"})
+    assert candidate_settings(a) == candidate_settings(b) and "compile" not in candidate_settings(a)
+
+
+def test_compiled_step_gives_the_eager_tokens_in_fp32_and_close_logits(gens):
+    eager, comp = gens()
+    kw = dict(n=4, policy="none", overrides=["sampling.max_new_tokens=24", "budget=unlimited"])
+    a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(comp, PROMPTS, **kw)
+    texts = lambda r: [[c.token_ids for c in x.candidates] for x in r.results]  # noqa: E731
+    assert texts(a) == texts(b)
+    assert comp.compiled is not None and 1 <= comp.compiled.compiles <= MOST_GRAPHS
+    # the logits of one step: round-off apart, not equal by accident of an unused path
+    ids = [eager.encode(p) for p in PROMPTS]
+    logits = []
+    for g in (eager, comp):
+        eng = g.new_engine()
+        L = max(map(len, ids))
+        inp = torch.tensor([[0] * (L - len(x)) + x for x in ids])
+        mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in ids])
+        eng.prefill(inp, mask)
+        eng.select(torch.arange(3).repeat_interleave(2))
+        eng.step(torch.full((6,), 7))
+        logits.append(eng.step(torch.arange(6) + 10).float())
+    diff = (logits[0] - logits[1]).abs().max().item()
+    assert 0 <= diff < 1e-3 * logits[0].abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
+    _, comp = gens(dtype)
+    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
+    bon = run_tiny(comp, PROMPTS, n=8, policy="none", overrides=["sampling.max_new_tokens=40", "budget=unlimited"])
+    sr = run_tiny(comp, PROMPTS, n=8, policy="fixed", overrides=ov)
+    rejected, broken = compare_survivors(bon, sr)
+    assert rejected > 0 and broken == 0
+    assert 1 <= comp.compiled.compiles <= MOST_GRAPHS  # compiled, not fallen back to eager
+
+
+def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializations(gens):
+    """However many rows, prompts, rounds and tokens: at most ``MOST_GRAPHS`` graphs per compiled step, and once a
+    run has compiled them a run of other prompts, rows and rounds compiles none."""
+    _, comp = gens()
+    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
+    first = run_tiny(comp, PROMPTS, n=8, policy="fixed", overrides=ov)
+    assert any(c.stop_reason == "eos" for r in first.results for c in r.candidates)  # rows finished on the way
+    assert any(not c.finished for r in first.results for c in r.candidates)  # and rows were rejected
+    graphs = comp.compiled.compiles
+    assert 1 <= graphs <= MOST_GRAPHS
+    run_tiny(comp, PROMPTS[:2], n=5, policy="fixed", overrides=ov)  # other prompts, rows and rounds
+    run_tiny(comp, PROMPTS[1:], n=3, policy="none", overrides=["sampling.max_new_tokens=12", "budget=unlimited"])
+    assert comp.compiled.compiles == graphs
+
+
+def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
+    """The compiled step gathers each row's prompt keys and values, one layer at a time: working memory counts it."""
+    from rodeco.sampling import SamplingParams
+    from rodeco.working import working_memory
+
+    eager, comp = gens()
+    s = eager.shape
+    kw = dict(context=300, max_new_tokens=100, sampling=SamplingParams(1.0, 50, 1.0), needs_logprobs=False,
+              needs_hidden=False)
+    plain, gathered = working_memory(s, **kw), working_memory(s, **kw, gathered_prompt=20000)
+    assert plain.terms["prompt_gather"] == 0
+    g = gathered.terms
+    assert g["prompt_gather"] == 2 * s.n_kv_heads * 20000 * s.head_dim * s.dtype_bytes
+    assert gathered.phase == "attention"  # a long prompt's gather outweighs the logits
+    assert gathered.total == g["response"] + g["hidden"] + g["attention"] + g["activations"] + g["prompt_gather"]
+    assert comp.compile and not eager.compile  # what rodeco.runner.row_working_memory reads
