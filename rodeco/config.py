@@ -226,6 +226,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1", "use e.g. 128")
     if cfg.data.batch_prompts < 1:
         raise ConfigError("data.batch_prompts", cfg.data.batch_prompts, "must be >= 1", "use e.g. 4")
+    compile_ = cfg.generator.get("compile", "auto")
+    if str(compile_).lower() not in ("auto", "true", "false"):
+        raise ConfigError("generator.compile", compile_, "not a compile setting",
+                          "use generator.compile=auto, true or false")
     check_budget_mode(cfg.budget)
     winner_rule(cfg)
 

@@ -20,7 +20,8 @@ __all__ = ["ModelShape", "TorchGenerator"]
 
 class TorchGenerator(ModelGenerator):
     """A causal LM ready to decode with rodeco's engines: tokenizer, chat template, EOS ids, sizes for the budget and
-    FLOPs, and the engine ``generator.engine`` chose for it."""
+    FLOPs, and the engine ``generator.engine`` chose for it. ``compile``: ``generator.compile`` (``auto``, ``true``,
+    ``false``); built directly, a generator runs eager unless asked."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, chat_template: bool = True,
                  system_prompt: str | None = None, engine: str = "auto", name: str = "",
@@ -28,8 +29,9 @@ class TorchGenerator(ModelGenerator):
         super().__init__(model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.engine_kind = engine
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
-        self.compile = compile_setting(compile, self.device, self.engine_class())
+        self._compile_value, self._compile = compile, None
         self._compiled: CompiledStep | None = None  # built on the first session that needs it, shared by the rest
+        self._prepared: Any = None  # the engine's prepared weights (FastLlamaEngine.prepare), built once likewise
 
     def layer_devices(self) -> dict[str, int]:
         """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
@@ -58,12 +60,25 @@ class TorchGenerator(ModelGenerator):
         return KVSpec(shares_prefix=bool(self.engine_class().shares_prefix), block=1)
 
     def new_engine(self) -> Engine:
-        cls = self.engine_class()
-        if not self.compile:
-            return cls(self.model)
-        if self._compiled is None:
-            self._compiled = CompiledStep.of(self.model)
-        return cls(self.model, compiled=self._compiled)
+        """An engine for one session; what it prepares from the weights (fused, prepacked, compiled) is built for the
+        first session and reused by the rest, so the model's weights are read once, then."""
+        cls, kw = self.engine_class(), {}
+        prepare = getattr(cls, "prepare", None)
+        if prepare is not None:
+            self._prepared = self._prepared if self._prepared is not None else prepare(self.model)
+            kw["weights"] = self._prepared
+        if self.compile:
+            self._compiled = self._compiled if self._compiled is not None else CompiledStep.of(self.model)
+            kw["compiled"] = self._compiled
+        return cls(self.model, **kw)
+
+    @property
+    def compile(self) -> bool:
+        """Whether sessions run the compiled step (``generator.compile`` resolved for this device and engine; checked
+        when first asked, so a bad engine name is reported by the first decode, as without it)."""
+        if self._compile is None:
+            self._compile = compile_setting(self._compile_value, self.device, self.engine_class())
+        return self._compile
 
     @property
     def compiled(self) -> CompiledStep | None:

@@ -61,6 +61,14 @@ def test_the_setting_is_checked_and_auto_compiles_on_cuda_only():
         compile_setting("maybe", cpu, FastLlamaEngine)
 
 
+def test_a_bad_compile_value_is_named_before_any_model_loads():
+    import rodeco
+    from rodeco.config import validate
+
+    with pytest.raises(ConfigError, match="generator.compile.*maybe.*auto, true or false"):
+        validate(rodeco.load_config(["generator.compile=maybe"]))
+
+
 def test_compile_is_not_part_of_a_pools_identity():
     a = OmegaConf.create({"model": "m", "engine": "auto", "compile": "auto", "dtype": "auto"})
     b = OmegaConf.create({"model": "m", "engine": "auto", "compile": "true", "dtype": "auto"})

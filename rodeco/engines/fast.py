@@ -9,11 +9,14 @@ tokens separately, and takes one softmax over both. Fan-out copies nothing: a se
 batch is only recorded and applied by the next ``reserve``. Pruning (a selection that shrinks it) reallocates at
 once, one ``index_select`` per layer of the generated part, layer by layer, so memory is freed at the decision point
 and old and new caches coexist for one layer at most. The ``heads / kv_heads`` query heads that share a KV head are
-treated as a short query sequence, so grouped-query attention needs no repeated keys. On CPU in bf16 the generated
-keys are stored transposed (``keys_t``, a transposed view): a step's scores then multiply by a plain matrix, where a transposed slice of
-the cache would be copied by the bf16 matmul first (the logits are the same bit for bit). On CPU, weights are prepacked
-once for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than plain
-``F.linear`` at decode batch sizes; this holds a second copy of the weights in memory.
+treated as a short query sequence, so grouped-query attention needs no repeated keys; when every prompt has as many
+rows (Best-of-N), the prompt part of attention is one batched matmul over the prompts instead of a loop over them,
+the same products. On CPU in bf16 the generated keys are stored transposed (``keys_t``, a transposed view): a step's
+scores then multiply by a plain matrix, where a transposed slice of the cache would be copied by the bf16 matmul
+first (the logits are the same bit for bit). On CPU, weights are prepacked for oneDNN's matmul (the blocked layout
+PyTorch's own compiler uses), which is about 1.3x faster than plain ``F.linear`` at decode batch sizes; they are
+prepared once per generator (``FastWeights``, shared by its sessions' engines) and hold a second copy of the weights
+in memory.
 """
 
 from __future__ import annotations
@@ -87,19 +90,29 @@ class _Layer:
         self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
 
 
+class FastWeights:
+    """What the fast engine computes with besides the model: each layer's fused weights (one QKV, one gate+up),
+    prepacked for oneDNN on CPU, and the LM head's; read from the model's weights when built."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.layers = [_Layer(l) for l in model.model.layers]
+        self.lm_head = _Linear(model.lm_head.weight)
+
+
 class FastLlamaEngine:
     shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
     compilable = True  # generator.compile applies (rodeco.engines.compiled)
 
-    def __init__(self, model: torch.nn.Module,
-                 compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 weights: FastWeights | None = None) -> None:
         cfg = model.config
         self.model = model
         self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
-        self.layers = [_Layer(l) for l in model.model.layers]
+        w = weights if weights is not None else self.prepare(model)
+        self.layers = w.layers
         self.embed = model.model.embed_tokens.weight
         self.norm = model.model.norm.weight
-        self.lm_head = _Linear(model.lm_head.weight)
+        self.lm_head = w.lm_head
         self.rotary = model.model.rotary_emb
         self.eps = cfg.rms_norm_eps
         self.h, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -123,6 +136,12 @@ class FastLlamaEngine:
         self._rows: torch.Tensor | None = None  # pending row selection, applied at the next realloc
         self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
+
+    @staticmethod
+    def prepare(model: torch.nn.Module) -> FastWeights:
+        """The fused and prepacked weights of ``model``: a generator builds them once and hands them to each
+        session's engine (``rodeco.generator.TorchGenerator.new_engine``), so a session does not prepack again."""
+        return FastWeights(model)
 
     @property
     def rows(self) -> int:
