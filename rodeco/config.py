@@ -18,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
 from rodeco.winner import WinnerRule
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, check_compile
 
 if TYPE_CHECKING:
     from rodeco.protocols import Generator
@@ -226,10 +226,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1", "use e.g. 128")
     if cfg.data.batch_prompts < 1:
         raise ConfigError("data.batch_prompts", cfg.data.batch_prompts, "must be >= 1", "use e.g. 4")
-    compile_ = cfg.generator.get("compile", "auto")
-    if str(compile_).lower() not in ("auto", "true", "false"):
-        raise ConfigError("generator.compile", compile_, "not a compile setting",
-                          "use generator.compile=auto, true or false")
+    check_compile(cfg.generator.get("compile", "auto"))
     check_budget_mode(cfg.budget)
     winner_rule(cfg)
 

@@ -68,7 +68,7 @@ class TorchGenerator(ModelGenerator):
             self._prepared = self._prepared if self._prepared is not None else prepare(self.model)
             kw["weights"] = self._prepared
         if self.compile:
-            self._compiled = self._compiled if self._compiled is not None else CompiledStep.of(self.model)
+            self._compiled = self._compiled or CompiledStep.of(self.model, self._prepared)
             kw["compiled"] = self._compiled
         return cls(self.model, **kw)
 

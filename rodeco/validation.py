@@ -39,6 +39,15 @@ def check_positive_int(key: str, value: object, example: int, allow_none: bool =
                           f"set {key}={example}")
 
 
+def check_compile(value: object) -> str:
+    """``generator.compile`` as ``auto``, ``true`` or ``false`` (a bool or any case of those words)."""
+    v = str(value).lower() if isinstance(value, (bool, str)) else value
+    if v not in ("auto", "true", "false"):
+        raise ConfigError("generator.compile", value, "not a compile setting",
+                          "use generator.compile=auto, true or false")
+    return v
+
+
 class Interrupted(Exception):
     """A run stopped by a signal (SIGTERM from a scheduler, SIGINT from the keyboard) at a decision point or batch
     boundary; every prompt finished before is in its results file."""

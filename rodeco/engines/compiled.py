@@ -1,8 +1,8 @@
 """The fast engine's decode step compiled with ``torch.compile`` (``generator.compile``): the layer stack and the LM
 head of one step as one inductor graph, from the model's plain weights with inductor's freezing (constants folded,
-weights prepacked by inductor itself: the engine's own prepacked oneDNN weights cannot be traced). It holds its own
-copies of the fused weights (QKV, gate+up) and inductor's folded constants, as the eager step holds its prepacked
-ones.
+weights prepacked by inductor itself: the engine's own prepacked oneDNN weights cannot be traced). It reads the
+eager engine's fused weights (QKV, gate+up: ``FastWeights``, not copied) and holds inductor's folded constants, as
+the eager step holds its prepacked ones.
 
 Shapes are dynamic (``dynamic=True``), not padded to buckets: the rows, the prompts, the prompt length and the rows'
 own tokens are symbolic sizes, so rejections, finished rows, new rounds and new prompts reuse the graph; a graph is
@@ -35,21 +35,15 @@ import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
-from rodeco.engines.fast import _rms_norm, _rope
-from rodeco.validation import ConfigError
+from rodeco.engines.fast import FastWeights, _rms_norm, _rope
+from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
-
-CHOICES = ("auto", "true", "false")
-
 
 def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
     """``generator.compile`` as a bool for a model on ``device`` run by ``engine`` (an engine class): ``auto`` is
     True on CUDA with the fast engine, else False; ``true`` needs the fast engine."""
-    v = str(value).lower() if isinstance(value, (bool, str)) else value
-    if v not in CHOICES:
-        raise ConfigError("generator.compile", value, "not a compile setting",
-                          "use generator.compile=auto, true or false")
+    v = check_compile(value)
     fast = getattr(engine, "compilable", False)
     if v == "true" and not fast:
         raise ConfigError("generator.compile", value, f"only the fast engine's step is compiled, and this model runs "
@@ -58,40 +52,32 @@ def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
 
 
 class _Weights(torch.nn.Module):
-    """The step's plain weights, fused as the eager engine fuses them (one QKV, one gate+up matmul): parameters of a
-    module, so inductor's freezing folds them into the graph as constants."""
+    """The step's plain weights: the fast engine's fused ones (``FastWeights``: one QKV, one gate+up matmul, shared,
+    not copied) as parameters of a module, so inductor's freezing folds them into the graph as constants."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, fused: FastWeights) -> None:
         super().__init__()
 
-        def param(t: torch.Tensor) -> torch.nn.Parameter:
-            return torch.nn.Parameter(t.detach(), requires_grad=False)
+        def params(ts: list[torch.Tensor]) -> torch.nn.ParameterList:
+            return torch.nn.ParameterList([torch.nn.Parameter(t.detach(), requires_grad=False) for t in ts])
 
-        def attn(layer: torch.nn.Module, name: str) -> torch.nn.Module:
-            return getattr(layer.self_attn, name)
-
-        layers = model.model.layers
-        self.qkv = torch.nn.ParameterList(
-            [param(torch.cat([attn(l, p).weight for p in ("q_proj", "k_proj", "v_proj")])) for l in layers])
-        biases = [[attn(l, p).bias for p in ("q_proj", "k_proj", "v_proj")] for l in layers]
-        self.qkv_bias = (torch.nn.ParameterList([param(torch.cat(b)) for b in biases])
-                         if all(x is not None for b in biases for x in b) else None)
-        self.o = torch.nn.ParameterList([param(attn(l, "o_proj").weight) for l in layers])
-        self.gate_up = torch.nn.ParameterList(
-            [param(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])) for l in layers])
-        self.down = torch.nn.ParameterList([param(l.mlp.down_proj.weight) for l in layers])
-        self.ln1 = torch.nn.ParameterList([param(l.input_layernorm.weight) for l in layers])
-        self.ln2 = torch.nn.ParameterList([param(l.post_attention_layernorm.weight) for l in layers])
-        self.norm = param(model.model.norm.weight)
-        self.head = param(model.lm_head.weight)
+        layers = fused.layers
+        self.qkv = params([l.qkv.w for l in layers])
+        self.qkv_bias = params([l.qkv.b for l in layers]) if all(l.qkv.b is not None for l in layers) else None
+        self.o = params([l.o.w for l in layers])
+        self.gate_up = params([l.gate_up.w for l in layers])
+        self.down = params([l.down.w for l in layers])
+        self.ln1 = params([l.ln1 for l in layers])
+        self.ln2 = params([l.ln2 for l in layers])
+        self.norm, self.head = params([model.model.norm.weight, fused.lm_head.w])
 
 
 class _Step(torch.nn.Module):
     """One decode step's layers and head as a pure function of its tensors (the caches written in place)."""
 
-    def __init__(self, model: torch.nn.Module, h: int, hkv: int, d: int, eps: float) -> None:
+    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float) -> None:
         super().__init__()
-        self.w = _Weights(model)
+        self.w = _Weights(model, fused)
         self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, grp: torch.Tensor,
@@ -126,8 +112,8 @@ class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
     graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes)."""
 
-    def __init__(self, model: torch.nn.Module, h: int, hkv: int, d: int, eps: float) -> None:
-        self.module = _Step(model, h, hkv, d, eps).eval()
+    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float) -> None:
+        self.module = _Step(model, fused, h, hkv, d, eps).eval()
         self.cuda = next(model.parameters()).device.type == "cuda"
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -139,11 +125,12 @@ class CompiledStep:
         self.fn = torch.compile(types.MethodType(own, self.module), dynamic=True, backend=self._backend)
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> CompiledStep:
-        """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``)."""
+    def of(cls, model: torch.nn.Module, fused: FastWeights) -> CompiledStep:
+        """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
+        weights its engines use."""
         c = model.config
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(model, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps)
+        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx

@@ -176,6 +176,10 @@ class FastLlamaEngine:
             for cache in (self.kp, self.vp):
                 cache[:] = [c.index_select(0, live) for c in cache]
             self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
+        self._group()
+
+    def _group(self) -> None:
+        """Each prefix's rows (``segs``) and whether they are even, from ``grp``: once per cache reallocation."""
         self.segs = _segments(self.grp)
         self.even = _even(self.segs, self.grp.shape[0])
 
@@ -201,8 +205,7 @@ class FastLlamaEngine:
         self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
         self.plen, self.sfx, self._rows = L, 0, None
         self.grp = torch.arange(G, device=dev)
-        self.segs = _segments(self.grp)
-        self.even = _even(self.segs, self.grp.shape[0])
+        self._group()
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [G, L]
         self.pos = pos[:, -1] + 1
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril_()

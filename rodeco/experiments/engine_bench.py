@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from rodeco.budget import Budget
+from rodeco.engines import ENGINES
 from rodeco.contracts import Scorer
 from rodeco.generator import TorchGenerator
 from rodeco.protocols import Generator
@@ -120,7 +121,7 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
     torch_cfg = cfg.generator.copy()
     with open_dict(torch_cfg):
         torch_cfg.engine = "auto" if torch_cfg.engine == "vllm" else torch_cfg.engine
-    known = ("auto", "fast", "fast-compiled", "hf", "vllm")
+    known = (*ENGINES, "fast-compiled")
     for e in engines:
         if e not in known:
             raise ConfigError("experiment_args.engines", e, "not an engine this benchmark times",
