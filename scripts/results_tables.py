@@ -13,7 +13,9 @@ the report half), ``budget-K`` (every method's speedup at the budget of Best-of-
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
 (its table at budget xK); for a learned head's ``.json``, ``verdict``; for ``allocate_bench``'s ``allocate.json``,
 ``allocate``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
-``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); for a correlation run, ``correlation``.
+``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); ``versus:docs/data/OTHER.json@K`` (the
+methods both ran at budget xK, each figure against the other's CI: two pools of the same prompts, e.g. two dtypes);
+for a correlation run, ``correlation``.
 The cells are formatted by ``rodeco.experiments.render``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
@@ -116,6 +118,9 @@ def render(snap: dict[str, Any], name: str) -> str:
     made = tables(snap)
     if name.startswith("methods:"):  # an excerpt of efficiency.md's rows: methods:LABEL@K,LABEL@K,...
         return methods_excerpt(snap, name.removeprefix("methods:").split(","))
+    if name.startswith("versus:"):  # this snapshot against another's CIs: versus:docs/data/OTHER.json@K
+        path, _, scale = name.removeprefix("versus:").rpartition("@")
+        return versus(snap, load(REPO / path, path), path, int(scale))
     if name not in made:
         raise TableError(f"no table {name!r} in this snapshot: one of {', '.join(made)}")
     return made[name]()
@@ -189,6 +194,38 @@ def budget(snap: dict[str, Any], scale: int) -> str:
         same = t.get(f"{labels[SAME]}@{scale}") if SAME in labels else None
         out.append(row([base, *cells, *same_cells(same, ref)]))
     return "\n".join(out) + "\n"
+
+
+def versus(snap: dict[str, Any], other: dict[str, Any], name: str, scale: int) -> str:
+    """The methods both snapshots ran at budget x``scale``: their speedups in FLOPs and improvements on the report
+    half [95% CI] in each, and whether each figure lies within the other snapshot's CI (two pools of the same
+    prompts, e.g. two dtypes: do the figures move beyond their CIs?)."""
+    def inside(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+        lo, hi = b[f"{key}_ci"]
+        return lo <= a[key] <= hi
+
+    rows, moved = [], 0
+    for label, e in snap["methods"].items():
+        o = other["methods"].get(label)
+        if not label.endswith(f"@{scale}") or o is None or "infeasible" in e or "infeasible" in o:
+            continue
+        r, ro = e["report"], o["report"]
+        ok = all(inside(a, b, k) for k in ("speedup_flops", "improvement") for a, b in ((r, ro), (ro, r)))
+        moved += not ok
+        rows.append(row([label.removesuffix(f"@{scale}"), shown.with_ci(r["speedup_flops"], r["speedup_flops_ci"],
+                                                                         r["bound"]),
+                         shown.with_ci(ro["speedup_flops"], ro["speedup_flops_ci"], ro["bound"]),
+                         f"{r['improvement']:.1f} [{r['improvement_ci'][0]:.1f}, {r['improvement_ci'][1]:.1f}]",
+                         f"{ro['improvement']:.1f} [{ro['improvement_ci'][0]:.1f}, {ro['improvement_ci'][1]:.1f}]",
+                         "yes" if ok else "**no**"]))
+    if not rows:
+        raise TableError(f"no method at budget x{scale} in both this snapshot and {name}")
+    out = [f"Budget x{scale}, report half ({report_prompts(snap)} prompts here, {report_prompts(other)} in {name}): "
+           f"speedup in FLOPs over Best-of-N and improvement (Best-of-{snap['n']} = 100) [95% CI]; within: each "
+           f"figure lies within the other's CI. {len(rows) - moved} of {len(rows)} methods within.", "",
+           row(["method", "speedup, this", f"speedup, {name}", "improvement, this", f"improvement, {name}",
+                "within"]), "|---|---:|---:|---:|---:|---|"]
+    return "\n".join(out + rows) + "\n"
 
 
 def headline(snap: dict[str, Any]) -> str:
@@ -368,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
-    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., correlation")
+    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., "
+                                  "versus:OTHER.json@K, correlation")
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

@@ -208,6 +208,26 @@ def test_an_unknown_dtype_names_the_key_and_the_valid_values(value):
     assert all(name in e.value.fix for name in ("auto", "float32", "bfloat16", "float16"))
 
 
+@pytest.mark.parametrize("flags,native", [({"avx512f", "avx512_bf16"}, True), ({"amx_bf16", "amx_tile"}, True),
+                                          ({"avx2", "avx512f", "avx512_vnni"}, False), (set(), False)])
+def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_dir, monkeypatch, caplog, flags,
+                                                                   native):
+    """``generator.dtype=auto`` on CPU is fp32 whatever the CPU (a bf16 pool moved the efficiency figures beyond
+    their CIs: docs/results.md, issue 29); on a CPU with native bf16 matmuls the log names the faster setting."""
+    import logging
+
+    from rodeco import hardware
+    from rodeco.loading import load_model_and_tokenizer
+
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    assert hardware.native_bf16() is native
+    assert hardware.cpu_facts()["flags"]["avx512_bf16"] is ("avx512_bf16" in flags)
+    with caplog.at_level(logging.INFO, logger="rodeco.loading"):
+        model, _ = load_model_and_tokenizer(str(tiny_model_dir), dtype="auto", device="cpu")
+    assert model.dtype == torch.float32
+    assert ("generator.dtype=bfloat16" in caplog.text) is native
+
+
 def test_readme_documents_every_dtype():
     from conftest import REPO
 

@@ -82,6 +82,7 @@ def test_compiled_step_gives_the_eager_tokens_in_fp32_and_close_logits(gens):
     texts = lambda r: [[c.token_ids for c in x.candidates] for x in r.results]  # noqa: E731
     assert texts(a) == texts(b)
     assert comp.compiled is not None and 1 <= comp.compiled.compiles <= MOST_GRAPHS
+    assert comp.compiled.module.handles is not None  # on CPU the graph calls the prepacked oneDNN matmuls
     # the logits of one step: round-off apart, not equal by accident of an unused path
     ids = [eager.encode(p) for p in PROMPTS]
     logits = []
@@ -96,6 +97,22 @@ def test_compiled_step_gives_the_eager_tokens_in_fp32_and_close_logits(gens):
         logits.append(eng.step(torch.arange(6) + 10).float())
     diff = (logits[0] - logits[1]).abs().max().item()
     assert 0 <= diff < 1e-3 * logits[0].abs().max().item()
+
+
+def test_the_plain_weights_path_gives_the_same_tokens(gens, tiny_model):
+    """The graph with the plain weights folded by freezing (what CUDA runs, where there are no prepacked weights)
+    decodes the eager step's tokens too."""
+    from rodeco.engines.compiled import CompiledStep
+
+    eager, comp = gens()
+    plain = TorchGenerator(comp.model, comp.tokenizer, engine="fast", name="tiny", compile="true")
+    plain._prepared = FastLlamaEngine.prepare(comp.model)
+    plain._compiled = CompiledStep.of(comp.model, plain._prepared, packed=False)
+    kw = dict(n=3, policy="none", overrides=["sampling.max_new_tokens=16", "budget=unlimited"])
+    a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(plain, PROMPTS, **kw)
+    assert [[c.token_ids for c in x.candidates] for x in a.results] == [
+        [c.token_ids for c in x.candidates] for x in b.results]
+    assert plain.compiled.module.handles is None and plain.compiled.compiles >= 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

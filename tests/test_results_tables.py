@@ -278,3 +278,22 @@ def test_a_committed_heads_verdict_renders_from_its_file(kind):
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert cells[0] == L and cells[3].startswith(f"{v['diff']:+.3f} [") and cells[4] == str(v["prompts"])
     assert f"{meta['verdict']['mean_diff']:+.3f}" in rows[-1]
+
+
+def test_versus_says_which_figures_move_beyond_the_other_snapshots_ci(run, tmp_path):
+    """``versus:OTHER.json@K``: a snapshot against itself is within everywhere; a method whose speedup moved beyond
+    the other's CI is marked, and counted in the caption."""
+    (tmp_path / "efficiency.json").write_text(json.dumps(run))
+    other = rt.snapshot(tmp_path / "efficiency.json", tmp_path / "other.json")
+    same = rt.render(run, f"versus:{other}@1")
+    rows = table_rows(same)
+    labels = [k for k in run["methods"] if k.endswith("@1") and "infeasible" not in run["methods"][k]]
+    assert len(rows) == len(labels) + 1 and all(r[-1] == "yes" for k, r in rows.items() if k != "method")
+    assert f"{len(labels)} of {len(labels)} methods within" in same
+    moved = json.loads(json.dumps(run))
+    r = moved["methods"][f"{REF}@1"]["report"]
+    r["speedup_flops"] = 10 * r["speedup_flops_ci"][1]
+    got = rt.render(moved, f"versus:{other}@1")
+    assert table_rows(got)[REF][-1] == "**no**" and f"{len(labels) - 1} of {len(labels)} methods within" in got
+    with pytest.raises(rt.TableError, match="no method at budget x9"):
+        rt.render(run, f"versus:{other}@9")

@@ -274,6 +274,23 @@ def test_the_vllm_bench_script_prints_the_speedup(tmp_path):
     assert len(res["rows"]) == 2 and all(r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"])
 
 
+def test_engine_bench_pairs_the_fast_engine_with_vllm_run_by_run(tmp_path):
+    """``experiment=engine_bench`` with ``[fast, vllm]``: each side timed, the ratio of medians and the paired runs'
+    geometric mean with its CI printed and recorded."""
+    cfg = rodeco.load_config(["experiment=engine_bench", "experiment_args.batch=4", "experiment_args.new_tokens=4",
+                              "experiment_args.repeats=2", "experiment_args.matmul_size=256",
+                              "experiment_args.engines=[fast,vllm]", "generator.enforce_eager=true",
+                              f"generator.kv_cache_tokens={POOL}"])
+    with open_dict(cfg):
+        cfg.experiment_args.prompts = PROMPTS[:1]
+    out = rodeco.run(cfg, out_dir=tmp_path).extra
+    p = out["fast_over_vllm_paired"]
+    assert len(p["ratios"]) == 2 and p["ci"][0] <= p["geomean"] <= p["ci"][1]
+    assert out["fast_over_vllm"] == pytest.approx(out["engines"]["fast"]["tokens_per_s"]
+                                                  / out["engines"]["vllm"]["tokens_per_s"])
+    assert json.loads((tmp_path / "engine_bench.json").read_text())["fast_over_vllm_paired"] == p
+
+
 def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen):
     """``rodeco task=serve`` with generator.engine=vllm: the openai client's chat and completions with n and
     best_of; four concurrent seeded Best-of-N requests equal their solo answers; a client that goes away has its

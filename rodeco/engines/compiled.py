@@ -1,41 +1,47 @@
 """The fast engine's decode step compiled with ``torch.compile`` (``generator.compile``): the layer stack and the LM
-head of one step as one inductor graph, from the model's plain weights with inductor's freezing (constants folded,
-weights prepacked by inductor itself: the engine's own prepacked oneDNN weights cannot be traced). It reads the
-eager engine's fused weights (QKV, gate+up: ``FastWeights``, not copied) and holds inductor's folded constants, as
-the eager step holds its prepacked ones.
+head of one step as one inductor graph. Where the eager engine has prepacked oneDNN weights (CPU), the graph calls
+its matmuls as they are, through an opaque custom op (``rodeco::packed_linear``: inductor cannot trace a prepacked
+weight), and inductor fuses what lies between them; elsewhere (CUDA) the matmuls are the model's plain fused
+weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights (QKV, gate+up:
+``FastWeights``, not copied).
+
+Attention is written as products and sums (``_attention``), which inductor turns into one loop per layer that reads
+each row's prompt keys and values through the row's prompt index and its own keys and values once, with the scores,
+the softmax and the weighted values in fp32 (the eager step's softmax is fp32 too). The step's matmuls and this
+kernel are where its time goes.
 
 Shapes are dynamic (``dynamic=True``), not padded to buckets: the rows, the prompts, the prompt length and the rows'
 own tokens are symbolic sizes, so rejections, finished rows, new rounds and new prompts reuse the graph; a graph is
 compiled again only where dynamo specializes a size of 0 or 1 (one row, one prompt, the first own token), a bounded
 handful (two in every run measured; ``CompiledStep.compiles`` counts them, ``tests/test_compile.py`` bounds them).
-Nothing is padded, so nothing is charged to the budget beyond what the eager step holds, but for one transient: a
-layer's prompt keys and values are gathered per row (``[rows, kv_heads, P, head_dim]``, one layer at a time), where
-the eager step reads each prompt's once for all its rows, a loop over prompts that would recompile as their rows
-change.
+Nothing is padded. The budget charges one transient beyond the eager step's (``prompt_gather`` in
+``rodeco.working``): the layer's prompt keys and values gathered per row, as written; in the graphs inspected on CPU
+inductor fused the gather into the attention loop, so the charge is an upper bound.
 
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
 slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
 bit under compile. Against the eager step the logits differ by round-off (inductor fuses and reorders).
 
-``auto`` compiles on CUDA only. On the CPU measured (docs/results.md, issue 29) the compiled step decoded 0.89x to
-1.06x the eager step's tokens a second in bf16 and about half in fp32, where oneDNN's prepacked weights beat
-inductor's, after about 100 s of compiling each graph of SmolLM2; ``generator.compile=true`` asks for it anyway.
+``auto`` compiles on CUDA only: on CPU a graph of SmolLM2 takes minutes to compile (about 350 s for the two), which
+a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md, issue 29, has the speeds).
 On CUDA the graph is captured as CUDA graphs (inductor's ``triton.cudagraphs``, one per shape seen); that path has
 not run on a GPU yet.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import types
+import weakref
 from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
-from rodeco.engines.fast import FastWeights, _rms_norm, _rope
+from rodeco.engines.fast import FastWeights, _Linear, _rms_norm, _rope
 from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,28 @@ def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
         raise ConfigError("generator.compile", value, f"only the fast engine's step is compiled, and this model runs "
                           f"on {engine.__name__}", "use generator.compile=auto or false, or generator.engine=fast")
     return fast and (device.type == "cuda" if v == "auto" else v == "true")
+
+
+_PACKED: weakref.WeakValueDictionary[int, _Linear] = weakref.WeakValueDictionary()  # handle -> prepacked linear
+_HANDLES = itertools.count()
+
+
+@torch.library.custom_op("rodeco::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The fast engine's prepacked oneDNN linear ``handle`` applied to ``x``: an opaque call in the graph (inductor
+    cannot trace a prepacked weight), so the compiled step keeps oneDNN's matmuls and fuses what lies between them."""
+    return _PACKED[handle](x)
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], _PACKED[handle].w.shape[0])
+
+
+def _handle(lin: _Linear) -> int:
+    h = next(_HANDLES)
+    _PACKED[h] = lin
+    return h
 
 
 class _Weights(torch.nn.Module):
@@ -72,13 +100,42 @@ class _Weights(torch.nn.Module):
         self.norm, self.head = params([model.model.norm.weight, fused.lm_head.w])
 
 
-class _Step(torch.nn.Module):
-    """One decode step's layers and head as a pure function of its tensors (the caches written in place)."""
+def _attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+               bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention as products and sums inductor fuses into loops that read each key and value once, in fp32:
+    q [B, Hkv, g, D], the rows' prompt keys/values kp, vp [B, Hkv, P, D] and own ks, vs [B, Hkv, S, D], bias
+    [B, 1, 1, P] -> [B, Hkv, g, D] in q's dtype."""
+    qf = q.float()[:, :, :, None, :]
+    sp = (qf * kp.float()[:, :, None]).sum(-1) * scale + bias
+    so = (qf * ks.float()[:, :, None]).sum(-1) * scale
+    p = torch.softmax(torch.cat([sp, so], dim=-1), dim=-1)[..., None]  # [B, Hkv, g, P + S, 1]
+    P = kp.shape[2]
+    o = (p[:, :, :, :P] * vp.float()[:, :, None]).sum(-2) + (p[:, :, :, P:] * vs.float()[:, :, None]).sum(-2)
+    return o.to(q.dtype)
 
-    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float) -> None:
+
+class _Step(torch.nn.Module):
+    """One decode step's layers and head as a pure function of its tensors (the caches written in place).
+    ``packed``: call the engine's prepacked matmuls where it has them (CPU); False, or where it has none (CUDA): the
+    plain weights, folded by freezing."""
+
+    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
+                 packed: bool = True) -> None:
         super().__init__()
         self.w = _Weights(model, fused)
         self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d ** -0.5
+        lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
+        lins["head"] = [fused.lm_head]
+        self.fused = fused  # the prepacked linears the handles name live as long as the step
+        self.handles = ({n: [_handle(x) for x in ls] for n, ls in lins.items()}
+                        if packed and all(x.packed is not None for ls in lins.values() for x in ls) else None)
+
+    def _linear(self, x: torch.Tensor, name: str, li: int) -> torch.Tensor:
+        if self.handles is not None:
+            return packed_linear(x, self.handles[name][li])
+        w = self.w.head if name == "head" else getattr(self.w, name)[li]
+        b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
+        return F.linear(x, w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, grp: torch.Tensor,
                 s: int, kp: list[torch.Tensor], vp: list[torch.Tensor], k: list[torch.Tensor],
@@ -88,32 +145,28 @@ class _Step(torch.nn.Module):
         B, g, w = x.shape[0], self.h // self.hkv, self.w
         hd, kd = self.h * self.d, self.hkv * self.d
         for li in range(len(w.qkv)):
-            bias_qkv = w.qkv_bias[li] if w.qkv_bias is not None else None
-            qkv = F.linear(_rms_norm(x, w.ln1[li], self.eps), w.qkv[li], bias_qkv)
+            qkv = self._linear(_rms_norm(x, w.ln1[li], self.eps), "qkv", li)
             q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
             q = _rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
             k[li].narrow(2, s, 1).copy_(_rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None])
             v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
             kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
             ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
-            sp = (q @ kpr.transpose(-1, -2)).float() * self.scale + bias
-            so = (q @ ks.transpose(-1, -2)).float() * self.scale
-            p = torch.softmax(torch.cat([sp, so], dim=-1), dim=-1).to(q.dtype)
-            P = kpr.shape[2]
-            o = p[..., :P] @ vpr + p[..., P:] @ vs
-            x = x + F.linear(o.reshape(B, -1), w.o[li])
-            gate, up = F.linear(_rms_norm(x, w.ln2[li], self.eps), w.gate_up[li]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down[li])
+            o = _attention(q, kpr, vpr, ks, vs, bias, self.scale)
+            x = x + self._linear(o.reshape(B, -1), "o", li)
+            gate, up = self._linear(_rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, "down", li)
         hidden = _rms_norm(x, w.norm, self.eps)
-        return F.linear(hidden, w.head), hidden
+        return self._linear(hidden, "head", 0), hidden
 
 
 class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
     graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes)."""
 
-    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float) -> None:
-        self.module = _Step(model, fused, h, hkv, d, eps).eval()
+    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
+                 packed: bool = True) -> None:
+        self.module = _Step(model, fused, h, hkv, d, eps, packed).eval()
         self.cuda = next(model.parameters()).device.type == "cuda"
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -125,12 +178,12 @@ class CompiledStep:
         self.fn = torch.compile(types.MethodType(own, self.module), dynamic=True, backend=self._backend)
 
     @classmethod
-    def of(cls, model: torch.nn.Module, fused: FastWeights) -> CompiledStep:
+    def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True) -> CompiledStep:
         """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
-        weights its engines use."""
+        weights its engines use (``packed``: as ``_Step``'s)."""
         c = model.config
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps)
+        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps, packed)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx

@@ -198,7 +198,8 @@ class FastLlamaEngine:
         dev, dt = ids.device, self.embed.dtype
         self.kp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
         self.vp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
-        self.keys_t = dev.type == "cpu" and dt != torch.float32
+        self.keys_t = dev.type == "cpu" and dt != torch.float32 and self.compiled is None  # the compiled step's loop
+        # reads a key's head_dim contiguously: the plain layout
         self.k = [_cache(self.kp[0], G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]
         self.v = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
         valid = mask.bool()

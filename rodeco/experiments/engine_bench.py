@@ -13,19 +13,21 @@ printed. The CPU's model and the flags bf16 matmuls depend on are recorded with 
 from __future__ import annotations
 
 import logging
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
 from rodeco.budget import Budget
 from rodeco.engines import ENGINES
+from rodeco.experiments.bootstrap import ci
 from rodeco.contracts import Scorer
 from rodeco.generator import TorchGenerator
+from rodeco.hardware import cpu_facts
 from rodeco.protocols import Generator
 from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
@@ -61,16 +63,6 @@ def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu", dtype:
     return 2 * n**3 / best / 1e9
 
 
-def cpu_facts() -> dict[str, Any]:
-    """The CPU's model name and the flags bf16 matmuls depend on (Linux /proc/cpuinfo), and torch's threads."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-    return {"model": model, "flags": {f: f in flags for f in keep}, "threads": torch.get_num_threads()}
-
-
 def _clock(gen) -> float:
     """The wall clock, once the generator's device has finished what was queued on it."""
     if gen.device.type == "cuda":
@@ -100,6 +92,15 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     dt = _clock(gen) - t0
     assert out.shape[1] == L + new_tokens
     return dt
+
+
+def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Run i of one engine over run i of another (the runs alternate, so a pair shares the machine's load at the
+    time): the ratios, their geometric mean, and its 95% bootstrap CI over the runs."""
+    r = np.log(np.asarray(ours) / np.asarray(theirs))
+    idx = np.random.default_rng(seed).integers(0, len(r), size=(resamples, len(r)))
+    return {"ratios": np.exp(r).tolist(), "geomean": float(np.exp(r.mean())),
+            "ci": [float(np.exp(x)) for x in ci(r[idx].mean(axis=1))]}
 
 
 def _compiled(gen) -> tuple[int, float] | None:
@@ -188,10 +189,11 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
                            "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e],
                            **_compile_figures(warm[e], _compiled(g))}
                        for e, g in gens.items()}}
-    if "fast" in gens and "vllm" in gens:
-        res["fast_over_vllm"] = statistics.median(runs["fast"]) / statistics.median(runs["vllm"])
-    if "fast-compiled" in gens and "vllm" in gens:
-        res["fast_compiled_over_vllm"] = statistics.median(runs["fast-compiled"]) / statistics.median(runs["vllm"])
+    for e in ("fast", "fast-compiled"):
+        if e in gens and "vllm" in gens:
+            k = f"{e.replace('-', '_')}_over_vllm"
+            res[k] = statistics.median(runs[e]) / statistics.median(runs["vllm"])
+            res[f"{k}_paired"] = paired_runs(runs[e], runs["vllm"], seed=cfg.seed)
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
     for k in ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
@@ -204,7 +206,10 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate(){extra}")
         for k in ("fast_over_vllm", "fast_compiled_over_vllm"):
             if k in res:
-                print(f"{k}: {res[k]:.3f}")
+                p = res[f"{k}_paired"]
+                print(f"{k}: {res[k]:.3f} (ratio of medians); paired by run: geometric mean {p['geomean']:.3f} "
+                      f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] (95% bootstrap CI over {len(p['ratios'])} runs), "
+                      f"range {min(p['ratios']):.3f} to {max(p['ratios']):.3f}")
     c = res["cpu"]
     print(f"cpu: {c['model']}, {c['threads']} threads, " + ", ".join(f"{k} {'yes' if v else 'no'}"
                                                                     for k, v in c["flags"].items()))
