@@ -33,7 +33,8 @@ query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), 
       copy it is taken of (``4 V``).
 
 So ``total = response + hidden + max(attention + activations + prompt_gather, logits + max(sampling, logprobs))``.
-A budget charges it as ``ceil(total / kv_bytes_per_token)`` extra tokens per row (``WorkingMemory.tokens``, ``Budget.row_overhead``).
+A budget charges it as ``ceil(total / kv_bytes_per_token)`` extra tokens per row (``WorkingMemory.tokens``,
+``Budget.row_overhead``).
 Left out, as they are smaller than either phase for the models rodeco runs: the MLP's activations (a few
 ``[rows, intermediate]`` tensors, after the attention's are freed: about 12 KiB a row for SmolLM2 in bf16, against
 288 KiB of logits; ``ModelShape`` has no intermediate size) and each prompt's (not row's) prefill activations.

@@ -215,8 +215,7 @@ def versus(snap: dict[str, Any], other: dict[str, Any], name: str, scale: int) -
         rows.append(row([label.removesuffix(f"@{scale}"), shown.with_ci(r["speedup_flops"], r["speedup_flops_ci"],
                                                                          r["bound"]),
                          shown.with_ci(ro["speedup_flops"], ro["speedup_flops_ci"], ro["bound"]),
-                         f"{r['improvement']:.1f} [{r['improvement_ci'][0]:.1f}, {r['improvement_ci'][1]:.1f}]",
-                         f"{ro['improvement']:.1f} [{ro['improvement_ci'][0]:.1f}, {ro['improvement_ci'][1]:.1f}]",
+                         shown.improvement(r), shown.improvement(ro),
                          "yes" if ok else "**no**"]))
     if not rows:
         raise TableError(f"no method at budget x{scale} in both this snapshot and {name}")

@@ -204,12 +204,11 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             extra = (f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
                      f"{r['compiles_timed']} while timed" if "compile_seconds" in r else "")
             print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate(){extra}")
-        for k in ("fast_over_vllm", "fast_compiled_over_vllm"):
-            if k in res:
-                p = res[f"{k}_paired"]
-                print(f"{k}: {res[k]:.3f} (ratio of medians); paired by run: geometric mean {p['geomean']:.3f} "
-                      f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] (95% bootstrap CI over {len(p['ratios'])} runs), "
-                      f"range {min(p['ratios']):.3f} to {max(p['ratios']):.3f}")
+        for k in [k for k in res if k.endswith("_over_vllm")]:
+            p = res[f"{k}_paired"]
+            print(f"{k}: {res[k]:.3f} (ratio of medians); paired by run: geometric mean {p['geomean']:.3f} "
+                  f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] (95% bootstrap CI over {len(p['ratios'])} runs), "
+                  f"range {min(p['ratios']):.3f} to {max(p['ratios']):.3f}")
     c = res["cpu"]
     print(f"cpu: {c['model']}, {c['threads']} threads, " + ", ".join(f"{k} {'yes' if v else 'no'}"
                                                                     for k, v in c["flags"].items()))

@@ -58,12 +58,17 @@ def with_ci(x: float, lo_hi: list[float], bound: str | None) -> str:
     return f"{figure(x, bound)} [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}]"
 
 
+def improvement(r: dict[str, Any]) -> str:
+    """A half's improvement score (Best-of-n = 100) with its 95% CI."""
+    lo, hi = r["improvement_ci"]
+    return f"{r['improvement']:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
 def cells(row: dict[str, Any], ref: str) -> list[str]:
     """A method's cells in ``markdown``'s table, after its name."""
     r, s, every = row["report"], row["selection"], row.get("all")
     pair = r.get(f"vs_{ref}")
-    ci_i = r["improvement_ci"]
-    return [f"{r['reward']:.4f}", f"{r['improvement']:.1f} [{ci_i[0]:.1f}, {ci_i[1]:.1f}]",
+    return [f"{r['reward']:.4f}", improvement(r),
             f"{r['flops'] / 1e12:.3f}", f"{r['seconds_model']:.1f}",
             with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"]),
             with_ci(r["speedup_time_model"], r["speedup_time_model_ci"], r["bound"]),
