@@ -81,6 +81,12 @@ class TorchGenerator(ModelGenerator):
         return self._compile
 
     @property
+    def gathers_prompt(self) -> bool:
+        """Whether sessions' compiled step may gather each row's prompt keys and values (``prompt_gather`` in
+        ``rodeco.working``): with inductor's attention, not with rodeco's kernel, which reads them in place."""
+        return self.compile and not CompiledStep.uses_kernel(self.model)
+
+    @property
     def compiled(self) -> CompiledStep | None:
         """The compiled step (``generator.compile``) once a session has built it: its ``compiles`` and
         ``compile_seconds``."""

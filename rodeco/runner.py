@@ -102,11 +102,11 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
     with the log-probs and hidden states its roles read."""
     decider = roles.partial or roles.reward
     s = cfg.sampling
-    compiled = bool(getattr(gen, "compile", False))  # the compiled step gathers each row's prompt keys and values
+    gathers = bool(getattr(gen, "gathers_prompt", False))  # a compiled step with inductor's attention
     return working_memory(gen.shape, context=longest + s.max_new_tokens, max_new_tokens=s.max_new_tokens,
                           sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
                           needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
-                          needs_hidden=decider.needs_hidden_states, gathered_prompt=longest if compiled else 0)
+                          needs_hidden=decider.needs_hidden_states, gathered_prompt=longest if gathers else 0)
 
 
 def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,

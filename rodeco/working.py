@@ -19,8 +19,8 @@ query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), 
     prompt's padding mask expanded to the row (fp32, ``4 c`` at most); ``activations``, what the layer holds
     meanwhile: the residual stream, the fused QKV projection, the rotated queries, the attention's output and the
     rotary cosines and sines (``e (hidden + (3 H + 2 H_kv + 2) D)``); ``prompt_gather``, with ``generator.compile``
-    only: the layer's prompt keys and values gathered for the row (``2 H_kv P D e`` for a prompt of ``P`` tokens;
-    ``rodeco.engines.compiled``);
+    and inductor's attention only: the layer's prompt keys and values gathered for the row (``2 H_kv P D e`` for a
+    prompt of ``P`` tokens; ``rodeco.engines.compiled``; rodeco's attention kernel gathers none);
   - the logits: ``logits``, the model's output ``V e`` (after prefill the fan-out copy of the prompt's logits takes
     its place), and the larger of what sampling and the log-probs add:
 

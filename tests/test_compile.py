@@ -1,7 +1,8 @@
 """``generator.compile``: the fast engine's decode step compiled with torch.compile (``rodeco.engines.compiled``).
 
 On a tiny random Llama, with a temporary inductor cache: the compiled step gives the eager step's tokens in fp32 and
-its logits to round-off (bf16: to the bound ``tests/test_bf16.py`` uses); Speculative Rejection's survivors are
+its logits to round-off (bf16: to the bound ``tests/test_bf16.py`` uses), with inductor's attention and with
+rodeco's kernel (``tests/test_kernels.py`` tests the kernel itself); Speculative Rejection's survivors are
 still Best-of-N's samples with compile on, in both dtypes; a run with rejections, finished rows and several rounds
 compiles a bounded handful of graphs and a second run none; the setting is checked and kept out of a pool's
 identity.
@@ -99,20 +100,44 @@ def test_compiled_step_gives_the_eager_tokens_in_fp32_and_close_logits(gens):
     assert 0 <= diff < 1e-3 * logits[0].abs().max().item()
 
 
-def test_the_plain_weights_path_gives_the_same_tokens(gens, tiny_model):
-    """The graph with the plain weights folded by freezing (what CUDA runs, where there are no prepacked weights)
-    decodes the eager step's tokens too."""
+def _same_tokens_as_eager(gens, new_tokens: int, **step) -> TorchGenerator:
+    """A generator whose compiled step is built with ``step`` (``CompiledStep.of``'s options), after checking that it
+    decodes the eager step's tokens in fp32."""
     from rodeco.engines.compiled import CompiledStep
 
     eager, comp = gens()
-    plain = TorchGenerator(comp.model, comp.tokenizer, engine="fast", name="tiny", compile="true")
-    plain._prepared = FastLlamaEngine.prepare(comp.model)
-    plain._compiled = CompiledStep.of(comp.model, plain._prepared, packed=False)
-    kw = dict(n=3, policy="none", overrides=["sampling.max_new_tokens=16", "budget=unlimited"])
-    a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(plain, PROMPTS, **kw)
+    other = TorchGenerator(comp.model, comp.tokenizer, engine="fast", name="tiny", compile="true")
+    other._prepared = FastLlamaEngine.prepare(comp.model)
+    other._compiled = CompiledStep.of(comp.model, other._prepared, **step)
+    kw = dict(n=3, policy="none", overrides=[f"sampling.max_new_tokens={new_tokens}", "budget=unlimited"])
+    a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(other, PROMPTS, **kw)
     assert [[c.token_ids for c in x.candidates] for x in a.results] == [
         [c.token_ids for c in x.candidates] for x in b.results]
+    return other
+
+
+def test_the_plain_weights_path_gives_the_same_tokens(gens):
+    """The graph with the plain weights folded by freezing (what CUDA runs, where there are no prepacked weights)
+    decodes the eager step's tokens too."""
+    plain = _same_tokens_as_eager(gens, 16, packed=False)
     assert plain.compiled.module.handles is None and plain.compiled.compiles >= 1
+
+
+def test_rodecos_attention_kernel_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
+    """The compiled step with rodeco's attention kernel (``rodeco.engines.kernels``; by default on CPU in bf16 only,
+    here asked for in fp32, where tokens are comparable) decodes the eager step's tokens, with keys by column."""
+    from rodeco.engines import kernels
+    from rodeco.engines.compiled import CompiledStep
+
+    if not kernels.decode_attention_available():
+        pytest.skip("no C++ toolchain to build the kernel")
+    assert not CompiledStep.uses_kernel(gens()[1].model)  # fp32: inductor's attention by default
+    kern = _same_tokens_as_eager(gens, 40, kernel=True)
+    assert kern.compiled.kernel
+    eng = kern.new_engine()
+    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
+    eng.step(torch.tensor([4]))
+    assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -124,6 +149,10 @@ def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
     rejected, broken = compare_survivors(bon, sr)
     assert rejected > 0 and broken == 0
     assert 1 <= comp.compiled.compiles <= MOST_GRAPHS  # compiled, not fallen back to eager
+    from rodeco.engines import kernels
+
+    # bf16 runs rodeco's attention kernel where it can be built (prompts freed by rejections keep their layout)
+    assert comp.compiled.kernel == (dtype == torch.bfloat16 and kernels.decode_attention_available())
 
 
 def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializations(gens):
@@ -157,3 +186,11 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert gathered.phase == "attention"  # a long prompt's gather outweighs the logits
     assert gathered.total == g["response"] + g["hidden"] + g["attention"] + g["activations"] + g["prompt_gather"]
     assert comp.compile and not eager.compile  # what rodeco.runner.row_working_memory reads
+    assert comp.gathers_prompt and not eager.gathers_prompt  # fp32: inductor's attention
+
+
+def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
+    from rodeco.engines import kernels
+
+    eager, comp = gens(torch.bfloat16)
+    assert comp.gathers_prompt != kernels.decode_attention_available() and not eager.gathers_prompt

@@ -5,18 +5,22 @@ weight), and inductor fuses what lies between them; elsewhere (CUDA) the matmuls
 weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights (QKV, gate+up:
 ``FastWeights``, not copied).
 
-Attention is written as products and sums (``_attention``), which inductor turns into one loop per layer that reads
-each row's prompt keys and values through the row's prompt index and its own keys and values once, with the scores,
-the softmax and the weighted values in fp32 (the eager step's softmax is fp32 too). The step's matmuls and this
-kernel are where its time goes.
+Attention, on CPU for caches below fp32 (bf16, fp16), is rodeco's own kernel (``rodeco.engines.kernels``, the
+opaque op ``rodeco::decode_attention``): per row and KV head, the scores against the row's prompt keys (read through
+its prompt index, in place) and its own keys, the softmax and the weighted values, in fp32, with keys stored by
+column. Elsewhere (fp32 on CPU, where it measured faster; CUDA) attention is written as products and sums
+(``_attention``), which inductor turns into one loop per layer that reads each row's prompt keys and values through
+the row's prompt index and its own keys and values once, with the scores, the softmax and the weighted values in
+fp32 (the eager step's softmax is fp32 too). The step's matmuls and attention are where its time goes.
 
 Shapes are dynamic (``dynamic=True``), not padded to buckets: the rows, the prompts, the prompt length and the rows'
 own tokens are symbolic sizes, so rejections, finished rows, new rounds and new prompts reuse the graph; a graph is
 compiled again only where dynamo specializes a size of 0 or 1 (one row, one prompt, the first own token), a bounded
 handful (two in every run measured; ``CompiledStep.compiles`` counts them, ``tests/test_compile.py`` bounds them).
-Nothing is padded. The budget charges one transient beyond the eager step's (``prompt_gather`` in
-``rodeco.working``): the layer's prompt keys and values gathered per row, as written; in the graphs inspected on CPU
-inductor fused the gather into the attention loop, so the charge is an upper bound.
+Nothing is padded. With inductor's attention the budget charges one transient beyond the eager step's
+(``prompt_gather`` in ``rodeco.working``): the layer's prompt keys and values gathered per row, as written; in the
+graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
+kernel gathers nothing, and the budget charges nothing for it.
 
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
 slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
@@ -41,6 +45,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
+from rodeco.engines import kernels
 from rodeco.engines.fast import FastWeights, _Linear, _rms_norm, _rope
 from rodeco.validation import ConfigError, check_compile
 
@@ -117,13 +122,15 @@ def _attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ks: torch.Te
 class _Step(torch.nn.Module):
     """One decode step's layers and head as a pure function of its tensors (the caches written in place).
     ``packed``: call the engine's prepacked matmuls where it has them (CPU); False, or where it has none (CUDA): the
-    plain weights, folded by freezing."""
+    plain weights, folded by freezing. ``kernel``: attention by rodeco's kernel (``rodeco.engines.kernels``: keys
+    by column), else by ``_attention``."""
 
     def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True) -> None:
+                 packed: bool = True, kernel: bool = False) -> None:
         super().__init__()
         self.w = _Weights(model, fused)
         self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d ** -0.5
+        self.kernel = kernel
         lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
         lins["head"] = [fused.lm_head]
         self.fused = fused  # the prepacked linears the handles name live as long as the step
@@ -137,22 +144,26 @@ class _Step(torch.nn.Module):
         b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
         return F.linear(x, w, b)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, grp: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pbias: torch.Tensor, grp: torch.Tensor,
                 s: int, kp: list[torch.Tensor], vp: list[torch.Tensor], k: list[torch.Tensor],
                 v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, hidden] embedded tokens, cos/sin [B, 1, D], bias [B, 1, 1, P], grp [B] each row's prompt, ``s`` the
-        own slot written this step -> (logits [B, V], the final normed hidden state [B, hidden])."""
+        """x [B, hidden] embedded tokens, cos/sin [B, 1, D], pbias [G, P] the prompts' bias, grp [B] each row's
+        prompt, ``s`` the own slot written this step -> (logits [B, V], the final normed hidden state [B, hidden])."""
         B, g, w = x.shape[0], self.h // self.hkv, self.w
         hd, kd = self.h * self.d, self.hkv * self.d
+        bias = None if self.kernel else pbias.index_select(0, grp)[:, None, None, :]  # [B, 1, 1, P]
         for li in range(len(w.qkv)):
             qkv = self._linear(_rms_norm(x, w.ln1[li], self.eps), "qkv", li)
             q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
             q = _rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
             k[li].narrow(2, s, 1).copy_(_rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None])
             v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
-            kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
             ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
-            o = _attention(q, kpr, vpr, ks, vs, bias, self.scale)
+            if self.kernel:
+                o = kernels.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
+            else:
+                kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
+                o = _attention(q, kpr, vpr, ks, vs, bias, self.scale)
             x = x + self._linear(o.reshape(B, -1), "o", li)
             gate, up = self._linear(_rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, "down", li)
@@ -160,14 +171,26 @@ class _Step(torch.nn.Module):
         return self._linear(hidden, "head", 0), hidden
 
 
+def _kernel_serves(head_dim: int, group: int, dtype: torch.dtype, cuda: bool) -> bool:
+    """Where the compiled step's attention is rodeco's kernel by default: on CPU, for caches below fp32 (bf16,
+    fp16), a model it fits, once built. In fp32 inductor's attention was faster in the step (docs/results.md,
+    issue 29: 12.6 against 16 ms a step on SmolLM2 at 64 rows), in bf16 the kernel (12.4 ms, where inductor's loop
+    lost to the eager step)."""
+    return (not cuda and dtype in (torch.bfloat16, torch.float16) and kernels.fits(head_dim, group)
+            and kernels.decode_attention_available())
+
+
 class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
     graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes)."""
 
     def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True) -> None:
-        self.module = _Step(model, fused, h, hkv, d, eps, packed).eval()
-        self.cuda = next(model.parameters()).device.type == "cuda"
+                 packed: bool = True, kernel: bool | None = None) -> None:
+        p = next(model.parameters())
+        self.cuda = p.device.type == "cuda"
+        # rodeco's attention kernel, which reads keys by column (``keys_by_column``)
+        self.kernel = _kernel_serves(d, h // hkv, p.dtype, self.cuda) if kernel is None else kernel
+        self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel).eval()
         self.compiles = 0
         self.compile_seconds = 0.0
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its
@@ -177,21 +200,45 @@ class CompiledStep:
                                  fwd.__closure__)
         self.fn = torch.compile(types.MethodType(own, self.module), dynamic=True, backend=self._backend)
 
-    @classmethod
-    def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True) -> CompiledStep:
-        """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
-        weights its engines use (``packed``: as ``_Step``'s)."""
+    @property
+    def keys_by_column(self) -> bool:
+        """Whether the engine stores keys by column (``[..., head_dim, tokens]``), prompt and own: the kernel's
+        layout."""
+        return self.kernel
+
+    @property
+    def gathers_prompt(self) -> bool:
+        """Whether a row's prompt keys and values may be gathered per row (``prompt_gather`` in
+        ``rodeco.working``): with inductor's attention; the kernel reads them in place."""
+        return not self.kernel
+
+    @staticmethod
+    def uses_kernel(model: torch.nn.Module) -> bool:
+        """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, bf16 or
+        fp16, a head_dim and group it fits, the kernel built)."""
         c = model.config
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps, packed)
+        p = next(model.parameters())
+        return _kernel_serves(d, c.num_attention_heads // c.num_key_value_heads, p.dtype, p.device.type == "cuda")
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,
+           kernel: bool | None = None) -> CompiledStep:
+        """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
+        weights its engines use (``packed``: as ``_Step``'s; ``kernel``: rodeco's attention kernel, by default
+        where ``uses_kernel``)."""
+        c = model.config
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps, packed, kernel)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
-        self.compiles += 1
-        log.info("compiling the decode step (graph %d)", self.compiles)
+        log.info("compiling the decode step (graph %d)", self.compiles + 1)
         patches = {"freezing": True, "triton.cudagraphs": self.cuda}
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        out = compile_fx(gm, example_inputs, config_patches=patches)
+        self.compiles += 1  # counted once compiled: dynamo may restart a trace midway (a float argument specialized)
+        return out
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``_Step.forward``'s arguments -> (logits, the final normed hidden state)."""

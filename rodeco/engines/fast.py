@@ -13,7 +13,9 @@ treated as a short query sequence, so grouped-query attention needs no repeated 
 rows (Best-of-N), the prompt part of attention is one batched matmul over the prompts instead of a loop over them,
 the same products. On CPU in bf16 the eager step stores the generated keys transposed (``keys_t``, a transposed
 view): a step's scores then multiply by a plain matrix, where a transposed slice of the cache would be copied by the
-bf16 matmul first (the logits are the same bit for bit); the compiled step keeps the plain layout. On CPU, weights
+bf16 matmul first (the logits are the same bit for bit). The compiled step with rodeco's attention kernel (CPU, bf16:
+``rodeco.engines.kernels``) stores the prompt's keys and the generated ones by column (``prompt_t``, ``keys_t``), the
+kernel's layout; with inductor's attention it keeps the plain layout. On CPU, weights
 are prepacked for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than
 plain ``F.linear`` at decode batch sizes; they are prepared once per generator (``FastWeights``, shared by its
 sessions' engines) and hold a second copy of the weights in memory.
@@ -126,6 +128,7 @@ class FastLlamaEngine:
         # matmul copies a transposed slice first (2.5x slower a call); in fp32 the plain layout is kept
         self.k: list[torch.Tensor] = []
         self.keys_t = False
+        self.prompt_t = False  # the prompt keys by column too (rodeco's attention kernel, under compile)
         self.v: list[torch.Tensor] = []
         self.grp = torch.empty(0, dtype=torch.long)  # [B] the prompt (prefix) each row decodes from
         self.segs: list[tuple[int, slice | torch.Tensor]] = []  # (prefix, its rows), from _segments
@@ -173,8 +176,8 @@ class FastLlamaEngine:
         self.pos, self.grp, self._rows = self.pos.index_select(0, rows), self.grp.index_select(0, rows), None
         live = torch.unique(self.grp)
         if live.shape[0] < self.pbias.shape[0]:  # prompts with no row left free their prefix
-            for cache in (self.kp, self.vp):
-                cache[:] = [c.index_select(0, live) for c in cache]
+            for cache, t in ((self.kp, self.prompt_t), (self.vp, False)):
+                cache[:] = [_take(c, live, t) for c in cache]
             self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
         self._group()
 
@@ -196,12 +199,15 @@ class FastLlamaEngine:
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         G, L = ids.shape
         dev, dt = ids.device, self.embed.dtype
-        self.kp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        # keys by column: rodeco's attention kernel reads them so, prompt and own (the compiled step on CPU); the
+        # eager step on CPU in bf16 stores its own keys so; inductor's attention reads a key's head_dim contiguously
+        by_column = bool(getattr(self.compiled, "keys_by_column", False))
+        self.keys_t = by_column or (dev.type == "cpu" and dt != torch.float32 and self.compiled is None)
+        self.prompt_t = by_column
+        like = torch.empty(0, device=dev, dtype=dt)
+        self.kp = [_cache(like, G, self.hkv, L, self.d, self.prompt_t) for _ in self.layers]
         self.vp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
-        # on CPU in bf16 the eager step stores keys transposed; the compiled step's attention loop reads a key's
-        # head_dim contiguously, so it keeps the plain layout
-        self.keys_t = dev.type == "cpu" and dt != torch.float32 and self.compiled is None
-        self.k = [_cache(self.kp[0], G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]
+        self.k = [_cache(like, G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]
         self.v = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
         valid = mask.bool()
         self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
@@ -268,12 +274,12 @@ class FastLlamaEngine:
         B, S = tokens.shape[0], self.sfx
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
-        bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
         if self.compiled is not None:
-            logits, hidden = self.compiled(x, cos, sin, bias, self.grp, S, self.kp, self.vp, self.k, self.v)
+            logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, S, self.kp, self.vp, self.k, self.v)
             self.last_hidden = hidden if self.keep_hidden else None
             self.sfx, self.pos = S + 1, self.pos + 1
             return logits
+        bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
@@ -311,6 +317,13 @@ def _cache(like: torch.Tensor, rows: int, heads: int, length: int, dim: int, tra
     if transposed:
         return like.new_empty(rows, heads, dim, length).transpose(-1, -2)
     return like.new_empty(rows, heads, length, dim)
+
+
+def _take(cache: torch.Tensor, rows: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """``cache.index_select(0, rows)`` in the same layout (``transposed``: as ``_cache`` makes it)."""
+    if transposed:
+        return cache.transpose(-1, -2).index_select(0, rows).transpose(-1, -2)
+    return cache.index_select(0, rows)
 
 
 def _even(segs: list[tuple[int, slice | torch.Tensor]], rows: int) -> bool:

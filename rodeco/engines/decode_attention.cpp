@@ -1,0 +1,209 @@
+// rodeco's decode attention on CPU, the op rodeco::decode_attention that the fast engine's compiled step calls.
+// One query token a row; a KV head's query heads (g of them) computed together; each row's prompt keys and values
+// read through its prompt index, its own read once. Keys are stored by column (the transposed layout: token stride
+// 1), so a block of 16 tokens' scores is 16 lanes of fused multiply-adds over head_dim, with no horizontal sums.
+// Scores, softmax and sums in fp32; a row's arithmetic depends only on its inputs (not the batch, nor the threads).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t W = 16;  // lanes: one 512-bit vector of fp32 (two 256-bit ones where that is what the CPU has)
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
+typedef uint16_t vh __attribute__((vector_size(W * sizeof(uint16_t))));
+
+inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+inline vf load(const c10::BFloat16* p) {
+  vh h; std::memcpy(&h, p, sizeof h);
+  const vu w = __builtin_convertvector(h, vu) << 16;
+  vf v; std::memcpy(&v, &w, sizeof v); return v;
+}
+inline vf load(const c10::Half* p) { vf v; for (int64_t l = 0; l < W; ++l) v[l] = static_cast<float>(p[l]); return v; }
+template <typename T> inline vf load_n(const T* p, int64_t n) {  // the first n < W lanes, the rest 0
+  T buf[W] = {};
+  for (int64_t l = 0; l < W; ++l) if (l < n) buf[l] = p[l];
+  return load(buf);
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+// exp(x) lane by lane: 2^k * p(f), k = round(x / ln 2), |f| <= ln 2 / 2, p the degree-6 Taylor polynomial (relative
+// error below 2e-7); 0 below -87, where the masked positions' -inf lands.
+inline vf exp_v(vf x) {
+  const vi under = x < -87.f;
+  x = under ? vf{} - 87.f : x;
+  const vf kf = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest even
+  const vf f = (x - kf * 0.693145751953125f) - kf * 1.428606765330187045e-06f;
+  vf p = vf{} + 1.f / 720.f;
+  p = p * f + 1.f / 120.f;
+  p = p * f + 1.f / 24.f;
+  p = p * f + 1.f / 6.f;
+  p = p * f + 0.5f;
+  p = p * f + 1.f;
+  p = p * f + 1.f;
+  const vi bits = (__builtin_convertvector(kf, vi) + 127) << 23;
+  vf two_k; std::memcpy(&two_k, &bits, sizeof two_k);
+  return under ? vf{} : p * two_k;
+}
+
+// s[j * ld + t] = scale * <q_j, key_t> + bias[t] for G queries qf [G, D] and n keys by column (key_t's d-th value
+// at k[d * kd + t]), 16 tokens at a time, summed over d in order.
+// ``whole``: the keys' rows are whole in storage (kd elements each), so a block may read past n up to kd; lanes
+// past n are garbage the caller masks.
+template <int G, typename T>
+void scores(const float* qf, int64_t D, const T* k, int64_t kd, int64_t n, bool whole, const float* bias,
+            float scale, float* s, int64_t ld) {
+  for (int64_t t0 = 0; t0 < n; t0 += W) {
+    const int64_t w = std::min(W, n - t0);
+    vf a[G] = {};
+    if (w == W || (whole && t0 + W <= kd)) {
+      for (int64_t d = 0; d < D; ++d) {
+        const vf kv = load(k + d * kd + t0);
+        for (int j = 0; j < G; ++j) a[j] += qf[j * D + d] * kv;
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) {
+        const vf kv = load_n(k + d * kd + t0, w);
+        for (int j = 0; j < G; ++j) a[j] += qf[j * D + d] * kv;
+      }
+    }
+    const vf bv = bias ? (w == W ? load(bias + t0) : load_n(bias + t0, w)) : vf{};
+    for (int j = 0; j < G; ++j) store(s + j * ld + t0, a[j] * scale + bv);  // s has W lanes of room past n
+  }
+}
+
+// Whether every row of keys by column t [N, H, n, D] is whole in its storage: its d-stride elements from its start.
+bool whole_rows(const at::Tensor& t) {
+  if (t.numel() == 0) return false;
+  const int64_t last = t.storage_offset() + (t.size(0) - 1) * t.stride(0) + (t.size(1) - 1) * t.stride(1) +
+                       (t.size(3) - 1) * t.stride(3) + t.stride(3);
+  return last <= static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+}
+
+// acc[j][:] += sum_t p[j * ld + t] * v[t * vt + :], in order of t; D a multiple of W.
+template <int G, typename T>
+void values(const float* p, int64_t ld, int64_t D, const T* v, int64_t vt, int64_t n, vf* acc) {
+  const int64_t C = D / W;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = v + t * vt;
+    for (int64_t c = 0; c < C; ++c) {
+      const vf x = load(row + c * W);
+      for (int j = 0; j < G; ++j) acc[j * C + c] += p[j * ld + t] * x;
+    }
+  }
+}
+
+template <int G, typename T>
+void attend(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& grp,
+            const at::Tensor& bias, const at::Tensor& k, const at::Tensor& v, float scale, at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), P = kp.size(2), S = k.size(2);
+  const int64_t C = D / W, Pr = (P + W - 1) / W * W, ld = Pr + (S + W - 1) / W * W;  // whole blocks
+  const T *qd = q.data_ptr<T>(), *kpd = kp.data_ptr<T>(), *vpd = vp.data_ptr<T>();
+  const T *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
+  const int64_t* gd = grp.data_ptr<int64_t>();
+  const float* bd = bias.data_ptr<float>();
+  T* od = out.data_ptr<T>();
+  const int64_t q0 = q.stride(0), q1 = q.stride(1), q2 = q.stride(2);
+  const int64_t kp0 = kp.stride(0), kp1 = kp.stride(1), kp3 = kp.stride(3);
+  const int64_t vp0 = vp.stride(0), vp1 = vp.stride(1), vp2 = vp.stride(2);
+  const int64_t k0 = k.stride(0), k1 = k.stride(1), k3 = k.stride(3);
+  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
+  const int64_t b0 = bias.stride(0);
+  const bool kp_whole = whole_rows(kp), k_whole = whole_rows(k);
+  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> qf(G * D), s(G * ld);
+    std::vector<vf> acc(G * C);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t b = i / H, h = i % H, pg = gd[b];
+      const T* qb = qd + q0 * b + q1 * h;
+      for (int j = 0; j < G; ++j)
+        for (int64_t d = 0; d < D; ++d) qf[j * D + d] = static_cast<float>(qb[q2 * j + d]);
+      scores<G, T>(qf.data(), D, kpd + kp0 * pg + kp1 * h, kp3, P, kp_whole, bd + b0 * pg, scale, s.data(), ld);
+      scores<G, T>(qf.data(), D, kd + k0 * b + k1 * h, k3, S, k_whole, nullptr, scale, s.data() + Pr, ld);
+      float inv[G];
+      for (int j = 0; j < G; ++j) {
+        float* r = s.data() + j * ld;
+        std::fill(r + P, r + Pr, -std::numeric_limits<float>::infinity());
+        std::fill(r + Pr + S, r + ld, -std::numeric_limits<float>::infinity());
+        vf mv = load(r);
+        for (int64_t t0 = W; t0 < ld; t0 += W) { const vf x = load(r + t0); mv = mv > x ? mv : x; }
+        float m = mv[0];
+        for (int64_t l = 1; l < W; ++l) m = std::max(m, mv[l]);
+        vf zv = {};
+        for (int64_t t0 = 0; t0 < ld; t0 += W) { const vf e = exp_v(load(r + t0) - m); store(r + t0, e); zv += e; }
+        float z = 0.f;
+        for (int64_t l = 0; l < W; ++l) z += zv[l];
+        inv[j] = 1.f / z;
+      }
+      std::fill(acc.begin(), acc.end(), vf{});
+      values<G, T>(s.data(), ld, D, vpd + vp0 * pg + vp1 * h, vp2, P, acc.data());
+      values<G, T>(s.data() + Pr, ld, D, vd + v0 * b + v1 * h, v2, S, acc.data());
+      T* ob = od + ((b * H + h) * G) * D;
+      for (int j = 0; j < G; ++j)
+        for (int64_t c = 0; c < C; ++c) {
+          const vf o = acc[j * C + c] * inv[j];
+          for (int64_t l = 0; l < W; ++l) ob[j * D + c * W + l] = static_cast<T>(o[l]);
+        }
+    }
+  });
+}
+
+template <typename T>
+void attend_g(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& grp,
+              const at::Tensor& bias, const at::Tensor& k, const at::Tensor& v, float scale, at::Tensor& out) {
+  switch (q.size(2)) {
+#define RODECO_G(n) case n: return attend<n, T>(q, kp, vp, grp, bias, k, v, scale, out);
+    RODECO_G(1) RODECO_G(2) RODECO_G(3) RODECO_G(4) RODECO_G(5) RODECO_G(6) RODECO_G(7) RODECO_G(8)
+#undef RODECO_G
+    default: TORCH_CHECK(false, "rodeco::decode_attention: at most 8 query heads a KV head, got ", q.size(2));
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& grp,
+                            const at::Tensor& bias, const at::Tensor& k, const at::Tensor& v, double scale) {
+  TORCH_CHECK(q.dim() == 4 && kp.dim() == 4 && vp.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "rodeco::decode_attention: q, kp, vp, k, v must be 4-d");
+  TORCH_CHECK(q.size(3) % W == 0, "rodeco::decode_attention: head_dim must be a multiple of ", W);
+  TORCH_CHECK(q.stride(3) == 1 && vp.stride(3) == 1 && v.stride(3) == 1 && kp.stride(2) == 1 && k.stride(2) == 1,
+              "rodeco::decode_attention: keys by column (token stride 1), queries and values by row");
+  for (const at::Tensor* t : {&kp, &vp, &k, &v})
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "rodeco::decode_attention: q, kp, vp, k, v must share a dtype");
+  TORCH_CHECK(grp.scalar_type() == at::kLong && bias.scalar_type() == at::kFloat && bias.dim() == 2 &&
+              bias.stride(1) == 1, "rodeco::decode_attention: grp int64 [B], bias fp32 [G, P]");
+  const int64_t B = q.size(0), G = kp.size(0);
+  TORCH_CHECK(k.size(2) >= 1 && k.sizes() == v.sizes() && k.size(0) == B && kp.sizes() == vp.sizes() &&
+              grp.numel() == B && bias.size(0) == G && bias.size(1) == kp.size(2) && k.size(1) == q.size(1) &&
+              kp.size(1) == q.size(1) && k.size(3) == q.size(3) && kp.size(3) == q.size(3),
+              "rodeco::decode_attention: shapes do not match (q [B, H, g, D], kp, vp [G, H, P, D], grp [B], "
+              "bias [G, P], k, v [B, H, S >= 1, D])");
+  const at::Tensor grp_c = grp.contiguous();
+  const int64_t* gd = grp_c.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(gd[b] >= 0 && gd[b] < G, "rodeco::decode_attention: row ", b, " names prompt ", gd[b], " of ", G);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  const float sc = static_cast<float>(scale);
+  switch (q.scalar_type()) {
+    case at::kFloat: attend_g<float>(q, kp, vp, grp_c, bias, k, v, sc, out); break;
+    case at::kBFloat16: attend_g<c10::BFloat16>(q, kp, vp, grp_c, bias, k, v, sc, out); break;
+    case at::kHalf: attend_g<c10::Half>(q, kp, vp, grp_c, bias, k, v, sc, out); break;
+    default: TORCH_CHECK(false, "rodeco::decode_attention: float32, bfloat16 or float16, got ", q.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rodeco, m) {
+  m.def("decode_attention(Tensor q, Tensor kp, Tensor vp, Tensor grp, Tensor bias, Tensor k, Tensor v, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rodeco, CPU, m) { m.impl("decode_attention", &decode_attention); }
