@@ -189,6 +189,25 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert comp.gathers_prompt and not eager.gathers_prompt  # fp32: inductor's attention
 
 
+def test_a_prompt_freed_by_rejections_keeps_the_kernels_layout(gens):
+    """When every row of a prompt is rejected its prefix is freed; the prompts left keep their keys by column, and
+    the step goes on to the same logits as an engine given only the prompt left (to bf16 round-off)."""
+    _, comp = gens(torch.bfloat16)
+    both, alone = comp.new_engine(), comp.new_engine()
+    if not comp.compiled.kernel:
+        pytest.skip("the kernel is not built here")
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    both.prefill(ids, torch.ones_like(ids))
+    both.select(torch.tensor([1, 1]))  # prompt 0 loses its rows
+    both.reserve(12)
+    alone.prefill(ids[1:], torch.ones_like(ids[1:]))
+    alone.select(torch.tensor([0, 0]))
+    alone.reserve(12)
+    a, b = both.step(torch.tensor([3, 4])).float(), alone.step(torch.tensor([3, 4])).float()
+    assert both.kp[0].shape[0] == 1 and both.kp[0].stride(2) == 1 and both.k[0].stride(2) == 1
+    assert torch.isfinite(a).all() and (a - b).abs().max() <= 0.02 * b.abs().max()
+
+
 def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
     from rodeco.engines import kernels
 
