@@ -171,6 +171,13 @@ class _Step(torch.nn.Module):
         return self._linear(hidden, "head", 0), hidden
 
 
+def _heads(model: torch.nn.Module) -> tuple[int, int, int]:
+    """The model's query heads, KV heads and head_dim (``rodeco.engines.fast.supports``' models)."""
+    c = model.config
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return c.num_attention_heads, c.num_key_value_heads, d
+
+
 def _kernel_serves(head_dim: int, group: int, dtype: torch.dtype, cuda: bool) -> bool:
     """Where the compiled step's attention is rodeco's kernel by default: on CPU, for caches below fp32 (bf16,
     fp16), a model it fits, once built. In fp32 inductor's attention was faster in the step (docs/results.md,
@@ -206,20 +213,13 @@ class CompiledStep:
         layout."""
         return self.kernel
 
-    @property
-    def gathers_prompt(self) -> bool:
-        """Whether a row's prompt keys and values may be gathered per row (``prompt_gather`` in
-        ``rodeco.working``): with inductor's attention; the kernel reads them in place."""
-        return not self.kernel
-
     @staticmethod
     def uses_kernel(model: torch.nn.Module) -> bool:
         """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, bf16 or
         fp16, a head_dim and group it fits, the kernel built)."""
-        c = model.config
-        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        h, hkv, d = _heads(model)
         p = next(model.parameters())
-        return _kernel_serves(d, c.num_attention_heads // c.num_key_value_heads, p.dtype, p.device.type == "cuda")
+        return _kernel_serves(d, h // hkv, p.dtype, p.device.type == "cuda")
 
     @classmethod
     def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,
@@ -227,9 +227,7 @@ class CompiledStep:
         """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
         weights its engines use (``packed``: as ``_Step``'s; ``kernel``: rodeco's attention kernel, by default
         where ``uses_kernel``)."""
-        c = model.config
-        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(model, fused, c.num_attention_heads, c.num_key_value_heads, d, c.rms_norm_eps, packed, kernel)
+        return cls(model, fused, *_heads(model), model.config.rms_norm_eps, packed, kernel)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx

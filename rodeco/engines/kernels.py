@@ -56,10 +56,11 @@ def fits(head_dim: int, group: int) -> bool:
 
 
 def _build() -> bool:
+    name = extension_name()
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
         log.warning("rodeco's decode attention kernel could not be built (%s: %s); the compiled step uses the "
@@ -74,7 +75,7 @@ def _build() -> bool:
           k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return q.new_empty(q.shape)
 
-    log.info("rodeco's decode attention kernel is loaded (%s)", extension_name())
+    log.info("rodeco's decode attention kernel is loaded (%s)", name)
     return True
 
 
