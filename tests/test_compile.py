@@ -123,21 +123,32 @@ def test_the_plain_weights_path_gives_the_same_tokens(gens):
     assert plain.compiled.module.handles is None and plain.compiled.compiles >= 1
 
 
-def test_rodecos_attention_kernel_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
-    """The compiled step with rodeco's attention kernel (``rodeco.engines.kernels``; by default on CPU in bf16 only,
-    here asked for in fp32, where tokens are comparable) decodes the eager step's tokens, with keys by column."""
+def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens):
+    """On CPU the compiled step's attention is rodeco's kernel (``rodeco.engines.kernels``) in fp32 as in bf16, where
+    it can be built; the engine stores the prompt's keys and its own by column, the kernel's layout."""
     from rodeco.engines import kernels
     from rodeco.engines.compiled import CompiledStep
 
     if not kernels.decode_attention_available():
         pytest.skip("no C++ toolchain to build the kernel")
-    assert not CompiledStep.uses_kernel(gens()[1].model)  # fp32: inductor's attention by default
-    kern = _same_tokens_as_eager(gens, 40, kernel=True)
-    assert kern.compiled.kernel
-    eng = kern.new_engine()
+    _, comp = gens()
+    assert CompiledStep.uses_kernel(comp.model) and not comp.gathers_prompt
+    eng = comp.new_engine()
     eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
     eng.step(torch.tensor([4]))
+    assert comp.compiled.kernel
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
+
+
+def test_inductors_attention_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
+    """The attention inductor generates (CUDA's, and CPU's where the kernel cannot be built) decodes the eager
+    step's tokens, with the keys in the plain layout."""
+    ind = _same_tokens_as_eager(gens, 40, kernel=False)
+    assert not ind.compiled.kernel
+    eng = ind.new_engine()
+    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
+    eng.step(torch.tensor([4]))
+    assert not eng.keys_t and not eng.prompt_t and eng.k[0].stride(3) == 1  # head_dim contiguous
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -151,8 +162,8 @@ def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
     assert 1 <= comp.compiled.compiles <= MOST_GRAPHS  # compiled, not fallen back to eager
     from rodeco.engines import kernels
 
-    # bf16 runs rodeco's attention kernel where it can be built (prompts freed by rejections keep their layout)
-    assert comp.compiled.kernel == (dtype == torch.bfloat16 and kernels.decode_attention_available())
+    # rodeco's attention kernel runs where it can be built (prompts freed by rejections keep their layout)
+    assert comp.compiled.kernel == kernels.decode_attention_available()
 
 
 def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializations(gens):
@@ -186,7 +197,12 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert gathered.phase == "attention"  # a long prompt's gather outweighs the logits
     assert gathered.total == g["response"] + g["hidden"] + g["attention"] + g["activations"] + g["prompt_gather"]
     assert comp.compile and not eager.compile  # what rodeco.runner.row_working_memory reads
-    assert comp.gathers_prompt and not eager.gathers_prompt  # fp32: inductor's attention
+    from rodeco.engines.compiled import CompiledStep
+
+    assert comp.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) and not eager.gathers_prompt
+    with pytest.MonkeyPatch.context() as mp:  # inductor's attention (CUDA's; CPU's without the kernel) gathers
+        mp.setattr("rodeco.engines.compiled._kernel_serves", lambda *a: False)
+        assert comp.gathers_prompt
 
 
 def test_a_prompt_freed_by_rejections_keeps_the_kernels_layout(gens):

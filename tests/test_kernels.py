@@ -45,7 +45,7 @@ def inputs(B=6, G=2, H=2, g=3, D=16, P=7, S=5, dtype=torch.float32, seed=0, capa
     return dict(q=q, kp=by_column(kp), vp=vp, grp=grp, bias=bias, k=by_column(k, capacity), v=v, scale=D ** -0.5)
 
 
-@pytest.mark.parametrize("P,S", [(1, 1), (7, 5), (16, 16), (17, 33), (40, 76)])
+@pytest.mark.parametrize("P,S", [(1, 1), (7, 5), (16, 16), (17, 33), (40, 76), (100, 130)])
 @pytest.mark.parametrize("g", [1, 3, 4, 8])
 def test_fp32_matches_float64_attention(P, S, g):
     a = inputs(g=g, P=P, S=S, D=32)

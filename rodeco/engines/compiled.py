@@ -5,10 +5,10 @@ weight), and inductor fuses what lies between them; elsewhere (CUDA) the matmuls
 weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights (QKV, gate+up:
 ``FastWeights``, not copied).
 
-Attention, on CPU for caches below fp32 (bf16, fp16), is rodeco's own kernel (``rodeco.engines.kernels``, the
-opaque op ``rodeco::decode_attention``): per row and KV head, the scores against the row's prompt keys (read through
-its prompt index, in place) and its own keys, the softmax and the weighted values, in fp32, with keys stored by
-column. Elsewhere (fp32 on CPU, where it measured faster; CUDA) attention is written as products and sums
+Attention, on CPU, is rodeco's own kernel (``rodeco.engines.kernels``, the opaque op ``rodeco::decode_attention``):
+per row and KV head, the scores against the row's prompt keys (read through its prompt index, in place) and its own
+keys, the softmax and the weighted values, in fp32, with keys stored by column. Elsewhere (CUDA; a CPU where the
+kernel cannot be built, or a head_dim it does not fit) attention is written as products and sums
 (``_attention``), which inductor turns into one loop per layer that reads each row's prompt keys and values through
 the row's prompt index and its own keys and values once, with the scores, the softmax and the weighted values in
 fp32 (the eager step's softmax is fp32 too). The step's matmuls and attention are where its time goes.
@@ -26,8 +26,9 @@ A row's arithmetic does not depend on the other rows, the batch size or the roun
 slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
 bit under compile. Against the eager step the logits differ by round-off (inductor fuses and reorders).
 
-``auto`` compiles on CUDA only: on CPU a graph of SmolLM2 takes minutes to compile (about 350 s for the two), which
-a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md, issue 29, has the speeds).
+``auto`` compiles on CUDA only: on CPU a graph of SmolLM2 takes minutes to compile (85 to 350 s for the two,
+measured), which a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md, issue 29,
+has the speeds).
 On CUDA the graph is captured as CUDA graphs (inductor's ``triton.cudagraphs``, one per shape seen); that path has
 not run on a GPU yet.
 """
@@ -179,12 +180,11 @@ def _heads(model: torch.nn.Module) -> tuple[int, int, int]:
 
 
 def _kernel_serves(head_dim: int, group: int, dtype: torch.dtype, cuda: bool) -> bool:
-    """Where the compiled step's attention is rodeco's kernel by default: on CPU, for caches below fp32 (bf16,
-    fp16), a model it fits, once built. In fp32 inductor's attention was faster in the step (docs/results.md,
-    issue 29: 12.6 against 16 ms a step on SmolLM2 at 64 rows), in bf16 the kernel (12.4 ms, where inductor's loop
-    lost to the eager step)."""
-    return (not cuda and dtype in (torch.bfloat16, torch.float16) and kernels.fits(head_dim, group)
-            and kernels.decode_attention_available())
+    """Where the compiled step's attention is rodeco's kernel by default: on CPU, a model it fits, once built. It
+    measured faster than inductor's attention in the step in both dtypes (docs/results.md, issue 29: in fp32 about
+    half its time, cold, at 64 rows of SmolLM2, once it read the keys' rows in runs and held its sums in
+    registers)."""
+    return not cuda and kernels.fits(head_dim, group) and kernels.decode_attention_available()
 
 
 class CompiledStep:

@@ -54,51 +54,79 @@ inline vf exp_v(vf x) {
   return under ? vf{} : p * two_k;
 }
 
-// s[j * ld + t] = scale * <q_j, key_t> + bias[t] for G queries qf [G, D] and n keys by column (key_t's d-th value
-// at k[d * kd + t]), 16 tokens at a time, summed over d in order.
-// ``whole``: the keys' rows are whole in storage (kd elements each), so a block may read past n up to kd; lanes
-// past n are garbage the caller masks.
-template <int G, typename T>
-void scores(const float* qf, int64_t D, const T* k, int64_t kd, int64_t n, bool whole, const float* bias,
-            float scale, float* s, int64_t ld) {
-  for (int64_t t0 = 0; t0 < n; t0 += W) {
-    const int64_t w = std::min(W, n - t0);
-    vf a[G] = {};
-    if (w == W || (whole && t0 + W <= kd)) {
-      for (int64_t d = 0; d < D; ++d) {
-        const vf kv = load(k + d * kd + t0);
-        for (int j = 0; j < G; ++j) a[j] += qf[j * D + d] * kv;
-      }
-    } else {
-      for (int64_t d = 0; d < D; ++d) {
-        const vf kv = load_n(k + d * kd + t0, w);
-        for (int j = 0; j < G; ++j) a[j] += qf[j * D + d] * kv;
-      }
+// a[b][j] = <q_j, keys of block b> for NBK blocks of 16 tokens from k (by column: token t's d-th value at
+// k[d * kd + t]), summed over d in order, d outermost: each of the keys' rows is read left to right, NBK * 16 tokens
+// in a run. ``wl``: the valid lanes of the last block when it is read lane by lane (``LAST_SHORT``).
+template <int G, int NBK, bool LAST_SHORT, typename T>
+inline void dots(const float* qf, int64_t D, const T* k, int64_t kd, int64_t wl, vf (&a)[NBK][G]) {
+  for (int64_t d = 0; d < D; ++d) {
+    const T* r = k + d * kd;
+    for (int b = 0; b < NBK; ++b) {
+      const vf kv = LAST_SHORT && b + 1 == NBK ? load_n(r + b * W, wl) : load(r + b * W);
+      for (int j = 0; j < G; ++j) a[b][j] += qf[j * D + d] * kv;
     }
-    const vf bv = bias ? (w == W ? load(bias + t0) : load_n(bias + t0, w)) : vf{};
-    for (int j = 0; j < G; ++j) store(s + j * ld + t0, a[j] * scale + bv);  // s has W lanes of room past n
   }
 }
 
-// Whether every row of keys by column t [N, H, n, D] is whole in its storage: its d-stride elements from its start.
-bool whole_rows(const at::Tensor& t) {
-  if (t.numel() == 0) return false;
-  const int64_t last = t.storage_offset() + (t.size(0) - 1) * t.stride(0) + (t.size(1) - 1) * t.stride(1) +
-                       (t.size(3) - 1) * t.stride(3) + t.stride(3);
-  return last <= static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+// s[j * ld + t] = scale * <q_j, key_t> + bias[t] for G queries qf [G, D] and n keys by column (key_t's d-th value
+// at k[d * kd + t]). NB blocks at a time (``dots``): a block at a time, d outermost, the reads jumped between the
+// keys' rows and ran at two thirds of the bandwidth, cold. ``end``: the end of the keys' storage; a block may read
+// past n (into the next row, or padding) while it stays inside it, and the lanes past n are garbage the caller
+// masks; only a block that would cross ``end`` is read lane by lane.
+template <int G, int NB, typename T>
+void scores(const float* qf, int64_t D, const T* k, int64_t kd, int64_t n, const T* end, const float* bias,
+            float scale, float* s, int64_t ld) {
+  for (int64_t t0 = 0; t0 < n;) {
+    const bool run = t0 + NB * W <= n;  // NB whole blocks, inside the rows
+    const int64_t w = run ? NB * W : std::min(W, n - t0);
+    vf a[NB][G] = {};
+    if (run) {
+      dots<G, NB, false>(qf, D, k + t0, kd, W, a);
+    } else {
+      vf (&a1)[1][G] = reinterpret_cast<vf (&)[1][G]>(a);
+      if (k + (D - 1) * kd + t0 + W <= end) dots<G, 1, false>(qf, D, k + t0, kd, W, a1);
+      else dots<G, 1, true>(qf, D, k + t0, kd, w, a1);
+    }
+    for (int b = 0; b * W < w; ++b) {
+      const int64_t tb = t0 + b * W, wb = std::min(W, n - tb);
+      const vf bv = bias ? (wb == W ? load(bias + tb) : load_n(bias + tb, wb)) : vf{};
+      for (int j = 0; j < G; ++j) store(s + j * ld + tb, a[b][j] * scale + bv);  // s has W lanes of room past n
+    }
+    t0 += run ? NB * W : W;
+  }
+}
+
+// The end of a tensor's storage, as a pointer of its elements.
+template <typename T> const T* storage_end(const at::Tensor& t) {
+  return static_cast<const T*>(t.storage().data()) + t.storage().nbytes() / sizeof(T);
+}
+
+// acc[j * C + c] += sum_t p[j * ld + t] * v[t * vt + c * W :][:W] for CK columns of W from c = 0, in order of t,
+// the sums held in registers over t.
+template <int G, int CK, typename T>
+inline void values_run(const float* p, int64_t ld, const T* v, int64_t vt, int64_t n, vf* acc, int64_t C) {
+  vf a[G][CK];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < CK; ++c) a[j][c] = acc[j * C + c];
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = v + t * vt;
+    for (int c = 0; c < CK; ++c) {
+      const vf x = load(row + c * W);
+      for (int j = 0; j < G; ++j) a[j][c] += p[j * ld + t] * x;
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < CK; ++c) acc[j * C + c] = a[j][c];
 }
 
 // acc[j][:] += sum_t p[j * ld + t] * v[t * vt + :], in order of t; D a multiple of W.
 template <int G, typename T>
 void values(const float* p, int64_t ld, int64_t D, const T* v, int64_t vt, int64_t n, vf* acc) {
+  constexpr int CK = G <= 4 ? 4 : 2;  // G * CK sums in registers
   const int64_t C = D / W;
-  for (int64_t t = 0; t < n; ++t) {
-    const T* row = v + t * vt;
-    for (int64_t c = 0; c < C; ++c) {
-      const vf x = load(row + c * W);
-      for (int j = 0; j < G; ++j) acc[j * C + c] += p[j * ld + t] * x;
-    }
-  }
+  int64_t c0 = 0;
+  for (; c0 + CK <= C; c0 += CK) values_run<G, CK, T>(p, ld, v + c0 * W, vt, n, acc + c0, C);
+  for (; c0 < C; ++c0) values_run<G, 1, T>(p, ld, v + c0 * W, vt, n, acc + c0, C);
 }
 
 template <int G, typename T>
@@ -117,7 +145,8 @@ void attend(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, con
   const int64_t k0 = k.stride(0), k1 = k.stride(1), k3 = k.stride(3);
   const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
   const int64_t b0 = bias.stride(0);
-  const bool kp_whole = whole_rows(kp), k_whole = whole_rows(k);
+  const T *kp_end = storage_end<T>(kp), *k_end = storage_end<T>(k);
+  constexpr int NB = G <= 2 ? 6 : G <= 4 ? 4 : 2;  // blocks a run: NB * G accumulators stay in registers
   at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> qf(G * D), s(G * ld);
     std::vector<vf> acc(G * C);
@@ -126,8 +155,8 @@ void attend(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, con
       const T* qb = qd + q0 * b + q1 * h;
       for (int j = 0; j < G; ++j)
         for (int64_t d = 0; d < D; ++d) qf[j * D + d] = static_cast<float>(qb[q2 * j + d]);
-      scores<G, T>(qf.data(), D, kpd + kp0 * pg + kp1 * h, kp3, P, kp_whole, bd + b0 * pg, scale, s.data(), ld);
-      scores<G, T>(qf.data(), D, kd + k0 * b + k1 * h, k3, S, k_whole, nullptr, scale, s.data() + Pr, ld);
+      scores<G, NB, T>(qf.data(), D, kpd + kp0 * pg + kp1 * h, kp3, P, kp_end, bd + b0 * pg, scale, s.data(), ld);
+      scores<G, NB, T>(qf.data(), D, kd + k0 * b + k1 * h, k3, S, k_end, nullptr, scale, s.data() + Pr, ld);
       float inv[G];
       for (int j = 0; j < G; ++j) {
         float* r = s.data() + j * ld;
