@@ -69,8 +69,8 @@ inline void dots(const float* qf, int64_t D, const T* k, int64_t kd, int64_t wl,
 }
 
 // s[j * ld + t] = scale * <q_j, key_t> + bias[t] for G queries qf [G, D] and n keys by column (key_t's d-th value
-// at k[d * kd + t]). NB blocks at a time (``dots``): a block at a time, d outermost, the reads jumped between the
-// keys' rows and ran at two thirds of the bandwidth, cold. ``end``: the end of the keys' storage; a block may read
+// at k[d * kd + t]), NB blocks at a time (``dots``; taken one block at a time, the reads jumped between the keys'
+// rows and ran at two thirds of the bandwidth, cold). ``end``: the end of the keys' storage; a block may read
 // past n (into the next row, or padding) while it stays inside it, and the lanes past n are garbage the caller
 // masks; only a block that would cross ``end`` is read lane by lane.
 template <int G, int NB, typename T>
@@ -83,9 +83,10 @@ void scores(const float* qf, int64_t D, const T* k, int64_t kd, int64_t n, const
     if (run) {
       dots<G, NB, false>(qf, D, k + t0, kd, W, a);
     } else {
-      vf (&a1)[1][G] = reinterpret_cast<vf (&)[1][G]>(a);
+      vf a1[1][G] = {};
       if (k + (D - 1) * kd + t0 + W <= end) dots<G, 1, false>(qf, D, k + t0, kd, W, a1);
       else dots<G, 1, true>(qf, D, k + t0, kd, w, a1);
+      for (int j = 0; j < G; ++j) a[0][j] = a1[0][j];
     }
     for (int b = 0; b * W < w; ++b) {
       const int64_t tb = t0 + b * W, wb = std::min(W, n - tb);
