@@ -140,6 +140,19 @@ def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens)
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
 
 
+def test_the_graph_calls_the_linears_in_cpp_where_built_and_in_python_elsewhere(gens, monkeypatch):
+    """On CPU the graph calls the prepacked linears through the C++ op where rodeco's kernels are built
+    (``rodeco::packed_linear_c``), else through the Python one; the Python one decodes the eager tokens too."""
+    from rodeco.engines import kernels
+
+    _, comp = gens()
+    comp.new_engine()
+    assert comp.compiled.module.c_linear == kernels.packed_linear_available()
+    monkeypatch.setattr("rodeco.engines.compiled._c_linear", lambda: False)
+    py = _same_tokens_as_eager(gens, 12)
+    assert not py.compiled.module.c_linear and py.compiled.module.handles is not None
+
+
 def test_inductors_attention_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
     """The attention inductor generates (CUDA's, and CPU's where the kernel cannot be built) decodes the eager
     step's tokens, with the keys in the plain layout."""

@@ -2,7 +2,8 @@
 in float64 from the same inputs: prompt keys read through each row's prompt, the prompts' padding bias, own tokens
 across whole and partial blocks of 16, each query-head group it is built for, fp32 and bf16 caches. A row's output
 does not depend on the batch or the cache's capacity (bit for bit); inputs it cannot read are refused by name; a
-failed build leaves the compiled step on inductor's attention with a warning.
+failed build leaves the compiled step on inductor's attention with a warning. The prepacked linears' C++ op
+(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed.
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ def test_inputs_it_cannot_read_are_refused_by_name():
     with pytest.raises(RuntimeError, match="shapes do not match"):
         kernels.decode_attention(**dict(a, bias=a["bias"][:, :3]))
     assert kernels.fits(64, 3) and kernels.fits(128, 8) and not kernels.fits(80 + 4, 3) and not kernels.fits(64, 9)
+
+
+def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
+    """``rodeco::packed_linear_c`` gives the eager engine's prepacked linear bit for bit, with and without a bias; a
+    handle whose linear was freed is refused by name (its weights left the op's table)."""
+    import gc
+
+    from rodeco.engines.compiled import _c_linear, _handle
+    from rodeco.engines.fast import _Linear
+
+    assert kernels.packed_linear_available() and _c_linear()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 32, generator=gen)
+    for b in (None, torch.randn(48, generator=gen)):
+        lin = _Linear(torch.randn(48, 32, generator=gen), b)
+        if lin.packed is None:
+            pytest.skip("this build of PyTorch has no prepacked oneDNN linear")
+        h = _handle(lin, True)
+        assert torch.equal(torch.ops.rodeco.packed_linear_c(x, h), lin(x))
+    del lin
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no linear under handle {h} "):
+        torch.ops.rodeco.packed_linear_c(x, h)
 
 
 def test_a_failed_build_leaves_inductors_attention_and_says_so(monkeypatch, caplog):

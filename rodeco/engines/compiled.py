@@ -1,9 +1,10 @@
 """The fast engine's decode step compiled with ``torch.compile`` (``generator.compile``): the layer stack and the LM
 head of one step as one inductor graph. Where the eager engine has prepacked oneDNN weights (CPU), the graph calls
-its matmuls as they are, through an opaque custom op (``rodeco::packed_linear``: inductor cannot trace a prepacked
-weight), and inductor fuses what lies between them; elsewhere (CUDA) the matmuls are the model's plain fused
-weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights (QKV, gate+up:
-``FastWeights``, not copied).
+its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
+weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.kernels``), else
+``rodeco::packed_linear`` in Python; inductor fuses what lies between them. Elsewhere (CUDA) the matmuls are the
+model's plain fused weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights
+(QKV, gate+up: ``FastWeights``, not copied).
 
 Attention, on CPU, is rodeco's own kernel (``rodeco.engines.kernels``, the opaque op ``rodeco::decode_attention``):
 per row and KV head, the scores against the row's prompt keys (read through its prompt index, in place) and its own
@@ -75,13 +76,33 @@ def packed_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
 
 
 @packed_linear.register_fake
-def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+def _fake_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], _PACKED[handle].w.shape[0])
 
 
-def _handle(lin: _Linear) -> int:
+_C_FAKE = False  # rodeco::packed_linear_c's fake registered
+
+
+def _c_linear() -> bool:
+    """Whether the graph calls the prepacked linears through ``rodeco::packed_linear_c`` (``rodeco.engines.kernels``:
+    C++, no Python a call) rather than ``packed_linear``: wherever the kernels are built."""
+    global _C_FAKE
+    if not kernels.packed_linear_available():
+        return False
+    if not _C_FAKE:
+        torch.library.register_fake("rodeco::packed_linear_c")(_fake_linear)
+        _C_FAKE = True
+    return True
+
+
+def _handle(lin: _Linear, c: bool) -> int:
+    """A new handle naming ``lin`` in the graph: in ``_PACKED`` (``packed_linear``'s) and, with ``c``, in the C++
+    op's table too, from which it is dropped when ``lin`` is freed."""
     h = next(_HANDLES)
     _PACKED[h] = lin
+    if c:
+        torch.ops.rodeco.packed_linear_put(h, lin.packed, lin.b)
+        weakref.finalize(lin, torch.ops.rodeco.packed_linear_drop, h)
     return h
 
 
@@ -135,12 +156,14 @@ class _Step(torch.nn.Module):
         lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
         lins["head"] = [fused.lm_head]
         self.fused = fused  # the prepacked linears the handles name live as long as the step
-        self.handles = ({n: [_handle(x) for x in ls] for n, ls in lins.items()}
-                        if packed and all(x.packed is not None for ls in lins.values() for x in ls) else None)
+        packs = packed and all(x.packed is not None for ls in lins.values() for x in ls)
+        self.c_linear = packs and _c_linear()  # the C++ op where it is built: no Python a call
+        self.handles = {n: [_handle(x, self.c_linear) for x in ls] for n, ls in lins.items()} if packs else None
 
     def _linear(self, x: torch.Tensor, name: str, li: int) -> torch.Tensor:
         if self.handles is not None:
-            return packed_linear(x, self.handles[name][li])
+            h = self.handles[name][li]
+            return torch.ops.rodeco.packed_linear_c(x, h) if self.c_linear else packed_linear(x, h)
         w = self.w.head if name == "head" else getattr(self.w, name)[li]
         b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
         return F.linear(x, w, b)

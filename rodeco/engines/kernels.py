@@ -1,12 +1,13 @@
-"""rodeco's own CPU kernel: decode attention (``decode_attention.cpp``, the op ``rodeco::decode_attention``), which
-the fast engine's compiled step calls on CPU in place of the attention inductor generates (``rodeco.engines.compiled``).
+"""rodeco's own CPU kernels, which the fast engine's compiled step calls on CPU (``rodeco.engines.compiled``): decode
+attention (``decode_attention.cpp``, the op ``rodeco::decode_attention``), in place of the attention inductor
+generates, and the prepacked oneDNN linears called without Python (``packed_linear.cpp``, ``rodeco::packed_linear_c``).
 
 It is built on first use with PyTorch's extension builder (``torch.utils.cpp_extension.load``: a C++ compiler and
 ninja, which ``torch.compile`` on CPU needs too), for this machine's CPU (``-march=native``), into PyTorch's
 extension cache (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) under a name that carries the
 CPU's model and flags and the PyTorch version, so a home directory shared by unlike machines keeps one build each.
 The first build takes about 30 s; later processes load it. Where it cannot be built (no compiler, a platform the
-flags do not suit) the compiled step keeps inductor's attention and says so in the log.
+flags do not suit) the compiled step keeps inductor's attention and the linears' Python op, and says so in the log.
 
 What the kernel computes, for each row and KV head: the scores of the head's query heads against the row's prompt
 keys (read through the row's prompt index, with the prompt's padding bias) and its own keys, the softmax, and the
@@ -28,7 +29,7 @@ from rodeco.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("decode_attention.cpp", "packed_linear.cpp")]  # one extension
 LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
@@ -37,8 +38,8 @@ _built: bool | None = None
 def extension_name() -> str:
     """The build's name: the source, this CPU (model and flags) and PyTorch's version, hashed."""
     c = cpu_facts()
-    key = "|".join([SOURCE.read_text(), c["model"], repr(sorted(c["flags"].items())), torch.__version__,
-                    torch.backends.cpu.get_cpu_capability()])
+    key = "|".join([*(f.read_text() for f in SOURCES), c["model"], repr(sorted(c["flags"].items())),
+                    torch.__version__, torch.backends.cpu.get_cpu_capability()])
     return "rodeco_decode_attention_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -48,6 +49,12 @@ def decode_attention_available() -> bool:
     if _built is None:
         _built = _build()
     return _built
+
+
+def packed_linear_available() -> bool:
+    """Whether ``rodeco::packed_linear_c`` (``packed_linear.cpp``: the prepacked oneDNN linears called without
+    Python) is loaded; it is built with the attention kernel, once a process."""
+    return decode_attention_available() and hasattr(torch.ops.rodeco, "packed_linear_c")
 
 
 def fits(head_dim: int, group: int) -> bool:
@@ -60,7 +67,7 @@ def _build() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
         log.warning("rodeco's decode attention kernel could not be built (%s: %s); the compiled step uses the "
