@@ -202,7 +202,7 @@ def _heads(model: torch.nn.Module) -> tuple[int, int, int]:
     return c.num_attention_heads, c.num_key_value_heads, d
 
 
-def _kernel_serves(head_dim: int, group: int, dtype: torch.dtype, cuda: bool) -> bool:
+def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
     """Where the compiled step's attention is rodeco's kernel by default: on CPU, a model it fits, once built. It
     measured faster than inductor's attention in the step in both dtypes (docs/results.md, issue 29: in fp32 about
     half its time, cold, at 64 rows of SmolLM2, once it read the keys' rows in runs and held its sums in
@@ -219,7 +219,7 @@ class CompiledStep:
         p = next(model.parameters())
         self.cuda = p.device.type == "cuda"
         # rodeco's attention kernel, which reads keys by column (``keys_by_column``)
-        self.kernel = _kernel_serves(d, h // hkv, p.dtype, self.cuda) if kernel is None else kernel
+        self.kernel = _kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel
         self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel).eval()
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -238,11 +238,10 @@ class CompiledStep:
 
     @staticmethod
     def uses_kernel(model: torch.nn.Module) -> bool:
-        """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, bf16 or
-        fp16, a head_dim and group it fits, the kernel built)."""
+        """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, a head_dim
+        and group it fits, the kernel built)."""
         h, hkv, d = _heads(model)
-        p = next(model.parameters())
-        return _kernel_serves(d, h // hkv, p.dtype, p.device.type == "cuda")
+        return _kernel_serves(d, h // hkv, next(model.parameters()).device.type == "cuda")
 
     @classmethod
     def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,

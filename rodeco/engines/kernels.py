@@ -70,11 +70,13 @@ def _build() -> bool:
         load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
-        log.warning("rodeco's decode attention kernel could not be built (%s: %s); the compiled step uses the "
-                    "attention inductor generates", type(e).__name__, str(e).strip().splitlines()[-1:])
+        log.warning("rodeco's CPU kernels could not be built (%s: %s); the compiled step uses the attention "
+                    "inductor generates and the linears' Python op", type(e).__name__,
+                    str(e).strip().splitlines()[-1:])
         return False
     if not hasattr(torch.ops.rodeco, "decode_attention"):
-        log.warning("rodeco's decode attention kernel was built but registered no op; inductor's attention is used")
+        log.warning("rodeco's CPU kernels were built but registered no attention op; inductor's attention and the "
+                    "linears' Python op are used")
         return False
 
     @torch.library.register_fake("rodeco::decode_attention")
