@@ -105,10 +105,10 @@ inline void dots_upto(int nb, bool sh, const float* qf, int64_t D, const T* k, i
 // s[j * ld + t] = scale * <q_j, key_t> + bias[t] for G queries qf [G, D] and n keys by column (key_t's d-th value
 // at k[d * kd + t]), in runs of up to NB blocks (``dots``: the keys' rows read in runs, NB * G independent sums; one
 // block at a time, the reads jumped between the keys' rows, and with the next task's rows fetched (``fetch``) the
-// last blocks taken one at a time ran 1.07-1.2x slower than in a run). ``end``: the end of
-// the keys' storage; a block may read past n (into the next row, or padding) while it stays inside it, and the
-// lanes past n are garbage the caller masks; only a run's last block that would cross ``end`` is read lane by lane.
-// ``fetch``: fetched during the first run's dot products.
+// last blocks taken one at a time ran 1.07-1.2x slower than in a run). ``end``: the end of the keys' storage; a
+// block may read past n (into the next row, or padding) while it stays inside it, and the lanes past n are garbage
+// the caller masks; only a run's last block that would cross ``end`` is read lane by lane. ``fetch``: fetched
+// during the first run's dot products, one row for each of its head_dim iterations.
 template <int G, int NB, typename T>
 void scores(const float* qf, int64_t D, const T* k, int64_t kd, int64_t n, const T* end, const float* bias,
             float scale, float* s, int64_t ld, const Fetch<T>& fetch) {
@@ -187,7 +187,9 @@ void attend(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp, con
       const T* qb = qd + q0 * b + q1 * h;
       for (int j = 0; j < G; ++j)
         for (int64_t d = 0; d < D; ++d) qf[j * D + d] = static_cast<float>(qb[q2 * j + d]);
-      Fetch<T> next_k, next_v;  // the next task's own keys, fetched during the prompt's scores; its values, the own
+      // the next task's own keys, fetched during the prompt's scores, and its values (their first head_dim rows)
+      // during the own scores
+      Fetch<T> next_k, next_v;
       if (i + 1 < hi) {
         const int64_t b1 = (i + 1) / H, h1 = (i + 1) % H;
         next_k = {kd + k0 * b1 + k1 * h1, k3, S, D};
