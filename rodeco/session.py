@@ -64,7 +64,7 @@ class Session:
             return self.forced[:, self.t]
         seed = self.seeds[self.prompt_of] if self.spec.seeds else self.seed
         u = torch.from_numpy(uniforms(seed, self._row_keys(), self.t)).to(self.logits.device)
-        return sample(self.logits, u, self.sampling)
+        return sample(self.logits, u, self.sampling, getattr(self.engine, "topk", None))
 
     def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
         """[B] the generator's log-probability of each row's token."""

@@ -125,7 +125,8 @@ def test_the_plain_weights_path_gives_the_same_tokens(gens):
 
 def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens):
     """On CPU the compiled step's attention is rodeco's kernel (``rodeco.engines.kernels``) in fp32 as in bf16, where
-    it can be built; the engine stores the prompt's keys and its own by column, the kernel's layout."""
+    it can be built; the engine stores the prompt's keys and its own by column, the kernel's layout, and samples
+    through rodeco's top-k."""
     from rodeco.engines import kernels
     from rodeco.engines.compiled import CompiledStep
 
@@ -138,6 +139,8 @@ def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens)
     eng.step(torch.tensor([4]))
     assert comp.compiled.kernel
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
+    # its sampling's top-k is rodeco's too (torch's values and indices: the eager tokens, as the first test checks)
+    assert eng.topk is kernels.topk and gens()[0].new_engine().topk is None
 
 
 def test_the_graph_calls_the_linears_in_cpp_where_built_and_in_python_elsewhere(gens, monkeypatch):

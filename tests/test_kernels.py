@@ -3,7 +3,9 @@ in float64 from the same inputs: prompt keys read through each row's prompt, the
 across whole and partial blocks of 16, each query-head group it is built for, fp32 and bf16 caches. A row's output
 does not depend on the batch or the cache's capacity (bit for bit); inputs it cannot read are refused by name; a
 failed build leaves the compiled step on inductor's attention with a warning. The prepacked linears' C++ op
-(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed.
+(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed. The top-k
+(``topk.cpp``) gives ``torch.topk``'s values and indices, ties, NaNs and odd shapes included, and sampling through it
+draws the same tokens.
 """
 
 from __future__ import annotations
@@ -117,6 +119,53 @@ def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
     gc.collect()
     with pytest.raises(RuntimeError, match=f"no linear under handle {h} "):
         torch.ops.rodeco.packed_linear_c(x, h)
+
+
+@pytest.mark.parametrize("B,V,k", [(64, 49152, 50), (3, 1000, 50), (5, 100, 99), (7, 130, 5), (8, 4096, 1),
+                                   (2, 65, 64)])
+@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "-inf", "constant row"])
+def test_topk_gives_torchs_values_and_indices(B, V, k, kind):
+    """Equal to ``torch.topk`` in values and indices (bit for bit): rows whose k + 1 largest values tie (bf16
+    logits tie often; a constant row) or that hold a NaN are handed to torch; half a vocabulary at -inf, more top-k
+    than chunks of 64, a partial last chunk."""
+    x = torch.randn(B, V, generator=torch.Generator().manual_seed(V + k)) * 3
+    if kind == "ties":
+        x = x.bfloat16().float()
+    elif kind == "nan":
+        x[0, 7] = float("nan")
+    elif kind == "-inf":
+        x[:, : V // 2] = float("-inf")
+    elif kind == "constant row":
+        x[B // 2] = 0.5
+    vals, idx = kernels.topk(x, k)
+    want_vals, want_idx = x.topk(k, dim=-1)
+    assert torch.equal(idx, want_idx)
+    assert torch.equal(vals.nan_to_num(), want_vals.nan_to_num())
+    _, _, exact = torch.ops.rodeco.topk(x, k)  # the kernel's own answer where it is unique; torch's elsewhere
+    if kind == "normal":
+        assert bool(exact.all())
+    elif kind in ("nan", "constant row"):
+        assert not bool(exact[0 if kind == "nan" else B // 2])
+
+
+def test_topk_hands_what_the_kernel_does_not_take_to_torch():
+    x = torch.randn(4, 300)
+    for y, k in [(x.t().contiguous().t(), 5), (x.double(), 5), (x, 300), (x[None], 5)]:
+        want = y.topk(k, dim=-1)
+        got = kernels.topk(y, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(RuntimeError, match="contiguous fp32"):
+        torch.ops.rodeco.topk(x.double(), 5)
+
+
+def test_sampling_through_the_kernels_topk_draws_torchs_tokens():
+    from rodeco.sampling import SamplingParams, sample
+
+    gen = torch.Generator().manual_seed(1)
+    for t, k, p in [(1.0, 50, 1.0), (0.7, 20, 0.9), (1.3, 1, 1.0)]:
+        logits, u = torch.randn(32, 5000, generator=gen) * 4, torch.rand(32, generator=gen)
+        sp = SamplingParams(t, k, p)
+        assert torch.equal(sample(logits, u, sp, kernels.topk), sample(logits, u, sp))
 
 
 def test_a_failed_build_leaves_inductors_attention_and_says_so(monkeypatch, caplog):

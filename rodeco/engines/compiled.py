@@ -23,6 +23,10 @@ Nothing is padded. With inductor's attention the budget charges one transient be
 graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
 kernel gathers nothing, and the budget charges nothing for it.
 
+On CPU the compiled step also hands the engine's sampling rodeco's top-k (``CompiledStep.topk``: ``kernels.topk``,
+``torch.topk``'s values and indices from about one read of each row, where ``torch.topk`` sorts it), so it draws
+the tokens torch's top-k would from the same logits.
+
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
 slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
 bit under compile. Against the eager step the logits differ by round-off (inductor fuses and reorders).
@@ -221,6 +225,8 @@ class CompiledStep:
         # rodeco's attention kernel, which reads keys by column (``keys_by_column``)
         self.kernel = _kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel
         self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel).eval()
+        # sampling's top-k by rodeco's kernel (``kernels.topk``: torch's values and indices) on CPU, once built
+        self.topk = kernels.topk if not self.cuda and kernels.topk_available() else None
         self.compiles = 0
         self.compile_seconds = 0.0
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its

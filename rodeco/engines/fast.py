@@ -110,6 +110,7 @@ class FastLlamaEngine:
         cfg = model.config
         self.model = model
         self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
+        self.topk = getattr(compiled, "topk", None)  # sampling's top-k, where the compiled step brings rodeco's own
         w = weights if weights is not None else self.prepare(model)
         self.layers = w.layers
         self.embed = model.model.embed_tokens.weight
