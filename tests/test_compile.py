@@ -141,6 +141,7 @@ def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens)
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
     # its sampling's top-k is rodeco's too (torch's values and indices: the eager tokens, as the first test checks)
     assert eng.topk is kernels.topk and gens()[0].new_engine().topk is None
+    assert gens(torch.bfloat16)[1].new_engine().topk is None  # bf16 logits tie: torch's top-k samples
 
 
 def test_the_graph_calls_the_linears_in_cpp_where_built_and_in_python_elsewhere(gens, monkeypatch):

@@ -23,9 +23,9 @@ Nothing is padded. With inductor's attention the budget charges one transient be
 graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
 kernel gathers nothing, and the budget charges nothing for it.
 
-On CPU the compiled step also hands the engine's sampling rodeco's top-k (``CompiledStep.topk``: ``kernels.topk``,
-``torch.topk``'s values and indices from about one read of each row, where ``torch.topk`` sorts it), so it draws
-the tokens torch's top-k would from the same logits.
+On CPU, in fp32, the compiled step also hands the engine's sampling rodeco's top-k (``CompiledStep.topk``:
+``kernels.topk``, ``torch.topk``'s values and indices from about one read of each row, where ``torch.topk`` sorts
+it), so it draws the tokens torch's top-k would from the same logits.
 
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
 slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
@@ -225,8 +225,11 @@ class CompiledStep:
         # rodeco's attention kernel, which reads keys by column (``keys_by_column``)
         self.kernel = _kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel
         self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel).eval()
-        # sampling's top-k by rodeco's kernel (``kernels.topk``: torch's values and indices) on CPU, once built
-        self.topk = kernels.topk if not self.cuda and kernels.topk_available() else None
+        # sampling's top-k by rodeco's kernel (``kernels.topk``: torch's values and indices) on CPU, once built, in
+        # fp32: bf16 logits tie among their k + 1 largest in every row measured (SmolLM2: none of 512), which it hands
+        # to torch
+        fp32 = p.dtype == torch.float32
+        self.topk = kernels.topk if not self.cuda and fp32 and kernels.topk_available() else None
         self.compiles = 0
         self.compile_seconds = 0.0
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its

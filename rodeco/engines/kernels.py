@@ -30,7 +30,7 @@ from rodeco.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("decode_attention.cpp", "packed_linear.cpp", "topk.cpp")]  # one extension
+SOURCES = [Path(__file__).with_name(n) for n in ("decode_attention.cpp", "packed_linear.cpp", "topk.cpp")]  # one build
 LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
