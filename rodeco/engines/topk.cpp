@@ -11,7 +11,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +24,8 @@
 
 namespace {
 
-constexpr int64_t CHUNK = 64;
+constexpr int64_t CHUNK = 64;  // the AVX-512 path reads a chunk as four vectors of 16
+static_assert(CHUNK == 64, "chunk_maxima's AVX-512 path reads 64 logits a chunk");
 
 // The maxima of the row's chunks into m; returns whether the row holds a NaN.
 bool chunk_maxima(const float* x, int64_t V, float* m) {
