@@ -27,9 +27,15 @@ namespace {
 constexpr int64_t CHUNK = 64;  // the AVX-512 path reads a chunk as four vectors of 16
 static_assert(CHUNK == 64, "chunk_maxima's AVX-512 path reads 64 logits a chunk");
 
+// The maximum of x[s, e); a NaN there sets ``nan``.
+inline float span_max(const float* x, int64_t s, int64_t e, bool& nan) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = s; j < e; ++j) mx = x[j] > mx ? x[j] : mx, nan |= x[j] != x[j];
+  return mx;
+}
+
 // The maxima of the row's chunks into m; returns whether the row holds a NaN.
 bool chunk_maxima(const float* x, int64_t V, float* m) {
-  const float lo = -std::numeric_limits<float>::infinity();
   bool nan = false;
   int64_t c = 0;
 #ifdef __AVX512F__
@@ -42,17 +48,9 @@ bool chunk_maxima(const float* x, int64_t V, float* m) {
   }
   nan = un != 0;
 #else
-  for (int64_t s = 0; s + CHUNK <= V; s += CHUNK, ++c) {
-    float mx = lo;
-    for (int64_t j = s; j < s + CHUNK; ++j) mx = x[j] > mx ? x[j] : mx, nan |= x[j] != x[j];
-    m[c] = mx;
-  }
+  for (int64_t s = 0; s + CHUNK <= V; s += CHUNK, ++c) m[c] = span_max(x, s, s + CHUNK, nan);
 #endif
-  if (c * CHUNK < V) {  // the last, partial chunk
-    float mx = lo;
-    for (int64_t j = c * CHUNK; j < V; ++j) mx = x[j] > mx ? x[j] : mx, nan |= x[j] != x[j];
-    m[c] = mx;
-  }
+  if (c * CHUNK < V) m[c] = span_max(x, c * CHUNK, V, nan);  // the last, partial chunk
   return nan;
 }
 
