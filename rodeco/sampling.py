@@ -15,7 +15,7 @@ import torch
 
 from rodeco.state import SamplingParams
 
-__all__ = ["SamplingParams", "copy_stream", "row_keys", "sample", "scaled", "uniforms"]
+__all__ = ["SamplingParams", "copy_stream", "device_uniforms", "row_keys", "sample", "scaled", "uniforms"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -64,6 +64,39 @@ def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np
         key = _splitmix64(seed + np.uint64(step) * np.uint64(0xD1B54A32D192ED03))
         x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def _int64(c: int) -> int:
+    """The 64-bit pattern of ``c`` as the int64 that holds it (two's complement)."""
+    c &= 0xFFFFFFFFFFFFFFFF
+    return c - (1 << 64) if c >> 63 else c
+
+
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``x`` (int64 holding uint64 bits) shifted right by ``s`` as uint64 is (torch's ``>>`` on int64 keeps the
+    sign)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _splitmix64_t(x: torch.Tensor) -> torch.Tensor:
+    """``_splitmix64`` on int64 tensors: the same bits (int64 addition and multiplication wrap as uint64's do)."""
+    x = x + _int64(0x9E3779B97F4A7C15)
+    x = (x ^ _srl(x, 30)) * _int64(0xBF58476D1CE4E5B9)
+    x = (x ^ _srl(x, 27)) * _int64(0x94D049BB133111EB)
+    return x ^ _srl(x, 31)
+
+
+def device_uniforms(seed: int | torch.Tensor, keys: torch.Tensor, step: int) -> torch.Tensor:
+    """``uniforms`` computed where ``keys`` live, bit for bit: ``keys`` [B] the ``row_keys`` as int64 (``.view(
+    np.int64)``), ``seed`` one int or an int64 tensor [B]. A CUDA step draws its numbers with a few elementwise
+    kernels and copies nothing from the host (``uniforms`` is numpy's, copied each step). float64 [B]."""
+    inc = _int64(step * 0xD1B54A32D192ED03)
+    if isinstance(seed, torch.Tensor):
+        key = _splitmix64_t(seed + inc)
+    else:  # one seed: its step key is one number
+        key = _int64(int(_splitmix64(np.array([(seed + inc) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]))
+    x = _splitmix64_t(key ^ (keys * _int64(0x9E3779B97F4A7C15)))
+    return (_srl(x, 11).double() + 0.5) / float(1 << 53)
 
 
 def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

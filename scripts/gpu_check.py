@@ -11,15 +11,18 @@ Steps (each timed and recorded; one that fails does not stop the others; a globa
 2. ``survivors``: Speculative Rejection (``fixed`` alpha 0.5 under a budget that forces rejections) against
    Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix
    (``vllm`` too where installed: ``.venv-vllm/bin/python``; SR vs Best-of-N in time inside vLLM: vllm_bench.py).
-3. ``budget``: a run whose budget comes from free CUDA memory (``budget=cuda``, ``n=auto``, each row charged its
+3. ``syncs``: the fast engine's steady decode steps (eager and compiled) under ``torch.cuda.set_sync_debug_mode(
+   "error")`` with the draws on the device and the finished count a step late (CUDA's default): no step may wait
+   for the device; the same tokens as with the exact count and numpy's draws, and tokens/s of both.
+4. ``budget``: a run whose budget comes from free CUDA memory (``budget=cuda``, ``n=auto``, each row charged its
    working memory); the peak KV bytes stay within that budget, and the peak allocated memory above the weights is
    reported against the memory the budget was given (goal: at most 1.1 times).
-4. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
+5. ``oom``: a real out-of-memory error (the process is capped with ``set_per_process_memory_fraction`` and the
    budget asks for more); the run backs off, finishes, and equals a run started at the settings it backed off to.
-5. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``), the
+6. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``), the
    fast engine eager and compiled (``generator.compile=true``, its compile time apart; issue 29's goal on CUDA: the
    compiled engine at >= 2x ``generate()`` in bf16 at batch 64).
-6. ``efficiency``: Speculative Rejection live against Best-of-N live on AlpacaFarm prompts, both with measured
+7. ``efficiency``: Speculative Rejection live against Best-of-N live on AlpacaFarm prompts, both with measured
    wall times: SR at the memory Best-of-4 fills, Best-of-N at the smallest N whose mean best reward reaches SR's.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` in ``--out``. Without CUDA (and ``--device cuda``) it says so in
@@ -41,7 +44,7 @@ from typing import Any
 
 from gpu_report import environment, markdown, write_report  # the report's JSON and Markdown
 
-STEPS = ("greedy", "survivors", "budget", "oom", "engine_bench", "efficiency")
+STEPS = ("greedy", "survivors", "syncs", "budget", "oom", "engine_bench", "efficiency")
 PROMPTS = ["Give three tips for staying healthy.", "Explain in two sentences why the sky is blue.",
            "Write a haiku about autumn.", "What are the names of some famous actors that started on Broadway?"]
 log = logging.getLogger("gpu_check")
@@ -77,14 +80,16 @@ class Check:
         return [f"generator.model={self.args.model}", f"generator.engine={engine}", f"generator.dtype={self.args.dtype}",
                 f"generator.device={self.args.device}", "reward=logprob", "output.progress=false"]
 
-    def generator(self, engine: str):
-        """The generator for one engine, loaded once (the fast engine and hf share nothing but the weights' file)."""
-        if engine not in self._gens:
+    def generator(self, engine: str, *extra: str):
+        """The generator for one engine (and ``extra`` generator overrides), loaded once (the fast engine and hf share
+        nothing but the weights' file)."""
+        key = ",".join((engine, *extra))
+        if key not in self._gens:
             import rodeco
             from rodeco.loading import load_generator
 
-            self._gens[engine] = load_generator(rodeco.load_config(self.overrides(engine)).generator)
-        return self._gens[engine]
+            self._gens[key] = load_generator(rodeco.load_config([*self.overrides(engine), *extra]).generator)
+        return self._gens[key]
 
     def decode(self, prompts: list[str], engine: str, overrides: list[str], **kw):
         import rodeco
@@ -256,6 +261,57 @@ class _Collect(logging.Handler):
         self.into.append(record.getMessage())
 
 
+def step_syncs(c: Check) -> dict[str, Any]:
+    """The fast engine's steady steps, eager and compiled (CUDA; eager only on CPU), twice from one prefill state:
+    with the exact finished count and numpy's draws copied in each step (as on CPU), and with the draws on the device
+    and the count a step late (``Session.device_uniforms``, ``lag_finished``: CUDA's default). The tokens must be
+    equal; the second runs under ``torch.cuda.set_sync_debug_mode("error")``, which raises at any step that makes
+    the host wait for the device (a scalar read, a blocking copy); tokens/s of both."""
+    import torch
+
+    from rodeco.sampling import SamplingParams
+    from rodeco.state import SessionSpec
+
+    cuda, s = c.args.device.startswith("cuda"), c.sizes
+    warm, steps = 8, s.bench_tokens
+    end = warm + steps
+    out: dict[str, Any] = {"rows": s.bench_batch, "steady_steps": steps}
+    for label, extra in (("fast", "generator.compile=false"), ("fast-compiled", "generator.compile=true"))[:1 + cuda]:
+        gen = c.generator("fast", extra)
+        ids = [gen.encode(p) for p in PROMPTS[:2]]
+        res: dict[str, Any] = {}
+        toks = []
+        for lagged in (False, True):
+            sess = gen.open_session(SessionSpec(s.bench_batch // 2, SamplingParams(1.0, 50, 1.0), end + 1, 0,
+                                                (0, 1), ignore_eos=True))  # no row leaves before ``end``
+            sess.device_uniforms = sess.lag_finished = lagged
+            sess.prefill(ids)
+            sess.decode(end + 1, pause=warm)  # shapes compiled (graphs recorded), the draw keys uploaded
+            sync(c.args.device)
+            err, t0 = None, time.perf_counter()
+            if cuda and lagged:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                sess.decode(end + 1, pause=end)
+                sync(c.args.device)
+            except RuntimeError as e:  # a step that waits for the device, named by the error
+                err = f"{e}"[:800]
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(0)
+            secs = time.perf_counter() - t0
+            toks.append(sess.out[:, :end].cpu())
+            res["lagged" if lagged else "exact"] = {"tokens_per_s": sess.rows * steps / secs, "sync_error": err}
+        res["same_tokens"] = bool(torch.equal(*toks))
+        res["lagged_over_exact"] = res["lagged"]["tokens_per_s"] / res["exact"]["tokens_per_s"]
+        out[label] = res
+    out["sync_debug"] = "torch.cuda.set_sync_debug_mode('error') on the lagged runs" if cuda else \
+        "needs CUDA: on CPU the same decode runs without it"
+    out["ok"] = all(out[k]["same_tokens"] and out[k]["lagged"]["sync_error"] is None
+                    for k in ("fast", "fast-compiled") if k in out)
+    return out
+
+
 def step_engine_bench(c: Check) -> dict[str, Any]:
     import rodeco
 
@@ -320,7 +376,7 @@ def mean(xs) -> float:
 
 
 STEP_FNS: dict[str, Callable[[Check], dict[str, Any]]] = {
-    "greedy": step_greedy, "survivors": step_survivors, "budget": step_budget, "oom": step_oom,
+    "greedy": step_greedy, "survivors": step_survivors, "syncs": step_syncs, "budget": step_budget, "oom": step_oom,
     "engine_bench": step_engine_bench, "efficiency": step_efficiency}
 
 

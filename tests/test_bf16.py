@@ -125,12 +125,18 @@ def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
                    (pruned.prompt_of[row], pruned.cand[row])]
         assert torch.equal(pruned.out[row, : pruned.t], whole.out[same, : whole.t])
         assert torch.equal(pruned.logits[row], whole.logits[same])  # bit for bit
-        seq = torch.tensor([prompt_ids[pruned.prompt_of[row]] + pruned.out[row, : pruned.t - 1].tolist()])
+    ratios = []  # each row's error against the fp32 model's logits, over a fresh bf16 forward's
+    for row in range(whole.rows):
+        seq = torch.tensor([prompt_ids[whole.prompt_of[row]] + whole.out[row, : whole.t - 1].tolist()])
         with torch.no_grad():
             fresh = gen.model(seq).logits[0, -1].float()  # one bf16 forward over the whole sequence
             exact = smollm2.model(seq).logits[0, -1]  # the same weights in fp32
-        err, fresh_err = (pruned.logits[row].float() - exact).abs().max(), (fresh - exact).abs().max()
-        assert err <= 2 * fresh_err, (err, fresh_err)  # bf16 round-off, no more than a fresh forward's
+        ratios.append(float((whole.logits[row].float() - exact).abs().max() / (fresh - exact).abs().max()))
+    # bf16 round-off of a fresh forward's size: the fast eager step rounds its q.k scores to bf16 (the matmul's
+    # output) where SDPA keeps them in fp32, so a single row reaches 2.7x a fresh forward's error on an AVX512-BF16
+    # CPU without AMX (1.1x on average over 36 rows and steps); a row that reads another row's generated keys and
+    # values from step 3 on was 20x a fresh forward's error (tried on the same CPU)
+    assert sum(ratios) / len(ratios) <= 2 and max(ratios) <= 4, ratios
 
 
 @pytest.mark.integration

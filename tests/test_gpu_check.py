@@ -28,7 +28,7 @@ def test_arguments(gc, tmp_path):
     a = gc.parse([])
     assert (a.device, a.dtype, a.model, a.quick, a.time_limit, a.data) == ("cuda", "bfloat16", "smollm2", False, 480.0,
                                                                           "alpacafarm100")
-    assert a.steps.split(",") == ["greedy", "survivors", "budget", "oom", "engine_bench", "efficiency"]
+    assert a.steps.split(",") == ["greedy", "survivors", "syncs", "budget", "oom", "engine_bench", "efficiency"]
     a = gc.parse(["--device", "cpu", "--quick", "--out", str(tmp_path), "--steps", "oom,greedy", "--time-limit", "60"])
     assert (a.device, a.quick, a.out, a.steps, a.time_limit) == ("cpu", True, str(tmp_path), "oom,greedy", 60.0)
     with pytest.raises(SystemExit):
@@ -75,7 +75,7 @@ def test_first_divergence(gc):
 
 @pytest.mark.integration
 def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
-    """greedy, survivors, engine_bench and efficiency with --device cpu --quick on a tiny Llama saved to disk (budget
+    """greedy, survivors, syncs, engine_bench and efficiency with --device cpu --quick on a tiny Llama saved to disk (budget
     and oom need CUDA: they say so)."""
     code = gc.main(["--device", "cpu", "--quick", "--dtype", "float32", "--model", str(tiny_model_dir), "--out",
                     str(tmp_path), "--data", "demo"])
@@ -88,6 +88,9 @@ def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
         assert sv["rejected"] > 0 and sv["mismatches"] == 0 and sv["within_budget"]
         assert sv["survivors_equal"] + sv["rejected"] == 2 * gc.Sizes.quick().rows
     assert s["budget"]["skipped"].startswith("needs CUDA") and s["oom"]["skipped"].startswith("needs CUDA")
+    sy = s["syncs"]  # eager only on CPU, without the sync debug mode (CUDA's)
+    assert sy["fast"]["same_tokens"] and sy["fast"]["lagged"]["tokens_per_s"] > 0 and "fast-compiled" not in sy
+    assert sy["sync_debug"].startswith("needs CUDA")
     assert s["engine_bench"]["speedup_vs_hf_generate"] > 0
     compiled = s["engine_bench"]["engines"]["fast-compiled"]  # generator.compile=true: compiled in the warm-up
     assert compiled["tokens_per_s"] > 0 and compiled["compiles_warm_up"] >= 1 and compiled["compiles_timed"] == 0
