@@ -246,3 +246,37 @@ def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
 
     eager, comp = gens(torch.bfloat16)
     assert comp.gathers_prompt != kernels.decode_attention_available() and not eager.gathers_prompt
+
+
+def test_one_graph_a_round_gives_the_eager_tokens_and_the_survivors(gens):
+    """``graphs`` (CUDA's default, here on CPU without the CUDA graphs): the slot written a tensor on the device,
+    attention over the round's whole own capacity masked past it, the caches static inputs whose unwritten slots hold
+    zeros. It decodes the eager step's tokens in fp32 with the plain weights (CUDA's), gives a row the same logits
+    bit for bit at any capacity, keeps Best-of-N's samples as Speculative Rejection's survivors, and compiles a
+    bounded handful of graphs. (At another batch size the plain weights' matmuls may round otherwise: 1e-6 apart at
+    2, 4 and 6 rows here; the tokens stay the same.)"""
+    from torch._dynamo.utils import get_static_address_type
+
+    g = _same_tokens_as_eager(gens, 24, packed=False, graphs=True)
+    assert g.compiled.graphs and not g.compiled.kernel and g.compiled.module.handles is None
+    eng = g.new_engine()
+    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
+    eng.reserve(3 + 8)
+    eng.step(torch.tensor([4]))
+    assert eng.s_dev.tolist() == [1] and eng.k[0].shape[2] == 8
+    assert (eng.k[0][:, :, 1:] == 0).all() and (eng.v[0][:, :, 1:] == 0).all() and (eng.k[0][:, :, 0] != 0).any()
+    assert all(get_static_address_type(t) == "unguarded" for t in (*eng.k, *eng.v, *eng.kp, *eng.vp, eng.s_dev))
+    logits = []  # a row's logits do not depend on the round's capacity (the masked slots add nothing): bit for bit
+    for cap in (6, 29, 50):
+        eng = g.new_engine()
+        eng.prefill(torch.tensor([[5, 6, 7], [0, 3, 4]]), torch.tensor([[1, 1, 1], [0, 1, 1]]))
+        eng.select(torch.arange(2).repeat_interleave(2))
+        eng.reserve(3 + cap)
+        logits.append(torch.stack([eng.step(torch.arange(4) + 10 + t)[0].clone() for t in range(6)]))
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
+    bon = run_tiny(g, PROMPTS, n=8, policy="none", overrides=["sampling.max_new_tokens=40", "budget=unlimited"])
+    sr = run_tiny(g, PROMPTS, n=8, policy="fixed", overrides=ov)
+    rejected, broken = compare_survivors(bon, sr)
+    assert rejected > 0 and broken == 0
+    assert 1 <= g.compiled.compiles <= MOST_GRAPHS and g.compiled.cudagraph_skips == 0

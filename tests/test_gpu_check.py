@@ -28,7 +28,8 @@ def test_arguments(gc, tmp_path):
     a = gc.parse([])
     assert (a.device, a.dtype, a.model, a.quick, a.time_limit, a.data) == ("cuda", "bfloat16", "smollm2", False, 480.0,
                                                                           "alpacafarm100")
-    assert a.steps.split(",") == ["greedy", "survivors", "syncs", "budget", "oom", "engine_bench", "efficiency"]
+    assert a.steps.split(",") == ["greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget",
+                                     "oom"]
     a = gc.parse(["--device", "cpu", "--quick", "--out", str(tmp_path), "--steps", "oom,greedy", "--time-limit", "60"])
     assert (a.device, a.quick, a.out, a.steps, a.time_limit) == ("cpu", True, str(tmp_path), "oom,greedy", 60.0)
     with pytest.raises(SystemExit):
@@ -94,6 +95,9 @@ def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
     assert s["engine_bench"]["speedup_vs_hf_generate"] > 0
     compiled = s["engine_bench"]["engines"]["fast-compiled"]  # generator.compile=true: compiled in the warm-up
     assert compiled["tokens_per_s"] > 0 and compiled["compiles_warm_up"] >= 1 and compiled["compiles_timed"] == 0
-    eff = s["efficiency"]
-    assert eff["data"] == "demo" and eff["prompts"] == 2 and eff["best_of_n"][0]["N"] == 1
-    assert eff["sr"]["peak_kv_tokens"] <= eff["budget_kv_tokens"] and eff["flops_ratio_bon_over_sr"] > 0
+    eff = s["efficiency"]  # vllm_bench.py on the fast engine: SR within Best-of-4's memory, Best-of-N in waves of 4
+    assert eff["data"] == "demo" and eff["prompts"] == 2 and eff["engine"] == "fast" and eff["memory_of"] == 4
+    assert set(eff["methods"]) == {"sr", "bon_4", "bon_8"} and eff["command"].startswith("python scripts/vllm_bench")
+    ratio, lo, hi = eff["methods"]["bon_8"]["speedup_vs_sr"]
+    assert 0 < lo <= ratio <= hi
+    assert (tmp_path / "efficiency" / "vllm_bench.json").is_file()  # prompt by prompt

@@ -28,14 +28,23 @@ On CPU, in fp32, the compiled step also hands the engine's sampling rodeco's top
 it), so it draws the tokens torch's top-k would from the same logits.
 
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
-slice ``:S + 1`` as in the eager step), so Speculative Rejection's survivors are still Best-of-N's samples bit for
-bit under compile. Against the eager step the logits differ by round-off (inductor fuses and reorders).
+slice ``:S + 1`` as in the eager step; under ``graphs`` the masked slots add nothing), so Speculative Rejection's
+survivors are still Best-of-N's samples bit for bit under compile, with oneDNN's prepacked weights (CPU's). With the
+plain weights (CUDA's) the matmuls may round otherwise at another batch size (on CPU, 1e-6 apart at 2, 4 and 6
+rows); the GPU check's ``survivors`` step says whether CUDA's keep the samples. Against the eager step the logits
+differ by round-off (inductor fuses and reorders).
 
 ``auto`` compiles on CUDA only: on CPU a graph of SmolLM2 takes minutes to compile (85 to 350 s for the two,
 measured), which a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md, issue 29,
 has the speeds).
-On CUDA the graph is captured as CUDA graphs (inductor's ``triton.cudagraphs``, one per shape seen); that path has
-not run on a GPU yet.
+
+On CUDA the step runs one graph a round (``CompiledStep.graphs``), captured as a CUDA graph (inductor's
+``triton.cudagraphs``): a CUDA graph holds fixed addresses and sizes, so the slot written is a tensor on the device
+(the engine's ``s_dev``, incremented in place), attention reads the round's whole own capacity with the slots past
+it masked (they hold zeros), and the caches are static inputs (inductor captures no graph that writes to any other
+input). Sizes stay symbolic, so a new round (capacity, rows) records a new CUDA graph and compiles nothing. On CPU
+the same step keeps a row's logits bit for bit at any capacity (``tests/test_compile.py``). That path has not run on
+a GPU yet.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from typing import Any
 import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from rodeco.engines import kernels
 from rodeco.engines.fast import FastWeights, _Linear, _rms_norm, _rope
@@ -132,13 +142,15 @@ class _Weights(torch.nn.Module):
 
 
 def _attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
-               bias: torch.Tensor, scale: float) -> torch.Tensor:
+               bias: torch.Tensor, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention as products and sums inductor fuses into loops that read each key and value once, in fp32:
     q [B, Hkv, g, D], the rows' prompt keys/values kp, vp [B, Hkv, P, D] and own ks, vs [B, Hkv, S, D], bias
-    [B, 1, 1, P] -> [B, Hkv, g, D] in q's dtype."""
+    [B, 1, 1, P], ``own`` [S] which own slots hold tokens (None: all) -> [B, Hkv, g, D] in q's dtype."""
     qf = q.float()[:, :, :, None, :]
     sp = (qf * kp.float()[:, :, None]).sum(-1) * scale + bias
     so = (qf * ks.float()[:, :, None]).sum(-1) * scale
+    if own is not None:  # the round's whole capacity: slots not yet written weigh nothing (they hold zeros)
+        so = so.masked_fill(~own, float("-inf"))
     p = torch.softmax(torch.cat([sp, so], dim=-1), dim=-1)[..., None]  # [B, Hkv, g, P + S, 1]
     P = kp.shape[2]
     o = (p[:, :, :, :P] * vp.float()[:, :, None]).sum(-2) + (p[:, :, :, P:] * vs.float()[:, :, None]).sum(-2)
@@ -152,11 +164,11 @@ class _Step(torch.nn.Module):
     by column), else by ``_attention``."""
 
     def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True, kernel: bool = False) -> None:
+                 packed: bool = True, kernel: bool = False, graphs: bool = False) -> None:
         super().__init__()
         self.w = _Weights(model, fused)
         self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d ** -0.5
-        self.kernel = kernel
+        self.kernel, self.graphs = kernel, graphs
         lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
         lins["head"] = [fused.lm_head]
         self.fused = fused  # the prepacked linears the handles name live as long as the step
@@ -173,25 +185,34 @@ class _Step(torch.nn.Module):
         return F.linear(x, w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pbias: torch.Tensor, grp: torch.Tensor,
-                s: int, kp: list[torch.Tensor], vp: list[torch.Tensor], k: list[torch.Tensor],
+                s: int | torch.Tensor, kp: list[torch.Tensor], vp: list[torch.Tensor], k: list[torch.Tensor],
                 v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden] embedded tokens, cos/sin [B, 1, D], pbias [G, P] the prompts' bias, grp [B] each row's
-        prompt, ``s`` the own slot written this step -> (logits [B, V], the final normed hidden state [B, hidden])."""
+        prompt, ``s`` the own slot written this step (with ``graphs``: a tensor [1] on the device, and attention reads
+        the round's whole own capacity, masked past ``s``) -> (logits [B, V], the final normed hidden state [B,
+        hidden])."""
         B, g, w = x.shape[0], self.h // self.hkv, self.w
         hd, kd = self.h * self.d, self.hkv * self.d
         bias = None if self.kernel else pbias.index_select(0, grp)[:, None, None, :]  # [B, 1, 1, P]
+        own = torch.arange(k[0].shape[2], device=x.device) <= s if self.graphs else None  # [capacity]
         for li in range(len(w.qkv)):
             qkv = self._linear(_rms_norm(x, w.ln1[li], self.eps), "qkv", li)
             q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
             q = _rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
-            k[li].narrow(2, s, 1).copy_(_rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None])
-            v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
-            ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
+            kn = _rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None]
+            if self.graphs:  # the slot from a tensor: one graph (and one CUDA graph) serves every step of a round
+                k[li].index_copy_(2, s, kn)
+                v[li].index_copy_(2, s, vn.view(B, self.hkv, 1, self.d))
+                ks, vs = k[li], v[li]
+            else:
+                k[li].narrow(2, s, 1).copy_(kn)
+                v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
+                ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
             if self.kernel:
                 o = kernels.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
             else:
                 kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
-                o = _attention(q, kpr, vpr, ks, vs, bias, self.scale)
+                o = _attention(q, kpr, vpr, ks, vs, bias, self.scale, own)
             x = x + self._linear(o.reshape(B, -1), "o", li)
             gate, up = self._linear(_rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, "down", li)
@@ -216,15 +237,23 @@ def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
 
 class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
-    graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes)."""
+    graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes);
+    ``cudagraph_skips``: graphs inductor declined to capture as CUDA graphs (its reason is in the
+    ``TORCH_LOGS=cudagraphs`` log).
+
+    ``graphs`` (by default on CUDA): the step of a round is one graph, captured once as a CUDA graph: the slot written
+    is a tensor on the device, attention reads the round's whole own capacity masked past it, and the engine marks
+    its caches as static inputs (``torch._dynamo.mark_static_address``), zeroes their unwritten slots, and copies the
+    outputs out of the graph's memory. Each new round (new caches, rows or capacity) records a graph again."""
 
     def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True, kernel: bool | None = None) -> None:
+                 packed: bool = True, kernel: bool | None = None, graphs: bool | None = None) -> None:
         p = next(model.parameters())
         self.cuda = p.device.type == "cuda"
-        # rodeco's attention kernel, which reads keys by column (``keys_by_column``)
-        self.kernel = _kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel
-        self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel).eval()
+        self.graphs = self.cuda if graphs is None else graphs
+        # rodeco's attention kernel, which reads keys by column (``keys_by_column``); not under ``graphs``
+        self.kernel = (_kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel) and not self.graphs
+        self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel, self.graphs).eval()
         # sampling's top-k by rodeco's kernel (``kernels.topk``: torch's values and indices) on CPU, once built, in
         # fp32: bf16 logits tie among their k + 1 largest in every row measured (SmolLM2: none of 512), which it hands
         # to torch
@@ -232,6 +261,7 @@ class CompiledStep:
         self.topk = kernels.topk if not self.cuda and fp32 and kernels.topk_available() else None
         self.compiles = 0
         self.compile_seconds = 0.0
+        self.cudagraph_skips = 0
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its
         # own, so another model's or dtype's step never evicts this one's graphs nor exhausts its limit
         fwd = _Step.forward
@@ -254,26 +284,39 @@ class CompiledStep:
 
     @classmethod
     def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,
-           kernel: bool | None = None) -> CompiledStep:
+           kernel: bool | None = None, graphs: bool | None = None) -> CompiledStep:
         """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
         weights its engines use (``packed``: as ``_Step``'s; ``kernel``: rodeco's attention kernel, by default
-        where ``uses_kernel``)."""
-        return cls(model, fused, *_heads(model), model.config.rms_norm_eps, packed, kernel)
+        where ``uses_kernel``; ``graphs``: one graph a round, by default on CUDA)."""
+        return cls(model, fused, *_heads(model), model.config.rms_norm_eps, packed, kernel, graphs)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
         log.info("compiling the decode step (graph %d)", self.compiles + 1)
-        patches = {"freezing": True, "triton.cudagraphs": self.cuda}
+        patches = {"freezing": True, "triton.cudagraphs": self.cuda and self.graphs}
+        skips = counters["inductor"]["cudagraph_skips"]
         out = compile_fx(gm, example_inputs, config_patches=patches)
+        self.cudagraph_skips += counters["inductor"]["cudagraph_skips"] - skips
         self.compiles += 1  # counted once compiled: dynamo may restart a trace midway (a float argument specialized)
         return out
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``_Step.forward``'s arguments -> (logits, the final normed hidden state)."""
         before, t0 = self.compiles, time.perf_counter()
+        if self.graphs and self.cuda:  # the previous step's outputs were copied out: the graph may reuse its memory
+            torch.compiler.cudagraph_mark_step_begin()
         with fx_config.patch(use_duck_shape=False):  # sizes that happen to be equal (rows, prompt length) stay apart
             out = self.fn(*args)
+        if self.graphs and self.cuda:  # a CUDA graph's outputs live in its memory, which its next replay overwrites
+            out = (out[0].clone(), out[1].clone())
         if self.compiles != before:
             self.compile_seconds += time.perf_counter() - t0
         return out
+
+    @staticmethod
+    def adopt(tensors: list[torch.Tensor]) -> None:
+        """Mark an engine's new caches as static inputs (``graphs``): written in place by the graph, at addresses a
+        CUDA graph keeps (a new address records the graph again; dynamo does not recompile for it)."""
+        for t in tensors:
+            torch._dynamo.mark_static_address(t, guard=False)

@@ -111,6 +111,10 @@ class FastLlamaEngine:
         self.model = model
         self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
         self.topk = getattr(compiled, "topk", None)  # sampling's top-k, where the compiled step brings rodeco's own
+        # one graph a round (``CompiledStep.graphs``, CUDA): the slot written is ``s_dev``, a tensor on the device, and
+        # the caches are static inputs whose unwritten slots hold zeros
+        self.graphs = bool(getattr(compiled, "graphs", False))
+        self.s_dev: torch.Tensor | None = None
         w = weights if weights is not None else self.prepare(model)
         self.layers = w.layers
         self.embed = model.model.embed_tokens.weight
@@ -172,6 +176,8 @@ class FastLlamaEngine:
             for i, old in enumerate(cache):  # one layer at a time: peak is one extra layer
                 new = _cache(old, n, self.hkv, cap, self.d, t)
                 new[:, :, :S] = old.index_select(0, rows)[:, :, :S]
+                if self.graphs:  # read (masked) by every step of the round
+                    new[:, :, S:].zero_()
                 cache[i] = new
                 del old
         self.pos, self.grp, self._rows = self.pos.index_select(0, rows), self.grp.index_select(0, rows), None
@@ -181,6 +187,8 @@ class FastLlamaEngine:
                 cache[:] = [_take(c, live, t) for c in cache]
             self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
         self._group()
+        if self.graphs:
+            self.compiled.adopt([*self.k, *self.v, *self.kp, *self.vp, self.pbias, self.grp, self.s_dev])
 
     def _group(self) -> None:
         """Each prefix's rows (``segs``) and whether they are even, from ``grp``: once per cache reallocation."""
@@ -213,6 +221,7 @@ class FastLlamaEngine:
         valid = mask.bool()
         self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
         self.plen, self.sfx, self._rows = L, 0, None
+        self.s_dev = torch.zeros(1, dtype=torch.long, device=dev) if self.graphs else None
         self.grp = torch.arange(G, device=dev)
         self._group()
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [G, L]
@@ -276,9 +285,12 @@ class FastLlamaEngine:
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
         if self.compiled is not None:
-            logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, S, self.kp, self.vp, self.k, self.v)
+            s = self.s_dev if self.graphs else S
+            logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, s, self.kp, self.vp, self.k, self.v)
             self.last_hidden = hidden if self.keep_hidden else None
             self.sfx, self.pos = S + 1, self.pos + 1
+            if self.s_dev is not None:
+                self.s_dev.add_(1)
             return logits
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
         g = self.h // self.hkv

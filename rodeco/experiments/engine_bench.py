@@ -103,17 +103,19 @@ def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, s
             "ci": [float(np.exp(x)) for x in ci(r[idx].mean(axis=1))]}
 
 
-def _compiled(gen) -> tuple[int, float] | None:
-    """(graphs compiled, seconds compiling) of a generator's compiled step; None if it is not compiled."""
+def _compiled(gen) -> tuple[int, float, int, bool] | None:
+    """(graphs compiled, seconds compiling, graphs not captured as CUDA graphs, one graph a round) of a generator's
+    compiled step; None if it is not compiled."""
     step = getattr(gen, "compiled", None)
-    return (step.compiles, step.compile_seconds) if step is not None else None
+    return (step.compiles, step.compile_seconds, step.cudagraph_skips, step.graphs) if step is not None else None
 
 
-def _compile_figures(warm: tuple[int, float] | None, end: tuple[int, float] | None) -> dict[str, Any]:
+def _compile_figures(warm: tuple[int, float, int, bool] | None,
+                     end: tuple[int, float, int, bool] | None) -> dict[str, Any]:
     if warm is None or end is None:
         return {}
     return {"compiles_warm_up": warm[0], "compile_seconds": warm[1], "compiles_timed": end[0] - warm[0],
-            "compile_seconds_timed": end[1] - warm[1]}
+            "compile_seconds_timed": end[1] - warm[1], "one_graph_a_round": end[3], "cudagraph_skips": end[2]}
 
 
 def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[TorchGenerator, dict]:
