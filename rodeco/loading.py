@@ -104,8 +104,10 @@ def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype:
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if dtype == "auto" and dev.type == "cpu" and native_bf16():
-        log.info("this CPU has native bf16 matmuls: generator.dtype=bfloat16 decodes about 1.5x as fast (fp32 stays "
-                 "the default, since on a bf16 pool the efficiency figures moved beyond their CIs: docs/guide.md)")
+        log.info("this CPU has bf16 instructions: generator.dtype=bfloat16 may decode faster (1.5x on an AMD EPYC "
+                 "measured, 0.67x on an Intel Xeon without AMX; 'rodeco experiment=engine_bench generator.dtype="
+                 "bfloat16' measures it here). fp32 stays the default, since on a bf16 pool the efficiency figures "
+                 "moved beyond their CIs: docs/guide.md")
     src, gguf = weights(model, gguf_file)
     kw: dict = {"trust_remote_code": trust_remote_code}
     if gguf is not None:
