@@ -182,3 +182,17 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     snap = rt.load(rt.snapshot(tmp_path / "run", tmp_path / "snap.json"))
     assert rt.render(snap, "allocate") == (tmp_path / "run" / "allocate.md").read_text() and printed.endswith(
         rt.render(snap, "allocate"))
+
+
+def test_a_zero_correlation_with_no_spread_yet_is_no_nan():
+    """Scores whose spread underflows to 0 make z infinite; a calibration with rho = 0 reads them as saying nothing
+    (chance by the residual alone), not 0 * inf = NaN (found by the property test above with seed 4)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        pol = AllocatePolicy(calibration(0.0, 0.5), delta=0.0)
+        v = view([[0.0], [0.0, 4.359584830257725e-174]], 2)
+        assert all(np.isfinite(pol.chances(pv)).all() for pv in v.prompts)
+        keep = pol.select(v)
+    assert [len(k) for k in keep] == [1, 1]

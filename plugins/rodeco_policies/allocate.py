@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rodeco import BuildContext, PromptView, RoundView, best_probability, keep_best, rejectable
-from rodeco_policies.calibrated import CalibratedParams, CalibratedPolicy, build_calibrated
+from rodeco_policies.calibrated import CalibratedParams, CalibratedPolicy, build_calibrated, predicted
 
 
 class AllocatePolicy(CalibratedPolicy):
@@ -29,7 +29,7 @@ class AllocatePolicy(CalibratedPolicy):
         """Each row's modelled chance to be the prompt's eventual best."""
         scale = self.references.scale(pv)
         L = pv.tokens_generated
-        return np.asarray(best_probability(self.cal.rho(L) * scale.z(pv.scores), self.cal.sd(L),
+        return np.asarray(best_probability(predicted(self.cal.rho(L), scale.z(pv.scores)), self.cal.sd(L),
                                            self.finished_best(pv, scale)), dtype=np.float64)
 
     def select(self, view: RoundView) -> list[list[int]]:

@@ -54,6 +54,13 @@ COMMITTED = Path(__file__).parent / "calibrations"  # measured on alpaca_train: 
 DEFAULT = COMMITTED / "smollm2--minilm_rm.json"  # minilm_rm (the default), and with logprob (perplexity form)
 
 
+def predicted(rho: float, z: np.ndarray) -> np.ndarray:
+    """``rho * z``: the standardized final the rows' standardized partial scores ``z`` predict. 0 where ``rho`` is
+    0 (the scores say nothing), also for an infinite ``z`` (a spread that is 0, or underflowed to 0, so far), where
+    the product would be NaN."""
+    return rho * z if rho != 0 else np.zeros_like(z)
+
+
 @dataclass
 class CalibratedParams:
     delta: float = field(default=0.05, metadata={"help": "reject the least likely rows while the modelled chance that "
@@ -78,7 +85,7 @@ class CalibratedPolicy:
         at ``length`` (``[k]``, or ``[prompts, k]`` for a count per prompt), ``best`` the best finished final on the
         same scale. ``select`` and the start simulation both decide with it."""
         z = np.asarray(z, dtype=np.float64)
-        p = best_probability(self.cal.rho(length) * z, self.cal.sd(length), best)
+        p = best_probability(predicted(self.cal.rho(length), z), self.cal.sd(length), best)
         kept = np.maximum(1, z.shape[-1] - np.asarray(rejectable(p, self.delta)))
         return int(kept) if z.ndim == 1 else kept
 
