@@ -18,13 +18,16 @@ from rodeco.state import SamplingParams
 __all__ = ["SamplingParams", "copy_stream", "device_uniforms", "row_keys", "sample", "scaled", "uniforms"]
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# splitmix64's constants, and the step's: numpy's draws (``uniforms``) and the device's (``device_uniforms``) share them
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_STEP = 0xD1B54A32D192ED03
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
-        x = (x + np.uint64(0x9E3779B97F4A7C15)) & _M64
-        x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M64
-        x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M64
+        x = (x + np.uint64(_GOLDEN)) & _M64
+        x = ((x ^ (x >> np.uint64(30))) * np.uint64(_MIX1)) & _M64
+        x = ((x ^ (x >> np.uint64(27))) * np.uint64(_MIX2)) & _M64
         return x ^ (x >> np.uint64(31))
 
 
@@ -50,7 +53,7 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
     copy = (st & np.uint64(COPY_BIT)) != 0
     if copy.any():
         with np.errstate(over="ignore"):
-            mixed = _splitmix64(st[copy] ^ _splitmix64(k[copy] * np.uint64(0x9E3779B97F4A7C15)))
+            mixed = _splitmix64(st[copy] ^ _splitmix64(k[copy] * np.uint64(_GOLDEN)))
         out[copy] = mixed | np.uint64(1 << 63)
     return out
 
@@ -61,8 +64,8 @@ def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np
     seed = np.asarray(seed).astype(np.int64).astype(np.uint64) if isinstance(seed, np.ndarray) else \
         np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
-        key = _splitmix64(seed + np.uint64(step) * np.uint64(0xD1B54A32D192ED03))
-        x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+        key = _splitmix64(seed + np.uint64(step) * np.uint64(_STEP))
+        x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(_GOLDEN)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
@@ -80,9 +83,9 @@ def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
 
 def _splitmix64_t(x: torch.Tensor) -> torch.Tensor:
     """``_splitmix64`` on int64 tensors: the same bits (int64 addition and multiplication wrap as uint64's do)."""
-    x = x + _int64(0x9E3779B97F4A7C15)
-    x = (x ^ _srl(x, 30)) * _int64(0xBF58476D1CE4E5B9)
-    x = (x ^ _srl(x, 27)) * _int64(0x94D049BB133111EB)
+    x = x + _int64(_GOLDEN)
+    x = (x ^ _srl(x, 30)) * _int64(_MIX1)
+    x = (x ^ _srl(x, 27)) * _int64(_MIX2)
     return x ^ _srl(x, 31)
 
 
@@ -90,12 +93,12 @@ def device_uniforms(seed: int | torch.Tensor, keys: torch.Tensor, step: int) -> 
     """``uniforms`` computed where ``keys`` live, bit for bit: ``keys`` [B] the ``row_keys`` as int64 (``.view(
     np.int64)``), ``seed`` one int or an int64 tensor [B]. A CUDA step draws its numbers with a few elementwise
     kernels and copies nothing from the host (``uniforms`` is numpy's, copied each step). float64 [B]."""
-    inc = _int64(step * 0xD1B54A32D192ED03)
+    inc = _int64(step * _STEP)
     if isinstance(seed, torch.Tensor):
         key = _splitmix64_t(seed + inc)
     else:  # one seed: its step key is one number
         key = _int64(int(_splitmix64(np.array([(seed + inc) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]))
-    x = _splitmix64_t(key ^ (keys * _int64(0x9E3779B97F4A7C15)))
+    x = _splitmix64_t(key ^ (keys * _int64(_GOLDEN)))
     return (_srl(x, 11).double() + 0.5) / float(1 << 53)
 
 

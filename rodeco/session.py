@@ -29,16 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["Row", "Session", "SessionStats"]
 
 
-class _Done:
-    """An event that has happened: the lagged count's copy on CPU, done when made."""
-
-    def synchronize(self) -> None:
-        pass
-
-
-_DONE = _Done()
-
-
 class Session:
     """Candidate rows of several prompts decoding together. Rows are sampled independently of each other: row
     ``(prompt, candidate)`` draws its random numbers from ``(seed, stream key of the prompt, the row's stream,
@@ -71,7 +61,8 @@ class Session:
         self.lag_finished = dev == "cuda"
         self._draw_keys: tuple[int | torch.Tensor, torch.Tensor] | None = None  # device_uniforms' seeds and keys
         self._fin_host: torch.Tensor | None = None  # the last step's finished count, on its way to the host
-        self._fin_ready: torch.cuda.Event | _Done | None = None  # recorded once it is copied (CUDA)
+        self._fin_event: torch.cuda.Event | None = None  # recorded behind that copy (CUDA)
+        self._fin_pending = False  # a count of the current rows is in ``_fin_host``
 
     @property
     def rows(self) -> int:
@@ -123,7 +114,6 @@ class Session:
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
         self.stopped = torch.zeros(B, dtype=torch.bool, device=dev)  # finished by a stop string
         self.pending: torch.Tensor | None = None  # sampled tokens not yet fed to the model
-        self._draw_keys = self._fin_ready = None
         self._track_memory()
 
     def _track_memory(self) -> None:
@@ -188,18 +178,18 @@ class Session:
         if not self.lag_finished:
             return int(self.finished.sum())
         n = 0
-        if self._fin_ready is not None:
-            self._fin_ready.synchronize()
+        if self._fin_pending:
+            if self._fin_event is not None:
+                self._fin_event.synchronize()
             n = int(self._fin_host.numpy()[0])
-        if self._fin_host is None:
-            pin = self.finished.device.type == "cuda"
-            self._fin_host = torch.zeros(1, dtype=torch.long, pin_memory=pin)
+        if self._fin_host is None:  # once: a pinned buffer and an event on CUDA (on CPU, a test, the copy is done)
+            cuda = self.finished.is_cuda
+            self._fin_host = torch.zeros(1, dtype=torch.long, pin_memory=cuda)
+            self._fin_event = torch.cuda.Event() if cuda else None
         self._fin_host.copy_(self.finished.sum().view(1), non_blocking=True)
-        if self.finished.device.type == "cuda":
-            self._fin_ready = torch.cuda.Event()
-            self._fin_ready.record()
-        else:  # the copy is done (a test of the lagged count on CPU)
-            self._fin_ready = _DONE
+        if self._fin_event is not None:
+            self._fin_event.record()
+        self._fin_pending = True
         return n
 
     def _stop_strings(self) -> None:
@@ -246,8 +236,7 @@ class Session:
         copies' batch indices."""
         order, slots = fork_order(self.rows, parents)
         self.select(torch.tensor(order, dtype=torch.long))
-        self.cand[slots], self.stream[slots] = ids, streams
-        self._draw_keys = None  # the copies' streams are new
+        self.cand[slots], self.stream[slots] = ids, streams  # the draw keys, dropped by select, follow at the next draw
         self._track_memory()
         return slots
 
@@ -269,7 +258,7 @@ class Session:
         # logits sampled from already (a token is pending) are not read again: dropped, not copied
         self.logits = self.logits[rows] if self.pending is None else None
         self.hidden = self.hidden[rows] if self.hidden is not None else None
-        self._draw_keys = self._fin_ready = None  # of the rows before
+        self._draw_keys, self._fin_pending = None, False  # of the rows before
 
     def close(self) -> None:
         """Nothing to release: the cache is freed with the session (vLLM's session aborts its requests here)."""

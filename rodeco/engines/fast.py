@@ -289,7 +289,7 @@ class FastLlamaEngine:
             logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, s, self.kp, self.vp, self.k, self.v)
             self.last_hidden = hidden if self.keep_hidden else None
             self.sfx, self.pos = S + 1, self.pos + 1
-            if self.s_dev is not None:
+            if self.graphs:
                 self.s_dev.add_(1)
             return logits
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
