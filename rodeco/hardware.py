@@ -22,6 +22,13 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return model, frozenset(flags)
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``), or ``""``."""
+    p = Path("/proc/cpuinfo")
+    info = p.read_text() if p.exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "")
+
+
 def cpu_facts() -> dict[str, Any]:
     """The CPU's model name and its bf16/AMX-related flags (``FLAGS``), and torch's threads."""
     import torch

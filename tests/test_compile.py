@@ -170,6 +170,8 @@ def test_inductors_attention_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
+    from rodeco.engines.compiled import CompiledStep
+
     _, comp = gens(dtype)
     ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
     bon = run_tiny(comp, PROMPTS, n=8, policy="none", overrides=["sampling.max_new_tokens=40", "budget=unlimited"])
@@ -181,6 +183,34 @@ def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
 
     # rodeco's attention kernel runs where it can be built (prompts freed by rejections keep their layout)
     assert comp.compiled.kernel == kernels.decode_attention_available()
+    # and on an Intel CPU in fp32 its linears are MKL's packed GEMM, whose rows keep the samples too
+    assert comp._prepared.mkl == (dtype == torch.float32 and CompiledStep.uses_mkl(comp.model))
+
+
+def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens, monkeypatch):
+    """The compiled step's weights are packed for MKL's GEMM where ``uses_mkl`` says (an Intel CPU, fp32, the kernels
+    built), the eager step's never (compile off decodes as before); where MKL's rows would depend on the batch the
+    weights fall back to oneDNN's, with a warning."""
+    from rodeco.engines import fast, kernels
+    from rodeco.engines.compiled import _mkl_serves
+
+    eager, comp = gens()
+    comp.new_engine(), eager.new_engine()
+    assert not eager._prepared.mkl and all(x.mkl is None for x in eager._prepared.linears())
+    from rodeco.hardware import cpu_vendor
+
+    intel = cpu_vendor() == "GenuineIntel"
+    assert _mkl_serves(comp.model) == (intel and kernels.mkl_linear_available())
+    assert comp._prepared.mkl == _mkl_serves(comp.model)
+    assert all((x.mkl is not None) == comp._prepared.mkl for x in comp._prepared.linears())
+    assert not _mkl_serves(copy.deepcopy(comp.model).to(torch.bfloat16))
+    monkeypatch.setattr("rodeco.engines.compiled.cpu_vendor", lambda: "AuthenticAMD")
+    assert not _mkl_serves(comp.model)
+    if not kernels.mkl_linear_available():
+        return
+    monkeypatch.setattr(fast, "row_invariant", lambda lin: lin.mkl is None)  # as if MKL's rows moved with the batch
+    w = fast.FastWeights(comp.model, mkl=True)
+    assert not w.mkl and all(x.mkl is None for x in w.linears())
 
 
 def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializations(gens):

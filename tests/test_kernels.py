@@ -121,6 +121,48 @@ def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
         torch.ops.rodeco.packed_linear_c(x, h)
 
 
+def _mkl() -> None:
+    if not kernels.mkl_linear_available():
+        pytest.skip("this build of PyTorch carries no MKL packed GEMM")
+
+
+@pytest.mark.parametrize("n,k,bias", [(48, 32, False), (960, 576, True), (1000, 64, False)])
+def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n, k, bias):
+    """``rodeco::mkl_linear`` computes ``x @ w.T + b`` (to fp32 round-off against float64), for any number of rows
+    and leading dimensions, and a row comes out bit for bit the same at every batch size from 1 to 130 (PyTorch's
+    ``mkl::_mkl_linear`` answers other batches than the packed one by another GEMM, whose rows differ at a few rows);
+    the op's table serves it under a handle as the compiled step calls it."""
+    from rodeco.engines.compiled import _handle
+    from rodeco.engines.fast import _Linear, row_invariant
+
+    _mkl()
+    gen = torch.Generator().manual_seed(k)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    lin = _Linear(w, b, mkl=True)
+    assert lin.mkl is not None and lin.packed is None and row_invariant(lin)
+    x = torch.randn(130, k, generator=gen)
+    full = lin(x)
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert (full.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(1, 131))
+    assert torch.equal(lin(x[:12].view(3, 4, k)), full[:12].view(3, 4, n))
+    assert torch.equal(torch.ops.rodeco.packed_linear_c(x, _handle(lin, True)), full)
+
+
+def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():
+    """The check ``FastWeights`` runs before it keeps MKL's weights fails a linear that rounds a row otherwise at
+    another batch size (here: one that adds a batch-sized offset)."""
+    from rodeco.engines.fast import _Linear, row_invariant
+
+    class Batchy(_Linear):
+        def __call__(self, x):
+            return super().__call__(x) + x.shape[0] * 1e-6
+
+    w = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    assert row_invariant(_Linear(w)) and not row_invariant(Batchy(w))
+
+
 @pytest.mark.parametrize("B,V,k", [(64, 49152, 50), (3, 1000, 50), (5, 100, 99), (7, 130, 5), (8, 4096, 1),
                                    (2, 65, 64)])
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "-inf", "constant row"])

@@ -2,9 +2,12 @@
 head of one step as one inductor graph. Where the eager engine has prepacked oneDNN weights (CPU), the graph calls
 its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
 weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.kernels``), else
-``rodeco::packed_linear`` in Python; inductor fuses what lies between them. Elsewhere (CUDA) the matmuls are the
-model's plain fused weights, folded into the graph by inductor's freezing. It reads the eager engine's fused weights
-(QKV, gate+up: ``FastWeights``, not copied).
+``rodeco::packed_linear`` in Python; inductor fuses what lies between them. On an Intel CPU in fp32 those weights are
+packed for MKL's GEMM instead of oneDNN's (``_mkl_serves``; ``rodeco::mkl_linear``, computed with the one packing at
+any batch size: a row's products do not depend on the batch, which ``FastWeights`` checks before it keeps them), the
+layers' matmuls taking 0.75 of oneDNN's time there. Elsewhere (CUDA) the matmuls are the model's plain fused weights,
+folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV, gate+up: ``FastWeights``,
+not copied; the eager prefill of a compiled generator uses the same ones).
 
 Attention, on CPU, is rodeco's own kernel (``rodeco.engines.kernels``, the opaque op ``rodeco::decode_attention``):
 per row and KV head, the scores against the row's prompt keys (read through its prompt index, in place) and its own
@@ -63,6 +66,7 @@ from torch._dynamo.utils import counters
 
 from rodeco.engines import kernels
 from rodeco.engines.fast import FastWeights, _Linear, _rms_norm, _rope
+from rodeco.hardware import cpu_vendor
 from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
@@ -114,7 +118,9 @@ def _handle(lin: _Linear, c: bool) -> int:
     op's table too, from which it is dropped when ``lin`` is freed."""
     h = next(_HANDLES)
     _PACKED[h] = lin
-    if c:
+    if c and lin.mkl is not None:
+        torch.ops.rodeco.packed_linear_put_mkl(h, lin.mkl, lin.b, lin.w.shape[0])
+    elif c:
         torch.ops.rodeco.packed_linear_put(h, lin.packed, lin.b)
         weakref.finalize(lin, torch.ops.rodeco.packed_linear_drop, h)
     return h
@@ -172,7 +178,7 @@ class _Step(torch.nn.Module):
         lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
         lins["head"] = [fused.lm_head]
         self.fused = fused  # the prepacked linears the handles name live as long as the step
-        packs = packed and all(x.packed is not None for ls in lins.values() for x in ls)
+        packs = packed and all(x.packed is not None or x.mkl is not None for ls in lins.values() for x in ls)
         self.c_linear = packs and _c_linear()  # the C++ op where it is built: no Python a call
         self.handles = {n: [_handle(x, self.c_linear) for x in ls] for n, ls in lins.items()} if packs else None
 
@@ -235,6 +241,16 @@ def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
     return not cuda and kernels.fits(head_dim, group) and kernels.decode_attention_available()
 
 
+def _mkl_serves(model: torch.nn.Module) -> bool:
+    """Where the compiled step's linears are MKL's packed GEMM (``rodeco::mkl_linear``) rather than oneDNN's: on an
+    Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On the Intel Xeon of issue 29's eighth
+    session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows (docs/results.md); on AMD EPYC MKL's GEMM
+    measured 3 to 4 times oneDNN's there, and oneDNN stays."""
+    p = next(model.parameters())
+    return (p.device.type == "cpu" and p.dtype == torch.float32 and cpu_vendor() == "GenuineIntel"
+            and kernels.mkl_linear_available())
+
+
 class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
     graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes);
@@ -281,6 +297,12 @@ class CompiledStep:
         and group it fits, the kernel built)."""
         h, hkv, d = _heads(model)
         return _kernel_serves(d, h // hkv, next(model.parameters()).device.type == "cuda")
+
+    @staticmethod
+    def uses_mkl(model: torch.nn.Module) -> bool:
+        """Whether the compiled step of ``model`` asks for its weights packed for MKL's GEMM (``_mkl_serves``; the
+        engine's ``prepare(model, mkl=True)``, which keeps oneDNN's where MKL's rows would depend on the batch)."""
+        return _mkl_serves(model)
 
     @classmethod
     def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,

@@ -18,15 +18,20 @@ bf16 matmul first (the logits are the same bit for bit). The compiled step with 
 kernel's layout; with inductor's attention it keeps the plain layout. On CPU, weights
 are prepacked for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than
 plain ``F.linear`` at decode batch sizes; they are prepared once per generator (``FastWeights``, shared by its
-sessions' engines) and hold a second copy of the weights in memory.
+sessions' engines) and hold a second copy of the weights in memory. A generator that compiles its step
+(``rodeco.engines.compiled``) on an Intel CPU in fp32 packs them for MKL's GEMM instead, for its prefill and its
+compiled step alike; the eager engine's stay oneDNN's.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -49,11 +54,15 @@ def supports(model: torch.nn.Module) -> str | None:
 
 
 class _Linear:
-    """``F.linear`` with weights prepacked for oneDNN on CPU when this build of PyTorch allows it."""
+    """``F.linear`` with weights prepacked for oneDNN on CPU when this build of PyTorch allows it; with ``mkl``,
+    packed for MKL's GEMM instead (``rodeco::mkl_pack``: the compiled step's on an Intel CPU in fp32, where rodeco's
+    kernels are built)."""
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, batch_hint: int = 64) -> None:
-        self.w, self.b, self.packed = w, b, None
-        if w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, batch_hint: int = 64, mkl: bool = False) -> None:
+        self.w, self.b, self.packed, self.mkl = w, b, None, None
+        if mkl:
+            self.mkl = torch.ops.rodeco.mkl_pack(w.detach())
+        elif w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
                 x = torch.zeros(1, w.shape[1], dtype=w.dtype)
@@ -63,6 +72,8 @@ class _Linear:
                 self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mkl is not None:
+            return torch.ops.rodeco.mkl_linear(x, self.mkl, self.b, self.w.shape[0])
         if self.packed is None:
             return F.linear(x, self.w, self.b)
         flat = x.reshape(-1, x.shape[-1])
@@ -81,24 +92,46 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, mkl: bool = False) -> None:
         a, m = layer.self_attn, layer.mlp
         b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
         self.qkv = _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
-                           torch.cat(b).contiguous() if all(x is not None for x in b) else None)
-        self.o = _Linear(a.o_proj.weight, a.o_proj.bias)
-        self.gate_up = _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous())
-        self.down = _Linear(m.down_proj.weight)
+                           torch.cat(b).contiguous() if all(x is not None for x in b) else None, mkl=mkl)
+        self.o = _Linear(a.o_proj.weight, a.o_proj.bias, mkl=mkl)
+        self.gate_up = _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), mkl=mkl)
+        self.down = _Linear(m.down_proj.weight, mkl=mkl)
         self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
 
 
 class FastWeights:
     """What the fast engine computes with besides the model: each layer's fused weights (one QKV, one gate+up),
-    prepacked for oneDNN on CPU, and the LM head's; read from the model's weights when built."""
+    prepacked for oneDNN on CPU, and the LM head's; read from the model's weights when built. ``mkl``: packed for
+    MKL's GEMM instead (``_Linear``), if its rows come out the same at every batch size (``row_invariant``), else
+    oneDNN's, with a warning."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.layers = [_Layer(l) for l in model.model.layers]
-        self.lm_head = _Linear(model.lm_head.weight)
+    def __init__(self, model: torch.nn.Module, mkl: bool = False) -> None:
+        self.layers = [_Layer(l, mkl) for l in model.model.layers]
+        self.lm_head = _Linear(model.lm_head.weight, mkl=mkl)
+        self.mkl = mkl
+        if mkl and not all(row_invariant(x) for x in {(x.w.shape, x.b is None): x for x in self.linears()}.values()):
+            log.warning("MKL's packed GEMM gave a row other products at another batch size on this CPU, so Speculative "
+                        "Rejection's survivors would not be Best-of-N's samples; the weights are prepacked for oneDNN")
+            self.__init__(model)
+
+    def linears(self) -> list[_Linear]:
+        """Every linear: the layers' and the LM head's."""
+        return [x for l in self.layers for x in (l.qkv, l.o, l.gate_up, l.down)] + [self.lm_head]
+
+
+ROWS_CHECKED = (1, 2, 3, 5, 8, 17, 33, 64, 65)  # batch sizes ``row_invariant`` computes, against 80 rows
+
+
+def row_invariant(lin: _Linear) -> bool:
+    """Whether ``lin`` gives each row the same output bit for bit at every batch size in ``ROWS_CHECKED`` as in a
+    batch of 80 (random rows, seeded): what keeps a row's tokens independent of the rows beside it."""
+    x = torch.randn(80, lin.w.shape[1], generator=torch.Generator().manual_seed(0)).to(lin.w.dtype)
+    full = lin(x)
+    return all(torch.equal(lin(x[:m].contiguous()), full[:m]) for m in ROWS_CHECKED)
 
 
 class FastLlamaEngine:
@@ -146,10 +179,11 @@ class FastLlamaEngine:
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
 
     @staticmethod
-    def prepare(model: torch.nn.Module) -> FastWeights:
+    def prepare(model: torch.nn.Module, mkl: bool = False) -> FastWeights:
         """The fused and prepacked weights of ``model``: a generator builds them once and hands them to each
-        session's engine (``rodeco.generator.TorchGenerator.new_engine``), so a session does not prepack again."""
-        return FastWeights(model)
+        session's engine (``rodeco.generator.TorchGenerator.new_engine``), so a session does not prepack again.
+        ``mkl``: packed for MKL's GEMM (``FastWeights``), as the compiled step asks for on an Intel CPU in fp32."""
+        return FastWeights(model, mkl)
 
     @property
     def rows(self) -> int:

@@ -1,7 +1,8 @@
 """rodeco's own CPU kernels, which the fast engine's compiled step calls on CPU (``rodeco.engines.compiled``): decode
 attention (``decode_attention.cpp``, the op ``rodeco::decode_attention``), in place of the attention inductor
-generates, and the prepacked oneDNN linears called without Python (``packed_linear.cpp``, ``rodeco::packed_linear_c``);
-and the top-k its engine's sampling takes (``topk.cpp``, ``rodeco::topk``: ``topk`` below).
+generates, and the prepacked linears called without Python (``packed_linear.cpp``, ``rodeco::packed_linear_c``:
+oneDNN's, or MKL's packed GEMM, ``rodeco::mkl_linear``, on an Intel CPU in fp32); and the top-k its engine's sampling
+takes (``topk.cpp``, ``rodeco::topk``: ``topk`` below).
 
 It is built on first use with PyTorch's extension builder (``torch.utils.cpp_extension.load``: a C++ compiler and
 ninja, which ``torch.compile`` on CPU needs too), for this machine's CPU (``-march=native``), into PyTorch's
@@ -56,6 +57,12 @@ def packed_linear_available() -> bool:
     """Whether ``rodeco::packed_linear_c`` (``packed_linear.cpp``: the prepacked oneDNN linears called without
     Python) is loaded; it is built with the attention kernel, once a process."""
     return decode_attention_available() and hasattr(torch.ops.rodeco, "packed_linear_c")
+
+
+def mkl_linear_available() -> bool:
+    """Whether ``rodeco::mkl_linear`` (``packed_linear.cpp``: MKL's packed fp32 GEMM) can run: the kernels are built
+    and this build of PyTorch carries MKL's packed GEMM (x86 builds do)."""
+    return decode_attention_available() and hasattr(torch.ops.rodeco, "mkl_ready") and torch.ops.rodeco.mkl_ready()
 
 
 def topk_available() -> bool:
