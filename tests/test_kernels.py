@@ -131,7 +131,9 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     """``rodeco::mkl_linear`` computes ``x @ w.T + b`` (to fp32 round-off against float64), for any number of rows
     and leading dimensions, and a row comes out bit for bit the same at every batch size from 1 to 130 (PyTorch's
     ``mkl::_mkl_linear`` answers other batches than the packed one by another GEMM, whose rows differ at a few rows);
-    the op's table serves it under a handle as the compiled step calls it."""
+    the op's table serves it under a handle as the compiled step calls it, and forgets it when it is freed."""
+    import gc
+
     from rodeco.engines.compiled import _handle
     from rodeco.engines.fast import _Linear, row_invariant
 
@@ -147,7 +149,12 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     assert (full.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
     assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(1, 131))
     assert torch.equal(lin(x[:12].view(3, 4, k)), full[:12].view(3, 4, n))
-    assert torch.equal(torch.ops.rodeco.packed_linear_c(x, _handle(lin, True)), full)
+    h = _handle(lin, True)
+    assert torch.equal(torch.ops.rodeco.packed_linear_c(x, h), full)
+    del lin
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no linear under handle {h} "):  # its packed weight left the table
+        torch.ops.rodeco.packed_linear_c(x, h)
 
 
 def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():

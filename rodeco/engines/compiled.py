@@ -118,10 +118,11 @@ def _handle(lin: _Linear, c: bool) -> int:
     op's table too, from which it is dropped when ``lin`` is freed."""
     h = next(_HANDLES)
     _PACKED[h] = lin
-    if c and lin.mkl is not None:
-        torch.ops.rodeco.packed_linear_put_mkl(h, lin.mkl, lin.b, lin.w.shape[0])
-    elif c:
-        torch.ops.rodeco.packed_linear_put(h, lin.packed, lin.b)
+    if c:
+        if lin.mkl is not None:
+            torch.ops.rodeco.packed_linear_put_mkl(h, lin.mkl, lin.b, lin.w.shape[0])
+        else:
+            torch.ops.rodeco.packed_linear_put(h, lin.packed, lin.b)
         weakref.finalize(lin, torch.ops.rodeco.packed_linear_drop, h)
     return h
 
@@ -243,7 +244,7 @@ def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
 
 def _mkl_serves(model: torch.nn.Module) -> bool:
     """Where the compiled step's linears are MKL's packed GEMM (``rodeco::mkl_linear``) rather than oneDNN's: on an
-    Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On the Intel Xeon of issue 29's eighth
+    Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On the Intel Xeon of issue 29's ninth
     session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows (docs/results.md); on AMD EPYC MKL's GEMM
     measured 3 to 4 times oneDNN's there, and oneDNN stays."""
     p = next(model.parameters())
