@@ -110,6 +110,16 @@ def _compiled(gen) -> tuple[int, float, int, bool] | None:
     return (step.compiles, step.compile_seconds, step.cudagraph_skips, step.graphs) if step is not None else None
 
 
+def _linears(gen) -> dict[str, str]:
+    """Which kernel the fast engine's linears ran on (``mkl``: MKL's packed GEMM, the compiled step's on an Intel CPU
+    in fp32; ``onednn``; ``plain``), for a generator that has prepared them."""
+    w = getattr(gen, "_prepared", None)
+    if w is None or not hasattr(w, "linears"):
+        return {}
+    lin = w.linears()[0]
+    return {"linears": "mkl" if lin.mkl is not None else "onednn" if lin.packed is not None else "plain"}
+
+
 def _compile_figures(warm: tuple[int, float, int, bool] | None,
                      end: tuple[int, float, int, bool] | None) -> dict[str, Any]:
     if warm is None or end is None:
@@ -189,7 +199,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
            "runs_rodeco": ours, "runs_hf": theirs,
            "engines": {e: {"engine": g.engine_name, "tokens_per_s": statistics.median(runs[e]),
                            "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e],
-                           **_compile_figures(warm[e], _compiled(g))}
+                           **_compile_figures(warm[e], _compiled(g)), **_linears(g)}
                        for e, g in gens.items()}}
     for e in ("fast", "fast-compiled"):
         if e in gens and "vllm" in gens:
@@ -205,6 +215,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         for e, r in res["engines"].items():
             extra = (f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
                      f"{r['compiles_timed']} while timed" if "compile_seconds" in r else "")
+            extra += f"; linears {r['linears']}" if "linears" in r else ""
             print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate(){extra}")
         for k in [k for k in res if k.endswith("_over_vllm")]:
             p = res[f"{k}_paired"]
