@@ -13,20 +13,26 @@ BF16 = ("avx512_bf16", "amx_bf16")  # native bf16 dot products: oneDNN runs bf16
 
 
 @functools.cache
-def _cpuinfo() -> tuple[str, frozenset[str]]:
+def _cpuinfo_text() -> str:
     p = Path("/proc/cpuinfo")
-    info = p.read_text() if p.exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return model, frozenset(flags)
+    return p.read_text() if p.exists() else ""
+
+
+def _field(name: str) -> str | None:
+    """The first ``name : value`` line's value in ``/proc/cpuinfo``, or None."""
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo_text().splitlines() if line.startswith(name)),
+                None)
+
+
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    model = _field("model name")
+    return model if model is not None else platform.processor(), frozenset((_field("flags") or "").split())
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``), or ``""``."""
-    p = Path("/proc/cpuinfo")
-    info = p.read_text() if p.exists() else ""
-    return next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "")
+    return _field("vendor_id") or ""
 
 
 def cpu_facts() -> dict[str, Any]:

@@ -192,20 +192,19 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     built), the eager step's never (compile off decodes as before); where MKL's rows would depend on the batch the
     weights fall back to oneDNN's, with a warning."""
     from rodeco.engines import fast, kernels
-    from rodeco.engines.compiled import _mkl_serves
+    from rodeco.engines.compiled import CompiledStep
+    from rodeco.hardware import cpu_vendor
 
     eager, comp = gens()
     comp.new_engine(), eager.new_engine()
     assert not eager._prepared.mkl and all(x.mkl is None for x in eager._prepared.linears())
-    from rodeco.hardware import cpu_vendor
-
     intel = cpu_vendor() == "GenuineIntel"
-    assert _mkl_serves(comp.model) == (intel and kernels.mkl_linear_available())
-    assert comp._prepared.mkl == _mkl_serves(comp.model)
+    assert CompiledStep.uses_mkl(comp.model) == (intel and kernels.mkl_linear_available())
+    assert comp._prepared.mkl == CompiledStep.uses_mkl(comp.model)
     assert all((x.mkl is not None) == comp._prepared.mkl for x in comp._prepared.linears())
-    assert not _mkl_serves(copy.deepcopy(comp.model).to(torch.bfloat16))
+    assert not CompiledStep.uses_mkl(copy.deepcopy(comp.model).to(torch.bfloat16))
     monkeypatch.setattr("rodeco.engines.compiled.cpu_vendor", lambda: "AuthenticAMD")
-    assert not _mkl_serves(comp.model)
+    assert not CompiledStep.uses_mkl(comp.model)
     if not kernels.mkl_linear_available():
         return
     monkeypatch.setattr(fast, "row_invariant", lambda lin: lin.mkl is None)  # as if MKL's rows moved with the batch

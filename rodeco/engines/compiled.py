@@ -3,7 +3,7 @@ head of one step as one inductor graph. Where the eager engine has prepacked one
 its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
 weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.kernels``), else
 ``rodeco::packed_linear`` in Python; inductor fuses what lies between them. On an Intel CPU in fp32 those weights are
-packed for MKL's GEMM instead of oneDNN's (``_mkl_serves``; ``rodeco::mkl_linear``, computed with the one packing at
+packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``, computed with the one packing at
 any batch size: a row's products do not depend on the batch, which ``FastWeights`` checks before it keeps them), the
 layers' matmuls taking 0.75 of oneDNN's time there. Elsewhere (CUDA) the matmuls are the model's plain fused weights,
 folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV, gate+up: ``FastWeights``,
@@ -242,16 +242,6 @@ def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
     return not cuda and kernels.fits(head_dim, group) and kernels.decode_attention_available()
 
 
-def _mkl_serves(model: torch.nn.Module) -> bool:
-    """Where the compiled step's linears are MKL's packed GEMM (``rodeco::mkl_linear``) rather than oneDNN's: on an
-    Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On the Intel Xeon of issue 29's ninth
-    session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows (docs/results.md); on AMD EPYC MKL's GEMM
-    measured 3 to 4 times oneDNN's there, and oneDNN stays."""
-    p = next(model.parameters())
-    return (p.device.type == "cpu" and p.dtype == torch.float32 and cpu_vendor() == "GenuineIntel"
-            and kernels.mkl_linear_available())
-
-
 class CompiledStep:
     """The compiled step of one model, built once per generator and shared by its sessions' engines. ``compiles``:
     graphs inductor has compiled for it; ``compile_seconds``: the time they took (first calls of new shapes);
@@ -301,9 +291,14 @@ class CompiledStep:
 
     @staticmethod
     def uses_mkl(model: torch.nn.Module) -> bool:
-        """Whether the compiled step of ``model`` asks for its weights packed for MKL's GEMM (``_mkl_serves``; the
-        engine's ``prepare(model, mkl=True)``, which keeps oneDNN's where MKL's rows would depend on the batch)."""
-        return _mkl_serves(model)
+        """Whether the compiled step of ``model`` asks for its weights packed for MKL's GEMM (``rodeco::mkl_linear``;
+        the engine's ``prepare(model, mkl=True)``, which keeps oneDNN's where MKL's rows would depend on the batch)
+        rather than oneDNN's: on an Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On
+        the Intel Xeon of issue 29's ninth session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows
+        (docs/results.md); on AMD EPYC MKL's GEMM measured 3 to 4 times oneDNN's there, and oneDNN stays."""
+        p = next(model.parameters())
+        return (p.device.type == "cpu" and p.dtype == torch.float32 and cpu_vendor() == "GenuineIntel"
+                and kernels.mkl_linear_available())
 
     @classmethod
     def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,
