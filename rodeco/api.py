@@ -25,7 +25,8 @@ __all__ = ["Decoder", "decode", "load_config", "run"]
 
 
 def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | None = None) -> RunOutput:
-    """Run what ``cfg.task`` names: ``decode``, ``merge`` (the shards of a multirun), or a registered experiment."""
+    """Run what ``cfg.task`` names: ``decode``, ``merge`` (the shards of a multirun), ``judge`` (score a run's or a
+    pool's responses by ``cfg.judge``), or a registered experiment."""
     from rodeco.runner import run_decode
 
     plugins = plugins or default_plugins()
@@ -42,6 +43,10 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
         from rodeco.merge import merge
 
         return merge(cfg, cfg.output.dir)
+    if cfg.task == "judge":
+        from rodeco.rejudge import judge_task
+
+        return judge_task(cfg, plugins)
     entry = plugins.experiments.get(cfg.task)
     return entry.factory(cfg, plugins, Path(out_dir) if out_dir is not None else None)
 

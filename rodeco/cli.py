@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from rodeco.api import run
 from rodeco.compose import CONFIG_MODULE, explain, prefer_typed, prepare
 from rodeco.merge import IncompleteMerge
-from rodeco.report import summarize
+from rodeco.report import judge_line, summarize
 from rodeco.validation import ConfigError, Interrupted, PluginError
 
 log = logging.getLogger("rodeco")
@@ -88,6 +88,13 @@ def _main(cfg: DictConfig) -> None:
         print(summarize(out, cfg))
     elif cfg.task == "merge":
         print(f"merged {out.extra['n_prompts']} prompts from {out.extra['shards']} shard(s): {out.extra['merged']}")
+    elif cfg.task == "judge" and "judged" in out.extra:
+        print(f"judged {out.extra['judged']} of {out.extra['results']} result(s) in {out.out_dir}\n"
+              + judge_line(out.extra["judge"]))
+    elif cfg.task == "judge":
+        for name, j in out.extra["judge"].items():
+            print(f"judge {name}: mean {j['mean_all']:.4f} over {j['candidates']} candidates of {j['prompts']} "
+                  f"prompts (Best-of-1: {j['mean_best_of_1']:.4f}); cached in {out.out_dir / 'scores'}")
 
 
 def _job_failure(e: Exception, code: int = 2) -> None:

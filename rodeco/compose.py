@@ -44,6 +44,7 @@ def prepare(plugins: Plugins | None = None) -> Plugins:
     register_configs(plugins.experiment_schemas())
     register_param_defaults(plugins)
     register_partial_reward_options([conf_dir(), *map(Path, dirs)])
+    register_judge_options([conf_dir(), *map(Path, dirs)])
     OmegaConf.register_new_resolver("rodeco_groups", lambda: help_groups(plugins), replace=True)  # --help
     compose_with(f"pkg://{CONFIG_MODULE}", dirs)
     return plugins
@@ -59,6 +60,19 @@ def register_partial_reward_options(dirs: list[Path]) -> None:
         for f in sorted((d / "reward").glob("*.yaml")):
             if f.stem not in own:
                 ConfigStore.instance().store(group="partial_reward", name=f.stem, node=OmegaConf.load(f))
+
+
+def register_judge_options(dirs: list[Path]) -> None:
+    """Every ``reward`` option can also judge, several at once: ``judge=chrf`` composes ``judge: {chrf: <the chrf
+    option>}`` and ``judge=[chrf,ref_sim]`` both, each under its option name (``judge.chrf.<param>=...`` sets a
+    parameter); ``judge=none`` (the default) none."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(group="judge", name="none", node={}, package="judge")
+    for d in reversed(dirs):  # the first dir wins, as on the search path
+        for f in sorted((d / "reward").glob("*.yaml")):
+            cs.store(group="judge", name=f.stem, node=OmegaConf.load(f), package=f"judge.{f.stem}")
 
 
 def register_param_defaults(plugins: Plugins) -> None:
@@ -81,6 +95,10 @@ def check_plugin_params(cfg: DictConfig, plugins: Plugins) -> None:
                           ("policy", plugins.policies)):
         if key in cfg:
             registry.check_node(cfg[key], key)
+    judge = cfg.get("judge")
+    if isinstance(judge, DictConfig):
+        for option, node in judge.items():
+            plugins.rewards.check_node(node, f"judge.{option}")
 
 
 def load_config(overrides: list[str] | None = None, plugins: Plugins | None = None) -> DictConfig:
@@ -199,7 +217,7 @@ def option_node(group: str, option: str, plugins: Plugins) -> dict[str, Any]:
     return {"name": name, **params}
 
 
-HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "data", "experiment")
+HELP_GROUPS = ("generator", "reward", "partial_reward", "policy", "budget", "data", "experiment")  # judge: reward's
 
 
 def help_groups(plugins: Plugins, width: int = 116) -> str:

@@ -184,6 +184,9 @@ class RodecoConfig:
     # scores active rows at decision points: `same` (the reward), or any reward option (partial_reward=logprob)
     partial_reward: Any = field(default_factory=lambda: {"name": "same"})
     policy: Any = field(default_factory=lambda: {"name": MISSING})
+    # rewards that score the winners after the decode, never seen by it: {option: reward node} (judge=chrf,
+    # judge=[chrf,ref_sim]; any reward option); their cost is reported apart from the method's
+    judge: Any = field(default_factory=dict)
     n: Any = 16  # rows per prompt, "auto" (as many as fit), or "calibrated" (the calibrated policy's choice)
     pool: Optional[str] = field(default=None, metadata={"help": "a pool directory (experiment=pool records one; "
                                                                  "replay, efficiency, perplexity, correlation use it)"})

@@ -15,8 +15,10 @@ from rodeco.validation import ConfigError, PluginError
 
 
 class Scorer:
-    """Wraps a reward in one role (``reward``: finished rows; ``partial_reward``: active rows at decision points):
-    checks its output and counts its calls (its own ``cost``, if it keeps one, is read as is)."""
+    """Wraps a reward in one role (``reward``: finished rows; ``partial_reward``: active rows at decision points;
+    ``judge``: winners after the decode): checks its output and counts its calls (its own ``cost``, if it keeps one,
+    is read as is). The reward's optional members (``needs_logprobs``, ``needs_hidden_states``, ``identity``,
+    ``cost``) are read here, once."""
 
     def __init__(self, reward: Reward, name: str, role: str = "reward") -> None:
         self.reward, self.name, self.role = reward, name, role
@@ -26,6 +28,7 @@ class Scorer:
             raise ConfigError("reward", name, "it reads the generator's hidden states, which only partial responses "
                               "at decision points carry (finished ones are scored after they leave the batch)",
                               f"use it to decide, not to pick the winner: partial_reward={name}")
+        self.identity: str | None = getattr(reward, "identity", None)  # what its scores come from (a head's hash)
         self.calls = 0
 
     def cost(self) -> RewardCost:

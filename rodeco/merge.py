@@ -2,7 +2,8 @@
 
 Every directory under ``merge.dir`` with a ``.hydra/config.yaml`` is a shard. Their settings must agree on every key
 but the shard's own (``MAY_DIFFER``); the merge writes one ``results.jsonl`` ordered by ``prompt_index``, one
-``summary.json`` with the shards' compute summed, and (``output.alpaca_eval=NAME``) AlpacaEval's
+``summary.json`` with the shards' compute summed (and their judges' costs apart from it, the judges' means
+recomputed over the merged results), and (``output.alpaca_eval=NAME``) AlpacaEval's
 ``model_outputs.json``. While prompts of the data set are missing it writes what it has, lists them, and fails.
 """
 
@@ -17,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.compose import prefer_typed
 from rodeco.data import load_prompts
+from rodeco.judging import summarize as summarize_judges
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError
@@ -67,6 +69,19 @@ def differing_keys(settings: list[dict[str, Any]]) -> list[str]:
                                                              for s in settings}) > 1]
 
 
+def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Path) -> None:
+    """A shard's judges (its summary's ``judge`` section) into the merge's: the same judge in every shard that has
+    it (a shard judged afterwards by another config of it is refused), their costs summed apart from the method's."""
+    for name, j in section.items():
+        have = into.setdefault(name, {k: j[k] for k in ("config", "identity") if k in j} | {"cost": {}})
+        if (have.get("config"), have.get("identity")) != (j.get("config"), j.get("identity")):
+            raise ConfigError("merge.dir", str(root), f"its shards were judged by different {name!r} judges ({d.name}: "
+                              f"{j.get('config')}; before: {have.get('config')})",
+                              f"judge every shard alike: rodeco task=judge judge.{name}=... output.dir=SHARD_DIR")
+        for k, v in j.get("cost", {}).items():
+            have["cost"][k] = have["cost"].get(k, 0) + v
+
+
 def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
     root = cfg.merge.dir
     if not root:
@@ -95,7 +110,7 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
     expected = [p.index for p in load_prompts(data.path, data.prompts, data.get("field", "prompt"),
                                               data.get("offset", 0), data.get("limit"), data.get("indices"))]
     records: dict[int, dict[str, Any]] = {}
-    total, shards = Compute(), []
+    total, shards, judged = Compute(), [], {}
     for d, setting in zip(dirs, settings):
         recs = ResultsWriter(d).records
         for i, r in recs.items():
@@ -103,6 +118,7 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         summary = d / "summary.json"
         info = json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {}
         total.add(Compute.from_dict(info.get("compute", {})))
+        add_judges(judged, info.get("judge", {}), d, root)
         shards.append({"dir": str(d), "shard": setting.get("data.shard"), "n_prompts": len(recs),
                        "complete": bool(info.get("complete", False)), "has_summary": bool(info)})
     missing = [i for i in expected if i not in records]
@@ -115,7 +131,8 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         "compute": total.to_dict(), "n_prompts": len(records), "prompts_total": len(expected),
         "complete": not missing, "missing": missing, "shards": shards,
         "policy": s0.get("policy.name"), "reward": s0.get("reward.name"),
-        "partial_reward": s0.get("partial_reward.name")})
+        "partial_reward": s0.get("partial_reward.name"),
+        **({"judge": summarize_judges(records.values(), previous=judged)} if judged else {})})
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         raise IncompleteMerge(f"{len(missing)} of {len(expected)} prompts are in no shard's results: prompt_index "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -26,6 +27,9 @@ def summarize(out: RunOutput, cfg: DictConfig) -> str:
         lines.append(f"\n=== prompt {r.prompt_index}: {textwrap.shorten(r.prompt, 100)}")
         lines.append(f"best of {r.n_start} (reward {r.best.score:.4f}, {len(r.rounds)} decision point(s)):")
         lines.append(textwrap.indent(r.best.text.strip() or "(empty)", "  "))
+        if r.judge:
+            lines.append("judged: " + ", ".join(f"{j.name} {j.score:.4f}" if j.score is not None
+                                                else f"{j.name} failed ({j.error})" for j in r.judge))
     c = out.compute
     lines.append("\n--- compute")
     lines.append(f"generator tokens: prefill {c.gen_prefill_tokens}, decode {c.gen_decode_tokens}; "
@@ -40,6 +44,20 @@ def summarize(out: RunOutput, cfg: DictConfig) -> str:
         saved = 1 - c.gen_decode_tokens / bon if bon else 0.0
         lines.append(f"Best-of-{out.results[0].n_start} would decode ~{bon:.0f} tokens; this run decoded "
                      f"{c.gen_decode_tokens}: {100 * saved:.0f}% of the decode compute saved")
+    if out.extra.get("judge"):
+        lines.append(judge_line(out.extra["judge"]))
     if out.out_dir is not None:
         lines.append(f"results: {out.out_dir / 'results.jsonl'}")
     return "\n".join(lines)
+
+
+def judge_line(section: dict[str, Any]) -> str:
+    """One line for ``summary.json``'s ``judge`` section: each judge's mean over the winners and what judging cost,
+    which is not charged to the method."""
+    parts = []
+    for name, j in section.items():
+        c = j.get("cost", {})
+        failed = f", {j['failed']} failed" if j.get("failed") else ""
+        parts.append(f"{name} {j['mean']:.4f} over {j['n']} winner(s){failed} (cost {c.get('flops', 0) / 1e9:.1f} "
+                     f"GFLOPs, {c.get('seconds', 0):.1f}s)")
+    return "judges (their cost is not the method's): " + "; ".join(parts)

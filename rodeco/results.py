@@ -59,10 +59,12 @@ class ResultsWriter:
 
 def export_alpaca_eval(results_jsonl: str | Path, out_path: str | Path, generator: str) -> Path:
     """Write a run's best responses as AlpacaEval ``model_outputs.json`` (``instruction``, ``output``,
-    ``generator``), in prompt order, for judging with the ``alpaca_eval`` tool."""
+    ``generator``, and the judges' scores under ``judge`` when the run has them), in prompt order, for judging with
+    the ``alpaca_eval`` tool."""
     recs = [json.loads(x) for x in Path(results_jsonl).read_text(encoding="utf-8").splitlines() if x.strip()]
     recs.sort(key=lambda r: int(r["prompt_index"]))
-    rows = [{"instruction": r["prompt"], "output": r["best"]["text"], "generator": generator} for r in recs]
+    rows = [{"instruction": r["prompt"], "output": r["best"]["text"], "generator": generator,
+             **({"judge": r["judge"]} if "judge" in r else {})} for r in recs]
     out = Path(out_path)
     atomic_write(out, json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     return out

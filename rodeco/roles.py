@@ -17,9 +17,12 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from rodeco.calibration import identities
 from rodeco.config import split_node
 from rodeco.contracts import Scorer
+from rodeco.judging import Judge, Judges
 from rodeco.plugins import BuildContext, Entry, Plugins
 from rodeco.pool import reward_key
 from rodeco.protocols import Policy, Reward
@@ -55,6 +58,7 @@ class Choices:
     reward: Choice
     partial: Choice  # name SAME: the reward scores partial responses too
     policy: Choice
+    judges: tuple[Choice, ...] = ()  # each under ``judge.<option>``; scored after the decode, never seen by it
 
     def with_(self, plugins: Plugins, partial: Any = None, policy: Any = None) -> Choices:
         """These choices with another ``partial_reward`` and/or ``policy`` node (checked like the run's own)."""
@@ -86,11 +90,34 @@ def _choose_partial(node: Any, plugins: Plugins, live: bool) -> Choice:
 
 
 def choose_roles(cfg: Any, plugins: Plugins, live: bool = True) -> Choices:
-    """The run's three nodes (``cfg.reward``, ``cfg.partial_reward``, ``cfg.policy``), each split and looked up
-    once: an unknown name is a ``ConfigError`` here, before any model is loaded. ``live``: the oracle, which only a
-    pool knows, is refused."""
-    return Choices(choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live),
-                   choose(cfg.policy, "policy", plugins))
+    """The run's nodes (``cfg.reward``, ``cfg.partial_reward``, ``cfg.policy`` and the ``cfg.judge`` options), each
+    split and looked up once: an unknown name is a ``ConfigError`` here, before any model is loaded. ``live``: the
+    oracle, which only a pool knows, is refused."""
+    reward, partial = choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live)
+    return Choices(reward, partial, choose(cfg.policy, "policy", plugins),
+                   choose_judges(cfg.get("judge"), plugins, (reward, partial)))
+
+
+def choose_judges(node: Any, plugins: Plugins, guides: tuple[Choice, ...] = ()) -> tuple[Choice, ...]:
+    """The ``judge`` node (``{option: reward node}``, what ``judge=chrf`` or ``judge=[chrf,ref_sim]`` composes) as
+    choices keyed ``judge.<option>``. A judge whose resolved config is a guide's (the ``reward`` or the
+    ``partial_reward`` that steers the decode) is refused: it would measure what the search optimised."""
+    if node is None:
+        return ()
+    items = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    if not isinstance(items, dict) or not all(isinstance(v, dict) for v in items.values()):
+        raise ConfigError("judge", items, "must be options of the judge group, each a reward node",
+                          "judge=chrf, judge=[chrf,ref_sim] or judge=none; any reward option can judge")
+    out = []
+    for option, sub in items.items():
+        c = choose(sub, f"judge.{option}", plugins)
+        for g in guides:
+            if g.entry is not None and g.node == c.node:
+                raise ConfigError(f"judge.{option}", c.node, f"it is the {g.key} that guides the decode: a judge "
+                                  "must be something the search did not optimise",
+                                  "judge by another reward (judge=smollm_judge, judge=chrf), or drop it: judge=none")
+        out.append(c)
+    return tuple(out)
 
 
 @dataclass
@@ -100,6 +127,7 @@ class Roles:
     policy: Policy
     identities: dict[str, str]  # what the scores come from (``BuildContext.identities``)
     choices: Choices
+    judges: Judges = field(default_factory=Judges)  # the runner calls them after the decode; the loop never sees them
 
     @property
     def partial_name(self) -> str:
@@ -161,7 +189,24 @@ class RoleBuilder:
         """The scorers, then the policy, built with the identities of what the scores come from."""
         reward, partial, ids = self.scorers(choices)
         policy = self.plugins.build(choices.policy.entry, choices.policy.params, self._ctx(), identities=ids)
-        return Roles(reward, partial, policy, ids, choices)
+        return Roles(reward, partial, policy, ids, choices, self.judges(choices.judges))
+
+    def judges(self, choices: tuple[Choice, ...]) -> Judges:
+        """The judges, built once like the other rewards (from a pool: served from and filling its cache). They
+        read the response's text and token ids only: a reward that needs the decode's log-probs or hidden states,
+        which results do not keep, is refused."""
+        out = []
+        for c in choices:
+            option = c.key.partition(".")[2]
+            scorer = Scorer(self.reward(c), option, "judge")
+            if scorer.needs_logprobs or scorer.needs_hidden_states:
+                what = "log-probs" if scorer.needs_logprobs else "hidden states"
+                raise ConfigError(c.key, c.name, f"it reads the generator's {what} from the decode, which a judge, "
+                                  "scoring written results, does not have", "judge with a reward that scores the "
+                                  "text (logprob with judge.<option>.model=smollm2 scores it under a model of its "
+                                  "own)")
+            out.append(Judge(option, scorer, c.node))
+        return Judges(out)
 
     def _ctx(self) -> BuildContext:
         if self.ctx.plugins is None:
@@ -170,4 +215,4 @@ class RoleBuilder:
 
 
 def _ident(x: Scorer) -> tuple[str, str | None]:
-    return x.name, getattr(x.reward, "identity", None)
+    return x.name, x.identity

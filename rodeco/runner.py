@@ -19,6 +19,7 @@ from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget, winner_rule
 from rodeco.data import Prompt, batches_of, prompts_of
 from rodeco.protocols import Generator
+from rodeco.judging import Judges, check_specs, summarize as summarize_judges
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.roles import RoleBuilder, Roles, choose_roles
@@ -139,6 +140,7 @@ class DecodeRun:
         self.settings = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name, self.overhead)
         self.peak_rows = 0
         self.writer = ResultsWriter(out_dir, resume=cfg.output.resume) if out_dir is not None else None
+        self.judged_before = previous_judges(self.writer, roles.judges) if self.writer is not None else {}
         self.batches = self.plan()
         self.todo = [p for b in self.batches for p in b]
         self.before = previous_compute(self.writer) if self.writer is not None else Compute()
@@ -168,6 +170,7 @@ class DecodeRun:
         self.bar = tqdm(total=len(self.todo), desc="prompts", unit="prompt", disable=not self.cfg.output.progress,
                         delay=2.0)
         with stop_on_signals() as self.stop:
+            self.judge_written()
             for k, batch in enumerate(self.batches):
                 self.decode(k, batch)
         self.bar.close()
@@ -178,7 +181,8 @@ class DecodeRun:
         order = {p.index: i for i, p in enumerate(self.todo)}
         self.results.sort(key=lambda r: order[r.prompt_index])
         self.plugins.run_end(results=self.results, compute=self.total)
-        return RunOutput(self.results, self.total, Path(self.out_dir) if self.out_dir is not None else None)
+        extra = {"judge": self.judge_summary()} if self.roles.judges or self.judged_before else {}
+        return RunOutput(self.results, self.total, Path(self.out_dir) if self.out_dir is not None else None, extra)
 
     def decode(self, k: int, batch: list[Prompt]) -> None:
         """Batch ``k``, in parts of the back-off's batch size; after an out-of-memory error, its unfinished
@@ -229,11 +233,27 @@ class DecodeRun:
         self.stop_if_asked()
 
     def on_done(self, result: PromptResult) -> None:
+        self.roles.judges.judge_result(result)  # after the winner is chosen; a failing judge leaves its score null
         if self.writer is not None:
             self.writer.write(result.to_dict())
         self.plugins.prompt_done(result)
         self.results.append(result)
         self.bar.update(1)
+
+    def judge_written(self) -> None:
+        """Score what the results already in the directory lack for this run's judges (a resumed run's, or those a
+        judge failed on)."""
+        if self.writer is None or not self.roles.judges:
+            return
+        changed = [self.roles.judges.judge_record(rec) for rec in self.writer.records.values()]
+        if any(changed):
+            log.info("judged %d earlier result(s) that lacked a score", sum(changed))
+            self.writer.save()
+            self.write_summary()
+
+    def judge_summary(self) -> dict:
+        records = self.writer.records.values() if self.writer is not None else [r.to_dict() for r in self.results]
+        return summarize_judges(records, self.roles.judges, self.judged_before)
 
     def write_summary(self) -> None:
         """``summary.json``: everything the results in the directory cost, this run and the ones it resumed."""
@@ -250,7 +270,19 @@ class DecodeRun:
             "working_memory": {**self.working.to_dict(), "charged_tokens_per_row": self.overhead,
                                "budget_mode": self.cfg.budget.mode, "peak_rows": self.peak_rows,
                                "peak_bytes_modelled": self.peak_rows * self.working.total},
-            **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {})})
+            **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {}),
+            **({"judge": self.judge_summary()} if self.roles.judges or self.judged_before else {})})
+
+
+def previous_judges(writer: ResultsWriter, judges: Judges) -> dict:
+    """The ``judge`` section of the directory's ``summary.json`` (judges' configs and costs so far), with this run's
+    judges checked against it: one of the same name with another config is refused."""
+    path = writer.path.parent / "summary.json"
+    if not writer.records or not path.is_file():
+        return {}
+    previous = json.loads(path.read_text(encoding="utf-8")).get("judge", {})
+    check_specs(previous, judges, str(writer.path.parent))
+    return previous
 
 
 def previous_compute(writer: ResultsWriter) -> Compute:

@@ -222,6 +222,35 @@ class StartView:
 
 
 @dataclass
+class JudgeScore:
+    """One judge's score of one response (``rodeco.judging``): ``score`` is None when the judge failed on it, and
+    ``error`` then names the failure."""
+
+    name: str
+    score: float | None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "score": self.score}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+
+def judge_field(scores: Sequence[JudgeScore]) -> dict[str, Any] | list[dict[str, Any]]:
+    """What a record holds under ``"judge"``: one judge's ``{"name", "score"}``, or a list of them for several."""
+    out = [s.to_dict() for s in scores]
+    return out[0] if len(out) == 1 else out
+
+
+def judge_entries(field_: dict[str, Any] | list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """A record's ``"judge"`` field (either shape, or absent) as ``{judge name: {"name", "score"[, "error"]}}``."""
+    if not field_:
+        return {}
+    return {e["name"]: e for e in ([field_] if isinstance(field_, dict) else field_)}
+
+
+@dataclass
 class Candidate:
     candidate_id: int
     token_ids: list[int]
@@ -232,6 +261,7 @@ class Candidate:
     stop_reason: str = ""  # "eos", "stop" (a stop string), "length", "rejected"
     parent: int | None = None  # a copy's parent candidate (None: a starting row); left out of records when None
     forked_round: int | None = None  # the decision point that made the copy
+    judge: list[JudgeScore] | None = None  # the judges' scores (``rodeco.judging``), set after the decode
 
 
 @dataclass
@@ -312,6 +342,7 @@ class PromptResult:
     reward: str = ""
     winner: str = "reward"  # the rule that chose ``best`` (rodeco.winner); left out of records at its default
     answer: str | None = None  # the answer a vote chose by (left out when None)
+    judge: list[JudgeScore] | None = None  # the winner's judge scores, set after the decode (left out when None)
 
     @property
     def best_response(self) -> str:
@@ -326,6 +357,13 @@ class PromptResult:
             for k in ("parent", "forked_round"):
                 if c[k] is None:
                     del c[k]
+            del c["judge"]
+        for c, obj in zip(d["candidates"] or [], self.candidates or []):
+            if obj.judge is not None:  # the winner's scores are the record's own "judge"
+                c["judge"] = judge_field(obj.judge)
+        d.pop("judge")
+        if self.judge is not None:
+            d["judge"] = judge_field(self.judge)
         for r in d["rounds"]:
             if not r["copies"]:
                 del r["copies"]
