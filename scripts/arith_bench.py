@@ -29,15 +29,27 @@ import numpy as np
 METHODS = ("bon_4", "bon_16", "sr_16", "pf_16", "pf_4")
 
 
-def problems(k: int, seed: int) -> list[tuple[str, int]]:
-    """``k`` seeded problems: sums and differences of two-digit numbers, products of one-digit ones."""
+N_DISTINCT = 2 * 51 * 29 + 8 * 8  # a + b and a - b with a in 10..60, b in 2..30; a * b with a, b in 2..9
+
+
+def problems(k: int, seed: int, distinct: bool = True) -> list[tuple[str, int]]:
+    """``k`` seeded problems: sums and differences of two-digit numbers, products of one-digit ones. ``distinct``:
+    a problem drawn again is skipped (the draws go on until there are ``k``), so no problem counts twice;
+    otherwise every draw is kept (the 40-problem table in docs/results.md was made so: 38 distinct)."""
+    if distinct and k > N_DISTINCT:
+        raise ValueError(f"--problems {k}: there are only {N_DISTINCT} distinct problems; ask for at most that many")
     rng = random.Random(seed)
-    out = []
-    for _ in range(k):
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    while len(out) < k:
         kind = rng.choice("+-*")
         a, b = (rng.randint(2, 9), rng.randint(2, 9)) if kind == "*" else (rng.randint(10, 60), rng.randint(2, 30))
         ans = a + b if kind == "+" else a - b if kind == "-" else a * b
-        out.append((f"What is {a} {kind} {b}? Answer with the number.", ans))
+        q = f"What is {a} {kind} {b}? Answer with the number."
+        if distinct and q in seen:
+            continue
+        seen.add(q)
+        out.append((q, ans))
     return out
 
 
@@ -95,7 +107,9 @@ def summarize(recs: list[dict]) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--problems", type=int, default=40)
+    ap.add_argument("--problems", type=int, default=40, help="how many problems (distinct unless --repeats)")
+    ap.add_argument("--repeats", action="store_true", help="keep a problem drawn twice (as the 40-problem table in "
+                    "docs/results.md was made)")
     ap.add_argument("--seed", type=int, default=0, help="the problems' seed")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--out", type=Path, required=True)
@@ -107,10 +121,14 @@ def main() -> int:
     gen = load_generator(rodeco.load_config([]).generator)
     a.out.mkdir(parents=True, exist_ok=True)
     recs = []
-    for i, (q, ans) in enumerate(problems(a.problems, a.seed)):
+    for i, (q, ans) in enumerate(problems(a.problems, a.seed, distinct=not a.repeats)):
         f = a.out / f"{i}.json"
         if f.is_file():
-            recs.append(json.loads(f.read_text(encoding="utf-8")))
+            rec = json.loads(f.read_text(encoding="utf-8"))
+            if rec["problem"] != q:
+                ap.error(f"{f} holds problem {i} of another list ({rec['problem']!r}, here {q!r}): resume with the "
+                         "options it was written with (--seed, --repeats), or use another --out")
+            recs.append(rec)
             continue
         rec = {"problem": q, "answer": ans, **{m: run_method(gen, m, q, a.max_new_tokens) for m in METHODS}}
         atomic_write(f, json.dumps(rec) + "\n")

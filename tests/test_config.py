@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, SHARED_DATA
 from omegaconf import OmegaConf
 
 import rodeco
@@ -60,6 +60,8 @@ def built_options(group: str, tiny_gen):
         name, params = split_node(cfg[group], group)
         if getattr(registry.get(name).factory, "needs_network", False):
             continue
+        if name in REFERENCE_JUDGES and not SHARED_DATA.is_dir():  # the reference answers live there
+            continue
         ctx = BuildContext(generator=tiny_gen(), device="cpu", plugins=plugins)
         obj = plugins.build_reward(cfg[group], ctx) if group == "reward" else plugins.build_policy(cfg[group], ctx)
         yield opt, name, params, obj, ctx
@@ -73,14 +75,22 @@ def check_params_reached(opt: str, params: dict, obj) -> None:
     assert {k: getattr(obj, k) for k in kept} == kept, opt
 
 
-def tiny_requests(reward) -> list[ScoreRequest]:
+REFERENCE_JUDGES = {"chrf", "ref_sim"}  # they score AlpacaEval prompts only, against the reference answer
+# the prompt and responses a reward of each kind can score (the default: a haiku)
+TINY_PROMPTS = {"chrf": "How did US states get their names?", "ref_sim": "How did US states get their names?",
+                "arith_gold": "What is 23 + 7? Answer with the number."}
+TINY_TEXTS = {"arith_gold": ["It is 30.", "23 + 7 = 31", "The answer: 30"]}
+
+
+def tiny_requests(reward, name: str = "") -> list[ScoreRequest]:
     """Three responses of different lengths to one prompt, carrying what the reward says it needs (log-probs;
     hidden states, which only partial responses carry)."""
     partial = bool(getattr(reward, "needs_hidden_states", False))
     dim = len(reward.head.mean) - 2 if partial else 0  # the head reads [hidden state, 2 position features]
     rng = np.random.default_rng(0)
-    texts = ["Leaves fall.", "Red leaves drift down the cold river at dusk.", "Autumn wind, " * 8 + "and rain."]
-    return [ScoreRequest("Write a haiku about autumn.", text, tuple(range(1, 3 + 4 * i)), partial=partial,
+    texts = TINY_TEXTS.get(name, ["Leaves fall.", "Red leaves drift down the cold river at dusk.",
+                                  "Autumn wind, " * 8 + "and rain."])
+    return [ScoreRequest(TINY_PROMPTS.get(name, "Write a haiku about autumn."), text, tuple(range(1, 3 + 4 * i)), partial=partial,
                          candidate_id=i, logprobs=tuple(-0.2 * (j % 5 + i) for j in range(2 + 4 * i)),
                          hidden_state=rng.normal(size=dim) if partial else None)
             for i, text in enumerate(texts)]
@@ -96,6 +106,7 @@ def _composite(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[flo
 # What a reward of each registered kind must score on ``tiny_requests``, from its option file's parameters ``p``.
 EXPECTED_SCORES = {
     "custom": lambda p, reqs, ctx: [float(len(r.response)) for r in reqs] if p["function"] == "length" else None,
+    "arith_gold": lambda p, reqs, ctx: [1.0, 0.0, 1.0],
     "logprob": lambda p, reqs, ctx: [{"mean": np.mean, "sum": np.sum}[p["form"]](r.logprobs) for r in reqs],
     "composite": _composite,
     "example_length": lambda p, reqs, ctx: [-abs(len(r.response.split()) - p["target_words"]) / p["target_words"]
@@ -107,7 +118,7 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
     built = []
     for opt, name, params, reward, ctx in built_options("reward", tiny_gen):
         check_params_reached(opt, params, reward)
-        reqs = tiny_requests(reward)
+        reqs = tiny_requests(reward, name)
         role = "partial_reward" if reqs[0].partial else "reward"
         scores = Scorer(reward, name, role)(reqs)  # one finite float per request, or a PluginError
         assert Scorer(reward, name, role)(reqs).tolist() == scores.tolist(), opt  # the same input, the same scores

@@ -48,6 +48,19 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
              "(partial_reward only; rodeco experiment=value_train)", params=HeadParams)
     register("text_value", build_text_value, "learned partial scorer: a head on the embedded RM's features of the "
              "partial text (rodeco experiment=value_train)", params=HeadParams)
+    from rodeco_rewards.gold import ArithGoldParams, build_arith_gold
+    from rodeco_rewards.reference import ReferenceParams, RefSimParams, build_chrf, build_ref_sim
+
+    register("chrf", build_chrf, "a judge: chrF2 (0-100) against AlpacaEval's GPT-4-Turbo reference answer "
+             "(AlpacaEval prompts only)", params=ReferenceParams)
+    register("ref_sim", build_ref_sim, "a judge: cosine of SmolLM2-135M mean hidden states, response vs AlpacaEval's "
+             "reference answer (AlpacaEval prompts only)", params=RefSimParams)
+    register("arith_gold", build_arith_gold, "a judge: 1 if the last number is the exact answer of a "
+             "scripts/arith_bench.py problem, else 0", params=ArithGoldParams)
+    from rodeco_rewards.smollm_judge import JudgeParams, build_smollm_judge
+
+    register("smollm_judge", build_smollm_judge, "a judge: a length-controlled Bradley-Terry head on SmolLM2-135M "
+             "hidden states, trained on AlpacaEval prefs (rodeco experiment=judge_train)", params=JudgeParams)
 
 
 @hookimpl
@@ -74,6 +87,11 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
              "training pool; do they beat same?", args=ValueTrainArgs)
     register("prefix_train", prefix_train.run, "refit the embedded RM's head on prefixes too (TCRM's lookahead and "
              "smoothness terms): partial_reward=minilm_prefix", args=PrefixTrainArgs)
+    from rodeco_rewards.experiments import judge_train
+
+    register("judge_train", judge_train.run, "train and validate the smollm_judge judge (length-controlled, on "
+             "SmolLM2-135M hidden states): held-out accuracy, length correlation, corruption check",
+             args=judge_train.JudgeTrainArgs)
 
 
 @hookimpl
