@@ -269,6 +269,10 @@ def check_command(command: str, plugins) -> None:
 
         check_binding(cfg)
         check_serve(cfg, plugins)
+    elif cfg.task == "judge":  # its judges, as task=judge chooses them (names known, none the guide)
+        from rodeco.roles import choose, choose_judges
+
+        assert choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),)), command
     elif cfg.task not in ("decode", "merge"):
         plugins.experiments.get(cfg.task)
     if cfg.data.path is not None:
