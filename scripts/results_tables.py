@@ -6,8 +6,9 @@ rather than copied by hand.
     python scripts/results_tables.py write docs/results.md                  # regenerate the marked blocks
     python scripts/results_tables.py check docs/results.md                  # fails, with a diff, where one differs
 
-A snapshot is the run's JSON without ``per_prompt`` (every prompt's measurements: they stay in the run directory),
-with sorted keys. A marked block in Markdown is a line ``<!-- table: docs/data/NAME.json TABLE -->``, the block,
+A snapshot is the run's JSON with sorted keys: to ``NAME.json.gz`` whole and gzip-compressed, ``per_prompt``
+included (every prompt's measurements and, where the run keeps them, its winners' texts and scores: what a reader
+needs to check a claim); to ``NAME.json`` without ``per_prompt``. A marked block in Markdown is a line ``<!-- table: docs/data/NAME.json TABLE -->``, the block,
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import gzip
 import json
 import re
 import sys
@@ -72,14 +74,19 @@ def snapshot(run: Path, out: Path) -> Path:
             raise TableError(f"{run}: holds {[f.name for f in found]}, not one of {list(RUN_FILES)}; give the file")
         src = found[0]
     full = json.loads(src.read_text(encoding="utf-8"))
-    data = {k: v for k, v in full.items() if k not in DROP}
+    whole = out.name.endswith(".gz")
+    data = {k: v for k, v in full.items() if whole or k not in DROP}
     if isinstance(data.get("pool"), str) and Path(data["pool"]).is_absolute():  # no machine path in a committed file
         pool = Path(data["pool"])
         data["pool"] = str(pool.relative_to(REPO)) if pool.is_relative_to(REPO) else pool.name
     if isinstance(full.get("per_prompt"), list):  # an efficiency or perplexity run
         data["starts"] = starts_of(full["per_prompt"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    if whole:
+        out.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        out.write_text(text, encoding="utf-8")
     return out
 
 
@@ -88,6 +95,8 @@ def load(path: Path, shown: str | Path | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise TableError(f"{shown or path}: no such snapshot; make it with "
                          f"python scripts/results_tables.py snapshot RUN_DIR {shown or path}")
+    if path.name.endswith(".gz"):
+        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -399,7 +408,7 @@ def write(doc: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("snapshot", help="a run's JSON without per_prompt, to commit")
+    p = sub.add_parser("snapshot", help="a run's JSON to commit (.json.gz: whole; .json: without per_prompt)")
     p.add_argument("run", type=Path, help="the run directory (or its efficiency.json / perplexity.json)")
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")

@@ -145,6 +145,9 @@ def test_snapshot_drops_the_per_prompt_records_and_is_deterministic(run, tmp_pat
     assert "per_prompt" not in got and got == want
     assert a.read_bytes() == b.read_bytes() and list(got) == sorted(got)
     assert a.stat().st_size < len(json.dumps(run)) / 2
+    whole = rt.snapshot(tmp_path / "run", tmp_path / "w.json.gz")  # compressed: per_prompt kept for checking
+    assert rt.load(whole) == {**run, "starts": rt.starts_of(run["per_prompt"])}
+    assert whole.read_bytes() == rt.snapshot(tmp_path / "run", tmp_path / "w2.json.gz").read_bytes()
     (tmp_path / "run" / "perplexity.json").write_text("{}")
     with pytest.raises(rt.TableError, match="give the file"):
         rt.snapshot(tmp_path / "run", tmp_path / "c.json")
