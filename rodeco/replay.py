@@ -422,13 +422,17 @@ def replay_batch(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Polic
     return res, comp, sum(r.seconds for r in charged) - seconds0
 
 
-def live_generator(pool: Pool) -> Generator:
-    """The generator a pool was recorded with, loaded from its settings (what decodes copies' continuations)."""
+def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
+    """The generator a pool was recorded with, loaded from its settings (what decodes copies' continuations);
+    ``compile_step``: its compiled decode step (the same tokens in fp32, faster on CPU)."""
     from omegaconf import OmegaConf
 
     from rodeco.loading import load_generator
 
-    return load_generator(OmegaConf.create(pool.settings["generator"]))
+    node = OmegaConf.create(pool.settings["generator"])
+    if compile_step:
+        node.compile = True
+    return load_generator(node)
 
 
 def open_pool(path: str | Path, key: str = "pool",

@@ -29,19 +29,26 @@ from pathlib import Path
 import numpy as np
 
 # label -> (policy node, start rows)
-METHODS = {
-    "particle_filter_start_16": ({"name": "particle_filter"}, 16),
+METHODS = {  # in the order they run
     "beam_start_16": ({"name": "beam"}, 16),
     "dvts_start_16": ({"name": "dvts"}, 16),
+    "particle_filter_start_16": ({"name": "particle_filter"}, 16),
 }
-ALTERNATIVES = {  # tried on the selection half only
+ALTERNATIVES = {  # tried on the selection half only (--alternatives)
     "particle_filter_start_4": ({"name": "particle_filter"}, 4),
     "beam_start_16_width_8": ({"name": "beam", "beam_width": 8}, 16),
 }
+PF = "particle_filter_start_16"
+PF_GRID = [0.25, 0.5, 1.0, 2.0]  # particle_filter's temperature, chosen on the selection half by the guide's mean
 
 
-def live_runner(pool_path: str, overrides: list[str]):
-    """A function (prompt index, policy node, start, kv budget) -> the run record the efficiency analysis reads."""
+def pf_label(t: float) -> str:
+    return f"{PF}_temperature_{t:g}"
+
+
+def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False):
+    """A function (prompt index, policy node, start, kv budget, first stream) -> the run record the efficiency
+    analysis reads, with the winner (text, tokens, stop reason, lineage) to judge and check."""
     import rodeco
     from rodeco.budget import Budget
     from rodeco.compose import option_node
@@ -57,12 +64,12 @@ def live_runner(pool_path: str, overrides: list[str]):
     pool = Pool(pool_path)
     plugins = default_plugins()
     cfg = rodeco.load_config(["sampling.max_new_tokens=" + str(pool.settings["max_new_tokens"]), *overrides])
-    gen = live_generator(pool)
+    gen = live_generator(pool, compile_step)
     builder = RoleBuilder(plugins, gen.name, BuildContext(generator=gen, device=str(gen.device), plugins=plugins))
     choices = choose_roles(cfg, plugins)
     cache: dict[str, object] = {}
 
-    def run(index: int, node: dict, n: int, kv: int) -> dict:
+    def run(index: int, node: dict, n: int, kv: int, first: int = 0) -> dict:
         key = json.dumps(node, sort_keys=True)
         if key not in cache:
             full = {**option_node("policy", node["name"], plugins), **node}
@@ -72,15 +79,18 @@ def live_runner(pool_path: str, overrides: list[str]):
         s = dataclasses.replace(s, n=n, budget=Budget(kv, s.budget.min_tokens_per_round), seed=pool.settings["seed"])
         p = pool.prompt(index)
         (res,), c = decode_batch(gen, roles.reward, roles.policy, [PromptRef(p.index, p.text)], s,
-                                 partial=roles.partial)
+                                 partial=roles.partial, first=first)
         copies = sum(len(v) for r in res.rounds for v in r.copies.values())
+        w = res.best
         return {"best": float(res.best.score), "n_start": res.n_start, "gen_flops": c.gen_flops,
                 "reward_flops": c.reward_flops, "partial_flops": c.partial_reward_flops, "flops": c.total_flops,
                 "decode_tokens": c.gen_decode_tokens, "steps": c.decode_steps, "peak_kv_tokens": c.peak_kv_tokens,
                 "rows_x_context": rows_x_context(c, gen.shape), "rounds": len(res.rounds), "copies": copies,
                 "reward_s": float(c.time_s.get("score", 0.0) + c.time_s.get("partial_score", 0.0)),
                 "wall_s": float(sum(c.time_s.values())), "budget": kv,
-                "within_budget": bool(c.peak_kv_tokens <= kv)}
+                "within_budget": bool(c.peak_kv_tokens <= kv), "first": first,
+                "winner": {"id": w.candidate_id, "text": w.text, "token_ids": list(w.token_ids),
+                           "stop_reason": w.stop_reason, "parent": w.parent, "forked_round": w.forked_round}}
 
     return run
 
@@ -114,7 +124,9 @@ def report_half(records: list[dict], args: dict, tm, max_new: int, labels: list[
 
 
 def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep: list[int]) -> dict[int, dict]:
-    """Each prompt's live search runs (``search_prompts.jsonl``, rewritten as each prompt finishes; resumed)."""
+    """Each prompt's live search runs (``search_prompts.jsonl``, rewritten after every run; resumed): method by
+    method, set by set (candidate streams ``first``, ``first + 1``, ...), prompt by prompt, so that whatever is done
+    when a run stops is whole methods on whole sets. Set ``first=0`` is ``methods``, the others ``sets[first]``."""
     from tqdm.auto import tqdm
 
     from rodeco.results import atomic_write
@@ -123,17 +135,36 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
     done = {}
     if out_f.is_file():
         done = {d["prompt_index"]: d for d in map(json.loads, out_f.read_text().splitlines()) if d}
-    run = live_runner(a.pool, [])
-    for r in tqdm(records, desc="search", unit="prompt"):
-        i = r["prompt_index"]
-        if a.report_only and i not in rep:
-            continue
-        want = {**METHODS, **(ALTERNATIVES if a.alternatives and i in sel else {})}
-        have = done.setdefault(i, {"prompt_index": i, "methods": {}})
-        for label, (node, n) in want.items():
-            if label not in have["methods"]:
-                have["methods"][label] = run(i, node, n, int(r["budget"]["1"]))
-        atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))
+    run = live_runner(a.pool, [], compile_step=a.compile)
+    by_index = {r["prompt_index"]: r for r in records}
+    targets = [i for i in by_index if not a.report_only or i in rep]
+
+    def run_all(label: str, node: dict, n: int, first: int, indices: list[int]) -> None:
+        for i in tqdm(indices, desc=f"{label} from stream {first}", unit="prompt"):
+            have = done.setdefault(i, {"prompt_index": i, "methods": {}, "sets": {}})
+            slot = have["methods"] if first == 0 else have.setdefault("sets", {}).setdefault(str(first), {})
+            if label in slot and slot[label].get("node", node) != node:
+                raise SystemExit(f"{out_f}: {label} of prompt {i} ran as {slot[label]['node']}, not {node}: "
+                                 "start another run directory")
+            if label not in slot:
+                slot[label] = {**run(i, node, n, int(by_index[i]["budget"]["1"]), first), "node": node}
+                atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))
+
+    for label in a.methods:
+        node, n = METHODS[label]
+        if label == PF and a.pf_grid:  # its temperature: the grid's best mean guide reward on the selection half
+            for t in a.pf_grid:
+                run_all(pf_label(t), {**node, "temperature": t}, n, 0, sel)
+            means = {t: float(np.mean([done[i]["methods"][pf_label(t)]["best"] for i in sel])) for t in a.pf_grid}
+            best = max(means, key=lambda t: means[t])
+            print(f"particle_filter temperature on the selection half ({len(sel)} prompts, streams 0..): "
+                  + ", ".join(f"{t:g}: {m:.4f}" for t, m in means.items()) + f" -> {best:g}")
+            node = {**node, "temperature": best}
+        for first in a.firsts:
+            run_all(label, node, n, first, targets)
+    if a.alternatives:
+        for label, (node, n) in ALTERNATIVES.items():
+            run_all(label, node, n, 0, sel)
     return done
 
 
@@ -181,6 +212,18 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="the search policies on the report half only, at their defaults (nothing is chosen)")
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                    help="the live methods, run in this order")
+    ap.add_argument("--firsts", nargs="+", type=int, default=[0],
+                    help="candidate sets: each method runs from streams first, first + 1, ... (0 64: the two halves "
+                         "of a 128-candidate pool)")
+    ap.add_argument("--pf-grid", nargs="*", type=float, default=PF_GRID,
+                    help="particle_filter's temperatures tried on the selection half (none: its default)")
+    ap.add_argument("--compile", action="store_true", help="the generator's compiled decode step (same tokens)")
+    ap.add_argument("--judges", nargs="*", default=["chrf", "ref_sim", "smollm_judge"],
+                    help="judge options that score every method's winners (default: every offline judge that applies "
+                         "to AlpacaEval prompts); none: skip the judged part")
+    ap.add_argument("--runs-only", action="store_true", help="run the live methods and stop (no analysis)")
     a = ap.parse_args()
     from rodeco.experiments import analysis, render
     from rodeco.pool import Pool
@@ -190,12 +233,17 @@ def main() -> int:
     records = records[: a.limit] if a.limit else records
     sel, rep = analysis.split_halves([r["prompt_index"] for r in records])
     done = run_searches(a, records, sel, rep)
-    for r in records:
-        for label in METHODS:  # a prompt the search policies did not run on (--report-only): never read
-            r["methods"][label] = {"1": PLACEHOLDER}
-        for label, run_ in done.get(r["prompt_index"], {"methods": {}})["methods"].items():
-            r["methods"][label] = {"1": run_}
-    labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *METHODS]
+    if a.runs_only:
+        return 0
+    for r in records:  # set 0 as the record's methods, the other sets as its replicates (by their offset)
+        d = done.get(r["prompt_index"], {"methods": {}, "sets": {}})
+        for slot, runs in [(r["methods"], d["methods"]),
+                           *[(x["methods"], d.get("sets", {}).get(str(x["offset"]), {})) for x in r["replicates"]]]:
+            for label in a.methods:  # a prompt the search policies did not run on (--report-only): never read
+                slot[label] = {"1": PLACEHOLDER}
+            for label, run_ in runs.items():
+                slot[label] = {"1": run_}
+    labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *a.methods]
     alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]
     eff = json.loads((a.run_dir / "efficiency.json").read_text())
     args = {**eff["args"], "bootstrap": a.bootstrap, "scales": [1]}
@@ -203,20 +251,26 @@ def main() -> int:
         Pool(a.pool), [r["prompt_index"] for r in records])
     max_new = int(records[0]["settings"]["max_new_tokens"])
     summary = analysis.summarize(records, args, tm, max_new, labels[:2] + alt)  # what the efficiency run has
-    summary["methods"].update(report_half(records, args, tm, max_new, list(METHODS), summary))
-    within = all(m["within_budget"] for d in done.values() for m in d["methods"].values())
+    summary["methods"].update(report_half(records, args, tm, max_new, list(a.methods), summary))
+    within = all(m["within_budget"] for d in done.values()
+                 for runs in [d["methods"], *d.get("sets", {}).values()] for m in runs.values())
     paired = paired_rewards(records, rep, labels, a.bootstrap)
     # efficiency.json's layout (scripts/results_tables.py renders it), with the search rows and how they ran
     res = {**{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"}, **summary,
            "args": args, "headline": analysis.headline(summary), "per_prompt": records,
-           "search": {"within_budget": within, "live": list(METHODS) + alt, "reward_minus_fixed_alpha_0.5": paired,
+           "search": {"within_budget": within, "live": list(a.methods) + alt, "reward_minus_fixed_alpha_0.5": paired,
                       "mean_copies": {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep]))
-                                      for k in METHODS}}}
+                                      for k in a.methods}}}
     atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
     (a.run_dir / "search.md").write_text(render.markdown(summary), encoding="utf-8")
     print(f"{len(records)} prompts ({len(rep)} report, {len(sel)} selection); budget: Best-of-4's memory per prompt; "
           f"every copy within it: {within}")
     print_table(summary, labels, alt, paired, {"report": rep, "selection": sel})
+    if a.judges:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from search_judged import judged
+
+        judged(a, records, done, rep)
     return 0
 
 

@@ -99,6 +99,17 @@ def test_minilm_score_is_independent_of_batch_and_prompt_cache(tiny_rm):
     assert tiny_rm.cost.flops == pytest.approx(2 * tiny_rm.encoder.n_matmul_params * tiny_rm.cost.tokens)
 
 
+def test_minilm_parts_sum_to_the_score_and_split_surface_from_embedding(tiny_rm):
+    reqs = _reqs(6)
+    parts = tiny_rm.parts(reqs)
+    total = np.array(parts["embedding"]) + np.array(parts["surface"]) + np.array(parts["bias"])
+    assert total == pytest.approx(tiny_rm.score(reqs), abs=1e-4)
+    with torch.no_grad():  # no surface weights: the surface part is zero and the embedding part is the score's
+        tiny_rm.head.net.weight[0, -len(STAT_NAMES):] = 0.0
+    assert tiny_rm.parts(reqs)["surface"] == pytest.approx([0.0] * 6)
+    assert np.abs(tiny_rm.parts(reqs)["embedding"]).max() > 0
+
+
 def test_head_roundtrip_and_training_learns(tmp_path):
     rng = np.random.default_rng(0)
     xc, xr = rng.normal(size=(400, 6)).astype(np.float32), rng.normal(size=(400, 6)).astype(np.float32)

@@ -20,7 +20,7 @@ import torch
 
 from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.minilm.encoder import SentenceEncoder, minilm_dir
-from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, text_stats
+from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, n_embedding, text_stats
 from rodeco_rewards.minilm.head import BTHead, head_identity, load_head
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,22 @@ class MiniLMReward:
         self.cost.flops += 2.0 * self.encoder.n_matmul_params * n
         self.cost.calls += 1
         return out
+
+    @torch.inference_mode()
+    def parts(self, requests: Sequence[ScoreRequest]) -> dict[str, list[float]]:
+        """Each request's score split exactly into the head's terms (a linear head only): ``embedding`` (the
+        encoder's features: response embedding, prompt x response, cosine), ``surface`` (the text statistics) and
+        ``bias``; they sum to ``score``'s value up to float32 rounding. Free of cost accounting (a diagnostic)."""
+        if self.head.shape.hidden:
+            raise ValueError(f"minilm_rm's head has a hidden layer ({self.head.shape.hidden} units): its score does "
+                             "not split into feature terms; only a linear head (hidden=0) does")
+        ep = self._prompt_embeddings([r.prompt for r in requests])
+        x = features(self.encoder, [r.prompt for r in requests], [r.response for r in requests], prompt_emb=ep)
+        z = (torch.from_numpy(x).double() - self.head.mu.double().cpu()) / self.head.sigma.double().cpu()
+        w = self.head.net.weight[0].detach().double().cpu()
+        ne = n_embedding(self.encoder.dim)
+        return {"embedding": (z[:, :ne] @ w[:ne]).tolist(), "surface": (z[:, ne:] @ w[ne:]).tolist(),
+                "bias": [float(self.head.net.bias[0])] * len(requests)}
 
 
 def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:

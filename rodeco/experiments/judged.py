@@ -1,0 +1,180 @@
+"""Methods measured on judges the search never saw, against Best-of-N's curve on the same judge.
+
+The data are winners: per prompt ``p`` and candidate set ``s`` (the pool's candidates ``s*M/S ...``, which the live
+methods also decode from, as their random streams), each method's winner has a guide reward (the reward that chose
+it), one score per judge and the FLOPs its method spent. Best-of-N's winner at every N is the guide's best of the
+set's first N candidates, so its judge score is the judge's view of what the guide picks: the judge's Best-of-N
+curve.
+
+``analyze`` reports, for one judge, on the prompts it is given, with bootstrap CIs over prompts and, within each
+drawn prompt, over its candidate sets:
+
+- the curve (mean judge score of Best-of-N's winners at each N) and its gain Best-of-N_max - Best-of-1;
+- per method: its mean judge score, paired against each reference method (differences on the same prompts and sets);
+- its FLOPs speedup at matched *judge* score on the judge's curve (log-FLOPs interpolated): ``None`` when the CI of
+  the curve's gain contains 0 (the judge cannot see what the guide rewards), flagged as a bound past the curve's ends;
+- the residual of its judge gain from what its guide gain predicts on the Best-of-N relation (judge gain against
+  guide gain along the curve, interpolated linearly), with a CI; ``below`` when the CI lies under 0, and
+  ``beyond_curve`` when its guide gain is past Best-of-N_max's (the prediction is then the curve's last point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CI = (2.5, 97.5)
+
+
+@dataclass
+class Winners:
+    """One method's winners: ``guide`` and each judge's ``judge[name]`` as ``[P, S]`` arrays (NaN: not scored),
+    ``flops`` ``[P, S]`` (everything the method spent), and ``texts`` etc. kept beside them by the caller."""
+
+    guide: np.ndarray
+    judge: dict[str, np.ndarray]
+    flops: np.ndarray
+
+
+@dataclass
+class Curve:
+    """Best-of-N at ``sizes``: ``guide`` and ``judge[name]`` ``[P, S, K]``, ``flops`` ``[P, K]``."""
+
+    sizes: list[int]
+    guide: np.ndarray
+    judge: dict[str, np.ndarray]
+    flops: np.ndarray
+
+    def method(self, n: int) -> Winners:
+        """Best-of-``n`` as a method (a reference to pair with)."""
+        k = self.sizes.index(n)
+        S = self.guide.shape[1]
+        return Winners(self.guide[:, :, k], {j: v[:, :, k] for j, v in self.judge.items()},
+                       np.repeat(self.flops[:, k:k + 1], S, axis=1))
+
+
+def best_of_prefix(guide: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """The index of the guide's best among the first N entries of ``guide`` for each N of ``sizes`` (ties: the
+    first)."""
+    if max(sizes) > len(guide):
+        raise ValueError(f"Best-of-{max(sizes)} from a set of {len(guide)} candidates")
+    return np.array([int(np.argmax(guide[:n])) for n in sizes])
+
+
+@dataclass
+class Stat:
+    """A mean over prompts and sets and its bootstrap CI."""
+
+    value: float
+    ci: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "ci": self.ci}
+
+
+def _ci(x: np.ndarray) -> list[float]:
+    x = x[np.isfinite(x)]
+    return np.percentile(x, CI).tolist() if len(x) else [float("nan")] * 2
+
+
+@dataclass
+class Resamples:
+    """Bootstrap draws: prompts with replacement and, within each drawn prompt, its sets with replacement (draw 0
+    is the data itself)."""
+
+    prompts: np.ndarray  # [B+1, P]
+    sets: np.ndarray  # [B+1, P, S]
+
+    @classmethod
+    def draw(cls, P: int, S: int, n: int, seed: int = 0) -> Resamples:
+        rng = np.random.default_rng(seed)
+        prompts = np.concatenate([np.arange(P)[None], rng.integers(0, P, (n, P))])
+        sets = np.concatenate([np.broadcast_to(np.arange(S), (1, P, S)), rng.integers(0, S, (n, P, S))])
+        return cls(prompts, sets)
+
+    def means(self, x: np.ndarray) -> np.ndarray:
+        """``x`` ``[P, S, ...]`` -> its mean over each draw's (prompt, set) pairs, ``[B+1, ...]`` (NaNs skipped)."""
+        p = self.prompts[:, :, None]
+        return np.nanmean(x[p, self.sets].reshape(len(self.prompts), -1, *x.shape[2:]), axis=1)
+
+
+def _monotone(y: np.ndarray) -> np.ndarray:
+    return np.maximum.accumulate(y)
+
+
+def matched_speedup(j: float, f: float, curve_j: np.ndarray, curve_f: np.ndarray) -> tuple[float, str]:
+    """Best-of-N's FLOPs at judge score ``j`` (log-FLOPs interpolated on the running maximum of the curve) over
+    ``f``; with ``"lower"`` / ``"upper"`` when ``j`` is past the curve's top / under its bottom (a bound)."""
+    cj = _monotone(curve_j)
+    lf = np.log(curve_f)
+    if j >= cj[-1]:
+        return float(np.exp(lf[-1]) / f), "lower" if j > cj[-1] else ""
+    if j <= cj[0]:
+        return float(np.exp(lf[0]) / f), "upper" if j < cj[0] else ""
+    k = int(np.searchsorted(cj, j, side="left"))  # cj[k-1] < j <= cj[k]
+    w = (j - cj[k - 1]) / (cj[k] - cj[k - 1])
+    return float(np.exp(lf[k - 1] + w * (lf[k] - lf[k - 1])) / f), ""
+
+
+def predicted_judge_gain(g: float, curve_g: np.ndarray, curve_j: np.ndarray) -> tuple[float, bool]:
+    """The judge gain Best-of-N's relation predicts at guide gain ``g`` (gains over Best-of-1; linear in the guide
+    gain, on the guide's running maximum), and whether ``g`` is past the curve's last point."""
+    gg = _monotone(curve_g - curve_g[0])
+    jg = curve_j - curve_j[0]
+    return float(np.interp(g, gg, jg)), bool(g > gg[-1])
+
+
+def analyze(curve: Curve, methods: dict[str, Winners], judge: str, refs: list[str], resamples: int = 1000,
+            seed: int = 0) -> dict[str, Any]:
+    """One judge's figures (see the module docstring). ``refs`` name the methods every method is paired with
+    (``best_of_4`` etc. are Best-of-N's points, named ``best_of_<n>``)."""
+    P, S, _ = curve.guide.shape
+    rs = Resamples.draw(P, S, resamples, seed)
+    cj, cg = rs.means(curve.judge[judge]), rs.means(curve.guide)  # [B+1, K]
+    cf = np.stack([curve.flops[p].mean(0) for p in rs.prompts])  # [B+1, K]
+    gain = cj[:, -1] - cj[:, 0]
+    gain_ci = _ci(gain[1:])
+    visible = not (gain_ci[0] <= 0.0 <= gain_ci[1])
+    all_methods = {**{f"best_of_{n}": curve.method(n) for n in curve.sizes}, **methods}
+    out: dict[str, Any] = {
+        "judge": judge, "prompts": P, "sets": S, "resamples": resamples,
+        "curve": {"sizes": curve.sizes, "judge": cj[0].tolist(), "judge_ci": [_ci(cj[1:, k]) for k in
+                                                                              range(len(curve.sizes))],
+                  "guide": cg[0].tolist(), "flops": cf[0].tolist()},
+        "gain": {"value": float(gain[0]), "ci": gain_ci, "visible": visible},
+        "methods": {}}
+    for label, m in methods.items():
+        J, G, F = rs.means(m.judge[judge]), rs.means(m.guide), rs.means(m.flops)
+        row: dict[str, Any] = {"judge": Stat(float(J[0]), _ci(J[1:])).as_dict(),
+                               "guide": Stat(float(G[0]), _ci(G[1:])).as_dict(), "flops": float(F[0])}
+        for ref in refs:
+            d = rs.means(m.judge[judge] - all_methods[ref].judge[judge])
+            row[f"vs_{ref}"] = Stat(float(d[0]), _ci(d[1:])).as_dict()
+        sp = [matched_speedup(float(J[b]), float(F[b]), cj[b], cf[b]) for b in range(len(J))]
+        row["speedup_flops_at_matched_judge"] = (
+            {"value": sp[0][0], "ci": _ci(np.array([s for s, _ in sp[1:]])), "bound": sp[0][1] or None}
+            if visible else None)
+        pred = [predicted_judge_gain(float(G[b] - cg[b, 0]), cg[b], cj[b]) for b in range(len(J))]
+        res = np.array([J[b] - cj[b, 0] - pred[b][0] for b in range(len(J))])
+        ci = _ci(res[1:])
+        row["residual"] = {"value": float(res[0]), "ci": ci, "below": bool(ci[1] < 0),
+                           "beyond_curve": pred[0][1]}
+        out["methods"][label] = row
+    return out
+
+
+def diagnostics_table(per_method: dict[str, dict[str, np.ndarray]], resamples: int = 1000,
+                      seed: int = 0) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{method: {field: [P, S] values (NaN: undefined)}}`` -> ``{method: {field: {value, ci}}}``: means over
+    prompts and sets with the same bootstrap as ``analyze``."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for label, fields in per_method.items():
+        P, S = next(iter(fields.values())).shape
+        rs = Resamples.draw(P, S, resamples, seed)
+        out[label] = {}
+        for name, x in fields.items():
+            m = rs.means(np.asarray(x, dtype=np.float64))
+            out[label][name] = Stat(float(m[0]), _ci(m[1:])).as_dict()
+    return out

@@ -1,0 +1,233 @@
+"""The judged half of ``scripts/search_bench.py``: every method's winners on the report half, from both candidate
+sets, scored by judges the search never saw, analysed against Best-of-N's curve on each judge
+(``rodeco.experiments.judged``), with hacking diagnostics and the guide's split into its surface and embedding parts.
+
+Winners: Best-of-N (N = 1 ... 64: the guide's best of the set's first N pool candidates), fixed alpha 0.5 (replayed by
+the efficiency experiment from the same set's candidates) and each live search method. Judge scores are cached per
+judge config and text in the run directory (``judge_cache.json``), so a rerun scores only what is new.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIZES = [1, 2, 4, 8, 16, 32, 64]
+FIXED = "fixed_alpha_0.5"
+DIAG_FIELDS = ("truncated", "ends_sentence", "tokens", "chars_per_token", "distinct_1", "distinct_2",
+               "repeated_4gram_fraction", "non_ascii_fraction", "digit_fraction", "mean_logprob")
+LOGPROB = "lm_logprob"  # the diagnostics' mean token log-prob: the text re-scored by the embedded SmolLM2
+log = logging.getLogger(__name__)
+
+
+def _key(prompt: str, text: str) -> str:
+    return hashlib.sha256((prompt + "\0" + text).encode()).hexdigest()[:24]
+
+
+class JudgeCache:
+    """Judge scores by judge name and (prompt, text), kept in ``path``; a judge whose config changed starts empty."""
+
+    def __init__(self, path: Path, judges: Any) -> None:
+        self.path, self.judges = path, judges
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        self.data = {}
+        for j in judges.judges:
+            spec = json.loads(json.dumps(j.spec, default=str))
+            prev = old.get(j.name)
+            self.data[j.name] = prev if prev and prev["spec"] == spec else {"spec": spec, "scores": {}}
+
+    def score(self, items: list[tuple[int, str, str]]) -> None:
+        """Score every (prompt index, prompt, text) that lacks a score, prompt by prompt."""
+        from tqdm.auto import tqdm
+
+        from rodeco.judging import Item
+        from rodeco.results import atomic_write
+
+        for j in self.judges.judges:
+            scores = self.data[j.name]["scores"]
+            todo: dict[int, dict[str, tuple[str, str]]] = {}
+            for index, prompt, text in items:
+                k = _key(prompt, text)
+                if k not in scores:
+                    todo.setdefault(index, {})[k] = (prompt, text)
+            for index, texts in tqdm(sorted(todo.items()), desc=f"judging {j.name}", unit="prompt"):
+                keys = list(texts)
+                prompt = texts[keys[0]][0]
+                got = self.judges.score(prompt, index, [Item(c, texts[k][1], ()) for c, k in enumerate(keys)],
+                                        only=[j.name])
+                for c, k in enumerate(keys):
+                    scores[k] = got[c][0].score
+                atomic_write(self.path, json.dumps(self.data) + "\n")
+
+    def get(self, name: str, prompt: str, text: str) -> float:
+        s = self.data[name]["scores"].get(_key(prompt, text))
+        return float("nan") if s is None else float(s)
+
+
+def build_judges(names: list[str]) -> Any:
+    """The judges by option name, plus the re-scoring LM for the diagnostics' log-prob, built as a run builds
+    them (the guide, minilm_rm, refused as a judge)."""
+    import rodeco
+    from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.roles import RoleBuilder, choose, choose_judges
+
+    plugins = default_plugins()
+    cfg = rodeco.load_config([f"judge=[{','.join(names)}]",
+                              f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}"])
+    choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
+    return RoleBuilder(plugins, "smollm2", BuildContext(plugins=plugins)).judges(choices)
+
+
+def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firsts: list[int], labels: list[str],
+            pool: Any) -> dict[str, dict[tuple[int, int], dict]]:
+    """``{method: {(prompt index, set): winner}}``; a winner has its text, token ids, stop reason, lineage, guide
+    reward and FLOPs."""
+    by = {r["prompt_index"]: r for r in records}
+    out: dict[str, dict[tuple[int, int], dict]] = {}
+    for i in prompts:
+        rec, pp = by[i], pool.prompt(i)
+        final = np.asarray(rec["final"], dtype=np.float64)
+        for s, first in enumerate(firsts):
+            def from_pool(c: int, flops: float, **extra: Any) -> dict:
+                cand = pp.candidates[c]
+                return {"source": f"pool:{c}", "text": cand.text, "token_ids": cand.token_ids,
+                        "stop_reason": "length" if cand.stop is None else "eos", "parent": None,
+                        "forked_round": None, "guide": float(final[c]), "flops": float(flops), **extra}
+
+            ids = first + np_best_of_prefix(final[first:first + max(SIZES)])
+            for n, c in zip(SIZES, ids):
+                out.setdefault(f"best_of_{n}", {})[(i, s)] = from_pool(int(c), rec["bon"][str(n)]["flops"])
+            run = rec["methods"][FIXED]["1"] if first == 0 else next(
+                r for r in rec["replicates"] if r["offset"] == first)["methods"][FIXED]["1"]
+            out.setdefault(FIXED, {})[(i, s)] = from_pool(int(run["best_id"]), run["flops"])
+            assert abs(out[FIXED][(i, s)]["guide"] - run["best"]) < 1e-4, (i, first)
+            for label in labels:
+                slot = done[i]["methods"] if first == 0 else done[i]["sets"][str(first)]
+                r = slot[label]
+                w = r["winner"]
+                out.setdefault(label, {})[(i, s)] = {
+                    "source": "live", "text": w["text"], "token_ids": w["token_ids"], "stop_reason": w["stop_reason"],
+                    "parent": w["parent"], "forked_round": w["forked_round"], "guide": float(r["best"]),
+                    "flops": float(r["flops"])}
+    return out
+
+
+def np_best_of_prefix(guide: np.ndarray) -> np.ndarray:
+    from rodeco.experiments.judged import best_of_prefix
+
+    return best_of_prefix(guide, SIZES)
+
+
+def complete_prompts(done: dict[int, dict], rep: list[int], firsts: list[int], labels: list[str]) -> list[int]:
+    def has(i: int) -> bool:
+        d = done.get(i)
+        return d is not None and all(
+            label in (d["methods"] if f == 0 else d.get("sets", {}).get(str(f), {})) for f in firsts for label in labels)
+    return [i for i in rep if has(i)]
+
+
+def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -> dict[str, Any]:
+    """Judge every method's winners, analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
+    from rodeco.diagnostics import diagnose
+    from rodeco.experiments.judged import Curve, Winners, analyze, diagnostics_table
+    from rodeco.plugins import BuildContext
+    from rodeco.pool import Pool
+    from rodeco.results import atomic_write
+    from rodeco.state import ScoreRequest
+    from rodeco_rewards.minilm.reward import build_minilm_rm
+
+    labels = [m for m in a.methods if complete_prompts(done, rep, a.firsts, [m])]
+    prompts = complete_prompts(done, rep, a.firsts, labels)
+    pool = Pool(a.pool)
+    win = collect(records, done, prompts, a.firsts, labels, pool)
+    judges = build_judges(a.judges)
+    cache = JudgeCache(a.run_dir / "judge_cache.json", judges)
+    texts = {pool.prompt(i).text for i in prompts} and [
+        (i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()]
+    cache.score(texts)
+    guide = build_minilm_rm({}, BuildContext())
+    names = [j.name for j in judges.judges if j.name != LOGPROB]
+    P, S = len(prompts), len(a.firsts)
+    for label, m in win.items():
+        reqs = [ScoreRequest(pool.prompt(i).text, w["text"], (), partial=False) for (i, _), w in m.items()]
+        parts = guide.parts(reqs)
+        for k, ((i, _), w) in enumerate(m.items()):
+            w["judge"] = {n: cache.get(n, pool.prompt(i).text, w["text"]) for n in names}
+            w["guide_parts"] = {p: float(v[k]) for p, v in parts.items()}
+            lp = cache.get(LOGPROB, pool.prompt(i).text, w["text"])
+            d = diagnose(w["text"], len(w["token_ids"]), w["stop_reason"])
+            w["diagnostics"] = {**asdict(d), "mean_logprob": None if np.isnan(lp) else lp}
+
+    def arr(label: str, f) -> np.ndarray:
+        x = np.full((P, S), np.nan)
+        for (i, s), w in win[label].items():
+            v = f(w)
+            x[prompts.index(i), s] = np.nan if v is None else float(v)
+        return x
+
+    scorers = ["guide", *names]  # the guide analysed like a judge: its own curve on the same prompts and sets
+    val = {"guide": lambda w: w["guide"], **{n: (lambda n: lambda w: w["judge"][n])(n) for n in names}}
+    curve = Curve(SIZES, np.stack([arr(f"best_of_{n}", val["guide"]) for n in SIZES], -1),
+                  {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in SIZES], -1) for sc in scorers},
+                  np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in SIZES], -1))
+    methods = {label: Winners(arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers},
+                              arr(label, lambda w: w["flops"])) for label in [FIXED, *labels]}
+    refs = ["best_of_4", FIXED]
+    analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
+    diag_methods = ["best_of_1", "best_of_4", "best_of_16", "best_of_64", FIXED, *labels]
+    diag = diagnostics_table({label: {**{f: arr(label, (lambda f: lambda w: w["diagnostics"][f])(f))
+                                         for f in DIAG_FIELDS},
+                                      **{f"guide_{p}": arr(label, (lambda p: lambda w: w["guide_parts"][p])(p))
+                                         for p in ("embedding", "surface")}}
+                              for label in diag_methods}, a.bootstrap)
+    cost = judges.costs()
+    out = {"prompts": prompts, "firsts": a.firsts, "methods": [FIXED, *labels], "refs": refs,
+           "judges": {n: judges.specs()[n] for n in names}, "judge_cost": cost, "analysis": analyses,
+           "diagnostics": diag,
+           "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()]
+                       for label, m in win.items()}}
+    raw = json.dumps(out, default=float).encode()
+    atomic_write(a.run_dir / "search_judged.json.gz", gzip.compress(raw, mtime=0))
+    print_judged(out, P, S)
+    return out
+
+
+def _f(x: dict | None, fmt: str = "+.4f") -> str:
+    if x is None:
+        return "undefined"
+    return f"{x['value']:{fmt}} [{x['ci'][0]:{fmt}}, {x['ci'][1]:{fmt}}]"
+
+
+def print_judged(out: dict, P: int, S: int) -> None:
+    firsts = ", ".join(f"streams {f}..{f + max(SIZES) - 1}" for f in out["firsts"])
+    print(f"judge_prompts: {P} report-half prompts x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts "
+          "and sets")
+    for name, c in out["judge_cost"].items():
+        print(f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
+              f"{c['seconds']:.1f} s (not charged to any method)")
+    for sc, an in out["analysis"].items():
+        tag = "guide" if sc == "guide" else f"judge_{sc}"
+        cur = an["curve"]
+        print(f"{tag}_bon_curve: " + "  ".join(f"N={n}: {j:.4f}" for n, j in zip(cur["sizes"], cur["judge"])))
+        g = an["gain"]
+        seen = "visible" if g["visible"] else "CI contains 0: this scorer cannot see what the guide rewards"
+        print(f"{tag}_bon_gain_64_vs_1: {_f(g)} ({seen})")
+        for label, row in an["methods"].items():
+            sp = row["speedup_flops_at_matched_judge"]
+            sp_s = "undefined" if sp is None else _f(sp, ".2f") + (f" ({sp['bound']} bound)" if sp["bound"] else "")
+            res = row["residual"]
+            flag = ("  BELOW the Best-of-N relation" if res["below"] else "") + (
+                "  beyond the curve" if res["beyond_curve"] else "")
+            print(f"{tag}_{label}: {_f(row['judge'], '.4f')}; vs Best-of-4 {_f(row['vs_best_of_4'])}; "
+                  f"vs fixed 0.5 {_f(row['vs_' + FIXED])}; FLOPs speedup at matched score {sp_s}; "
+                  f"residual from guide gain {_f(res)}{flag}")
+    for label, d in out["diagnostics"].items():
+        print(f"diag_{label}: " + "; ".join(f"{k} {v['value']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+                                           for k, v in d.items()))
