@@ -73,7 +73,11 @@ def test_lagged_count_and_device_draws_give_the_same_rows(tiny_gen, engine):
         rows += s.reject([0, s.rows - 1])  # a selection midway: the lagged count and the drawn keys start again
         rows += s.decode(24)
         out[on] = (_rows(rows), s.stats.decode_tokens.copy())
-    assert out[True][0] == out[False][0]
+    if engine == "fast":  # its linears' rows do not depend on the batch: the same rows, bit for bit
+        assert out[True][0] == out[False][0]
+    else:  # transformers' linears may round a row otherwise when a finished row stays a step: same tokens, logprobs
+        assert [r[:5] for r in out[True][0]] == [r[:5] for r in out[False][0]]  # to round-off
+        assert all(a[5] == pytest.approx(b[5], abs=1e-5) for a, b in zip(out[True][0], out[False][0]))
     assert any(r[3] == "eos" for r in out[True][0]) and any(r[3] == "rejected" for r in out[True][0])
     # a finished row leaves a step later: it is charged that step's token, no more than one per row and decode
     extra = out[True][1] - out[False][1]

@@ -129,9 +129,11 @@ def _mkl() -> None:
 @pytest.mark.parametrize("n,k,bias", [(48, 32, False), (960, 576, True), (1000, 64, False)])
 def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n, k, bias):
     """``rodeco::mkl_linear`` computes ``x @ w.T + b`` (to fp32 round-off against float64), for any number of rows
-    and leading dimensions, and a row comes out bit for bit the same at every batch size from 1 to 130 (PyTorch's
-    ``mkl::_mkl_linear`` answers other batches than the packed one by another GEMM, whose rows differ at a few rows);
-    the op's table serves it under a handle as the compiled step calls it, and forgets it when it is freed."""
+    and leading dimensions; where ``row_invariant`` finds its rows the same at the batch sizes it samples, a row comes
+    out bit for bit the same at every batch size from 1 to 130 (PyTorch's ``mkl::_mkl_linear`` answers other batches
+    than the packed one by another GEMM, whose rows differ at a few rows). On a CPU where MKL's rows move with the
+    batch, ``row_invariant`` says so and the engine prepacks for oneDNN instead (``test_compile``). The op's table
+    serves it under a handle as the compiled step calls it, and forgets it when it is freed."""
     import gc
 
     from rodeco.engines.compiled import _handle
@@ -142,13 +144,16 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
     lin = _Linear(w, b, mkl=True)
-    assert lin.mkl is not None and lin.packed is None and row_invariant(lin)
+    assert lin.mkl is not None and lin.packed is None
     x = torch.randn(130, k, generator=gen)
     full = lin(x)
     want = x.double() @ w.double().T + (b.double() if bias else 0)
     assert (full.double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
-    assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(1, 131))
-    assert torch.equal(lin(x[:12].view(3, 4, k)), full[:12].view(3, 4, n))
+    for m in range(1, 131):
+        assert (lin(x[:m]).double() - want[:m]).abs().max().item() < 1e-5 * want.abs().max().item()
+    if row_invariant(lin):  # the engine's check passed on this CPU: then every batch size gives the same rows
+        assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(1, 131))
+        assert torch.equal(lin(x[:12].view(3, 4, k)), full[:12].view(3, 4, n))
     h = _handle(lin, True)
     assert torch.equal(torch.ops.rodeco.packed_linear_c(x, h), full)
     del lin
