@@ -16,7 +16,8 @@ reward), ``headline`` (the lines the experiment prints last, fenced) and, for a 
 ``allocate``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
 ``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); ``versus:docs/data/OTHER.json@K`` (the
 methods both ran at budget xK, each figure against the other's CI: two pools of the same prompts, e.g. two dtypes);
-for a correlation run, ``correlation``.
+for a correlation run, ``correlation``; for ``search_bench.py``'s ``search_judged.json.gz``, ``judge-curves``,
+``judge-methods``, ``guide-split``, ``diagnostics`` and ``judge-checks``.
 The cells are formatted by ``rodeco.experiments.render``, as in the run's own
 ``efficiency.md``. ``tests/test_results_tables.py`` checks every marked block of README.md and docs/.
 """
@@ -108,6 +109,8 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
         return {"verdict": functools.partial(verdict, snap)}
     if "batches" in snap:  # scripts/allocate_bench.py's allocate.json
         return {"allocate": functools.partial(allocate, snap)}
+    if "analysis" in snap and "winners" in snap:  # scripts/search_bench.py's search_judged.json.gz
+        return {name: functools.partial(f, snap) for name, f in JUDGED.items()}
     out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
                                          "headline": functools.partial(headline, snap)}
     if any("all" in v for v in snap["methods"].values()):
@@ -358,6 +361,88 @@ def perplexity_table(snap: dict[str, Any], scale: int) -> str:
     return perplexity.markdown(rows, report_prompts(snap))
 
 
+def _ci(x: dict[str, Any] | None, fmt: str = "+.3f") -> str:
+    return "undefined" if x is None else f"{x['value']:{fmt}} [{x['ci'][0]:{fmt}}, {x['ci'][1]:{fmt}}]"
+
+
+def _name(label: str) -> str:
+    return label.replace("best_of_", "Best-of-").replace("fixed_alpha_0.5", "fixed α 0.5").replace("_start_16", "")
+
+
+def _judged_head(snap: dict[str, Any]) -> str:
+    return (f"{len(snap['prompts'])} report-half prompts × {len(snap['firsts'])} candidate sets; 95% bootstrap CIs "
+            "over prompts and sets.\n\n")
+
+
+def judge_curves(snap: dict[str, Any]) -> str:
+    """Best-of-N's winners (chosen by the guide) on the guide and on each judge, N = 1 ... 64."""
+    an = snap["analysis"]
+    cur = an["guide"]["curve"]
+    out = [row(["N", "TFLOPs per prompt", *an]), row(["---:"] * (2 + len(an)))]
+    for k, n in enumerate(cur["sizes"]):
+        out.append(row([str(n), f"{cur['flops'][k] / 1e12:.3f}", *(
+            _ci({"value": a["curve"]["judge"][k], "ci": a["curve"]["judge_ci"][k]}, ".4f") for a in an.values())]))
+    out.append(row(["64 − 1", "", *(_ci(a["gain"], "+.4f") for a in an.values())]))
+    return _judged_head(snap) + "\n".join(out) + "\n"
+
+
+def judge_methods(snap: dict[str, Any]) -> str:
+    """Each method on the guide and each judge: its score and paired differences, the FLOPs speedup over Best-of-N
+    at matched score on that scorer's curve, and the residual from the Best-of-N relation."""
+    refs = snap["refs"]
+    out = [row(["scorer", "method", "score", *(f"− {_name(r)}" for r in refs), "FLOPs speedup at matched score",
+                "residual from guide gain"]), row(["---", "---", *["---:"] * (3 + len(refs))])]
+    for sc, an in snap["analysis"].items():
+        for label, m in an["methods"].items():
+            sp = m["speedup_flops_at_matched_judge"]
+            bound = {"lower": "≥", "upper": "≤"}.get(sp["bound"] if sp else None, "")
+            res = m["residual"]
+            out.append(row([sc, _name(label), _ci(m["judge"], ".4f"), *(_ci(m[f"vs_{r}"], "+.4f") for r in refs),
+                            bound + _ci(sp, ".2f"), _ci(res, "+.4f") + (" below" if res["below"] else "") + (
+                                " (beyond the curve)" if res["beyond_curve"] else "")]))
+    return _judged_head(snap) + "\n".join(out) + "\n"
+
+
+def guide_split(snap: dict[str, Any]) -> str:
+    """The guide's two parts, each method's gain in each over Best-of-1 and over Best-of-64."""
+    split = snap["guide_split"]
+    keys = list(next(iter(split.values())))
+    out = [row(["method", *(k.replace("_over_", " over ").replace("best_of_", "Best-of-") for k in keys)]),
+           row(["---", *["---:"] * len(keys)])]
+    out += [row([_name(label), *(_ci(d[k]) if k in d else "" for k in keys)]) for label, d in split.items()]
+    return _judged_head(snap) + "\n".join(out) + "\n"
+
+
+def diagnostics(snap: dict[str, Any]) -> str:
+    """The winners' diagnostics (``rodeco.diagnostics``) and the guide's parts, per method."""
+    diag = snap["diagnostics"]
+    fields = [f for f in next(iter(diag.values())) if not f.startswith("guide_")]
+    out = [row(["method", *(f.replace("_", " ") for f in fields)]), row(["---", *["---:"] * len(fields)])]
+    out += [row([_name(label), *(_ci(d[f], ".3f") for f in fields)]) for label, d in diag.items()]
+    return _judged_head(snap) + "\n".join(out) + "\n"
+
+
+def judge_checks(snap: dict[str, Any]) -> str:
+    """Each judge against length and against the guide over the winners' texts, and what judging cost."""
+    out = [row(["judge", "texts", "Pearson r with log characters", "Spearman ρ with the guide",
+                "ρ within a prompt (mean)", "calls", "tokens", "TFLOPs", "seconds"]), row(["---", *["---:"] * 8])]
+    cost = snap["judge_cost"]
+    for name, by in snap["correlations"].items():
+        c = cost[name]
+        for which, x in by.items():
+            out.append(row([f"{name}, {which.replace('_', ' ').replace('best of 1', 'Best-of-1')}", str(x["texts"]),
+                            f"{x['pearson_log_chars']:+.3f}", f"{x['spearman_guide']:+.3f}",
+                            f"{x['spearman_guide_within_prompt']:+.3f} ({x['prompts_within']} prompts)"
+                            if x["prompts_within"] else DASH,
+                            *([str(c["calls"]), str(c["tokens"]), f"{c['flops'] / 1e12:.3f}", f"{c['seconds']:.0f}"]
+                              if which == "every_winner" else [""] * 4)]))
+    return "\n".join(out) + "\n"
+
+
+JUDGED = {"judge-curves": judge_curves, "judge-methods": judge_methods, "guide-split": guide_split,
+          "diagnostics": diagnostics, "judge-checks": judge_checks}
+
+
 def marked(text: str, where: str | Path) -> list[re.Match[str]]:
     """The marked blocks of a Markdown text."""
     blocks = list(BLOCK.finditer(text))
@@ -414,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
     p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., "
-                                  "versus:OTHER.json@K, correlation")
+                                  "versus:OTHER.json@K, correlation, judge-curves, judge-methods, guide-split, "
+                                  "diagnostics, judge-checks")
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

@@ -210,7 +210,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (in the records' order)")
     ap.add_argument("--alternatives", action="store_true", help="also the alternatives, on the selection half")
     ap.add_argument("--report-only", action="store_true",
-                    help="the search policies on the report half only, at their defaults (nothing is chosen)")
+                    help="the search policies on the report half only (particle_filter's --pf-grid still runs on "
+                         "the selection half)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
                     help="the live methods, run in this order")

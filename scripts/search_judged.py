@@ -32,7 +32,9 @@ def _key(prompt: str, text: str) -> str:
 
 
 class JudgeCache:
-    """Judge scores by judge name and (prompt, text), kept in ``path``; a judge whose config changed starts empty."""
+    """Judge scores by judge name and (prompt, text), kept in ``path`` with what scoring them cost (summed over the
+    runs that scored them, so a resumed or repeated run reports the whole cost once); a judge whose config changed
+    starts empty."""
 
     def __init__(self, path: Path, judges: Any) -> None:
         self.path, self.judges = path, judges
@@ -42,6 +44,7 @@ class JudgeCache:
             spec = json.loads(json.dumps(j.spec, default=str))
             prev = old.get(j.name)
             self.data[j.name] = prev if prev and prev["spec"] == spec else {"spec": spec, "scores": {}}
+        self.before = {name: dict(d.get("cost", {})) for name, d in self.data.items()}
 
     def score(self, items: list[tuple[int, str, str]]) -> None:
         """Score every (prompt index, prompt, text) that lacks a score, prompt by prompt."""
@@ -64,7 +67,13 @@ class JudgeCache:
                                         only=[j.name])
                 for c, k in enumerate(keys):
                     scores[k] = got[c][0].score
+                self.data[j.name]["cost"] = self.costs()[j.name]
                 atomic_write(self.path, json.dumps(self.data) + "\n")
+
+    def costs(self) -> dict[str, dict[str, float]]:
+        """Each judge's cost for the scores in the cache: the cached runs' plus this one's."""
+        now = self.judges.costs()
+        return {name: {k: self.before[name].get(k, 0) + v for k, v in now[name].items()} for name in self.data}
 
     def get(self, name: str, prompt: str, text: str) -> float:
         s = self.data[name]["scores"].get(_key(prompt, text))
@@ -128,15 +137,22 @@ def np_best_of_prefix(guide: np.ndarray) -> np.ndarray:
 def complete_prompts(done: dict[int, dict], rep: list[int], firsts: list[int], labels: list[str]) -> list[int]:
     def has(i: int) -> bool:
         d = done.get(i)
-        return d is not None and all(
-            label in (d["methods"] if f == 0 else d.get("sets", {}).get(str(f), {})) for f in firsts for label in labels)
+        return d is not None and all(label in (d["methods"] if f == 0 else d.get("sets", {}).get(str(f), {}))
+                                     for f in firsts for label in labels)
     return [i for i in rep if has(i)]
 
 
 def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -> dict[str, Any]:
     """Judge every method's winners, analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
     from rodeco.diagnostics import diagnose
-    from rodeco.experiments.judged import Curve, Winners, analyze, diagnostics_table
+    from rodeco.experiments.judged import (
+        Curve,
+        Winners,
+        analyze,
+        correlations,
+        diagnostics_table,
+        paired_difference,
+    )
     from rodeco.plugins import BuildContext
     from rodeco.pool import Pool
     from rodeco.results import atomic_write
@@ -179,18 +195,30 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
                   np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in SIZES], -1))
     methods = {label: Winners(arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers},
                               arr(label, lambda w: w["flops"])) for label in [FIXED, *labels]}
-    refs = ["best_of_4", FIXED]
+    refs = ["best_of_4", "best_of_64", FIXED]
     analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
     diag_methods = ["best_of_1", "best_of_4", "best_of_16", "best_of_64", FIXED, *labels]
+    parts_of = {label: {p: arr(label, (lambda p: lambda w: w["guide_parts"][p])(p))
+                        for p in ("embedding", "surface")} for label in diag_methods}
     diag = diagnostics_table({label: {**{f: arr(label, (lambda f: lambda w: w["diagnostics"][f])(f))
                                          for f in DIAG_FIELDS},
-                                      **{f"guide_{p}": arr(label, (lambda p: lambda w: w["guide_parts"][p])(p))
-                                         for p in ("embedding", "surface")}}
+                                      **{f"guide_{p}": x for p, x in parts_of[label].items()}}
                               for label in diag_methods}, a.bootstrap)
-    cost = judges.costs()
+    split = {label: {f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], a.bootstrap)
+                     for ref in ("best_of_1", "best_of_64") if ref != label for p in ("embedding", "surface")}
+             for label in diag_methods if label != "best_of_1"}
+    distinct = {(i, w["text"]): w for m in win.values() for (i, _), w in m.items() if w["text"]}
+    plain = {(i, w["text"]): w for (i, _), w in win["best_of_1"].items() if w["text"]}
+
+    def corr(texts: dict, n: str) -> dict[str, Any]:
+        col = lambda f: np.array([f(k, w) for k, w in texts.items()], dtype=np.float64)  # noqa: E731
+        return correlations(col(lambda k, w: k[0]), col(lambda k, w: w["judge"][n]), col(lambda k, w: len(k[1])),
+                            col(lambda k, w: w["guide"]))
+    corrs = {n: {"every_winner": corr(distinct, n), "best_of_1": corr(plain, n)} for n in names}
+    cost = cache.costs()
     out = {"prompts": prompts, "firsts": a.firsts, "methods": [FIXED, *labels], "refs": refs,
            "judges": {n: judges.specs()[n] for n in names}, "judge_cost": cost, "analysis": analyses,
-           "diagnostics": diag,
+           "diagnostics": diag, "guide_split": split, "correlations": corrs,
            "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()]
                        for label, m in win.items()}}
     raw = json.dumps(out, default=float).encode()
@@ -226,8 +254,16 @@ def print_judged(out: dict, P: int, S: int) -> None:
             flag = ("  BELOW the Best-of-N relation" if res["below"] else "") + (
                 "  beyond the curve" if res["beyond_curve"] else "")
             print(f"{tag}_{label}: {_f(row['judge'], '.4f')}; vs Best-of-4 {_f(row['vs_best_of_4'])}; "
+                  f"vs Best-of-64 {_f(row['vs_best_of_64'])}; "
                   f"vs fixed 0.5 {_f(row['vs_' + FIXED])}; FLOPs speedup at matched score {sp_s}; "
                   f"residual from guide gain {_f(res)}{flag}")
+    for name, by in out.get("correlations", {}).items():
+        print(f"judge_{name}_correlations: " + "; ".join(
+            f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, Spearman rho "
+            f"with the guide {c['spearman_guide']:+.3f}, within a prompt {c['spearman_guide_within_prompt']:+.3f} "
+            f"(mean over {c['prompts_within']} prompts)" for which, c in by.items()))
+    for label, d in out.get("guide_split", {}).items():  # minilm_rm = its embedding part + its surface part
+        print(f"guide_split_{label}: " + "; ".join(f"{k} {_f(v)}" for k, v in d.items()))
     for label, d in out["diagnostics"].items():
         print(f"diag_{label}: " + "; ".join(f"{k} {v['value']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                                            for k, v in d.items()))

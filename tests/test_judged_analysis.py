@@ -11,8 +11,10 @@ from rodeco.experiments.judged import (
     Winners,
     analyze,
     best_of_prefix,
+    correlations,
     diagnostics_table,
     matched_speedup,
+    paired_difference,
     predicted_judge_gain,
 )
 
@@ -88,3 +90,64 @@ def test_resamples_keep_draw_zero_as_the_data_and_skip_nans():
     assert rs.means(x)[0] == pytest.approx(np.mean([1, 2, 3, 4, 5]))
     d = diagnostics_table({"m": {"tokens": np.ones((3, 2))}}, resamples=10)
     assert d["m"]["tokens"] == {"value": 1.0, "ci": [1.0, 1.0]}
+
+
+def test_paired_difference_pairs_prompt_and_set():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(20, 2)) * 5  # large spread across prompts, cancelled by the pairing
+    d = paired_difference(base + 0.3, base, resamples=200)
+    assert d["value"] == pytest.approx(0.3) and d["ci"] == pytest.approx([0.3, 0.3])
+    noisy = paired_difference(base + 0.3 + rng.normal(size=(20, 2)) * 0.1, base, resamples=200)
+    assert noisy["ci"][0] < noisy["value"] < noisy["ci"][1] and noisy["ci"][0] > 0.2
+
+
+class _CountingJudges:
+    """A stand-in for the run's judges: scores a text by its length, counts the texts and charges one token each."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.judges = [SimpleNamespace(name="len", spec={"name": "len"})]
+        self.calls = 0
+        self.texts = 0
+
+    def score(self, prompt, index, items, only=None):
+        from types import SimpleNamespace
+
+        self.calls += 1
+        self.texts += len(items)
+        return {it.candidate_id: [SimpleNamespace(score=float(len(it.text)))] for it in items}
+
+    def costs(self):
+        return {"len": {"calls": self.calls, "tokens": self.texts, "flops": 2.0 * self.texts, "seconds": 0.0}}
+
+
+def test_the_judge_cache_scores_once_and_keeps_the_cost_across_runs(tmp_path):
+    from helpers import load_script
+
+    JudgeCache = load_script("search_judged").JudgeCache
+    items = [(0, "p0", "a"), (0, "p0", "bbb"), (1, "p1", "cc")]
+    first = JudgeCache(tmp_path / "cache.json", _CountingJudges())
+    first.score(items[:2])
+    assert first.get("len", "p0", "bbb") == 3.0 and np.isnan(first.get("len", "p1", "cc"))
+    again = JudgeCache(tmp_path / "cache.json", judges := _CountingJudges())
+    again.score(items)  # only the new text is scored
+    assert judges.texts == 1 and again.get("len", "p1", "cc") == 2.0
+    assert again.costs()["len"] == {"calls": 2, "tokens": 3, "flops": 6.0, "seconds": 0.0}
+    judges.judges[0].spec = {"name": "len", "other": 1}  # a changed judge starts empty
+    assert np.isnan(JudgeCache(tmp_path / "cache.json", judges).get("len", "p0", "a"))
+
+
+def test_correlations_see_a_judge_that_reads_length_and_one_that_follows_the_guide():
+    rng = np.random.default_rng(1)
+    prompt = np.repeat(np.arange(10), 6)
+    length = rng.integers(50, 800, 60).astype(float)
+    guide = rng.normal(size=60)
+    by_length = correlations(prompt, np.log(length) + rng.normal(size=60) * 0.01, length, guide)
+    assert by_length["pearson_log_chars"] > 0.99 and abs(by_length["spearman_guide"]) < 0.4
+    follows = correlations(prompt, guide * 2 + 1, length, guide)
+    assert follows["spearman_guide"] == pytest.approx(1.0) and follows["spearman_guide_within_prompt"] == \
+        pytest.approx(1.0) and follows["prompts_within"] == 10
+    judge = guide.copy()
+    judge[0] = np.nan  # an unscored text is left out
+    assert correlations(prompt, judge, length, guide)["texts"] == 59

@@ -300,3 +300,18 @@ def test_versus_says_which_figures_move_beyond_the_other_snapshots_ci(run, tmp_p
     assert table_rows(got)[REF][-1] == "**no**" and f"{len(labels) - 1} of {len(labels)} methods within" in got
     with pytest.raises(rt.TableError, match="no method at budget x9"):
         rt.render(run, f"versus:{other}@9")
+
+
+def test_a_judged_snapshot_renders_each_table_with_whole_rows():
+    """search_bench's judged snapshot: every table renders, every row has its header's cells, and the cells are
+    the snapshot's figures."""
+    path = REPO / "docs" / "data" / "search_judged_af100x128.json.gz"
+    snap = rt.load(path)
+    assert set(rt.tables(snap)) == set(rt.JUDGED)
+    for name in rt.JUDGED:
+        lines = [x for x in rt.render(snap, name).splitlines() if x.startswith("|")]
+        assert len({x.count(" | ") for x in lines}) == 1, name  # the alignment row included
+    rows = rt.render(snap, "judge-methods").splitlines()
+    beam = snap["analysis"]["smollm_judge"]["methods"]["beam_start_16"]
+    assert any(x.startswith("| smollm_judge | beam | ") and f"{beam['judge']['value']:.4f}" in x for x in rows)
+    assert len([x for x in rows if x.startswith("| ")]) == 2 + sum(len(a["methods"]) for a in snap["analysis"].values())

@@ -165,6 +165,32 @@ def analyze(curve: Curve, methods: dict[str, Winners], judge: str, refs: list[st
     return out
 
 
+def paired_difference(x: np.ndarray, base: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The mean of ``x - base`` (both ``[P, S]``, the same prompts and sets) with ``analyze``'s bootstrap CI."""
+    rs = Resamples.draw(*x.shape, resamples, seed)
+    d = rs.means(np.asarray(x, dtype=np.float64) - np.asarray(base, dtype=np.float64))
+    return Stat(float(d[0]), _ci(d[1:])).as_dict()
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rank = lambda v: np.argsort(np.argsort(v)).astype(np.float64)  # noqa: E731 (scores are continuous: no ties)
+    return float(np.corrcoef(rank(x), rank(y))[0, 1])
+
+
+def correlations(prompt: np.ndarray, judge: np.ndarray, length: np.ndarray, guide: np.ndarray) -> dict[str, Any]:
+    """Over texts (one entry per distinct text): the judge's Pearson r with the log length in characters and its
+    Spearman rho with the guide, pooled, and rho within a prompt averaged over prompts with at least 3 texts (what
+    a decision compares)."""
+    ok = np.isfinite(judge) & np.isfinite(guide)
+    prompt, judge, length, guide = prompt[ok], judge[ok], length[ok], guide[ok]
+    within = [_spearman(judge[prompt == i], guide[prompt == i]) for i in np.unique(prompt)
+              if (prompt == i).sum() >= 3]
+    return {"texts": int(ok.sum()), "pearson_log_chars": float(np.corrcoef(judge, np.log(length))[0, 1]),
+            "spearman_guide": _spearman(judge, guide),
+            "spearman_guide_within_prompt": float(np.mean(within)) if within else float("nan"),
+            "prompts_within": len(within)}
+
+
 def diagnostics_table(per_method: dict[str, dict[str, np.ndarray]], resamples: int = 1000,
                       seed: int = 0) -> dict[str, dict[str, dict[str, Any]]]:
     """``{method: {field: [P, S] values (NaN: undefined)}}`` -> ``{method: {field: {value, ci}}}``: means over
