@@ -18,7 +18,7 @@ class Scorer:
     """Wraps a reward in one role (``reward``: finished rows; ``partial_reward``: active rows at decision points;
     ``judge``: winners after the decode): checks its output and counts its calls (its own ``cost``, if it keeps one,
     is read as is). The reward's optional members (``needs_logprobs``, ``needs_hidden_states``, ``identity``,
-    ``cost``) are read here, once."""
+    ``cost``, ``report``) are read here, once."""
 
     def __init__(self, reward: Reward, name: str, role: str = "reward") -> None:
         self.reward, self.name, self.role = reward, name, role
@@ -29,7 +29,12 @@ class Scorer:
                               "at decision points carry (finished ones are scored after they leave the batch)",
                               f"use it to decide, not to pick the winner: partial_reward={name}")
         self.identity: str | None = getattr(reward, "identity", None)  # what its scores come from (a head's hash)
+        self._report = getattr(reward, "report", None)  # a judge's own figures beside its mean (a win rate)
         self.calls = 0
+
+    def report(self) -> dict[str, float]:
+        """The figures the reward reports of what it scored in this process (``report()``), if it has any."""
+        return dict(self._report()) if self._report is not None else {}
 
     def cost(self) -> RewardCost:
         return getattr(self.reward, "cost", None) or RewardCost(calls=self.calls)

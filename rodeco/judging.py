@@ -73,6 +73,10 @@ class Judges:
     def costs(self) -> dict[str, dict[str, float]]:
         return {j.name: j.cost() for j in self.judges}
 
+    def reports(self) -> dict[str, dict[str, float]]:
+        """Each judge's own figures of this process's scoring (an LLM judge's win rates), where it has any."""
+        return {j.name: r for j in self.judges if (r := j.scorer.report())}
+
     def score(self, prompt: str, index: int, items: Sequence[Item],
               only: Iterable[str] | None = None) -> dict[int, list[JudgeScore]]:
         """Each item's scores by every judge (or those named in ``only``), keyed by candidate id. A judge that
@@ -164,6 +168,7 @@ def summarize(records: Iterable[dict[str, Any]], judges: Judges | None = None,
     previous = previous or {}
     specs = judges.specs() if judges else {}
     costs = judges.costs() if judges else {}
+    reports = judges.reports() if judges else {}
     scores: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
     for rec in records:
@@ -182,5 +187,6 @@ def summarize(records: Iterable[dict[str, Any]], judges: Judges | None = None,
         out[name] = {"mean": sum(vals) / len(vals) if vals else math.nan, "n": len(vals),
                      "failed": failed.get(name, 0), **(specs.get(name) or {k: old[k] for k in ("config", "identity")
                                                                            if k in old}),
-                     "cost": cost}
+                     "cost": cost, **({"report": reports[name]} if name in reports else
+                                      {k: old[k] for k in ("report", "report_by_shard") if k in old})}
     return out

@@ -80,6 +80,8 @@ def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Pat
                               f"judge every shard alike: rodeco task=judge judge.{name}=... output.dir=SHARD_DIR")
         for k, v in j.get("cost", {}).items():
             have["cost"][k] = have["cost"].get(k, 0) + v
+        if "report" in j:  # a judge's own figures (win rates) do not add up across shards: kept by shard
+            have.setdefault("report_by_shard", {})[d.name] = j["report"]
 
 
 def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:

@@ -1,4 +1,5 @@
-"""``rodeco task=judge judge=chrf output.dir=RUN_DIR``: judge what was decoded before, from its text, without decoding again.
+"""``rodeco task=judge judge=chrf output.dir=RUN_DIR``: judge what was decoded before, from its text, without
+decoding again.
 
 - ``rodeco task=judge judge=[chrf,ref_sim] output.dir=RUN``: the run's winners (and its finished candidates, when it
   kept them) that lack a score from these judges are scored in place; ``summary.json``'s ``judge`` section (means,

@@ -58,6 +58,7 @@ def judge_line(section: dict[str, Any]) -> str:
     for name, j in section.items():
         c = j.get("cost", {})
         failed = f", {j['failed']} failed" if j.get("failed") else ""
-        parts.append(f"{name} {j['mean']:.4f} over {j['n']} winner(s){failed} (cost {c.get('flops', 0) / 1e9:.1f} "
-                     f"GFLOPs, {c.get('seconds', 0):.1f}s)")
+        extra = "".join(f", {k} {v:.4g}" for k, v in j.get("report", {}).items())
+        parts.append(f"{name} {j['mean']:.4f} over {j['n']} winner(s){failed}{extra} (cost "
+                     f"{c.get('flops', 0) / 1e9:.1f} GFLOPs, {c.get('tokens', 0)} tokens, {c.get('seconds', 0):.1f}s)")
     return "judges (their cost is not the method's): " + "; ".join(parts)

@@ -145,7 +145,7 @@ def test_a_judge_that_needs_the_decodes_logprobs_is_refused(tiny_gen):
         decode(tiny_gen(), ["+judge.lp={name: logprob, form: sum}"])
 
 
-def shard(root, name, overrides, scores, cost, config=None):
+def shard(root, name, overrides, scores, cost, config=None, report=None):
     """A fake shard of ``judge=custom``: its config, results with the winners' scores, and a summary with the
     judge's cost."""
     from omegaconf import OmegaConf
@@ -159,18 +159,22 @@ def shard(root, name, overrides, scores, cost, config=None):
         "judge": {"name": "custom", "score": s}}) + "\n" for i, s in scores.items()))
     spec = config or {"name": "custom", "function": "length"}
     (d / "summary.json").write_text(json.dumps({"compute": {"gen_flops": 10.0}, "judge": {"custom": {
-        "mean": 0.0, "n": len(scores), "failed": 0, "config": spec, "identity": None, "cost": cost}}}))
+        "mean": 0.0, "n": len(scores), "failed": 0, "config": spec, "identity": None, "cost": cost,
+        **({"report": report} if report else {})}}}))
 
 
 def test_merge_recomputes_the_judges_means_and_sums_their_cost_apart(tmp_path):
     common = {"data.prompts": "[a,b,c,d]", "data.path": "null", "data.num_shards": 2, "judge": "custom"}
-    shard(tmp_path / "sweep", "0", {**common, "data.shard": 0}, {0: 1.0, 2: 3.0}, {"flops": 5.0, "calls": 2})
-    shard(tmp_path / "sweep", "1", {**common, "data.shard": 1}, {1: 5.0, 3: 7.0}, {"flops": 6.0, "calls": 2})
+    shard(tmp_path / "sweep", "0", {**common, "data.shard": 0}, {0: 1.0, 2: 3.0}, {"flops": 5.0, "calls": 2},
+          report={"win_rate": 0.25})
+    shard(tmp_path / "sweep", "1", {**common, "data.shard": 1}, {1: 5.0, 3: 7.0}, {"flops": 6.0, "calls": 2},
+          report={"win_rate": 0.75})
     cfg = rodeco.load_config(["task=merge", f"merge.dir={tmp_path / 'sweep'}"])
     rodeco.run(cfg)
     summary = json.loads((tmp_path / "sweep/summary.json").read_text())
     j = summary["judge"]["custom"]
     assert j["mean"] == 4.0 and j["n"] == 4 and j["cost"] == {"flops": 11.0, "calls": 4}
+    assert j["report_by_shard"] == {"0": {"win_rate": 0.25}, "1": {"win_rate": 0.75}}  # not averaged: kept apart
     assert summary["compute"]["total_flops"] == 20.0  # the method's compute, without the judge's
 
 

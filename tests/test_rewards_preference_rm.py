@@ -214,3 +214,23 @@ def test_decoding_end_to_end_with_a_preference_rm(rm_dirs, tiny_gen):
                                                              partial=False)])
     assert res.best.score == pytest.approx(rescored[0], abs=1e-4)  # the winner's score is the RM's, recomputed
     assert out.compute.reward_tokens > 0 and out.compute.reward_flops > 0
+
+
+def test_a_hub_sequence_classifier_judges_the_winners_and_changes_nothing(rm_dirs, tiny_gen):
+    """Any Hugging Face sequence classifier judges as it rewards (``judge=preference_rm``, the model by
+    ``judge.preference_rm.model``): each winner gets the score the reward gives it, and the decode is the same."""
+    import rodeco
+
+    prompts = ["write a haiku about rain", "give three tips"]
+    base = ["reward=logprob", "sampling.max_new_tokens=12", "budget.kv_tokens=300"]
+    args = dict(generator=tiny_gen(), n=4, policy="fixed")
+    plain = rodeco.decode(prompts, overrides=base, **args)
+    judge = ["judge=preference_rm", f"judge.preference_rm.model={rm_dirs['llama']}", "judge.preference_rm.device=cpu"]
+    judged = rodeco.decode(prompts, overrides=[*base, *judge], **args)
+    assert [(r.best.candidate_id, r.best.text) for r in judged.results] == [
+        (r.best.candidate_id, r.best.text) for r in plain.results]
+    rm = _build(rm_dirs["llama"])
+    for r in judged.results:
+        (entry,) = r.judge
+        want = rm.score([ScoreRequest(r.prompt, r.best.text, tuple(r.best.token_ids), partial=False)])[0]
+        assert entry.name == "preference_rm" and entry.score == pytest.approx(float(want), abs=1e-5)

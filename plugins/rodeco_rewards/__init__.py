@@ -57,6 +57,10 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
              "reference answer (AlpacaEval prompts only)", params=RefSimParams)
     register("arith_gold", build_arith_gold, "a judge: 1 if the last number is the exact answer of a "
              "scripts/arith_bench.py problem, else 0", params=ArithGoldParams)
+    from rodeco_rewards.llm_judge import LLMJudgeParams, build_llm_judge
+
+    register("llm_judge", build_llm_judge, "a judge: an LLM behind an OpenAI-compatible API prefers the response or "
+             "AlpacaEval's reference, both orders, temperature 0 (AlpacaEval prompts only)", params=LLMJudgeParams)
     from rodeco_rewards.smollm_judge import JudgeParams, build_smollm_judge
 
     register("smollm_judge", build_smollm_judge, "a judge: a length-controlled Bradley-Terry head on SmolLM2-135M "
