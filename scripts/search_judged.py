@@ -227,43 +227,23 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
     return out
 
 
-def _f(x: dict | None, fmt: str = "+.4f") -> str:
-    if x is None:
-        return "undefined"
-    return f"{x['value']:{fmt}} [{x['ci'][0]:{fmt}}, {x['ci'][1]:{fmt}}]"
-
-
 def print_judged(out: dict, P: int, S: int) -> None:
+    from rodeco.experiments.judged import analysis_lines, ci_text
+
     firsts = ", ".join(f"streams {f}..{f + max(SIZES) - 1}" for f in out["firsts"])
     print(f"judge_prompts: {P} report-half prompts x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts "
           "and sets")
     for name, c in out["judge_cost"].items():
         print(f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
               f"{c['seconds']:.1f} s (not charged to any method)")
-    for sc, an in out["analysis"].items():
-        tag = "guide" if sc == "guide" else f"judge_{sc}"
-        cur = an["curve"]
-        print(f"{tag}_bon_curve: " + "  ".join(f"N={n}: {j:.4f}" for n, j in zip(cur["sizes"], cur["judge"])))
-        g = an["gain"]
-        seen = "visible" if g["visible"] else "CI contains 0: this scorer cannot see what the guide rewards"
-        print(f"{tag}_bon_gain_64_vs_1: {_f(g)} ({seen})")
-        for label, row in an["methods"].items():
-            sp = row["speedup_flops_at_matched_judge"]
-            sp_s = "undefined" if sp is None else _f(sp, ".2f") + (f" ({sp['bound']} bound)" if sp["bound"] else "")
-            res = row["residual"]
-            flag = ("  BELOW the Best-of-N relation" if res["below"] else "") + (
-                "  beyond the curve" if res["beyond_curve"] else "")
-            print(f"{tag}_{label}: {_f(row['judge'], '.4f')}; vs Best-of-4 {_f(row['vs_best_of_4'])}; "
-                  f"vs Best-of-64 {_f(row['vs_best_of_64'])}; "
-                  f"vs fixed 0.5 {_f(row['vs_' + FIXED])}; FLOPs speedup at matched score {sp_s}; "
-                  f"residual from guide gain {_f(res)}{flag}")
+    print("\n".join(analysis_lines(out["analysis"], out["refs"])))
     for name, by in out.get("correlations", {}).items():
         print(f"judge_{name}_correlations: " + "; ".join(
             f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, Spearman rho "
             f"with the guide {c['spearman_guide']:+.3f}, within a prompt {c['spearman_guide_within_prompt']:+.3f} "
             f"(mean over {c['prompts_within']} prompts)" for which, c in by.items()))
     for label, d in out.get("guide_split", {}).items():  # minilm_rm = its embedding part + its surface part
-        print(f"guide_split_{label}: " + "; ".join(f"{k} {_f(v)}" for k, v in d.items()))
+        print(f"guide_split_{label}: " + "; ".join(f"{k} {ci_text(v)}" for k, v in d.items()))
     for label, d in out["diagnostics"].items():
         print(f"diag_{label}: " + "; ".join(f"{k} {v['value']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                                            for k, v in d.items()))

@@ -25,10 +25,13 @@ LAST = ["speedup_best_policy", "best_policy", "speedup_fixed_alpha_0.5_oracle", 
 # (with the embedded reward, whose calibration is committed, speedup_calibrated comes after best_policy)
 
 
-def tiny_cfg(pool: Path, experiment: str = "efficiency", **args):
+JUDGE = ["judge=custom", "judge.custom.function=length"]  # the response's characters: checkable by hand
+
+
+def tiny_cfg(pool: Path, experiment: str = "efficiency", judge=("judge=none",), **args):
     reward = [] if experiment == "perplexity" else ["reward=logprob"]
     cfg = rodeco.load_config([f"experiment={experiment}", *reward, "budget.min_tokens_per_round=2", f"pool={pool}",
-                              "sampling.max_new_tokens=12", "data.prompts=[" + ",".join(PROMPTS) + "]"])
+                              "sampling.max_new_tokens=12", "data.prompts=[" + ",".join(PROMPTS) + "]", *judge])
     with open_dict(cfg):
         cfg.output.progress = False
         a = cfg.experiment_args
@@ -51,7 +54,8 @@ def ran(tmp_path_factory):
     d = tmp_path_factory.mktemp("eff")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        out = efficiency.run(tiny_cfg(d / "pool", live_check=2), default_plugins(), d / "run", gen=tiny_generator())
+        out = efficiency.run(tiny_cfg(d / "pool", judge=JUDGE, live_check=2), default_plugins(), d / "run",
+                             gen=tiny_generator())
     return d, out, buf.getvalue()
 
 
@@ -81,6 +85,42 @@ def test_efficiency_end_to_end(ran):
     assert all(f"live_seconds_over_time_model_{k}: " in printed for k in ["fixed_alpha_0.5", *bons])
     assert f"best_of_{efficiency.matched_bon(res, 16)}" in bons
     assert res["methods"]["fixed_alpha_0.5_start_32@1"] == {"infeasible": True}  # 32 rows do not fit Best-of-2's memory
+
+
+def test_the_judges_figures_by_hand_printed_before_the_headline(ran):
+    """With a judge: each set's (replicate's) Best-of-N prefix winners and each method's winner are judged; the
+    judge's Best-of-1 point and fixed alpha 0.5's score are the mean length of those candidates' texts."""
+    d, out, printed = ran
+    res = json.loads((d / "run" / "efficiency.json").read_text())
+    j = res["judged"]
+    rep = res["halves"]["report"]
+    pool = Pool(d / "pool")
+    recs = {p["prompt_index"]: p for p in res["per_prompt"]}
+    length = lambda i, c: len(pool.prompt(i).request(c).response)  # noqa: E731
+    an = j["analysis"]["custom"]
+    assert an["curve"]["sizes"] == [1, 2, 4, 8] and an["prompts"] == 5 and an["sets"] == 2
+    assert an["curve"]["judge"][0] == pytest.approx(np.mean([length(i, c) for i in rep for c in (0, 8)]))
+    ids = [recs[i]["methods"]["fixed_alpha_0.5"]["1"]["best_id"] for i in rep] + [
+        recs[i]["replicates"][0]["methods"]["fixed_alpha_0.5"]["1"]["best_id"] for i in rep]
+    assert an["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(np.mean([
+        length(i, c) for i, c in zip(rep * 2, ids)]))
+    assert j["analysis"]["guide"]["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(np.mean([
+        recs[i]["final"][c] for i, c in zip(rep * 2, ids)]))
+    lines = printed.strip().splitlines()
+    first_head = len(lines) - len(res["headline"])
+    at = [k for k, x in enumerate(lines) if x.startswith("judge_custom_fixed_alpha_0.5: ")]
+    assert len(at) == 1 and at[0] < first_head and any(x.startswith("judge_cost_custom: ") for x in lines)
+    assert any(x.startswith("guide_bon_curve: N=1: ") for x in lines)
+
+
+def test_a_reference_judge_on_prompts_without_references_stops_by_name(ran, tmp_path):
+    d = ran[0]
+    from test_hooks import tiny_generator
+
+    with pytest.raises(ConfigError, match=r"judge\.chrf.*judge=none"):
+        efficiency.run(tiny_cfg(d / "pool", judge=["judge=chrf"], live_check=0, alphas=[0.5], adaptive_deltas=[],
+                                policies=[], starts=[], scales=[1]),
+                       default_plugins(), tmp_path / "run", gen=tiny_generator())
 
 
 def test_the_report_half_figures_by_hand(ran):

@@ -31,7 +31,8 @@ def test_the_lab_policy_is_replayed_against_fixed_and_adaptive(tmp_path):
                               "experiment_args.live_check=0", "reward=logprob", "sampling.max_new_tokens=12",
                               "budget.min_tokens_per_round=2", f"data.prompts=[{prompts}]",
                               "experiment_args.candidates=16", "experiment_args.n=2", "experiment_args.starts=[]",
-                              "experiment_args.bootstrap=100", "experiment_args.bon_groups=2"], plugins)
+                              "experiment_args.bootstrap=100", "experiment_args.bon_groups=2",
+                              "judge=none"], plugins)  # the docs' AlpacaFarm pool is judged; these prompts cannot be
     with open_dict(cfg):
         cfg.output.progress = False
     efficiency.run(cfg, plugins, tmp_path / "run", gen=tiny_generator())

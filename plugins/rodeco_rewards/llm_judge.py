@@ -211,3 +211,6 @@ def build_llm_judge(params: dict[str, Any], ctx: BuildContext, post: Post | None
     post = post or http_post(str(p["base_url"]), str(p["api_key_env"]), float(p["timeout"]), int(p["retries"]))
     system = SYSTEM if p["system"] is None else str(p["system"])
     return LLMJudge(refs, post, str(p["model"]), int(p["max_tokens"]), str(p["base_url"]), system, template)
+
+
+build_llm_judge.needs_network = True  # type: ignore[attr-defined]  # its default endpoint is a hosted API

@@ -44,6 +44,7 @@ from rodeco.compose import option_node
 from rodeco.contracts import Scorer
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
+from rodeco.experiments.efficiency_judged import judge_efficiency
 from rodeco.experiments.live_check import live_check, matched_bon
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.experiments.record import pool_dir, pool_roles, record
@@ -53,7 +54,8 @@ from rodeco.pool import Pool
 from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
+from rodeco.judging import Judges
+from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_judges, choose_roles
 from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_number, check_positive_int
@@ -147,7 +149,7 @@ class Measurer:
 
     def __init__(self, cfg: DictConfig, plugins: Plugins, pool: Pool, gen: ReplayGenerator, builder: RoleBuilder,
                  a: dict[str, Any]) -> None:
-        self.pool, self.gen, self.a = pool, gen, a
+        self.pool, self.gen, self.a, self.builder = pool, gen, a, builder
         self.choices = choose_roles(cfg, plugins, live=False)
         none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"}))
         self.scorer, self.none = none.reward, none.policy  # the reward's scorer serves every method
@@ -328,8 +330,33 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     a = parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
     prompts, measurer = collect(cfg, plugins, a, out_dir, gen=gen)
-    res = report(cfg, plugins, prompts, measurer, out_dir, gen=gen)
+    judges = judges_of(cfg, plugins, measurer, prompts[0]["prompt_index"])  # a judge that cannot apply stops here
+    judged = None
+    if judges:
+        records = {p["prompt_index"]: p for p in prompts}
+        report_half = analysis.split_halves(list(records))[1]
+        judged = judge_efficiency(measurer.pool, judges, records, report_half, [m.label for m in measurer.methods],
+                                  a["n"], a["replicates"], a["bootstrap"], cfg.seed)
+    res = report(cfg, plugins, prompts, measurer, out_dir, gen=gen, judged=judged)
     return RunOutput([], Compute(), out_dir, extra=res)
+
+
+def judges_of(cfg: DictConfig, plugins: Plugins, measurer: Measurer, index: int) -> Judges:
+    """The run's judges (``judge``), served from the pool's cache; each is tried on one candidate of prompt
+    ``index``, so a judge that does not apply to these prompts (a reference judge on prompts without a reference)
+    stops the run before the analysis, by name."""
+    if not cfg.get("judge"):
+        return Judges()
+    guides = tuple(x for x in (measurer.choices.reward,) if x is not None)
+    judges = measurer.builder.judges(choose_judges(cfg.judge, plugins, guides))
+    first = measurer.pool.prompt(index)
+    for j in judges.judges:
+        try:
+            j.scorer([first.request(0)])
+        except ConfigError as e:
+            raise ConfigError(e.key, e.value, f"{e.problem} (this experiment's prompts)",
+                              f"{e.fix}; or judge=none, or judge=[...] without {j.name}") from None
+    return judges
 
 
 def timings(measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str, float]:
@@ -346,8 +373,10 @@ def timings(measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str,
 
 
 def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], measurer: Measurer,
-           out_dir: Path | None, gen=None, name: str = "efficiency") -> dict[str, Any]:
-    """Summary (both halves, CIs), timings, the live check, table, plot and headline lines (printed last)."""
+           out_dir: Path | None, gen=None, name: str = "efficiency", judged: dict[str, Any] | None = None
+           ) -> dict[str, Any]:
+    """Summary (both halves, CIs), timings, the live check, the judges' figures (``judged``: its ``judge_*`` lines
+    printed before the headline), table, plot and headline lines (printed last)."""
     a, pool = measurer.a, measurer.pool
     records = {p["prompt_index"]: p for p in prompts}
     tm = analysis.TimeModel.fit(pool, list(records))
@@ -360,6 +389,9 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         bon_ns = sorted({*(s * a["n"] for s in a["scales"]), matched_bon(summary, summary["M"])})
         res["live_check"] = live_check(cfg, plugins, pool, measurer, records,
                                        summary["halves"]["report"][: a["live_check"]], tm, bon_ns, gen)
+    lines = judged.pop("lines") if judged else []
+    if judged:
+        res["judged"] = judged
     head = analysis.headline(summary)
     res["headline"] = head
     res["per_prompt"] = prompts
@@ -381,5 +413,7 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
         print(f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}")
         for label, x in lc["live_over_model_seconds_by_method"].items():
             print(f"live_seconds_over_time_model_{label}: {x:.3f}")
+    if lines:
+        print("\n".join(lines))
     print("\n".join(render.headline_lines(head)))
     return res

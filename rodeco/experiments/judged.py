@@ -204,3 +204,39 @@ def diagnostics_table(per_method: dict[str, dict[str, np.ndarray]], resamples: i
             m = rs.means(np.asarray(x, dtype=np.float64))
             out[label][name] = Stat(float(m[0]), _ci(m[1:])).as_dict()
     return out
+
+
+def ci_text(x: dict[str, Any] | None, fmt: str = "+.4f") -> str:
+    """``value [lo, hi]`` of a ``Stat`` dict; ``undefined`` for None."""
+    if x is None:
+        return "undefined"
+    return f"{x['value']:{fmt}} [{x['ci'][0]:{fmt}}, {x['ci'][1]:{fmt}}]"
+
+
+def _ref_name(ref: str) -> str:
+    return ref.replace("best_of_", "Best-of-").replace("fixed_alpha_0.5", "fixed 0.5")
+
+
+def analysis_lines(analyses: dict[str, dict[str, Any]], refs: list[str]) -> list[str]:
+    """``analyze``'s figures as the ``guide_*`` / ``judge_<name>_*`` lines the experiments print: each scorer's
+    Best-of-N curve and its gain, then per method its score, paired differences with ``refs``, the FLOPs speedup at
+    matched score and the residual from the Best-of-N relation."""
+    out = []
+    for sc, an in analyses.items():
+        tag = "guide" if sc == "guide" else f"judge_{sc}"
+        cur = an["curve"]
+        out.append(f"{tag}_bon_curve: " + "  ".join(f"N={n}: {j:.4f}" for n, j in zip(cur["sizes"], cur["judge"])))
+        g = an["gain"]
+        seen = "visible" if g["visible"] else "CI contains 0: this scorer cannot see what the guide rewards"
+        out.append(f"{tag}_bon_gain_{cur['sizes'][-1]}_vs_1: {ci_text(g)} ({seen})")
+        for label, row in an["methods"].items():
+            sp = row["speedup_flops_at_matched_judge"]
+            bound = f" ({sp['bound']} bound)" if sp is not None and sp["bound"] else ""
+            sp_s = "undefined" if sp is None else ci_text(sp, ".2f") + bound
+            res = row["residual"]
+            flag = ("  BELOW the Best-of-N relation" if res["below"] else "") + (
+                "  beyond the curve" if res["beyond_curve"] else "")
+            pairs = "; ".join(f"vs {_ref_name(r)} {ci_text(row['vs_' + r])}" for r in refs)
+            out.append(f"{tag}_{label}: {ci_text(row['judge'], '.4f')}; {pairs}; FLOPs speedup at matched score "
+                       f"{sp_s}; residual from guide gain {ci_text(res)}{flag}")
+    return out

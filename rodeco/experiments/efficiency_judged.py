@@ -1,0 +1,109 @@
+"""The judged part of ``rodeco experiment=efficiency``: each method's winners on the report half scored by the run's
+judges (``judge=...``; the experiment's default is every offline judge of AlpacaEval prompts), which no decision saw,
+and analysed against each judge's Best-of-N curve (``rodeco.experiments.judged``).
+
+Candidate sets are the replicates: set ``r`` is pool candidates ``r * M / replicates`` onwards. In a set, Best-of-N's
+winner is the guide's best of the set's first N candidates (N = 1, 2, 4, ... up to the set's size), and each
+replayed method's winner is its winner at the budget of Best-of-n from that set's rows. Judge scores come from (and
+fill) the pool's score cache, so a rerun or another experiment on the same pool judges nothing twice; judging is
+charged to no method and reported on its own lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from rodeco.experiments.judged import Curve, Winners, analysis_lines, analyze
+from rodeco.experiments.metrics import bon_sizes
+from rodeco.judging import Judges
+from rodeco.pool import Pool
+from rodeco.replay import PoolReward
+
+log = logging.getLogger(__name__)
+
+FIXED = "fixed_alpha_0.5"
+
+
+def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[str], M: int,
+            replicates: int) -> tuple[list[int], dict[str, np.ndarray]]:
+    """Best-of-N's sizes in a set and ``{method: [P, S] winning candidate ids}`` (-1: none, e.g. an infeasible
+    start or a copy's continuation, which the pool does not hold as a candidate) for Best-of-N (``best_of_<N>``)
+    and each method at scale 1."""
+    size = M // replicates
+    sizes = [n for n in bon_sizes(size) if n <= size]
+    out: dict[str, np.ndarray] = {}
+    for k, i in enumerate(report):
+        rec = records[i]
+        final = np.asarray(rec["final"], dtype=np.float64)
+        runs = [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
+        for r in range(replicates):
+            first = r * size
+            for n in sizes:
+                out.setdefault(f"best_of_{n}", np.full((len(report), replicates), -1))[k, r] = \
+                    first + int(np.argmax(final[first: first + n]))
+            for label in labels:
+                run = runs[r].get(label, {}).get("1", {})
+                cid = int(run.get("best_id", -1))
+                out.setdefault(label, np.full((len(report), replicates), -1))[k, r] = cid if 0 <= cid < M else -1
+    return sizes, out
+
+
+def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, Any]], report: list[int],
+                     labels: list[str], n: int, replicates: int, resamples: int, seed: int) -> dict[str, Any]:
+    """Judge the winners, analyse each judge (and the guide, alike) and return the figures with ``lines``, the
+    ``judge_*`` lines to print."""
+    from tqdm.auto import tqdm
+
+    M = pool.candidates
+    sizes, ids = winners(records, report, labels, M, replicates)
+    lost = {label: int((x < 0).sum()) for label, x in ids.items() if label in labels and (x < 0).any()}
+    methods = [m for m in labels if m not in lost or lost[m] < ids[m].size]
+    scores: dict[str, dict[tuple[int, int], float]] = {j.name: {} for j in judges.judges}
+    for k, i in enumerate(tqdm(report, desc="judging winners", unit="prompt")):
+        want = sorted({int(x[k, r]) for x in ids.values() for r in range(replicates) if x[k, r] >= 0})
+        reqs = [pool.prompt(i).request(c) for c in want]
+        for j in judges.judges:
+            vals = j.scorer(reqs) if reqs else []
+            scores[j.name].update({(i, c): float(v) for c, v in zip(want, vals)})
+            if isinstance(j.scorer.reward, PoolReward):
+                j.scorer.reward.save()  # the pool's cache, prompt by prompt
+
+    def grid(label: str, value) -> np.ndarray:
+        x = ids[label]
+        out = np.full(x.shape, np.nan)
+        for k, i in enumerate(report):
+            for r in range(replicates):
+                if x[k, r] >= 0:
+                    out[k, r] = value(i, int(x[k, r]), label)
+        return out
+
+    guide = lambda i, c, label: float(records[i]["final"][c])  # noqa: E731
+    by_judge = {name: (lambda s: lambda i, c, label: s[(i, c)])(s) for name, s in scores.items()}
+    scorers = {"guide": guide, **by_judge}
+    bon_flops = np.array([[records[i]["bon"][str(s)]["flops"] for s in sizes] for i in report])
+    curve = Curve(sizes, np.stack([grid(f"best_of_{s}", guide) for s in sizes], -1),
+                  {sc: np.stack([grid(f"best_of_{s}", f) for s in sizes], -1) for sc, f in scorers.items()},
+                  bon_flops)
+
+    def flops(i: int, c: int, label: str) -> float:
+        rec = records[i]
+        runs = [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
+        return float(np.mean([r[label]["1"]["flops"] for r in runs if "flops" in r.get(label, {}).get("1", {})]))
+
+    won = {m: Winners(grid(m, guide), {sc: grid(m, f) for sc, f in scorers.items()}, grid(m, flops))
+           for m in methods}
+    refs = [f"best_of_{n}", f"best_of_{sizes[-1]}", *([FIXED] if FIXED in methods else [])]
+    analyses = {sc: analyze(curve, won, sc, refs, resamples, seed) for sc in scorers}
+    costs = judges.costs()
+    lines = [f"judge_prompts: {len(report)} report-half prompts x {replicates} candidate sets (replicates, "
+             f"{M // replicates} candidates each); 95% bootstrap CIs over prompts and sets"]
+    lines += [f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
+              f"{c['seconds']:.1f} s (not charged to any method)" for name, c in costs.items()]
+    lines += [f"judge_left_out_{label}: {k} of {ids[label].size} winner(s) not judged (an infeasible start, or a "
+              "copy's continuation, which is not a pool candidate)" for label, k in lost.items()]
+    lines += analysis_lines(analyses, refs)
+    return {"judges": judges.specs(), "judge_cost": costs, "refs": refs, "analysis": analyses,
+            "winner_ids": {label: x.tolist() for label, x in ids.items()}, "lines": lines}
