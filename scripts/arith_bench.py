@@ -1,19 +1,21 @@
 """Accuracy against FLOPs on a verifiable set: seeded arithmetic problems with exact answers, decoded live by the
-generator (default: the embedded SmolLM2), every method scored by one reward (default ``logprob``: the generator's
-own mean token log-probability; no reward model is told the answer).
+generator (default: the embedded SmolLM2), every method guided by one reward (``--reward``; default ``logprob``: the
+generator's own mean token log-probability; ``minilm_rm``: the default reward model; none is told the answer).
 
 Methods, each live and charged all it does (prefill, decode of every row, copies, every scorer call):
 
 - ``bon_N``: Best-of-N, the winner by reward; ``vote_N`` / ``wvote_N``: the same candidates, the winner by majority
   vote / reward-weighted vote over the extracted answer (``winner.rule``, ``last_number``), which costs the same;
 - ``sr_N``: Speculative Rejection (``fixed``, alpha 0.5) from N rows at Best-of-4's memory, the winner by reward;
-- ``pf_N``: ``particle_filter`` from N rows at Best-of-4's memory (winner by reward, and ``pf_N_wvote``).
+- ``pf_N``: ``particle_filter`` from N rows at Best-of-4's memory (winner by reward, and ``pf_N_wvote``);
+- ``beam_N`` / ``dvts_N``: ``beam`` and ``dvts`` (``beam_width`` 4) from N rows at Best-of-4's memory.
 
 Accuracy is the share of problems whose winner's last number is the answer, with a bootstrap 95% CI over problems;
 FLOPs are the mean per problem (generator and reward). Nothing is chosen on these problems: every method runs at
-its defaults. Results are written per problem as they finish (``--out DIR``, resumable), then summarized::
+its defaults (the search policies decide every 8 tokens of the 32). Results are written per problem as they finish
+(``--out DIR``, resumable; a rerun with more ``--methods`` runs only what a problem lacks), then summarized::
 
-    python scripts/arith_bench.py --problems 40 --out runs/arith
+    python scripts/arith_bench.py --problems 200 --reward minilm_rm --out runs/arith200_minilm
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-METHODS = ("bon_4", "bon_16", "sr_16", "pf_16", "pf_4")
+METHODS = ("bon_1", "bon_4", "bon_16", "sr_16", "pf_16", "pf_4", "beam_16", "dvts_16")
+SEARCH = {"pf": "particle_filter", "beam": "beam", "dvts": "dvts"}
 
 
 N_DISTINCT = 2 * 51 * 29 + 8 * 8  # a + b and a - b with a in 10..60, b in 2..30; a * b with a, b in 2..9
@@ -53,18 +56,18 @@ def problems(k: int, seed: int, distinct: bool = True) -> list[tuple[str, int]]:
     return out
 
 
-def run_method(gen, method: str, prompt: str, new: int) -> dict:
+def run_method(gen, method: str, prompt: str, new: int, reward: str = "logprob") -> dict:
     import rodeco
     from rodeco.budget import full_length_tokens
 
     kind, n = method.split("_")[0], int(method.split("_")[1])
-    ov = ["reward=logprob", f"sampling.max_new_tokens={new}", "output.all_candidates=true"]
+    ov = [f"reward={reward}", f"sampling.max_new_tokens={new}", "output.all_candidates=true"]
     if kind == "bon":
         ov += ["policy=none", "budget=unlimited"]
     else:
         kv = full_length_tokens(4, [len(gen.encode(prompt))], new, gen.kv)
         ov += [f"budget.kv_tokens={kv}"]
-        ov += ["policy=fixed", "policy.alpha=0.5"] if kind == "sr" else ["policy=particle_filter",
+        ov += ["policy=fixed", "policy.alpha=0.5"] if kind == "sr" else [f"policy={SEARCH[kind]}",
                                                                           "policy.decision_tokens=8"]
     out = rodeco.decode([prompt], generator=gen, n=n, overrides=ov)
     (r,) = out.results
@@ -93,9 +96,9 @@ def boot_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> list[float]:
     return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
 
 
-def summarize(recs: list[dict]) -> list[dict]:
+def summarize(recs: list[dict], methods: list[str]) -> list[dict]:
     rows = []
-    for m in METHODS:
+    for m in methods:
         rules = ("reward", "majority", "weighted") if m.startswith(("bon", "pf")) else ("reward",)
         for rule in rules:
             ok = np.array([winner_answers(r[m])[rule] == r["answer"] for r in recs], dtype=float)
@@ -112,6 +115,8 @@ def main() -> int:
                     "docs/results.md was made)")
     ap.add_argument("--seed", type=int, default=0, help="the problems' seed")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--reward", default="logprob", help="the guiding reward option (logprob, minilm_rm, ...)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="the methods, in this order")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     import rodeco
@@ -123,20 +128,23 @@ def main() -> int:
     recs = []
     for i, (q, ans) in enumerate(problems(a.problems, a.seed, distinct=not a.repeats)):
         f = a.out / f"{i}.json"
+        rec = {"problem": q, "answer": ans, "reward": a.reward}
         if f.is_file():
             rec = json.loads(f.read_text(encoding="utf-8"))
-            if rec["problem"] != q:
-                ap.error(f"{f} holds problem {i} of another list ({rec['problem']!r}, here {q!r}): resume with the "
-                         "options it was written with (--seed, --repeats), or use another --out")
-            recs.append(rec)
-            continue
-        rec = {"problem": q, "answer": ans, **{m: run_method(gen, m, q, a.max_new_tokens) for m in METHODS}}
-        atomic_write(f, json.dumps(rec) + "\n")
+            if rec["problem"] != q or rec.get("reward", "logprob") != a.reward:
+                ap.error(f"{f} holds problem {i} of another list or reward ({rec['problem']!r}, "
+                         f"{rec.get('reward', 'logprob')}; here {q!r}, {a.reward}): resume with the options it was "
+                         "written with (--seed, --repeats, --reward), or use another --out")
+        todo = [m for m in a.methods if m not in rec]
+        for m in todo:
+            rec[m] = run_method(gen, m, q, a.max_new_tokens, a.reward)
+        if todo:
+            atomic_write(f, json.dumps(rec) + "\n")
+            print(f"problem {i}: {q} = {ans}", file=sys.stderr)
         recs.append(rec)
-        print(f"problem {i}: {q} = {ans}", file=sys.stderr)
-    rows = summarize(recs)
+    rows = summarize(recs, a.methods)
     atomic_write(a.out / "summary.json", json.dumps(rows, indent=1) + "\n")
-    print(f"{len(recs)} problems; scorer: logprob; accuracy [95% CI over problems], mean TFLOPs per problem")
+    print(f"{len(recs)} problems; scorer: {a.reward}; accuracy [95% CI over problems], mean TFLOPs per problem")
     for r in rows:
         print(f"{r['method']:>14}  {r['accuracy']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]  {r['tflops']:.4f}")
     return 0

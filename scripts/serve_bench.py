@@ -35,7 +35,9 @@ samples as a request of its own::
     .venv/bin/python scripts/serve_bench.py --out runs/serve_bench                      # the smoke defaults
     .venv/bin/python scripts/serve_bench.py --requests 64 --rate 0 --best-of 16 --max-tokens 128 --out runs/sb
 
-Writes ``serve_bench.json`` (after each phase) and the servers' logs (``logs/``) under ``--out``.
+After the phases, every server's answers are judged client-side by ``--judges`` (``serve_bench_judged.py``: each
+server's mean and SR's differences paired over requests, as ``judge_*`` lines), outside every latency. Writes
+``serve_bench.json`` (after each phase) and the servers' logs (``logs/``) under ``--out``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from typing import Any
 import numpy as np
 from serve_bench_figures import (Record, bootstrap_index, diff, figures, print_server_side, print_table, ratio,
                                  server_side, write)
+from serve_bench_judged import JUDGES, build_judges, judge_servers
 from serve_bench_servers import (ROOT, Scorer, Send, Server, free_port, launched, metrics_delta, model_dir,
                                  rodeco_argv, rodeco_sender, scrape, shown, vllm_argv, vllm_sender)
 
@@ -100,6 +103,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="torch threads of the client-side scorer (0: torch's default, one per core)")
     ap.add_argument("--skip-vllm", action="store_true", help="run only rodeco's server (sr and bon)")
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--judges", nargs="*", default=JUDGES, help="judge options that score every server's answers "
+                    "client-side after the phases (default: every offline judge of AlpacaEval prompts; none: skip)")
     a = ap.parse_args(argv)
     for k in ("requests", "best_of", "max_tokens", "kv_tokens", "max_in_flight", "bootstrap"):
         if getattr(a, k) < 1:
@@ -223,6 +228,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bench.vllm_phase(scorer)
     finally:
         scorer.close()
+    if a.judges:  # client-side, after every phase: in no server's latency
+        prompt_text = {p.index: p.text for p in bench.prompts}
+        bench.doc["judged"] = judge_servers(bench.doc, prompt_text, build_judges(a.judges, a.reward), a.bootstrap,
+                                            a.seed)
     bench.doc["ratios"] = ratios_of(bench.summary)
     bench.doc["wall_seconds"] = time.monotonic() - wall0
     write(a.out, bench.doc)
@@ -320,6 +329,8 @@ def report(doc: dict[str, Any], summary: dict[str, dict[str, Any]], a: argparse.
         for r in s["records"]:
             if not r["ok"]:
                 print(f"{name} request {r['i']} (prompt {r['prompt_index']}): {r['error']}")
+    if "judged" in doc:
+        print("\n".join(doc["judged"]["lines"]))
     print(f"\nwrote {a.out / 'serve_bench.json'} ({doc['wall_seconds']:.0f} s)")
 
 

@@ -283,3 +283,16 @@ def test_arith_bench_gives_200_distinct_problems_that_arith_gold_solves(arith_be
     assert probs[: len(set(drawn))] == list(dict.fromkeys(drawn))
     with pytest.raises(ValueError, match="distinct problems"):
         arith_bench.problems(arith_bench.N_DISTINCT + 1, 0)
+
+
+@pytest.mark.parametrize("method", ["bon_4", "sr_16", "beam_16", "dvts_16", "pf_16"])
+def test_arith_bench_runs_each_method_kind_within_best_of_4s_memory(arith_bench, tiny_gen, method):
+    from rodeco.budget import full_length_tokens
+
+    gen = tiny_gen("fast")
+    prompt = "What is 23 + 7? Answer with the number."
+    rec = arith_bench.run_method(gen, method, prompt, 48, "logprob")
+    assert rec["flops"] > 0 and rec["candidates"] and any(c["finished"] for c in rec["candidates"])
+    if not method.startswith("bon"):
+        assert rec["peak_kv_tokens"] <= full_length_tokens(4, [len(gen.encode(prompt))], 48, gen.kv)
+    assert set(arith_bench.winner_answers(rec)) == {"reward", "majority", "weighted"}

@@ -12,13 +12,14 @@ charged to no method and reported on its own lines.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
 
 from rodeco.experiments.judged import Curve, Winners, analysis_lines, analyze
 from rodeco.experiments.metrics import bon_sizes
-from rodeco.judging import Judges
+from rodeco.judging import Item, Judges
 from rodeco.pool import Pool
 from rodeco.replay import PoolReward
 
@@ -65,9 +66,11 @@ def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, An
     for k, i in enumerate(tqdm(report, desc="judging winners", unit="prompt")):
         want = sorted({int(x[k, r]) for x in ids.values() for r in range(replicates) if x[k, r] >= 0})
         reqs = [pool.prompt(i).request(c) for c in want]
+        got = judges.score(pool.prompt(i).text, i, [Item(c, r.response, r.response_ids) for c, r in zip(want, reqs)])
+        for c in want:
+            for e in got[c]:
+                scores[e.name][(i, c)] = math.nan if e.score is None else float(e.score)
         for j in judges.judges:
-            vals = j.scorer(reqs) if reqs else []
-            scores[j.name].update({(i, c): float(v) for c, v in zip(want, vals)})
             if isinstance(j.scorer.reward, PoolReward):
                 j.scorer.reward.save()  # the pool's cache, prompt by prompt
 
@@ -100,8 +103,9 @@ def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, An
     costs = judges.costs()
     lines = [f"judge_prompts: {len(report)} report-half prompts x {replicates} candidate sets (replicates, "
              f"{M // replicates} candidates each); 95% bootstrap CIs over prompts and sets"]
-    lines += [f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
-              f"{c['seconds']:.1f} s (not charged to any method)" for name, c in costs.items()]
+    lines += [f"judge_cost_{name}: {c['calls']} calls, {round(c['tokens'])} tokens, {c['flops'] / 1e12:.3f} TFLOPs "
+              f"(as first computed; cached scores are charged what they cost then), {c['seconds']:.1f} s here "
+              "(not charged to any method)" for name, c in costs.items()]
     lines += [f"judge_left_out_{label}: {k} of {ids[label].size} winner(s) not judged (an infeasible start, or a "
               "copy's continuation, which is not a pool candidate)" for label, k in lost.items()]
     lines += analysis_lines(analyses, refs)

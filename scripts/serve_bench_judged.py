@@ -1,0 +1,112 @@
+"""Judges of ``scripts/serve_bench.py``'s answers, client-side and outside every latency: each server's winners
+(rodeco's Speculative Rejection and Best-of-N, vLLM's Best-of-N) scored by judges the servers never saw, with each
+server's mean and the differences SR − vLLM and SR − Best-of-N paired over the requests all of them answered
+(bootstrap 95% CIs over those requests), as ``judge_*`` lines. serve_bench runs it after its phases; a run
+written before (its ``serve_bench.json``, or a snapshot of one) is judged again from its texts::
+
+    python scripts/serve_bench_judged.py docs/data/serve_bench_af32_bo8.json --out runs/sb8_judged
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+JUDGES = ["chrf", "ref_sim", "smollm_judge"]  # every offline judge of AlpacaEval prompts
+SERVERS = ("sr", "bon", "vllm")
+
+
+def build_judges(names: list[str], guide: str) -> Any:
+    """The judges by option name, built as a run builds them (the guiding reward refused as a judge)."""
+    import rodeco
+    from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.roles import RoleBuilder, choose, choose_judges
+
+    plugins = default_plugins()
+    cfg = rodeco.load_config([f"judge=[{','.join(names)}]", f"reward={guide}"])
+    choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
+    return RoleBuilder(plugins, str(cfg.generator.model), BuildContext(plugins=plugins)).judges(choices)
+
+
+def judge_servers(doc: dict[str, Any], prompt_text: dict[int, str], judges: Any, resamples: int = 1000,
+                  seed: int = 0) -> dict[str, Any]:
+    """Each server's winners scored by each judge (``scores[judge][server][i]``, None where the request failed),
+    the means and paired differences with CIs, the judges' cost, and ``lines`` to print."""
+    from rodeco.experiments.bootstrap import ci
+    from rodeco.judging import Item
+
+    servers = [s for s in SERVERS if s in doc["servers"]]
+    recs = {s: doc["servers"][s]["records"] for s in servers}
+    k = len(recs[servers[0]])
+    scores: dict[str, dict[str, list[float | None]]] = {j.name: {s: [None] * k for s in servers}
+                                                        for j in judges.judges}
+    for i in range(k):
+        index = recs[servers[0]][i]["prompt_index"]
+        items = [Item(n, recs[s][i]["server"]["text"], ()) for n, s in enumerate(servers) if recs[s][i]["ok"]]
+        got = judges.score(prompt_text[index], index, items)
+        for item in items:
+            for e in got[item.candidate_id]:
+                scores[e.name][servers[item.candidate_id]][i] = e.score
+    both = [i for i in range(k) if all(recs[s][i]["ok"] for s in servers)]
+    idx = np.random.default_rng(seed).integers(0, len(both), (resamples, len(both))) if both else None
+    out: dict[str, Any] = {"requests": k, "paired_requests": len(both), "scores": scores, "figures": {},
+                           "cost": judges.costs()}
+    lines = [f"judge_requests: {len(both)} of {k} requests answered by every server ({', '.join(servers)}); 95% "
+             "bootstrap CIs over those requests"]
+    lines += [f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
+              f"{c['seconds']:.1f} s (client-side, after the phases: in no server's latency)"
+              for name, c in out["cost"].items()]
+    for name, by in scores.items():
+        x = {s: np.array([np.nan if by[s][i] is None else by[s][i] for i in both], dtype=np.float64)
+             for s in servers}
+        fig: dict[str, Any] = {}
+        for s in servers:
+            fig[s] = {"mean": float(np.nanmean(x[s])), "ci": ci(np.nanmean(x[s][idx], 1))} if both else None
+        for other in ("vllm", "bon"):
+            if other in servers and both:
+                d = x["sr"] - x[other]
+                fig[f"sr_minus_{other}"] = {"mean": float(np.nanmean(d)), "ci": ci(np.nanmean(d[idx], 1))}
+        out["figures"][name] = fig
+        lines += [f"judge_{name}_{key}: {v['mean']:+.4f} [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]"
+                  for key, v in fig.items() if v is not None]
+    out["lines"] = lines
+    return out
+
+
+def prompts_of_run(doc: dict[str, Any]) -> dict[int, str]:
+    """The run's prompt texts by index, from its ``--data`` (as serve_bench loaded them)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from serve_bench import _load
+
+    a = argparse.Namespace(data=doc["args"]["data"])
+    wanted = set(doc["prompt_indices"])
+    return {p.index: p.text for p in _load(a, max(len(wanted) + int(doc["args"].get("warmup", 1)), 1))
+            if p.index in wanted}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a serve_bench.json (or its directory)")
+    ap.add_argument("--out", type=Path, required=True, help="where serve_bench_judged.json is written")
+    ap.add_argument("--judges", nargs="*", default=JUDGES, help="judge options (default: every offline judge of "
+                    "AlpacaEval prompts)")
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    a = ap.parse_args(argv)
+    path = a.run / "serve_bench.json" if a.run.is_dir() else a.run
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    judged = judge_servers(doc, prompts_of_run(doc), build_judges(a.judges, doc["args"]["reward"]), a.bootstrap,
+                           int(doc["args"].get("seed", 0)))
+    print("\n".join(judged["lines"]))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "serve_bench_judged.json").write_text(json.dumps({"run": str(path), **judged}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
