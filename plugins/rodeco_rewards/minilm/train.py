@@ -24,6 +24,7 @@ class TrainConfig:
     lr: float = 0.01
     steps: int = 300
     seed: int = 0
+    surface: bool = True  # False: the surface statistics' weights are held at 0 (an embedding-only head)
 
 
 def penalty(in_dim: int, n_embedding: int, cfg: TrainConfig) -> torch.Tensor:
@@ -46,6 +47,9 @@ def fit_bt(xc: np.ndarray, xr: np.ndarray, cfg: TrainConfig, n_embedding: int = 
         loss = torch.nn.functional.softplus(-margin).mean() + (first.pow(2) * pen).sum()
         loss.backward()
         opt.step()
+        if not cfg.surface:
+            with torch.no_grad():
+                first[:, n_embedding:] = 0.0  # projected: the statistics never enter the score
     log.debug("final training loss %.4f", loss.item())
     return head.eval()
 
