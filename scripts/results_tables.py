@@ -37,6 +37,7 @@ from typing import Any
 
 from rodeco.experiments import analysis, efficiency, perplexity
 from rodeco.experiments import render as shown
+from rodeco.experiments.judged import ci_text
 from rodeco.roles import SAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -361,10 +362,6 @@ def perplexity_table(snap: dict[str, Any], scale: int) -> str:
     return perplexity.markdown(rows, report_prompts(snap))
 
 
-def _ci(x: dict[str, Any] | None, fmt: str = "+.3f") -> str:
-    return "undefined" if x is None else f"{x['value']:{fmt}} [{x['ci'][0]:{fmt}}, {x['ci'][1]:{fmt}}]"
-
-
 def _name(label: str) -> str:
     return label.replace("best_of_", "Best-of-").replace("fixed_alpha_0.5", "fixed α 0.5").replace("_start_16", "")
 
@@ -381,8 +378,8 @@ def judge_curves(snap: dict[str, Any]) -> str:
     out = [row(["N", "TFLOPs per prompt", *an]), row(["---:"] * (2 + len(an)))]
     for k, n in enumerate(cur["sizes"]):
         out.append(row([str(n), f"{cur['flops'][k] / 1e12:.3f}", *(
-            _ci({"value": a["curve"]["judge"][k], "ci": a["curve"]["judge_ci"][k]}, ".4f") for a in an.values())]))
-    out.append(row(["64 − 1", "", *(_ci(a["gain"], "+.4f") for a in an.values())]))
+            ci_text({"value": a["curve"]["judge"][k], "ci": a["curve"]["judge_ci"][k]}, ".4f") for a in an.values())]))
+    out.append(row([f"{cur['sizes'][-1]} − 1", "", *(ci_text(a["gain"], "+.4f") for a in an.values())]))
     return _judged_head(snap) + "\n".join(out) + "\n"
 
 
@@ -397,9 +394,10 @@ def judge_methods(snap: dict[str, Any]) -> str:
             sp = m["speedup_flops_at_matched_judge"]
             bound = {"lower": "≥", "upper": "≤"}.get(sp["bound"] if sp else None, "")
             res = m["residual"]
-            out.append(row([sc, _name(label), _ci(m["judge"], ".4f"), *(_ci(m[f"vs_{r}"], "+.4f") for r in refs),
-                            bound + _ci(sp, ".2f"), _ci(res, "+.4f") + (" below" if res["below"] else "") + (
-                                " (beyond the curve)" if res["beyond_curve"] else "")]))
+            flags = (" below" if res["below"] else "") + (" (beyond the curve)" if res["beyond_curve"] else "")
+            out.append(row([sc, _name(label), ci_text(m["judge"], ".4f"),
+                            *(ci_text(m[f"vs_{r}"], "+.4f") for r in refs),
+                            bound + ci_text(sp, ".2f"), ci_text(res, "+.4f") + flags]))
     return _judged_head(snap) + "\n".join(out) + "\n"
 
 
@@ -409,7 +407,7 @@ def guide_split(snap: dict[str, Any]) -> str:
     keys = list(next(iter(split.values())))
     out = [row(["method", *(k.replace("_over_", " over ").replace("best_of_", "Best-of-") for k in keys)]),
            row(["---", *["---:"] * len(keys)])]
-    out += [row([_name(label), *(_ci(d[k]) if k in d else "" for k in keys)]) for label, d in split.items()]
+    out += [row([_name(label), *(ci_text(d[k], "+.3f") if k in d else "" for k in keys)]) for label, d in split.items()]
     return _judged_head(snap) + "\n".join(out) + "\n"
 
 
@@ -418,7 +416,7 @@ def diagnostics(snap: dict[str, Any]) -> str:
     diag = snap["diagnostics"]
     fields = [f for f in next(iter(diag.values())) if not f.startswith("guide_")]
     out = [row(["method", *(f.replace("_", " ") for f in fields)]), row(["---", *["---:"] * len(fields)])]
-    out += [row([_name(label), *(_ci(d[f], ".3f") for f in fields)]) for label, d in diag.items()]
+    out += [row([_name(label), *(ci_text(d[f], ".3f") for f in fields)]) for label, d in diag.items()]
     return _judged_head(snap) + "\n".join(out) + "\n"
 
 

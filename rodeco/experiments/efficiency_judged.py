@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 FIXED = "fixed_alpha_0.5"
 
 
+def _runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A prompt record's method runs per candidate set: the first set's, then each further replicate's."""
+    return [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
+
+
 def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[str], M: int,
             replicates: int) -> tuple[list[int], dict[str, np.ndarray]]:
     """Best-of-N's sizes in a set and ``{method: [P, S] winning candidate ids}`` (-1: none, e.g. an infeasible
@@ -39,7 +44,7 @@ def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[
     for k, i in enumerate(report):
         rec = records[i]
         final = np.asarray(rec["final"], dtype=np.float64)
-        runs = [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
+        runs = _runs(rec)
         for r in range(replicates):
             first = r * size
             for n in sizes:
@@ -92,9 +97,8 @@ def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, An
                   bon_flops)
 
     def flops(i: int, c: int, label: str) -> float:
-        rec = records[i]
-        runs = [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
-        return float(np.mean([r[label]["1"]["flops"] for r in runs if "flops" in r.get(label, {}).get("1", {})]))
+        return float(np.mean([r[label]["1"]["flops"] for r in _runs(records[i])
+                              if "flops" in r.get(label, {}).get("1", {})]))
 
     won = {m: Winners(grid(m, guide), {sc: grid(m, f) for sc, f in scorers.items()}, grid(m, flops))
            for m in methods}
