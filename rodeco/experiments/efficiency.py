@@ -44,7 +44,7 @@ from rodeco.compose import option_node
 from rodeco.contracts import Scorer
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
-from rodeco.experiments.efficiency_judged import judge_efficiency
+from rodeco.experiments.efficiency_judged import judge_efficiency, judges_of
 from rodeco.experiments.live_check import live_check, matched_bon
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.experiments.record import pool_dir, pool_roles, record
@@ -54,8 +54,7 @@ from rodeco.pool import Pool
 from rodeco.protocols import Policy
 from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
 from rodeco.results import ResultsWriter
-from rodeco.judging import Judges
-from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_judges, choose_roles
+from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
 from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
 from rodeco.validation import ConfigError, check_number, check_positive_int
@@ -330,7 +329,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     a = parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
     prompts, measurer = collect(cfg, plugins, a, out_dir, gen=gen)
-    judges = judges_of(cfg, plugins, measurer, prompts[0]["prompt_index"])  # a judge that cannot apply stops here
+    judges = judges_of(cfg.get("judge"), plugins, measurer.builder, measurer.choices.reward, measurer.pool,
+                       prompts[0]["prompt_index"])  # a judge that cannot apply stops here
     judged = None
     if judges:
         records = {p["prompt_index"]: p for p in prompts}
@@ -339,24 +339,6 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
                                   a["n"], a["replicates"], a["bootstrap"], cfg.seed)
     res = report(cfg, plugins, prompts, measurer, out_dir, gen=gen, judged=judged)
     return RunOutput([], Compute(), out_dir, extra=res)
-
-
-def judges_of(cfg: DictConfig, plugins: Plugins, measurer: Measurer, index: int) -> Judges:
-    """The run's judges (``judge``), served from the pool's cache; each is tried on one candidate of prompt
-    ``index``, so a judge that does not apply to these prompts (a reference judge on prompts without a reference)
-    stops the run before the analysis, by name."""
-    if not cfg.get("judge"):
-        return Judges()
-    guides = tuple(x for x in (measurer.choices.reward,) if x is not None)
-    judges = measurer.builder.judges(choose_judges(cfg.judge, plugins, guides))
-    first = measurer.pool.prompt(index)
-    for j in judges.judges:
-        try:
-            j.scorer([first.request(0)])
-        except ConfigError as e:
-            raise ConfigError(e.key, e.value, f"{e.problem} (this experiment's prompts)",
-                              f"{e.fix}; or judge=none, or judge=[...] without {j.name}") from None
-    return judges
 
 
 def timings(measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str, float]:

@@ -20,12 +20,33 @@ import numpy as np
 from rodeco.experiments.judged import Curve, Winners, analysis_lines, analyze
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.judging import Item, Judges
+from rodeco.plugins import Plugins
 from rodeco.pool import Pool
 from rodeco.replay import PoolReward
+from rodeco.roles import Choice, RoleBuilder, choose_judges
+from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
 FIXED = "fixed_alpha_0.5"
+
+
+def judges_of(judge: Any, plugins: Plugins, builder: RoleBuilder, guide: Choice | None, pool: Pool,
+              index: int) -> Judges:
+    """The run's judges (``judge``), built by ``builder`` (served from the pool's cache); each is tried on one
+    candidate of prompt ``index``, so a judge that does not apply to these prompts (a reference judge on prompts
+    without a reference) stops the run before the analysis, by name."""
+    if not judge:
+        return Judges()
+    judges = builder.judges(choose_judges(judge, plugins, (guide,) if guide is not None else ()))
+    first = pool.prompt(index)
+    for j in judges.judges:
+        try:
+            j.scorer([first.request(0)])
+        except ConfigError as e:
+            raise ConfigError(e.key, e.value, f"{e.problem} (this experiment's prompts)",
+                              f"{e.fix}; or judge=none, or judge=[...] without {j.name}") from None
+    return judges
 
 
 def _runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
