@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.judging import check_specs, summarize
+from rodeco.judging import Judges, check_specs, summarize
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.results import ResultsWriter, atomic_write, export_alpaca_eval
 from rodeco.roles import Choice, RoleBuilder, choose, choose_judges
@@ -42,6 +42,18 @@ def judge_task(cfg: DictConfig, plugins: Plugins) -> RunOutput:
         raise ConfigError("output.dir", None, "task=judge scores a run's results in place and needs its directory",
                           "rodeco task=judge judge=chrf output.dir=RUN_DIR (or pool=POOL_DIR for a pool)")
     return judge_run(cfg, plugins, Path(cfg.output.dir))
+
+
+def judges_by_name(names: list[str], guide: str = "minilm_rm", overrides: tuple[str, ...] = ()) -> Judges:
+    """Judges by option name (``["chrf", "ref_sim"]``), built as a run with reward option ``guide`` builds them, so
+    the guide itself is refused as a judge; ``overrides`` are further Hydra overrides (another judge entry)."""
+    import rodeco
+    from rodeco.plugins import default_plugins
+
+    plugins = default_plugins()
+    cfg = rodeco.load_config([f"judge=[{','.join(names)}]", f"reward={guide}", *overrides])
+    choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
+    return RoleBuilder(plugins, str(cfg.generator.model), BuildContext(plugins=plugins)).judges(choices)
 
 
 def _guides(run_dir: Path, plugins: Plugins) -> tuple[Choice, ...]:

@@ -152,7 +152,9 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
 
     for label in a.methods:
         node, n = METHODS[label]
-        if label == PF and a.pf_grid:  # its temperature: the grid's best mean guide reward on the selection half
+        if label == PF and a.pf_temperature is not None:  # chosen before, elsewhere: no grid
+            node = {**node, "temperature": a.pf_temperature}
+        elif label == PF and a.pf_grid:  # its temperature: the grid's best mean guide reward on the selection half
             for t in a.pf_grid:
                 run_all(pf_label(t), {**node, "temperature": t}, n, 0, sel)
             means = {t: float(np.mean([done[i]["methods"][pf_label(t)]["best"] for i in sel])) for t in a.pf_grid}
@@ -220,6 +222,8 @@ def main() -> int:
                          "of a 128-candidate pool)")
     ap.add_argument("--pf-grid", nargs="*", type=float, default=PF_GRID,
                     help="particle_filter's temperatures tried on the selection half (none: its default)")
+    ap.add_argument("--pf-temperature", type=float, default=None,
+                    help="particle_filter's temperature, chosen before (on another run's selection half): no grid")
     ap.add_argument("--compile", action="store_true", help="the generator's compiled decode step (same tokens)")
     ap.add_argument("--judges", nargs="*", default=["chrf", "ref_sim", "smollm_judge"],
                     help="judge options that score every method's winners (default: every offline judge that applies "

@@ -80,20 +80,6 @@ class JudgeCache:
         return float("nan") if s is None else float(s)
 
 
-def build_judges(names: list[str]) -> Any:
-    """The judges by option name, plus the re-scoring LM for the diagnostics' log-prob, built as a run builds
-    them (the guide, minilm_rm, refused as a judge)."""
-    import rodeco
-    from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.roles import RoleBuilder, choose, choose_judges
-
-    plugins = default_plugins()
-    cfg = rodeco.load_config([f"judge=[{','.join(names)}]",
-                              f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}"])
-    choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
-    return RoleBuilder(plugins, "smollm2", BuildContext(plugins=plugins)).judges(choices)
-
-
 def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firsts: list[int], labels: list[str],
             pool: Any) -> dict[str, dict[tuple[int, int], dict]]:
     """``{method: {(prompt index, set): winner}}``; a winner has its text, token ids, stop reason, lineage, guide
@@ -155,6 +141,7 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
     )
     from rodeco.plugins import BuildContext
     from rodeco.pool import Pool
+    from rodeco.rejudge import judges_by_name
     from rodeco.results import atomic_write
     from rodeco.state import ScoreRequest
     from rodeco_rewards.minilm.reward import build_minilm_rm
@@ -163,7 +150,7 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
     prompts = complete_prompts(done, rep, a.firsts, labels)
     pool = Pool(a.pool)
     win = collect(records, done, prompts, a.firsts, labels, pool)
-    judges = build_judges(a.judges)
+    judges = judges_by_name(a.judges, "minilm_rm", (f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}",))
     cache = JudgeCache(a.run_dir / "judge_cache.json", judges)
     texts = {pool.prompt(i).text for i in prompts} and [
         (i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()]

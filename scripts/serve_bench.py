@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 from serve_bench_figures import (Record, bootstrap_index, diff, figures, print_server_side, print_table, ratio,
                                  server_side, write)
-from serve_bench_judged import JUDGES, build_judges, judge_servers
+from serve_bench_judged import JUDGES, judge_servers
 from serve_bench_servers import (ROOT, Scorer, Send, Server, free_port, launched, metrics_delta, model_dir,
                                  rodeco_argv, rodeco_sender, scrape, shown, vllm_argv, vllm_sender)
 
@@ -229,8 +229,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         scorer.close()
     if a.judges:  # client-side, after every phase: in no server's latency
+        from rodeco.rejudge import judges_by_name
+
         prompt_text = {p.index: p.text for p in bench.prompts}
-        bench.doc["judged"] = judge_servers(bench.doc, prompt_text, build_judges(a.judges, a.reward), a.bootstrap,
+        bench.doc["judged"] = judge_servers(bench.doc, prompt_text, judges_by_name(a.judges, a.reward), a.bootstrap,
                                             a.seed)
     bench.doc["ratios"] = ratios_of(bench.summary)
     bench.doc["wall_seconds"] = time.monotonic() - wall0

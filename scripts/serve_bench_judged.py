@@ -22,18 +22,6 @@ JUDGES = ["chrf", "ref_sim", "smollm_judge"]  # every offline judge of AlpacaEva
 SERVERS = ("sr", "bon", "vllm")
 
 
-def build_judges(names: list[str], guide: str) -> Any:
-    """The judges by option name, built as a run builds them (the guiding reward refused as a judge)."""
-    import rodeco
-    from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.roles import RoleBuilder, choose, choose_judges
-
-    plugins = default_plugins()
-    cfg = rodeco.load_config([f"judge=[{','.join(names)}]", f"reward={guide}"])
-    choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
-    return RoleBuilder(plugins, str(cfg.generator.model), BuildContext(plugins=plugins)).judges(choices)
-
-
 def judge_servers(doc: dict[str, Any], prompt_text: dict[int, str], judges: Any, resamples: int = 1000,
                   seed: int = 0) -> dict[str, Any]:
     """Each server's winners scored by each judge (``scores[judge][server][i]``, None where the request failed),
@@ -100,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     path = a.run / "serve_bench.json" if a.run.is_dir() else a.run
     doc = json.loads(path.read_text(encoding="utf-8"))
-    judged = judge_servers(doc, prompts_of_run(doc), build_judges(a.judges, doc["args"]["reward"]), a.bootstrap,
+    from rodeco.rejudge import judges_by_name
+
+    judged = judge_servers(doc, prompts_of_run(doc), judges_by_name(a.judges, doc["args"]["reward"]), a.bootstrap,
                            int(doc["args"].get("seed", 0)))
     print("\n".join(judged["lines"]))
     a.out.mkdir(parents=True, exist_ok=True)
