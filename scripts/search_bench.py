@@ -210,6 +210,9 @@ def main() -> int:
     ap.add_argument("run_dir", type=Path, help="the efficiency run's directory (efficiency_prompts.jsonl)")
     ap.add_argument("--pool", required=True)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (in the records' order)")
+    ap.add_argument("--all-report", action="store_true",
+                    help="every prompt is reported (nothing is chosen on them; with --pf-temperature): the live "
+                         "methods run on all, and only the judged part (guide, judges, diagnostics) is printed")
     ap.add_argument("--alternatives", action="store_true", help="also the alternatives, on the selection half")
     ap.add_argument("--report-only", action="store_true",
                     help="the search policies on the report half only (particle_filter's --pf-grid still runs on "
@@ -236,9 +239,19 @@ def main() -> int:
 
     records = [json.loads(x) for x in (a.run_dir / "efficiency_prompts.jsonl").read_text().splitlines() if x.strip()]
     records = records[: a.limit] if a.limit else records
-    sel, rep = analysis.split_halves([r["prompt_index"] for r in records])
+    if a.all_report and PF in a.methods and a.pf_temperature is None:
+        ap.error("--all-report chooses nothing on these prompts: give particle_filter's --pf-temperature, chosen on "
+                 "another run's selection half")
+    sel, rep = ([], [r["prompt_index"] for r in records]) if a.all_report else analysis.split_halves(
+        [r["prompt_index"] for r in records])
     done = run_searches(a, records, sel, rep)
     if a.runs_only:
+        return 0
+    if a.all_report:  # no halves: only the judged part, which reads every method's winners on every prompt
+        sys.path.insert(0, str(Path(__file__).parent))
+        from search_judged import judged
+
+        judged(a, records, done, rep, all_reported=True)
         return 0
     for r in records:  # set 0 as the record's methods, the other sets as its replicates (by their offset)
         d = done.get(r["prompt_index"], {"methods": {}, "sets": {}})

@@ -2,7 +2,8 @@
 sets, scored by judges the search never saw, analysed against Best-of-N's curve on each judge
 (``rodeco.experiments.judged``), with hacking diagnostics and the guide's split into its surface and embedding parts.
 
-Winners: Best-of-N (N = 1 ... 64: the guide's best of the set's first N pool candidates), fixed alpha 0.5 (replayed by
+Winners: Best-of-N (N = 1, 2, 4 ... up to the set's size, 64 at most: the guide's best of the set's first N pool
+candidates), fixed alpha 0.5 (replayed by
 the efficiency experiment from the same set's candidates) and each live search method. Judge scores are cached per
 judge config and text in the run directory (``judge_cache.json``), so a rerun scores only what is new.
 """
@@ -20,6 +21,12 @@ from typing import Any
 import numpy as np
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def set_sizes(firsts: list[int], candidates: int) -> list[int]:
+    """Best-of-N's sizes in a candidate set: the sets start at ``firsts`` in a pool of ``candidates`` per prompt."""
+    size = min(b - a for a, b in zip(firsts, [*firsts[1:], candidates]))
+    return [n for n in SIZES if n <= size]
 FIXED = "fixed_alpha_0.5"
 DIAG_FIELDS = ("truncated", "ends_sentence", "tokens", "chars_per_token", "distinct_1", "distinct_2",
                "repeated_4gram_fraction", "non_ascii_fraction", "digit_fraction", "mean_logprob")
@@ -81,9 +88,11 @@ class JudgeCache:
 
 
 def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firsts: list[int], labels: list[str],
-            pool: Any) -> dict[str, dict[tuple[int, int], dict]]:
+            pool: Any, sizes: list[int]) -> dict[str, dict[tuple[int, int], dict]]:
     """``{method: {(prompt index, set): winner}}``; a winner has its text, token ids, stop reason, lineage, guide
     reward and FLOPs."""
+    from rodeco.experiments.judged import best_of_prefix
+
     by = {r["prompt_index"]: r for r in records}
     out: dict[str, dict[tuple[int, int], dict]] = {}
     for i in prompts:
@@ -96,8 +105,8 @@ def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firs
                         "stop_reason": "length" if cand.stop is None else "eos", "parent": None,
                         "forked_round": None, "guide": float(final[c]), "flops": float(flops), **extra}
 
-            ids = first + np_best_of_prefix(final[first:first + max(SIZES)])
-            for n, c in zip(SIZES, ids):
+            ids = first + best_of_prefix(final[first:first + max(sizes)], sizes)
+            for n, c in zip(sizes, ids):
                 out.setdefault(f"best_of_{n}", {})[(i, s)] = from_pool(int(c), rec["bon"][str(n)]["flops"])
             run = rec["methods"][FIXED]["1"] if first == 0 else next(
                 r for r in rec["replicates"] if r["offset"] == first)["methods"][FIXED]["1"]
@@ -114,12 +123,6 @@ def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firs
     return out
 
 
-def np_best_of_prefix(guide: np.ndarray) -> np.ndarray:
-    from rodeco.experiments.judged import best_of_prefix
-
-    return best_of_prefix(guide, SIZES)
-
-
 def complete_prompts(done: dict[int, dict], rep: list[int], firsts: list[int], labels: list[str]) -> list[int]:
     def has(i: int) -> bool:
         d = done.get(i)
@@ -128,8 +131,10 @@ def complete_prompts(done: dict[int, dict], rep: list[int], firsts: list[int], l
     return [i for i in rep if has(i)]
 
 
-def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -> dict[str, Any]:
-    """Judge every method's winners, analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
+def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], all_reported: bool = False
+           ) -> dict[str, Any]:
+    """Judge every method's winners on the prompts ``rep`` (the report half, or ``all_reported``: every prompt),
+    analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
     from rodeco.diagnostics import diagnose
     from rodeco.experiments.judged import (
         Curve,
@@ -149,7 +154,8 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
     labels = [m for m in a.methods if complete_prompts(done, rep, a.firsts, [m])]
     prompts = complete_prompts(done, rep, a.firsts, labels)
     pool = Pool(a.pool)
-    win = collect(records, done, prompts, a.firsts, labels, pool)
+    sizes = set_sizes(a.firsts, len(pool.prompt(prompts[0]).candidates))
+    win = collect(records, done, prompts, a.firsts, labels, pool, sizes)
     judges = judges_by_name(a.judges, "minilm_rm", (f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}",))
     cache = JudgeCache(a.run_dir / "judge_cache.json", judges)
     texts = {pool.prompt(i).text for i in prompts} and [
@@ -177,14 +183,15 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
 
     scorers = ["guide", *names]  # the guide analysed like a judge: its own curve on the same prompts and sets
     val = {"guide": lambda w: w["guide"], **{n: (lambda n: lambda w: w["judge"][n])(n) for n in names}}
-    curve = Curve(SIZES, np.stack([arr(f"best_of_{n}", val["guide"]) for n in SIZES], -1),
-                  {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in SIZES], -1) for sc in scorers},
-                  np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in SIZES], -1))
+    curve = Curve(sizes, np.stack([arr(f"best_of_{n}", val["guide"]) for n in sizes], -1),
+                  {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
+                  np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in sizes], -1))
     methods = {label: Winners(arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers},
                               arr(label, lambda w: w["flops"])) for label in [FIXED, *labels]}
-    refs = ["best_of_4", "best_of_64", FIXED]
+    top = f"best_of_{sizes[-1]}"
+    refs = ["best_of_4", top, FIXED]
     analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
-    diag_methods = ["best_of_1", "best_of_4", "best_of_16", "best_of_64", FIXED, *labels]
+    diag_methods = [*dict.fromkeys(["best_of_1", "best_of_4", "best_of_16", top]), FIXED, *labels]
     parts_of = {label: {p: arr(label, (lambda p: lambda w: w["guide_parts"][p])(p))
                         for p in ("embedding", "surface")} for label in diag_methods}
     diag = diagnostics_table({label: {**{f: arr(label, (lambda f: lambda w: w["diagnostics"][f])(f))
@@ -192,7 +199,7 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
                                       **{f"guide_{p}": x for p, x in parts_of[label].items()}}
                               for label in diag_methods}, a.bootstrap)
     split = {label: {f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], a.bootstrap)
-                     for ref in ("best_of_1", "best_of_64") if ref != label for p in ("embedding", "surface")}
+                     for ref in ("best_of_1", top) if ref != label for p in ("embedding", "surface")}
              for label in diag_methods if label != "best_of_1"}
     distinct = {(i, w["text"]): w for m in win.values() for (i, _), w in m.items() if w["text"]}
     plain = {(i, w["text"]): w for (i, _), w in win["best_of_1"].items() if w["text"]}
@@ -203,7 +210,8 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
                             col(lambda k, w: w["guide"]))
     corrs = {n: {"every_winner": corr(distinct, n), "best_of_1": corr(plain, n)} for n in names}
     cost = cache.costs()
-    out = {"prompts": prompts, "firsts": a.firsts, "methods": [FIXED, *labels], "refs": refs,
+    out = {"prompts": prompts, "all_reported": all_reported, "firsts": a.firsts, "sizes": sizes,
+           "methods": [FIXED, *labels], "refs": refs,
            "judges": {n: judges.specs()[n] for n in names}, "judge_cost": cost, "analysis": analyses,
            "diagnostics": diag, "guide_split": split, "correlations": corrs,
            "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()]
@@ -217,8 +225,10 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int]) -
 def print_judged(out: dict, P: int, S: int) -> None:
     from rodeco.experiments.judged import analysis_lines, ci_text
 
-    firsts = ", ".join(f"streams {f}..{f + max(SIZES) - 1}" for f in out["firsts"])
-    print(f"judge_prompts: {P} report-half prompts x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts "
+    top = out.get("sizes", SIZES)[-1]
+    firsts = ", ".join(f"streams {f}..{f + top - 1}" for f in out["firsts"])
+    which = "prompts (all reported)" if out.get("all_reported") else "report-half prompts"
+    print(f"judge_prompts: {P} {which} x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts "
           "and sets")
     for name, c in out["judge_cost"].items():
         print(f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "

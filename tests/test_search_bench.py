@@ -36,3 +36,11 @@ def test_particle_filter_temperature_is_chosen_on_the_selection_half_or_given(tm
     calls.clear()
     sb.run_searches(args(tmp_path / "given", pf_temperature=0.25), records, sel, rep)
     assert [(i, n["temperature"]) for i, n, _ in calls] == [(2, 0.25), (3, 0.25)]  # no grid, the report half only
+
+
+def test_best_of_n_sizes_follow_the_candidate_sets():
+    sizes = load_script("search_judged").set_sizes
+    assert sizes([0, 64], 128) == [1, 2, 4, 8, 16, 32, 64]
+    assert sizes([0], 16) == [1, 2, 4, 8, 16]  # one set of a 16-candidate pool
+    assert sizes([0], 100) == [1, 2, 4, 8, 16, 32, 64]
+    assert sizes([0, 8], 24) == [1, 2, 4, 8]  # the smaller set bounds both
