@@ -47,11 +47,11 @@ def judge_task(cfg: DictConfig, plugins: Plugins) -> RunOutput:
 def judges_by_name(names: list[str], guide: str = "minilm_rm", overrides: tuple[str, ...] = ()) -> Judges:
     """Judges by option name (``["chrf", "ref_sim"]``), built as a run with reward option ``guide`` builds them, so
     the guide itself is refused as a judge; ``overrides`` are further Hydra overrides (another judge entry)."""
-    import rodeco
+    from rodeco.compose import load_config
     from rodeco.plugins import default_plugins
 
     plugins = default_plugins()
-    cfg = rodeco.load_config([f"judge=[{','.join(names)}]", f"reward={guide}", *overrides])
+    cfg = load_config([f"judge=[{','.join(names)}]", f"reward={guide}", *overrides], plugins)
     choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
     return RoleBuilder(plugins, str(cfg.generator.model), BuildContext(plugins=plugins)).judges(choices)
 
