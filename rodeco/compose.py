@@ -24,7 +24,9 @@ from rodeco.validation import ConfigError
 
 CONFIG_MODULE = "rodeco.conf"
 # Keys that give the same thing two ways: the one typed replaces what a config group set for the other(s).
-ALTERNATIVES = {"data.path": ("data.prompts", "data.indices"), "data.prompts": ("data.path", "data.indices")}
+ALTERNATIVES = {"data.path": ("data.prompts", "data.indices", "data.hf"),
+                "data.prompts": ("data.path", "data.indices", "data.hf"),
+                "data.hf": ("data.path", "data.prompts", "data.indices")}
 
 
 def conf_dir() -> Path:

@@ -102,8 +102,15 @@ class BudgetConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = field(default=None, metadata={"help": "JSON or JSONL file of records with a prompt field"})
+    path: Optional[str] = field(default=None, metadata={"help": "JSON or JSONL file of records with a prompt field "
+                                                        "(relative: the working directory, else data.root)"})
     prompts: Optional[list[str]] = None
+    root: Optional[str] = field(default=None, metadata={"help": "the data folder named options read from (null: "
+                                                        "$RODECO_DATA, else ../shared/data when it exists)"})
+    hf: Optional[str] = field(default=None, metadata={"help": "a hub dataset (tatsu-lab/alpaca_eval) or a local "
+                                                      "folder of JSON/JSONL files, loaded by datasets"})
+    hf_subset: Optional[str] = field(default=None, metadata={"help": "data.hf's subset (its config name)"})
+    split: str = field(default="train", metadata={"help": "data.hf's split"})
     batch_prompts: int = field(default=4, metadata={"help": "prompts decoded together in one batch"})
     indices: Optional[list[int]] = field(default=None, metadata={"help": "positions in the source to keep, in order"})
     offset: int = 0

@@ -1,13 +1,63 @@
-"""Prompt sources: a JSON list or a JSONL file of records with a prompt field, or an inline list."""
+"""Prompt sources: a JSON list or a JSONL file of records with a prompt field, an inline list, or a dataset on the
+hub (or a local folder of JSON/JSONL files) loaded by ``datasets``.
+
+Named data options (``data=alpaca_eval``) give files relative to the **data root**, the folder that holds
+``prompts/`` and ``prefs/``: ``data.root``, else the environment variable ``RODECO_DATA``, else ``../shared/data``
+beside the working directory or this checkout, when it exists. A relative path is read from the working directory
+when it is there, else from the data root (``find_data_file``).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rodeco.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+DATA_ENV = "RODECO_DATA"
+SHARED = Path("..") / "shared" / "data"  # the default data root, beside the working directory or the checkout
+
+
+def data_root(root: str | None = None, key: str = "data.root") -> Path:
+    """The data root: ``root`` (config key ``key``), else ``$RODECO_DATA``, else ``../shared/data`` beside the
+    working directory or this checkout; a ``ConfigError`` naming ``key`` when there is none."""
+    for value, where in ((root, key), (os.environ.get(DATA_ENV), f"{DATA_ENV} (environment)")):
+        if value:
+            p = Path(value).expanduser()
+            if not p.is_dir():
+                raise ConfigError(where, value, "no such folder",
+                                  f"point {where} at the folder that holds prompts/ and prefs/")
+            return p.resolve()
+    tried = [Path.cwd() / SHARED, Path(__file__).resolve().parents[1] / SHARED]
+    for c in tried:
+        if c.is_dir():
+            return c.resolve()
+    raise ConfigError(key, None, f"no data folder: {key} and {DATA_ENV} are unset and there is no ../shared/data "
+                      f"(looked in {[str(c) for c in tried]})",
+                      f"set {key}=DIR or {DATA_ENV}=DIR (the folder that holds prompts/ and prefs/); or give a file "
+                      "of your own (data.path=FILE) or a hub dataset (data.hf=NAME)")
+
+
+def find_data_file(path: str | Path, key: str, root: str | None = None, root_key: str = "data.root") -> Path:
+    """``path`` as given when it exists (absolute, or relative to the working directory), else under the data root
+    (``data_root(root)``); a ``ConfigError`` naming ``key`` when it is in neither."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        if not p.exists():
+            raise ConfigError(key, str(path), "no such file", "give the path of an existing file")
+        return p
+    q = data_root(root, root_key) / p
+    if not q.exists():
+        raise ConfigError(key, str(path), f"no such file in the working directory ({Path.cwd()}) or the data "
+                          f"root ({q.parent})", "give an existing file's path, or point data.root (RODECO_DATA) at "
+                          "the folder that holds it")
+    return q
 
 
 @dataclass(frozen=True)
@@ -26,16 +76,21 @@ def _check_text(text: object, where: str, key: str) -> str:
 
 
 def load_prompts(path: str | None = None, prompts: list[str] | None = None, field: str = "prompt",
-                 offset: int = 0, limit: int | None = None, indices: list[int] | None = None) -> list[Prompt]:
-    """The prompts of a file or an inline list, each keyed by its position there; ``indices`` picks positions (in
-    that order) before ``offset`` and ``limit`` apply."""
-    if (path is None) == (prompts is None):
-        raise ConfigError("data.path", path, "give exactly one of data.path and data.prompts",
-                          "e.g. data.path=prompts.jsonl, or data.prompts='[\"Hello\"]' with data.path=null")
+                 offset: int = 0, limit: int | None = None, indices: list[int] | None = None,
+                 root: str | None = None, hf: HubSource | None = None) -> list[Prompt]:
+    """The prompts of a file (``path``: see ``find_data_file``), an inline list or a ``datasets`` source, each keyed
+    by its position there; ``indices`` picks positions (in that order) before ``offset`` and ``limit`` apply."""
+    given = [k for k, v in (("data.path", path), ("data.prompts", prompts), ("data.hf", hf)) if v is not None]
+    if len(given) != 1:
+        raise ConfigError("data.path", path, f"give exactly one of data.path, data.prompts and data.hf (given: "
+                          f"{given or 'none'})", "e.g. data.path=prompts.jsonl, data.prompts='[\"Hello\"]' or "
+                          "data.hf=tatsu-lab/alpaca_eval, the others null")
     if prompts is not None:
         texts = [_check_text(t, f"prompt {i}", "data.prompts") for i, t in enumerate(prompts)]
+    elif hf is not None:
+        texts = hf.texts(field)
     else:
-        texts = _read_file(Path(path), field)
+        texts = _read_file(find_data_file(path, "data.path", root), field)
     out = [Prompt(i, t) for i, t in enumerate(texts)]
     if indices is not None:
         bad = [i for i in indices if not 0 <= int(i) < len(out)]
@@ -49,8 +104,41 @@ def load_prompts(path: str | None = None, prompts: list[str] | None = None, fiel
 
 def prompts_of(data: Any) -> list[Prompt]:
     """The prompts a ``data`` config node describes (its shard ``data.shard`` of ``data.num_shards``, if set)."""
-    out = load_prompts(data.path, data.prompts, data.field, data.offset, data.limit, data.get("indices"))
+    out = load_prompts(data.path, data.prompts, data.field, data.offset, data.limit, data.get("indices"),
+                       data.get("root"), HubSource.of(data))
     return shard_of(out, data.get("num_shards", 1), data.get("shard", 0), data.get("batch_prompts", 1))
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """``data.hf``: a dataset on the hub (``tatsu-lab/alpaca_eval``) or a local folder of JSON/JSONL files, loaded
+    by ``datasets.load_dataset(name, subset, split=split)``."""
+
+    name: str
+    subset: str | None = None
+    split: str = "train"
+
+    @classmethod
+    def of(cls, data: Any) -> HubSource | None:
+        name = data.get("hf")
+        return None if name is None else cls(str(name), data.get("hf_subset"), str(data.get("split") or "train"))
+
+    def texts(self, field: str) -> list[str]:
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError("data.hf", self.name, "needs the datasets package",
+                              "pip install 'rodeco[data]' (or datasets), or give a file: data.path=FILE") from None
+        try:
+            ds = datasets.load_dataset(self.name, self.subset, split=self.split)
+        except ValueError as e:  # an unknown split or subset
+            raise ConfigError("data.split", self.split, f"{self.name}: {e}",
+                              "name one of its splits (data.split) or subsets (data.hf_subset)") from None
+        if field not in ds.column_names:
+            raise ConfigError("data.field", field, f"{self.name} has no column {field!r} (it has "
+                              f"{ds.column_names})", "set data.field to the column that holds the prompt text")
+        where = f"{self.name} ({self.split})"
+        return [_check_text(t, f"{where}, row {i}", "data.hf") for i, t in enumerate(ds[field])]
 
 
 def batches_of(prompts: list[Prompt], size: int) -> list[list[Prompt]]:

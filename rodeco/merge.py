@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.compose import prefer_typed
-from rodeco.data import load_prompts
+from rodeco.data import HubSource, load_prompts
 from rodeco.judging import summarize as summarize_judges
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.state import Compute, RunOutput
@@ -107,10 +107,11 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         raise ConfigError("merge.dir", str(root), f"its runs are task={s0.get('task')!r}, not decode runs",
                           "merge the sweep dir of a sharded decode")
     data = OmegaConf.create({k[5:]: v for k, v in s0.items() if k.startswith("data.")})
-    if data.path is not None and not Path(data.path).is_absolute():  # relative to where the shards ran
+    if data.get("path") is not None and (Path(launch_dir(dirs[0])) / data.path).exists():  # where the shards ran
         data.path = str(Path(launch_dir(dirs[0])) / data.path)
-    expected = [p.index for p in load_prompts(data.path, data.prompts, data.get("field", "prompt"),
-                                              data.get("offset", 0), data.get("limit"), data.get("indices"))]
+    expected = [p.index for p in load_prompts(data.get("path"), data.get("prompts"), data.get("field", "prompt"),
+                                              data.get("offset", 0), data.get("limit"), data.get("indices"),
+                                              data.get("root"), HubSource.of(data))]
     records: dict[int, dict[str, Any]] = {}
     total, shards, judged = Compute(), [], {}
     for d, setting in zip(dirs, settings):

@@ -22,7 +22,7 @@ def parse() -> argparse.Namespace:
     a("--prompts", type=int, default=805, help="AlpacaEval's 805 prompts")
     a("--n", type=int, default=120, help="Best-of-N's N")
     a("--prompt-tokens", type=float, default=None,
-      help="mean prompt tokens with the chat template (default: measured on ../shared/data with SmolLM2's tokenizer)")
+      help="mean prompt tokens with the chat template (default: measured on the data root's AlpacaEval prompts with SmolLM2's tokenizer)")
     a("--response-tokens", type=float, default=450.0, help="ASSUMED mean response tokens of an 8B instruct model")
     a("--max-new-tokens", type=int, default=2048, help="a batch decodes until its longest row ends")
     a("--params", type=float, default=8.0e9, help="generator parameters (Llama-3-8B)")
@@ -54,8 +54,7 @@ def mean_prompt_tokens() -> float:
 
     src, _ = locate("smollm2", None)
     tok = AutoTokenizer.from_pretrained(src, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    path = Path(__file__).resolve().parents[2] / "shared/data/prompts/alpaca_eval_805.jsonl"
-    prompts = load_prompts(str(path))
+    prompts = load_prompts("prompts/alpaca_eval_805.jsonl")  # under the data root (RODECO_DATA, ../shared/data)
     n = []
     for p in prompts:
         ids = tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True)

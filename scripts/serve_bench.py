@@ -116,7 +116,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- prompts and arrivals --------------------------------------------------------------------------------------------
 def load_prompts(a: argparse.Namespace) -> tuple[list[Any], list[str]]:
-    """The first ``--requests`` prompts of ``--data`` (a conf/data option; a relative path read from the root), and
+    """The first ``--requests`` prompts of ``--data`` (a conf/data option, its file under the data root), and
     the ``--warmup`` texts after them (none of the measured prompts: a server's prefix cache starts cold on those)."""
     prompts = _load(a, a.requests + a.warmup)
     k = min(a.requests, max(1, len(prompts) - a.warmup))
@@ -126,16 +126,10 @@ def load_prompts(a: argparse.Namespace) -> tuple[list[Any], list[str]]:
 
 def _load(a: argparse.Namespace, limit: int) -> list[Any]:
     import rodeco
-    from rodeco.data import load_prompts as load
+    from rodeco.data import prompts_of
 
-    d = rodeco.load_config([f"data={a.data}"]).data
-    if d.path is None:
-        return load(None, list(d.prompts), limit=limit)
-    path = Path(d.path) if Path(d.path).is_absolute() else ROOT / d.path
-    if not path.is_file():
-        sys.exit(f"no prompt file at {path} (data={a.data}): the shared data folder (../shared/data) is needed")
-    return load(str(path), None, d.field, d.offset, limit,
-                list(d.indices) if d.get("indices") is not None else None)
+    d = rodeco.load_config([f"data={a.data}", f"data.limit={limit}"]).data
+    return prompts_of(d)
 
 
 def arrivals(k: int, rate: float, seed: int) -> np.ndarray:

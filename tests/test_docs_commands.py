@@ -275,12 +275,15 @@ def check_command(command: str, plugins) -> None:
         assert choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),)), command
     elif cfg.task not in ("decode", "merge"):
         plugins.experiments.get(cfg.task)
+    if cfg.data.hf is not None:  # a hub dataset: not reachable here (tests/test_data_root.py loads a local one)
+        assert cfg.data.path is None and cfg.data.prompts is None, command  # it replaces the option's source
+        return
+    if cfg.data.root is not None and not Path(cfg.data.root).is_dir():
+        cfg.data.root = str(SHARED_DATA)  # a documented placeholder (/data/rodeco): read from this checkout's root
     if cfg.data.path is not None:
         assert cfg.data.prompts is None  # a path replaces the prompts a data option set
-        if "shared/data" not in cfg.data.path:
-            return  # the user's own file (prompts.jsonl): nothing to read here
-        if not SHARED_DATA.is_dir():
-            return  # ../shared/data is not beside this checkout
+        if not (SHARED_DATA / cfg.data.path).is_file():
+            return  # the user's own file (prompts.jsonl), or ../shared/data (the data root) is not beside the checkout
     cwd = os.getcwd()
     os.chdir(REPO)  # documented paths are relative to the repository root
     try:
@@ -297,7 +300,8 @@ def expected_prompts(data) -> list[tuple[int, str]]:
     if data.prompts is not None:
         source = list(data.prompts)
     else:
-        text = Path(data.path).read_text(encoding="utf-8")
+        path = Path(data.path) if Path(data.path).is_file() else SHARED_DATA / data.path  # else: the data root
+        text = path.read_text(encoding="utf-8")
         records = (json.loads(text) if text.lstrip().startswith("[")
                    else [json.loads(line) for line in text.splitlines() if line.strip()])
         source = [r if isinstance(r, str) else r[data.field] for r in records]

@@ -284,9 +284,7 @@ def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
 
     held: set[str] = set()
     for name in ("alpacafarm100", "specrej100", "demo"):
-        cfg = rodeco.load_config([f"data={name}", "data.limit=null"])
-        if cfg.data.path:
-            cfg.data.path = str(SHARED_DATA / cfg.data.path.split("data/", 1)[1])
+        cfg = rodeco.load_config([f"data={name}", "data.limit=null", f"data.root={SHARED_DATA}"])
         held |= {p.text.strip() for p in prompts_of(cfg.data)}
     hh = json.loads((SHARED_DATA / "prompts" / "specrej_hh_rlhf_100.json").read_text())
     held |= {r["prompt"].strip() for r in hh}

@@ -1,4 +1,4 @@
-"""Preference pairs (``instruction, chosen, rejected``) from ``../shared/data/prefs`` and the baselines reported
+"""Preference pairs (``instruction, chosen, rejected``) from the data root's ``prefs/`` and the baselines reported
 next to any reward model's accuracy: length only, and the subset of pairs of similar length."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 
 from rodeco import ConfigError
 
-DATA_DIR = "../shared/data"  # relative to the repository root (or the working directory)
 SPLITS = {"alpaca_train": "alpaca_eval_prefs_train", "alpaca_test": "alpaca_eval_prefs_test",
           "hh_harmless_test": "hh_rlhf_harmless_test"}
 
@@ -25,15 +24,16 @@ class Pair:
     group: str  # pairs with the same group share an instruction (kept together in cross-validation)
 
 
-def data_dir(path: str | Path = DATA_DIR, key: str = "experiment_args.data_dir") -> Path:
-    """``path`` as given, else relative to the repository root this package runs from."""
-    p = Path(path).expanduser()
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, Path(__file__).resolve().parents[2] / p]
-    for c in candidates:
-        if (c / "prefs").is_dir():
-            return c.resolve()
-    raise ConfigError(key, str(path), f"no prefs/ folder there (looked in {[str(c) for c in candidates]})",
-                      "run from the repository root next to ../shared/data, or give the data folder's path")
+def data_dir(path: str | Path | None = None, key: str = "experiment_args.data_dir") -> Path:
+    """The folder that holds ``prefs/``: ``path`` (config key ``key``), else the data root (``RODECO_DATA``, else
+    ``../shared/data``: ``rodeco.data.data_root``)."""
+    from rodeco.data import data_root
+
+    root = data_root(None if path is None else str(path), key)
+    if not (root / "prefs").is_dir():
+        raise ConfigError(key, str(root), "no prefs/ folder there",
+                          f"point {key} (or RODECO_DATA) at the folder that holds prefs/ and prompts/")
+    return root
 
 
 def split_file(split: str, root: Path) -> Path:

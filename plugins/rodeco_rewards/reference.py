@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,8 +38,9 @@ from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_po
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REFERENCES = "../shared/data/prompts/alpaca_eval_gpt4_1106_preview_outputs.json"
-DEFAULT_PROMPTS = "../shared/data/prompts/alpaca_eval_805.jsonl"
+# relative paths: the working directory, else the data root (rodeco.data.find_data_file)
+DEFAULT_REFERENCES = "prompts/alpaca_eval_gpt4_1106_preview_outputs.json"
+DEFAULT_PROMPTS = "prompts/alpaca_eval_805.jsonl"
 CHRF_ORDER = 6  # character n-grams of n = 1..6
 CHRF_BETA = 2.0  # recall weighs beta^2 = 4 times as much as precision
 SHOWN = 60  # characters of a prompt an error shows
@@ -106,11 +106,13 @@ class References:
 
 
 def _existing(path: str, key: str, what: str) -> Path:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(key, path, f"no such file (a relative path is read from the current directory, "
-                          f"{os.getcwd()})", f"set {key}=<path to {what}>")
-    return p
+    """``path`` (``what``): as given, or relative to the working directory, else to the data root."""
+    from rodeco.data import find_data_file
+
+    try:
+        return find_data_file(path, key)
+    except ConfigError as e:
+        raise ConfigError(e.key, e.value, e.problem, f"{e.fix}; or set {key}=<path to {what}>") from None
 
 
 def _read_prompts(path: str, key: str) -> list[str]:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.calibration import Calibration, standardize
 from rodeco.compose import option_file
-from rodeco.data import load_prompts, prompts_of
+from rodeco.data import HubSource, load_prompts, prompts_of
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
 from rodeco.experiments.record import pool_dir, pool_roles, record
 from rodeco.plugins import Plugins
@@ -44,7 +44,7 @@ def check_training_prompts(prompts, exclude: list[str], plugins: Plugins) -> Non
             raise ConfigError("experiment_args.exclude_data", name, "no such data option", "e.g. [alpacafarm100]")
         d = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
         held = load_prompts(d.get("path"), d.get("prompts"), d.get("field", "prompt"), d.get("offset", 0), None,
-                            d.get("indices"))
+                            d.get("indices"), d.get("root"), HubSource.of(d))
         clash = [texts[h.text.strip()] for h in held if h.text.strip() in texts]
         if clash:
             raise ConfigError("data", f"prompts {clash[:5]}", f"also in the evaluation set data={name} "

@@ -14,7 +14,7 @@ from rodeco import required
 
 @dataclass
 class RMTrainArgs:
-    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     out: Optional[str] = required("where to write the head; null: the committed head in rodeco_rewards/assets")
     exclude_files: list[str] = required("prompt files (relative to data_dir) whose instructions are held out")
     exclude_prompts: list[str] = required("more prompts held out, by text")
@@ -67,7 +67,7 @@ class PrefixTrainArgs:
                                         "of the Bradley-Terry-only fit's")
     max_iter: int = required("L-BFGS iterations per fit")
     pair_limit: Optional[int] = required("null: every training pair; n: the first n (quick runs, tests)")
-    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     exclude_files: list[str] = required("prompt files (relative to data_dir) whose instructions are held out")
     exclude_prompts: list[str] = required("more prompts held out, by text")
     bootstrap: int = required("bootstrap resamples of the verdict prompts, for the CIs")
@@ -77,14 +77,14 @@ class PrefixTrainArgs:
 
 @dataclass
 class RMEvalArgs:
-    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     cache: bool = required("route the embedded RM's encoder through its disk cache of embeddings")
     limit: Optional[int] = required("a fixed random sample of this many pairs per split; null: all")
 
 
 @dataclass
 class RMBenchArgs:
-    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     lengths: list[int] = required("partial lengths in generator tokens")
     batches: list[int] = required("requests per score call")
     repeats: int = required("timed calls per cell (the median is reported)")

@@ -56,7 +56,7 @@ LIMITATION = ("The judge is trained on the same AlpacaEval GPT-4-Turbo preferenc
 
 @dataclass
 class JudgeTrainArgs:
-    data_dir: str = required("the shared data folder (prefs/ inside), relative to the working dir")
+    data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
     train_pairs: int = required("training pairs: all pairs of seeded random instructions up to this many")
     augment_responses: int = required("training responses (one per instruction) whose corrupted copies make "
@@ -120,14 +120,13 @@ def option_prompts(name: str, plugins: Plugins, key: str = "experiment_args.excl
 
 
 def _resolve(path: str, root: Path) -> Path:
-    """A data option's ``path`` (written relative to the repository root) as a file."""
+    """A data option's ``path`` as a file: as given, or relative to the working directory, else to ``root``."""
     p = Path(path).expanduser()
-    for c in ([p] if p.is_absolute() else [Path.cwd() / p, Path(__file__).resolve().parents[3] / p,
-                                           root / p.name, root / "prompts" / p.name]):
+    for c in ([p] if p.is_absolute() else [Path.cwd() / p, root / p]):
         if c.is_file():
             return c
-    raise ConfigError("experiment_args.exclude_data", path, "a data option's prompt file is missing",
-                      "run from the repository root next to ../shared/data")
+    raise ConfigError("experiment_args.exclude_data", path, f"a data option's prompt file is missing (not under {root})",
+                      "point experiment_args.data_dir (or RODECO_DATA) at the folder that holds prompts/")
 
 
 def held_prompts(names: Sequence[str], plugins: Plugins, root: Path) -> Held:
