@@ -18,10 +18,10 @@ from rodeco.calibration import Calibration, best_probability, rejectable, standa
 from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
+from rodeco.params import take_params
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.ranking import best_first, keep_best, keep_top
-from rodeco.winner import WinnerRule
 from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
     Candidate,
@@ -35,8 +35,8 @@ from rodeco.state import (
     ScoreRequest,
     StartView,
 )
-from rodeco.params import take_params
 from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int
+from rodeco.winner import WinnerRule
 
 _LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
          "cache_dir": "rodeco.loading",

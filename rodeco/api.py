@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
 
+from rodeco.budget import Budget
 from rodeco.compose import check_plugin_params, load_config
 from rodeco.config import validate
 from rodeco.plugins import Plugins, default_plugins
-from rodeco.budget import Budget
 from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
-from rodeco.winner import WinnerRule
 from rodeco.validation import ConfigError, check_compile
+from rodeco.winner import WinnerRule
 
 if TYPE_CHECKING:
     from rodeco.protocols import Generator

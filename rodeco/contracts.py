@@ -45,7 +45,7 @@ class Scorer:
         try:
             out = self.reward.score(list(requests))
         except Exception as e:
-            raise plugin_failure(e, f"{self.role} {self.name!r}", "scoring", [r.prompt_index for r in requests])
+            raise plugin_failure(e, f"{self.role} {self.name!r}", "scoring", [r.prompt_index for r in requests])  # noqa: B904
         self.calls += 1
         try:
             scores = [float(x) for x in out]
@@ -62,7 +62,8 @@ class Scorer:
 
 def plugin_failure(e: Exception, plugin: str, doing: str, prompts: Sequence[int]) -> Exception:
     """What to raise when a plugin raised ``e``: rodeco's own errors and out-of-memory (which the run backs off
-    from) as they are; anything else as a ``PluginError`` naming the plugin and the prompts it was working on."""
+    from) as they are; anything else as a ``PluginError`` naming the plugin and the prompts it was working on. Raised
+    inside the ``except`` (without ``from``: ``e`` itself may be what is raised), so ``e`` stays the context."""
     if isinstance(e, (PluginError, ConfigError)) or is_oom(e):
         return e
     return PluginError(f"{plugin} raised {type(e).__name__}: {e} (while {doing} prompt(s) {sorted(set(prompts))})")
@@ -74,7 +75,7 @@ def select_checked(policy: Policy, name: str, view: RoundView) -> list[Counts]:
     try:
         answer = policy.select(view)
     except Exception as e:
-        raise plugin_failure(e, f"policy {name!r}", "deciding for", [p.prompt_index for p in view.prompts])
+        raise plugin_failure(e, f"policy {name!r}", "deciding for", [p.prompt_index for p in view.prompts])  # noqa: B904
     if len(answer) != len(view.prompts):
         raise PluginError(f"policy {name!r} returned {len(answer)} answers for {len(view.prompts)} prompts")
     out = []

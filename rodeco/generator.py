@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from rodeco.engines import Engine, engine_class
-from rodeco.engines.compiled import CompiledStep, compile_setting
 from rodeco.engines.base import ModelGenerator
+from rodeco.engines.compiled import CompiledStep, compile_setting
 from rodeco.session import Session
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import SessionSpec

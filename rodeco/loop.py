@@ -22,8 +22,19 @@ from rodeco.budget import Budget
 from rodeco.contracts import Scorer, select_checked
 from rodeco.protocols import Generator, Policy, Session
 from rodeco.sampling import copy_stream
-from rodeco.state import (Compute, Counts, PromptRef, PromptResult, PromptView, RoundView, Row, SamplingParams,
-                          ScoreRequest, SessionSpec, StartView)
+from rodeco.state import (
+    Compute,
+    Counts,
+    PromptRef,
+    PromptResult,
+    PromptView,
+    RoundView,
+    Row,
+    SamplingParams,
+    ScoreRequest,
+    SessionSpec,
+    StartView,
+)
 from rodeco.stops import StopStrings
 from rodeco.trace import Trace
 from rodeco.validation import ConfigError, PluginError

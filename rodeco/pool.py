@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.shape import ModelShape
 from rodeco.results import atomic_write
+from rodeco.shape import ModelShape
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError
 

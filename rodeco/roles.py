@@ -1,4 +1,4 @@
-"""The roles of a decode, chosen and built from their config nodes in one place: the ``reward`` that picks the
+r"""The roles of a decode, chosen and built from their config nodes in one place: the ``reward`` that picks the
 winner among finished candidates, the ``partial_reward`` that scores active rows at decision points (``same``: the
 reward itself; ``oracle``: a pool's final rewards), the ``policy`` that rejects, and the ``judge``\ s that score the
 winners after the decode, which none of the others sees.

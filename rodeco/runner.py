@@ -18,12 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget, winner_rule
 from rodeco.data import Prompt, batches_of, prompts_of
-from rodeco.protocols import Generator
-from rodeco.judging import Judges, check_specs, summarize as summarize_judges
+from rodeco.judging import Judges, check_specs
+from rodeco.judging import summarize as summarize_judges
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.roles import RoleBuilder, Roles, choose_roles
+from rodeco.protocols import Generator
 from rodeco.results import ResultsWriter, export_alpaca_eval
+from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, Counts, PromptResult, RoundView, RunOutput
 from rodeco.validation import ConfigError, Interrupted, PluginError

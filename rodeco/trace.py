@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rodeco.winner import WinnerRule
 from rodeco.state import Candidate, Compute, Counts, PromptRef, PromptResult, Round, RoundView, Row
+from rodeco.winner import WinnerRule
 
 
 class Trace:

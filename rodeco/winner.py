@@ -76,10 +76,10 @@ def extractor(name: str, pattern: str | None = None) -> Callable[[str], str | No
             raise ConfigError("winner.pattern", pattern, f"not a regular expression: {e}", "fix the pattern") from e
 
         def by_regex(text: str) -> str | None:  # the last match
-            m = None
-            for m in rx.finditer(text):
+            last = None
+            for last in rx.finditer(text):  # noqa: B007 - the loop keeps the last match
                 pass
-            return None if m is None else m.group(1 if rx.groups else 0)
+            return None if last is None else last.group(1 if rx.groups else 0)
 
         return by_regex
     if ":" in name:

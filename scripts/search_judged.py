@@ -14,7 +14,9 @@ import gzip
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,19 @@ class JudgeCache:
         return float("nan") if s is None else float(s)
 
 
+def pool_winner(pp: Any, final: np.ndarray, c: int, flops: float) -> dict:
+    """Pool candidate ``c`` of prompt ``pp`` as a winner, its guide reward from ``final``."""
+    cand = pp.candidates[c]
+    return {"source": f"pool:{c}", "text": cand.text, "token_ids": cand.token_ids,
+            "stop_reason": "length" if cand.stop is None else "eos", "parent": None, "forked_round": None,
+            "guide": float(final[c]), "flops": float(flops)}
+
+
+def getter(*path: str) -> Callable[[dict], Any]:
+    """``w -> w[path[0]][path[1]]...``: one field of a winner."""
+    return lambda w: reduce(lambda d, k: d[k], path, w)
+
+
 def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firsts: list[int], labels: list[str],
             pool: Any, sizes: list[int]) -> dict[str, dict[tuple[int, int], dict]]:
     """``{method: {(prompt index, set): winner}}``; a winner has its text, token ids, stop reason, lineage, guide
@@ -99,18 +114,12 @@ def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firs
         rec, pp = by[i], pool.prompt(i)
         final = np.asarray(rec["final"], dtype=np.float64)
         for s, first in enumerate(firsts):
-            def from_pool(c: int, flops: float, **extra: Any) -> dict:
-                cand = pp.candidates[c]
-                return {"source": f"pool:{c}", "text": cand.text, "token_ids": cand.token_ids,
-                        "stop_reason": "length" if cand.stop is None else "eos", "parent": None,
-                        "forked_round": None, "guide": float(final[c]), "flops": float(flops), **extra}
-
             ids = first + best_of_prefix(final[first:first + max(sizes)], sizes)
             for n, c in zip(sizes, ids):
-                out.setdefault(f"best_of_{n}", {})[(i, s)] = from_pool(int(c), rec["bon"][str(n)]["flops"])
+                out.setdefault(f"best_of_{n}", {})[(i, s)] = pool_winner(pp, final, int(c), rec["bon"][str(n)]["flops"])
             run = rec["methods"][FIXED]["1"] if first == 0 else next(
                 r for r in rec["replicates"] if r["offset"] == first)["methods"][FIXED]["1"]
-            out.setdefault(FIXED, {})[(i, s)] = from_pool(int(run["best_id"]), run["flops"])
+            out.setdefault(FIXED, {})[(i, s)] = pool_winner(pp, final, int(run["best_id"]), run["flops"])
             assert abs(out[FIXED][(i, s)]["guide"] - run["best"]) < 1e-4, (i, first)
             for label in labels:
                 slot = done[i]["methods"] if first == 0 else done[i]["sets"][str(first)]
@@ -164,7 +173,7 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], a
     guide = build_minilm_rm({}, BuildContext())
     names = [j.name for j in judges.judges if j.name != LOGPROB]
     P, S = len(prompts), len(a.firsts)
-    for label, m in win.items():
+    for m in win.values():
         reqs = [ScoreRequest(pool.prompt(i).text, w["text"], (), partial=False) for (i, _), w in m.items()]
         parts = guide.parts(reqs)
         for k, ((i, _), w) in enumerate(m.items()):
@@ -182,7 +191,7 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], a
         return x
 
     scorers = ["guide", *names]  # the guide analysed like a judge: its own curve on the same prompts and sets
-    val = {"guide": lambda w: w["guide"], **{n: (lambda n: lambda w: w["judge"][n])(n) for n in names}}
+    val = {"guide": getter("guide"), **{n: getter("judge", n) for n in names}}
     curve = Curve(sizes, np.stack([arr(f"best_of_{n}", val["guide"]) for n in sizes], -1),
                   {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
                   np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in sizes], -1))
@@ -192,9 +201,9 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], a
     refs = ["best_of_4", top, FIXED]
     analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
     diag_methods = [*dict.fromkeys(["best_of_1", "best_of_4", "best_of_16", top]), FIXED, *labels]
-    parts_of = {label: {p: arr(label, (lambda p: lambda w: w["guide_parts"][p])(p))
+    parts_of = {label: {p: arr(label, getter("guide_parts", p))
                         for p in ("embedding", "surface")} for label in diag_methods}
-    diag = diagnostics_table({label: {**{f: arr(label, (lambda f: lambda w: w["diagnostics"][f])(f))
+    diag = diagnostics_table({label: {**{f: arr(label, getter("diagnostics", f))
                                          for f in DIAG_FIELDS},
                                       **{f"guide_{p}": x for p, x in parts_of[label].items()}}
                               for label in diag_methods}, a.bootstrap)

@@ -56,11 +56,34 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_bench_figures import (Record, bootstrap_index, diff, figures, print_server_side, print_table, ratio,
-                                 server_side, write)
+from serve_bench_figures import (
+    Record,
+    bootstrap_index,
+    diff,
+    figures,
+    print_server_side,
+    print_table,
+    ratio,
+    server_side,
+    write,
+)
 from serve_bench_judged import JUDGES, judge_servers
-from serve_bench_servers import (ROOT, Scorer, Send, Server, free_port, launched, metrics_delta, model_dir,
-                                 rodeco_argv, rodeco_sender, scrape, shown, vllm_argv, vllm_sender)
+from serve_bench_servers import (
+    ROOT,
+    Scorer,
+    Send,
+    Server,
+    free_port,
+    launched,
+    metrics_delta,
+    model_dir,
+    rodeco_argv,
+    rodeco_sender,
+    scrape,
+    shown,
+    vllm_argv,
+    vllm_sender,
+)
 
 log = logging.getLogger("serve_bench")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from serve_bench_servers import RODECO_KEYS
 
 

@@ -58,8 +58,8 @@ def layer_flops(model: torch.nn.Module) -> tuple[float, float]:
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
     from rodeco.experiments.engine_bench import matmul_peak_gflops
-    from rodeco.hardware import cpu_facts
     from rodeco.generator import TorchGenerator
+    from rodeco.hardware import cpu_facts
     from rodeco.loading import load_model_and_tokenizer
     from rodeco.sampling import SamplingParams, sample, uniforms
 

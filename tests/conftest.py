@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from rodeco.protocols import Generator
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

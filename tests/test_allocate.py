@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rodeco_policies.allocate import AllocatePolicy
-from rodeco_policies.calibrated import CalibratedPolicy
 
+import rodeco
 from rodeco import Calibration, PromptView, RoundView
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
@@ -22,10 +21,10 @@ from rodeco.data import Prompt
 from rodeco.experiments.record import record
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.replay import PoolReward, open_pool, replay_batch
+from rodeco.replay import open_pool, replay_batch
 from rodeco.sampling import SamplingParams
-
-import rodeco
+from rodeco_policies.allocate import AllocatePolicy
+from rodeco_policies.calibrated import CalibratedPolicy
 
 
 def calibration(rho: float = 0.8, sd: float = 0.6) -> Calibration:

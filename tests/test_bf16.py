@@ -25,8 +25,8 @@ from helpers import compare_survivors, hf_greedy_logits, run_tiny
 from rodeco.budget import budget_from_device, full_length_tokens
 from rodeco.config import make_budget
 from rodeco.sampling import SamplingParams
-from rodeco.state import SessionSpec
 from rodeco.session import Session
+from rodeco.state import SessionSpec
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
 NEW = 12

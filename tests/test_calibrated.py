@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 import pytest
-from rodeco_policies.calibrated import CalibratedPolicy, simulate
-from rodeco_policies.calibrated_scale import References
 
 from rodeco import Calibration, PromptView, RoundView, best_probability, rejectable, standardize
+from rodeco_policies.calibrated import CalibratedPolicy, simulate
+from rodeco_policies.calibrated_scale import References
 
 
 def calibration(rho: float, sd: float, link: tuple[float, float] | None = (0.0, 1.0), lengths=(4, 64)) -> Calibration:

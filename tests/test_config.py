@@ -17,7 +17,7 @@ from conftest import REPO, SHARED_DATA
 from omegaconf import OmegaConf
 
 import rodeco
-from rodeco.budget import Budget, budget_from_device
+from rodeco.budget import budget_from_device
 from rodeco.compose import conf_dir
 from rodeco.config import make_budget, split_node, validate
 from rodeco.contracts import Scorer, select_checked

@@ -273,7 +273,6 @@ def test_a_calibrated_policy_without_a_calibration_for_a_partial_reward_is_left_
     """``allocate`` deciding by ``same`` runs on the calibration of the run's pair; deciding by the oracle, for which
     no calibration exists, it is left out and the run says why, instead of failing or running on the wrong model."""
     import rodeco_policies.calibrated as calibrated
-
     from rodeco import Calibration
 
     def committed_for(ids):  # a calibration of the run's own pair only: the oracle has none

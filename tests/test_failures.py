@@ -93,9 +93,8 @@ def test_oom_at_the_minimum_names_the_keys_to_change(tiny_gen, caplog):
 
 
 def test_a_failing_reward_loses_nothing_and_names_the_plugin_prompt_and_batch(tiny_gen, tmp_path):
-    from rodeco_rewards import value_function
-
     from rodeco.plugins import get_plugin_manager
+    from rodeco_rewards import value_function
 
     def boom(reqs):
         if any(r.prompt_index == 3 for r in reqs):

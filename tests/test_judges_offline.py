@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, SHARED_DATA, make_tiny_llama
+
+import rodeco
+from rodeco.plugins import BuildContext
+from rodeco.state import ScoreRequest
+from rodeco.validation import ConfigError
 from rodeco_rewards.gold import ArithGold, answer_of, build_arith_gold, is_correct
 from rodeco_rewards.reference import (
     ChrfReward,
@@ -22,11 +27,6 @@ from rodeco_rewards.reference import (
     cosine,
     normalize_text,
 )
-
-import rodeco
-from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 
 OUTPUTS = [
     {"dataset": "t", "instruction": "Name a primary colour.", "output": "Red is a primary colour.", "generator": "g"},

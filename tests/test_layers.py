@@ -9,7 +9,6 @@ from pathlib import Path
 from conftest import REPO
 from helpers import load_script
 
-
 layers = load_script("layers")
 
 

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from rodeco_rewards.experiments.head_fit import Examples, fit_anchored, fit_bt, fit_mse, fit_value_head, prepare
-from rodeco_rewards.learned_heads import ASSETS, Head, TextValue, bucket_names, bucket_of, text_value_anchor
 from test_rewards_preference_rm import WORDS
 from test_rm_default import tiny_encoder_dir  # noqa: F401 - the fixture: the tiny BERT encoder both tests score with
 
 from rodeco.state import ScoreRequest
+from rodeco_rewards.experiments.head_fit import Examples, fit_anchored, fit_bt, fit_mse, fit_value_head, prepare
+from rodeco_rewards.learned_heads import ASSETS, Head, TextValue, bucket_names, bucket_of, text_value_anchor
 
 ALPHAS, EDGES = [1e-3, 1e-1, 10.0], [8, 16, 32, 64]
 
@@ -51,13 +51,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 # --- text_value starts as `same` ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_minilm(tmp_path_factory, tiny_encoder_dir):
+def tiny_minilm(tmp_path_factory, tiny_encoder_dir):  # noqa: F811 - the imported fixture
     """minilm_rm on a tiny random BERT encoder, its linear head with a non-trivial standardization."""
+    from rodeco.plugins import BuildContext
     from rodeco_rewards.minilm.features import feature_dim
     from rodeco_rewards.minilm.head import BTHead, HeadShape, save_head
     from rodeco_rewards.minilm.reward import build_minilm_rm
-
-    from rodeco.plugins import BuildContext
 
     path = tmp_path_factory.mktemp("head")
     torch.manual_seed(0)

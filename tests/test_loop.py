@@ -9,7 +9,6 @@ from helpers import compare_survivors, hf_greedy, run_tiny
 
 from rodeco.sampling import SamplingParams
 from rodeco.state import SessionSpec
-from rodeco.session import Session
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
 GREEDY = ["sampling.temperature=0", "budget=unlimited"]

@@ -176,9 +176,8 @@ def test_a_calibration_of_another_generator_or_reward_is_refused(tmp_path):
 
 
 def test_the_committed_calibration_is_the_embedded_pairs():
-    from rodeco_policies.calibrated import DEFAULT
-
     from rodeco import Calibration
+    from rodeco_policies.calibrated import DEFAULT
 
     cal = Calibration.load(DEFAULT)
     assert cal.generator == "smollm2" and cal.reward.startswith("minilm_rm:") and cal.partial_reward == cal.reward

@@ -8,16 +8,16 @@ import math
 
 import numpy as np
 import pytest
-import rodeco_policies
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
-from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
 
+import rodeco_policies
 from rodeco.contracts import select_checked
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.state import Counts, PromptView, RoundView
 from rodeco.validation import ConfigError, PluginError
+from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
+from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
 
 BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated", "allocate")
 SEARCH = ("particle_filter", "beam", "dvts")  # answer with Counts: tests/test_search.py holds them to the contract

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rodeco_rewards.experiments.head_fit import group_ids
-from rodeco_rewards.experiments.prefix_train import Prefixes, choose_r, fit_prefix_head, pair_accuracy
 
 from rodeco.plugins import default_plugins
+from rodeco_rewards.experiments.head_fit import group_ids
+from rodeco_rewards.experiments.prefix_train import Prefixes, choose_r, fit_prefix_head, pair_accuracy
 
 
 def synthetic_prefixes(n_prompts: int, k: int, seed: int) -> Prefixes:
@@ -84,14 +84,14 @@ def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
     """The whole path: three disjoint splits of the pool's prompts, every (mc, td) fitted and the anchor a
     candidate, a verdict against `same`, a head file the embedded reward loads and scores with."""
     from omegaconf import open_dict
-    from rodeco_rewards.experiments import prefix_train
-    from rodeco_rewards.minilm.head import load_head
 
     import rodeco
     from rodeco.data import Prompt
     from rodeco.experiments.record import record
     from rodeco.plugins import BuildContext
     from rodeco.state import ScoreRequest
+    from rodeco_rewards.experiments import prefix_train
+    from rodeco_rewards.minilm.head import load_head
 
     prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
                                                    "explain why the sky is blue", "name two rivers",
@@ -134,11 +134,10 @@ def test_the_option_is_minilm_rm_with_the_prefix_head():
     assert option_node("reward", "minilm_prefix", plugins) == {"name": "minilm_rm", "head": "minilm_prefix_head"}
     assert option_node("reward", "logprob", plugins)["name"] == "logprob"
     assert option_node("reward", "length", plugins)["name"] == "length"
-    from rodeco_rewards.minilm.head import head_identity, load_head
-    from rodeco_rewards.minilm.reward import ASSET_STEM
-
     import rodeco
     from rodeco.plugins import BuildContext
+    from rodeco_rewards.minilm.head import head_identity, load_head
+    from rodeco_rewards.minilm.reward import ASSET_STEM
 
     cfg = rodeco.load_config(["partial_reward=minilm_prefix"])
     built = plugins.build_reward(cfg.partial_reward, BuildContext(device="cpu", plugins=plugins))

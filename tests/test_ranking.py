@@ -9,11 +9,11 @@ from unittest import mock
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rodeco_policies import allocate
-from rodeco_policies.allocate import AllocatePolicy
 
 import rodeco
 from rodeco import Calibration, PromptView, RoundView
+from rodeco_policies import allocate
+from rodeco_policies.allocate import AllocatePolicy
 
 
 def old_keep_top(pv: PromptView, n_reject: int) -> list[int]:  # rodeco/ranking.py before the merge

@@ -17,7 +17,6 @@ from helpers import TM, load_script, records
 
 from rodeco.experiments import analysis, efficiency, perplexity, render
 
-
 rt = load_script("results_tables")
 SCRIPT = [sys.executable, str(REPO / "scripts" / "results_tables.py")]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from rodeco_rewards import value_function
-from rodeco_rewards.composite import CompositeReward, build_composite
 
 from rodeco import hookimpl
 from rodeco.contracts import Scorer
 from rodeco.plugins import BuildContext, get_plugin_manager
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError, PluginError
+from rodeco_rewards import value_function
+from rodeco_rewards.composite import CompositeReward, build_composite
 
 
 def n_chars(prompt: str, response: str, partial: bool, scale: float = 1.0) -> float:

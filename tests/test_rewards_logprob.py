@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 from conftest import make_tiny_llama
-from rodeco_rewards import value_function
-from rodeco_rewards.lm_scorer import LMScorer
-from rodeco_rewards.logprob import LogProbReward, aggregate, build_logprob
 
 import rodeco
 from rodeco import hookimpl
 from rodeco.plugins import BuildContext, get_plugin_manager
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError
+from rodeco_rewards import value_function
+from rodeco_rewards.lm_scorer import LMScorer
+from rodeco_rewards.logprob import LogProbReward, aggregate, build_logprob
 
 LPS = (-1.0, -2.0, -0.5)
 

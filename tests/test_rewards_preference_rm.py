@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
-from rodeco_rewards.preference_rm import build_preference_rm
-from rodeco_rewards.rm_format import FALLBACK_TEMPLATE
 
 from rodeco.plugins import BuildContext
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError
+from rodeco_rewards.preference_rm import build_preference_rm
+from rodeco_rewards.rm_format import FALLBACK_TEMPLATE
 
 WORDS = ("the a sky is blue because light scatters haiku autumn leaves fall tips healthy sleep water walk "
          "explain why two sentences write give three hello world answer question").split()

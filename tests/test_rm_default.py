@@ -12,17 +12,17 @@ import torch
 from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_rewards_preference_rm import WORDS, _bert_tokenizer
+
+from rodeco.plugins import BuildContext
+from rodeco.state import ScoreRequest
+from rodeco.validation import ConfigError
 from rodeco_rewards.batching import token_batches
 from rodeco_rewards.minilm.encoder import SentenceEncoder
 from rodeco_rewards.minilm.features import STAT_NAMES, feature_dim, n_embedding, text_stats
 from rodeco_rewards.minilm.head import BTHead, HeadShape, load_head, save_head
 from rodeco_rewards.minilm.reward import ASSET_STEM, MiniLMReward, build_minilm_rm
 from rodeco_rewards.minilm.train import TrainConfig, accuracy, fit_bt
-from test_rewards_preference_rm import WORDS, _bert_tokenizer
-
-from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 
 needs_data = pytest.mark.skipif(not (SHARED_DATA / "prefs").is_dir(),
                                 reason=f"shared preference data not found at {SHARED_DATA} (../shared/data)")

@@ -7,14 +7,14 @@ import copy
 
 import numpy as np
 import pytest
-import rodeco_policies
 import torch
 from helpers import run_tiny
 from hypothesis import given, settings
-from test_policies import round_views  # imported here: applying @given inside a running test fails hypothesis' check
 from hypothesis import strategies as st
 from scipy import stats
+from test_policies import round_views  # imported here: applying @given inside a running test fails hypothesis' check
 
+import rodeco_policies
 from rodeco import BuildContext, Counts, PluginError
 from rodeco.contracts import select_checked
 from rodeco.sampling import COPY_BIT, SamplingParams, copy_stream, row_keys

@@ -20,10 +20,9 @@ import pytest
 from serve_helpers import SlowGen, client, metric, running, spawn, tiny_model_dir
 
 import rodeco
-from rodeco.generator import TorchGenerator
-from rodeco.loop import LoopSettings, decode_batch
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
+from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.sampling import SamplingParams
 from rodeco.state import PromptRef

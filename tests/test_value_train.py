@@ -38,12 +38,12 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     against `same`, three disjoint splits and a weight vector per length bucket; a rerun reads the cached features
     instead of computing them; the head then scores partial requests."""
     from omegaconf import open_dict
-    from rodeco_rewards.experiments import learned_heads_train
-    from rodeco_rewards.learned_heads import Head, ValueHead
 
     import rodeco
     from rodeco.data import Prompt
     from rodeco.experiments.record import record
+    from rodeco_rewards.experiments import learned_heads_train
+    from rodeco_rewards.learned_heads import Head, ValueHead
 
     prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
                                                    "explain why the sky is blue", "name two rivers",

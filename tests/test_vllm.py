@@ -18,17 +18,18 @@ from omegaconf import open_dict
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-import rodeco  # noqa: E402
 from helpers import compare_survivors  # noqa: E402
+
+import rodeco  # noqa: E402
+from rodeco.contracts import Scorer  # noqa: E402
 from rodeco.data import Prompt  # noqa: E402
+from rodeco.engines.vllm import request_seed  # noqa: E402
 from rodeco.experiments.record import pool_reward, record  # noqa: E402
 from rodeco.loading import load_generator  # noqa: E402
 from rodeco.plugins import BuildContext, default_plugins  # noqa: E402
-from rodeco.contracts import Scorer
 from rodeco.replay import open_pool, replay_prompt  # noqa: E402
 from rodeco.runner import loop_settings, run_decode  # noqa: E402
 from rodeco.validation import ConfigError  # noqa: E402
-from rodeco.engines.vllm import request_seed  # noqa: E402
 
 PROMPTS = ["Write a haiku about the sea.", "Name three colors and what they mean to painters."]
 NEW = 40

@@ -12,8 +12,14 @@ from rodeco_policies.allocate import AllocateParams, build_allocate
 from rodeco_policies.basic import FixedParams, NoneParams, build_fixed, build_none
 from rodeco_policies.calibrated import CalibratedParams, build_calibrated
 from rodeco_policies.correlation import CorrelationParams, build_correlation
-from rodeco_policies.search import (BeamParams, DVTSParams, ParticleFilterParams, build_beam, build_dvts,
-                                    build_particle_filter)
+from rodeco_policies.search import (
+    BeamParams,
+    DVTSParams,
+    ParticleFilterParams,
+    build_beam,
+    build_dvts,
+    build_particle_filter,
+)
 
 CONF_DIR = Path(__file__).parent / "conf"
 

@@ -127,7 +127,7 @@ def starts(max_rows: int, full: int) -> list[int]:
     return out + [max_rows]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _expected_max_table() -> tuple[np.ndarray, np.ndarray]:
     """E[max of N standard normals] for N on a log grid (numerical integration)."""
     from scipy.special import ndtr

@@ -24,8 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from rodeco import (BuildContext, ConfigError, Counts, PromptView, RoundView, best_first, check_number,
-                    check_positive_int, take_params)
+from rodeco import (
+    BuildContext,
+    ConfigError,
+    Counts,
+    PromptView,
+    RoundView,
+    best_first,
+    check_number,
+    check_positive_int,
+    take_params,
+)
 
 RESAMPLING = ("multinomial", "systematic")
 EVERY_HELP = "a decision point every this many tokens (besides those the budget forces)"

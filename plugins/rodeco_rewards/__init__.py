@@ -19,16 +19,12 @@ CONF_DIR = Path(__file__).parent / "conf"
 
 @hookimpl
 def rodeco_register_rewards(register: Callable[..., None]) -> None:
-    from rodeco_rewards.composite import build_composite
-    from rodeco_rewards.logprob import build_logprob
-    from rodeco_rewards.minilm.reward import build_minilm_rm
-    from rodeco_rewards.preference_rm import build_preference_rm
-    from rodeco_rewards.composite import CompositeParams
-    from rodeco_rewards.logprob import LogProbParams
-    from rodeco_rewards.minilm.reward import MiniLMParams
-    from rodeco_rewards.preference_rm import PreferenceRMParams
-    from rodeco_rewards.learned_heads import HeadParams
     from rodeco_rewards.callable_reward import CustomParams, LengthParams
+    from rodeco_rewards.composite import CompositeParams, build_composite
+    from rodeco_rewards.learned_heads import HeadParams
+    from rodeco_rewards.logprob import LogProbParams, build_logprob
+    from rodeco_rewards.minilm.reward import MiniLMParams, build_minilm_rm
+    from rodeco_rewards.preference_rm import PreferenceRMParams, build_preference_rm
 
     register("logprob", build_logprob, "log-probability of the response (mean, sum or -perplexity), generator's own",
              params=LogProbParams)

@@ -26,9 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rodeco import required
-
-from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, ScoreRequest, take_params
+from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, ScoreRequest, required, take_params
 
 
 class FunctionReward:

@@ -203,7 +203,7 @@ def build_llm_judge(params: dict[str, Any], ctx: BuildContext, post: Post | None
         template.format(instruction="", a="", b="")
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"{NODE}.template", template[:60], f"is not a format string of {{instruction}}, {{a}} and "
-                          f"{{b}} ({type(e).__name__}: {e})", "use those three fields; write other braces as {{ }}")
+                          f"{{b}} ({type(e).__name__}: {e})", "use those three fields; write other braces as {{ }}") from None
     if not all(f"{{{k}}}" in template for k in ("instruction", "a", "b")):
         raise ConfigError(f"{NODE}.template", template[:60], "must show the judge {instruction}, {a} and {b}",
                           "put all three fields in it")

@@ -206,7 +206,7 @@ class Measurer:
     def measure(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
         a, M = self.a, self.pool.candidates
         p = self.pool.prompt(index)
-        L0, new = len(p.prompt_ids), self.base.max_new_tokens
+        L0 = len(p.prompt_ids)
         final = self.finals(index)
         rec: dict[str, Any] = {"prompt_index": index, "settings": settings, "L0": L0,
                                "prefill_s": p.prefill_seconds, "budget": {}, "bon": {}, "methods": {}}

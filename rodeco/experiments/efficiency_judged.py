@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,11 @@ def judges_of(judge: Any, plugins: Plugins, builder: RoleBuilder, guide: Choice 
             raise ConfigError(e.key, e.value, f"{e.problem} (this experiment's prompts)",
                               f"{e.fix}; or judge=none, or judge=[...] without {j.name}") from None
     return judges
+
+
+def _scored(scores: dict[tuple[int, int], float], i: int, c: int, label: str) -> float:
+    """A judge's score of prompt ``i``'s candidate ``c`` (whatever method chose it)."""
+    return scores[(i, c)]
 
 
 def _runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,7 +116,7 @@ def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, An
         return out
 
     guide = lambda i, c, label: float(records[i]["final"][c])  # noqa: E731
-    by_judge = {name: (lambda s: lambda i, c, label: s[(i, c)])(s) for name, s in scores.items()}
+    by_judge = {name: partial(_scored, s) for name, s in scores.items()}
     scorers = {"guide": guide, **by_judge}
     bon_flops = np.array([[records[i]["bon"][str(s)]["flops"] for s in sizes] for i in report])
     curve = Curve(sizes, np.stack([grid(f"best_of_{s}", guide) for s in sizes], -1),

@@ -23,15 +23,15 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from rodeco.budget import Budget
+from rodeco.contracts import Scorer
 from rodeco.engines import ENGINES
 from rodeco.experiments.bootstrap import ci
-from rodeco.contracts import Scorer
 from rodeco.generator import TorchGenerator
 from rodeco.hardware import cpu_facts
-from rodeco.protocols import Generator
 from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
+from rodeco.protocols import Generator
 from rodeco.results import ResultsWriter
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, RunOutput

@@ -9,13 +9,13 @@ import logging
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rodeco.config import candidate_settings
 from rodeco.data import Prompt, prompts_of
-from rodeco.protocols import Generator
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
+from rodeco.protocols import Generator
 from rodeco.replay import PoolReward, ReplayGenerator, measure_step_costs, pool_settings, record_prompt
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings

@@ -10,7 +10,6 @@ from typing import Any
 from rodeco.experiments import bootstrap
 from rodeco.experiments.analysis import REF, is_oracle
 
-
 MARK = {"lower": "≥", "upper": "≤", bootstrap.UNKNOWN: "?", None: ""}
 
 

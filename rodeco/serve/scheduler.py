@@ -24,7 +24,7 @@ from rodeco.protocols import Policy, Session
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Compute, Counts, PromptResult, RoundView
+from rodeco.state import Counts, PromptResult, RoundView
 
 log = logging.getLogger(__name__)
 

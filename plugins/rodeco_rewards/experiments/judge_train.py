@@ -195,7 +195,7 @@ class FeatureCache:
 
     @staticmethod
     def key(prompt: str, response: str) -> str:
-        return hashlib.sha256(f"{prompt}\x00{response}".encode("utf-8")).hexdigest()[:32]
+        return hashlib.sha256(f"{prompt}\x00{response}".encode()).hexdigest()[:32]
 
     def get(self, prompts: Sequence[str], responses: Sequence[str], chunk: int = 48) -> np.ndarray:
         """``[n, len(POOLINGS), dim]`` for the pairs, extracting the missing ones (longest first, saved per chunk)."""

@@ -98,7 +98,11 @@ def load_pair_set(a: dict[str, Any], encoder, anchor, seed: int) -> PairSet:
     rng = np.random.default_rng(seed)
     held_groups = set(rng.permutation(groups)[: max(1, round(len(groups) * a["pair_holdout"]))].tolist())
     held = np.array([p.group in held_groups for p in pairs])
-    z = (lambda x: (x - anchor.mu.double().numpy()) / anchor.sigma.double().numpy())
+    mu, sigma = anchor.mu.double().numpy(), anchor.sigma.double().numpy()
+
+    def z(x: np.ndarray) -> np.ndarray:
+        return (x - mu) / sigma
+
     zc, zr = z(xc.astype(np.float64)), z(xr.astype(np.float64))
     return PairSet((zc[~held], zr[~held]), (zc[held], zr[held]),
                    {"pairs": len(pairs), "held_out_pairs": int(held.sum()), "instructions": len(groups),
