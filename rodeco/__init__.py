@@ -38,25 +38,63 @@ from rodeco.state import (
 from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int
 from rodeco.winner import WinnerRule
 
-_LAZY = {"load_model_and_tokenizer": "rodeco.loading", "resolve_dtype": "rodeco.loading",
-         "cache_dir": "rodeco.loading",
-         # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
-         "open_pool": "rodeco.replay", "PoolReward": "rodeco.replay", "pool_served": "rodeco.roles",
-         "check_training_prompts": "rodeco.experiments.calibrate", "prompts_of": "rodeco.data"}
+_LAZY = {
+    "load_model_and_tokenizer": "rodeco.loading",
+    "resolve_dtype": "rodeco.loading",
+    "cache_dir": "rodeco.loading",
+    # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
+    "open_pool": "rodeco.replay",
+    "PoolReward": "rodeco.replay",
+    "pool_served": "rodeco.roles",
+    "check_training_prompts": "rodeco.experiments.calibrate",
+    "prompts_of": "rodeco.data",
+}
 
 __all__ = [
     # running
-    "decode", "Decoder", "load_config", "run", "RunOutput",
+    "decode",
+    "Decoder",
+    "load_config",
+    "run",
+    "RunOutput",
     # writing plugins: hooks, contracts, what they see and return
-    "hookimpl", "BuildContext", "Plugins", "get_plugin_manager", "Policy", "Reward", "RewardCost", "Scorer",
-    "ScoreRequest", "PromptView", "RoundView", "StartView", "Counts", "keep_top", "keep_best", "best_first", "Candidate", "Compute", "PromptResult", "Round",
+    "hookimpl",
+    "BuildContext",
+    "Plugins",
+    "get_plugin_manager",
+    "Policy",
+    "Reward",
+    "RewardCost",
+    "Scorer",
+    "ScoreRequest",
+    "PromptView",
+    "RoundView",
+    "StartView",
+    "Counts",
+    "keep_top",
+    "keep_best",
+    "best_first",
+    "Candidate",
+    "Compute",
+    "PromptResult",
+    "Round",
     "WinnerRule",
     # decision-time calibration (rodeco experiment=calibrate; policy=calibrated)
-    "Calibration", "best_probability", "rejectable", "standardize",
+    "Calibration",
+    "best_probability",
+    "rejectable",
+    "standardize",
     # checking parameters
-    "ConfigError", "PluginError", "take_params", "check_number", "check_positive_int",
+    "ConfigError",
+    "PluginError",
+    "take_params",
+    "check_number",
+    "check_positive_int",
     # building blocks for rewards and experiments
-    "ResultsWriter", "atomic_write", "required", *_LAZY,
+    "ResultsWriter",
+    "atomic_write",
+    "required",
+    *_LAZY,
 ]
 __version__ = "0.1.0"
 

@@ -74,24 +74,41 @@ class Accounting:
         req = sum(self.requests.values())
         share = {r: self.requests[r][p] / max(1, self.requests[r].sum()) for r in ROLES}
         share["all"] = req[p] / max(1, req.sum())
-        times = {k: v * (share["reward"] if k == "score" else share["partial_reward"] if k == "partial_score"
-                         else tok_share if k == "decode" else 1 / self.n_prompts) for k, v in self.times.items()}
+        times = {
+            k: v
+            * (
+                share["reward"]
+                if k == "score"
+                else share["partial_reward"]
+                if k == "partial_score"
+                else tok_share
+                if k == "decode"
+                else 1 / self.n_prompts
+            )
+            for k, v in self.times.items()
+        }
         return self._build(st, [p], share, times)
 
     def batch(self, st: SessionStats) -> Compute:
         """The whole batch's compute (exact totals, not shares)."""
         return self._build(st, list(range(self.n_prompts)), {"all": 1.0, "partial_reward": 1.0}, dict(self.times))
 
-    def _build(self, st: SessionStats, prompts: list[int], share: dict[str, float],
-               times: dict[str, float]) -> Compute:
+    def _build(self, st: SessionStats, prompts: list[int], share: dict[str, float], times: dict[str, float]) -> Compute:
         total, part = sum(self.cost.values()), self.cost["partial_reward"]
         prefill_flops = sum(st.prefill_tokens[p] * self.gen.flops_per_token(st.prefill_tokens[p] // 2) for p in prompts)
         return Compute(
             gen_prefill_tokens=int(st.prefill_tokens[prompts].sum()),
             gen_decode_tokens=int(st.decode_tokens[prompts].sum()),
             gen_flops=float(prefill_flops + st.decode_flops[prompts].sum()),
-            reward_tokens=int(total[0] * share["all"]), reward_flops=float(total[1] * share["all"]),
-            reward_calls=int(total[2]), partial_reward_tokens=int(part[0] * share["partial_reward"]),
-            partial_reward_flops=float(part[1] * share["partial_reward"]), partial_reward_calls=int(part[2]),
-            peak_kv_bytes=st.peak_kv_bytes, peak_kv_tokens=st.peak_kv_tokens, decode_steps=st.steps,
-            preemptions=st.preemptions, time_s=times)
+            reward_tokens=int(total[0] * share["all"]),
+            reward_flops=float(total[1] * share["all"]),
+            reward_calls=int(total[2]),
+            partial_reward_tokens=int(part[0] * share["partial_reward"]),
+            partial_reward_flops=float(part[1] * share["partial_reward"]),
+            partial_reward_calls=int(part[2]),
+            peak_kv_bytes=st.peak_kv_bytes,
+            peak_kv_tokens=st.peak_kv_tokens,
+            decode_steps=st.steps,
+            preemptions=st.preemptions,
+            time_s=times,
+        )

@@ -37,8 +37,12 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
     if cfg.task == "serve":
         from rodeco.validation import ConfigError
 
-        raise ConfigError("task", "serve", "the server runs from the command line or rodeco.serve",
-                          "run `rodeco task=serve ...`, or rodeco.serve.serve(cfg) in Python")
+        raise ConfigError(
+            "task",
+            "serve",
+            "the server runs from the command line or rodeco.serve",
+            "run `rodeco task=serve ...`, or rodeco.serve.serve(cfg) in Python",
+        )
     if cfg.task == "merge":
         from rodeco.merge import merge
 
@@ -51,9 +55,16 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
     return entry.factory(cfg, plugins, Path(out_dir) if out_dir is not None else None)
 
 
-def _compose(plugins: Plugins, overrides: list[str] | None, n: int | str | None, reward: str | None,
-             policy: str | None, generator: str | Generator | None, prompts: list[str] | str | None,
-             kw: dict[str, Any]) -> DictConfig:
+def _compose(
+    plugins: Plugins,
+    overrides: list[str] | None,
+    n: int | str | None,
+    reward: str | None,
+    policy: str | None,
+    generator: str | Generator | None,
+    prompts: list[str] | str | None,
+    kw: dict[str, Any],
+) -> DictConfig:
     """The config of a Python call: ``rodeco.decode``'s arguments as overrides, the prompts inline."""
     ov = list(overrides or [])
     ov += [f"reward={reward}"] if reward else []
@@ -81,17 +92,28 @@ class Decoder:
     rule) but not the generator or the reward, which would need a new ``Decoder`` (a ``ConfigError`` says so).
     Policies are built per call (they are cheap and may carry per-run state)."""
 
-    def __init__(self, *, reward: str | None = None, generator: str | Generator | None = None,
-                 overrides: list[str] | None = None, plugins: Plugins | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        reward: str | None = None,
+        generator: str | Generator | None = None,
+        overrides: list[str] | None = None,
+        plugins: Plugins | None = None,
+        **kw: Any,
+    ) -> None:
         self.plugins = plugins or default_plugins()
-        self.overrides = [*(overrides or []), *([f"reward={reward}"] if reward else []),
-                          *([f"generator={generator}"] if isinstance(generator, str) else [])]
+        self.overrides = [
+            *(overrides or []),
+            *([f"reward={reward}"] if reward else []),
+            *([f"generator={generator}"] if isinstance(generator, str) else []),
+        ]
         self.kw = kw
         self._build(_compose(self.plugins, self.overrides, None, None, None, None, None, kw), generator)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, plugins: Plugins | None = None,
-                    generator: Generator | None = None) -> Decoder:
+    def from_config(
+        cls, cfg: DictConfig, plugins: Plugins | None = None, generator: Generator | None = None
+    ) -> Decoder:
         """A decoder for a composed config (the CLI's, ``rodeco task=serve``); ``generator``: an already loaded one."""
         self = cls.__new__(cls)
         self.plugins, self.overrides, self.kw = plugins or default_plugins(), None, {}
@@ -107,14 +129,25 @@ class Decoder:
         self.cfg = cfg
         check_plugin_params(self.cfg, self.plugins)
         self.choices = choose_roles(self.cfg, self.plugins)
-        self.gen = generator if generator is not None and not isinstance(generator, str) else load_generator(
-            self.cfg.generator)
+        self.gen = (
+            generator
+            if generator is not None and not isinstance(generator, str)
+            else load_generator(self.cfg.generator)
+        )
         ctx = BuildContext(generator=self.gen, device=str(self.gen.device), plugins=self.plugins)
         self.builder = RoleBuilder(self.plugins, self.gen.name, ctx)
         self.builder.roles(self.choices)  # the reward and partial reward, built now and reused by every call
 
-    def decode(self, prompts: list[str] | str, *, n: int | str | None = None, policy: str | None = None,
-               overrides: list[str] | None = None, out_dir: str | Path | None = None, **kw: Any) -> RunOutput:
+    def decode(
+        self,
+        prompts: list[str] | str,
+        *,
+        n: int | str | None = None,
+        policy: str | None = None,
+        overrides: list[str] | None = None,
+        out_dir: str | Path | None = None,
+        **kw: Any,
+    ) -> RunOutput:
         """Decode ``prompts`` as ``rodeco.decode`` would with the decoder's settings plus this call's."""
         from rodeco.data import prompts_of
         from rodeco.roles import choose_roles
@@ -122,27 +155,46 @@ class Decoder:
         from rodeco.validation import ConfigError
 
         if self.overrides is None:
-            raise ConfigError("Decoder.decode", "(a decoder made by from_config)", "its config was composed "
-                              "elsewhere, so a call's overrides cannot be composed onto it",
-                              "call batch() with this call's settings, or build rodeco.Decoder(overrides=[...])")
-        cfg = _compose(self.plugins, [*self.overrides, *(overrides or [])], n, None, policy, None, prompts,
-                       {**self.kw, **kw})
+            raise ConfigError(
+                "Decoder.decode",
+                "(a decoder made by from_config)",
+                "its config was composed elsewhere, so a call's overrides cannot be composed onto it",
+                "call batch() with this call's settings, or build rodeco.Decoder(overrides=[...])",
+            )
+        cfg = _compose(
+            self.plugins, [*self.overrides, *(overrides or [])], n, None, policy, None, prompts, {**self.kw, **kw}
+        )
         check_plugin_params(cfg, self.plugins)
         for key in ("generator", "reward", "partial_reward"):
             if cfg[key] != self.cfg[key]:
-                raise ConfigError(key, str(dict(cfg[key])), "a Decoder's generator and rewards are fixed when it is "
-                                  "built", f"build another rodeco.Decoder with this {key}")
+                raise ConfigError(
+                    key,
+                    str(dict(cfg[key])),
+                    "a Decoder's generator and rewards are fixed when it is built",
+                    f"build another rodeco.Decoder with this {key}",
+                )
         roles = self.builder.roles(choose_roles(cfg, self.plugins))
-        return DecodeRun(cfg, self.plugins, self.gen, roles, prompts_of(cfg.data),
-                         out_dir if out_dir is not None else cfg.output.dir).run()
+        return DecodeRun(
+            cfg, self.plugins, self.gen, roles, prompts_of(cfg.data), out_dir if out_dir is not None else cfg.output.dir
+        ).run()
 
-    def batch(self, prompts: Sequence[PromptRef], *, n: int, policy: dict[str, Any] | None = None,
-              sampling: SamplingParams | None = None, max_new_tokens: int | None = None, kv_tokens: int | None = None,
-              stop: Sequence[str] = (), check_tokens: int | None = None, all_candidates: bool = True,
-              on_done: Callable[[PromptResult], None] | None = None,
-              on_round: Callable[[RoundView, list[Counts]], None] | None = None,
-              cancelled: Callable[[Session], Collection[int]] | None = None,
-              wrap_policy: Callable[[Policy], Policy] | None = None) -> tuple[list[PromptResult], Compute]:
+    def batch(
+        self,
+        prompts: Sequence[PromptRef],
+        *,
+        n: int,
+        policy: dict[str, Any] | None = None,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int | None = None,
+        kv_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        check_tokens: int | None = None,
+        all_candidates: bool = True,
+        on_done: Callable[[PromptResult], None] | None = None,
+        on_round: Callable[[RoundView, list[Counts]], None] | None = None,
+        cancelled: Callable[[Session], Collection[int]] | None = None,
+        wrap_policy: Callable[[Policy], Policy] | None = None,
+    ) -> tuple[list[PromptResult], Compute]:
         """Decode ``prompts`` (``PromptRef``s: each its own index, stream key and seed) as one batch with this call's
         settings, composing no config: what a server does for each batch of requests. ``policy`` is a policy node
         (``{"name": "fixed", "alpha": 0.5}``; None: the decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the
@@ -155,12 +207,28 @@ class Decoder:
         choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
         roles = self.builder.roles(choices)
         s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
-        s = replace(s, n=n, all_candidates=all_candidates, stop=tuple(stop), check_tokens=check_tokens,
-                    sampling=sampling or s.sampling, max_new_tokens=max_new_tokens or s.max_new_tokens,
-                    budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round))
+        s = replace(
+            s,
+            n=n,
+            all_candidates=all_candidates,
+            stop=tuple(stop),
+            check_tokens=check_tokens,
+            sampling=sampling or s.sampling,
+            max_new_tokens=max_new_tokens or s.max_new_tokens,
+            budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
+        )
         policy_obj = wrap_policy(roles.policy) if wrap_policy is not None else roles.policy
-        return decode_batch(self.gen, roles.reward, policy_obj, prompts, s, on_round=on_round, on_done=on_done,
-                            partial=roles.partial, cancelled=cancelled)
+        return decode_batch(
+            self.gen,
+            roles.reward,
+            policy_obj,
+            prompts,
+            s,
+            on_round=on_round,
+            on_done=on_done,
+            partial=roles.partial,
+            cancelled=cancelled,
+        )
 
     def budget(self) -> Budget:
         """The decoder's budget (its config's ``budget`` on its generator)."""
@@ -169,9 +237,18 @@ class Decoder:
         return make_budget(self.cfg, self.gen)
 
 
-def decode(prompts: list[str] | str, *, n: int | str | None = None, reward: str | None = None,
-           policy: str | None = None, generator: str | Generator | None = None, overrides: list[str] | None = None,
-           out_dir: str | Path | None = None, plugins: Plugins | None = None, **kw: Any) -> RunOutput:
+def decode(
+    prompts: list[str] | str,
+    *,
+    n: int | str | None = None,
+    reward: str | None = None,
+    policy: str | None = None,
+    generator: str | Generator | None = None,
+    overrides: list[str] | None = None,
+    out_dir: str | Path | None = None,
+    plugins: Plugins | None = None,
+    **kw: Any,
+) -> RunOutput:
     """Decode ``prompts`` and return a ``RunOutput`` (``.results``: one ``PromptResult`` per prompt).
 
     ``reward``/``policy`` pick config group options (``"logprob"``, ``"fixed"``, ...); ``generator`` is either a

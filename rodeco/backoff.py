@@ -49,19 +49,26 @@ class Backoff:
         if self.batch_prompts > 1:
             self.batch_prompts = max(1, min(self.batch_prompts, n_prompts) // 2)
             change = f"data.batch_prompts -> {self.batch_prompts}"
-        elif self.budget_key is not None and self.budget_scale > 0.5 ** MAX_BUDGET_HALVINGS:
+        elif self.budget_key is not None and self.budget_scale > 0.5**MAX_BUDGET_HALVINGS:
             self.budget_scale /= 2
             change = f"{self.budget_key} x {self.budget_scale:g}"
         elif self.budget_key is None:
-            raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with no budget "
-                              f"(budget=unlimited: every row decodes to the end) ({error})",
-                              "give the run a budget: budget=cuda (free CUDA memory, less each row's working "
-                              "memory) or budget=cpu budget.kv_tokens=N; or lower n or sampling.max_new_tokens"
-                              ) from error
+            raise ConfigError(
+                "data.batch_prompts",
+                1,
+                f"a single prompt still runs out of memory with no budget "
+                f"(budget=unlimited: every row decodes to the end) ({error})",
+                "give the run a budget: budget=cuda (free CUDA memory, less each row's working "
+                "memory) or budget=cpu budget.kv_tokens=N; or lower n or sampling.max_new_tokens",
+            ) from error
         else:
-            raise ConfigError("data.batch_prompts", 1, f"a single prompt still runs out of memory with "
-                              f"{self.budget_key} scaled down to {self.budget_scale:g} ({error})",
-                              "lower n, sampling.max_new_tokens or budget.kv_tokens, raise budget.reserve_gib "
-                              "(memory kept for activations and the reward), or use a smaller model or a larger "
-                              "device (generator.device_map=auto spreads a model over several)") from error
+            raise ConfigError(
+                "data.batch_prompts",
+                1,
+                f"a single prompt still runs out of memory with "
+                f"{self.budget_key} scaled down to {self.budget_scale:g} ({error})",
+                "lower n, sampling.max_new_tokens or budget.kv_tokens, raise budget.reserve_gib "
+                "(memory kept for activations and the reward), or use a smaller model or a larger "
+                "device (generator.device_map=auto spreads a model over several)",
+            ) from error
         log.warning("out of memory in a batch of %d prompt(s): retrying it with %s", n_prompts, change)

@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from rodeco.shape import KVSpec, kv_bytes_per_token
 from rodeco.validation import ConfigError
 
-__all__ = ["Budget", "KVSpec", "block_shared", "budget_from_device", "budget_from_devices", "full_length_tokens",
-           "kv_bytes_per_token"]
+__all__ = [
+    "Budget",
+    "KVSpec",
+    "block_shared",
+    "budget_from_device",
+    "budget_from_devices",
+    "full_length_tokens",
+    "kv_bytes_per_token",
+]
 
 MIN_TOKENS_PER_ROUND = 8  # the default of ``m`` (``budget.min_tokens_per_round``; the schema reads it from here)
 
@@ -54,16 +61,28 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:
-            raise ConfigError("budget.kv_tokens", self.kv_tokens, "must be a positive number of tokens",
-                              "set it to e.g. 4096, or null for no limit on CPU")
+            raise ConfigError(
+                "budget.kv_tokens",
+                self.kv_tokens,
+                "must be a positive number of tokens",
+                "set it to e.g. 4096, or null for no limit on CPU",
+            )
         if self.min_tokens_per_round < 1:
-            raise ConfigError("budget.min_tokens_per_round", self.min_tokens_per_round, "must be >= 1",
-                              "set it to a positive number of tokens, e.g. 8")
+            raise ConfigError(
+                "budget.min_tokens_per_round",
+                self.min_tokens_per_round,
+                "must be >= 1",
+                "set it to a positive number of tokens, e.g. 8",
+            )
         if self.block < 1:
             raise ConfigError("generator.kv_block", self.block, "must be >= 1", "use the engine's block size")
         if not isinstance(self.row_overhead, int) or self.row_overhead < 0:
-            raise ConfigError("budget.row_overhead", self.row_overhead, "must be a whole number of tokens >= 0",
-                              "pass WorkingMemory.tokens(kv_bytes_per_token) (rodeco.working), or 0 to charge none")
+            raise ConfigError(
+                "budget.row_overhead",
+                self.row_overhead,
+                "must be a whole number of tokens >= 0",
+                "pass WorkingMemory.tokens(kv_bytes_per_token) (rodeco.working), or 0 to charge none",
+            )
 
     def held(self, length: int) -> int:
         """Cache slots a row of own length ``length`` holds: ``length`` rounded up to whole blocks."""
@@ -103,9 +122,11 @@ class Budget:
         need = n_prompts * (Budget(None, block=kv.block).held(max_length) + w)
         if self.kv_tokens < need:
             raise ConfigError(
-                "budget.kv_tokens", self.kv_tokens,
+                "budget.kv_tokens",
+                self.kv_tokens,
                 f"too small for one row per prompt: {n_prompts} prompt(s) x ({prompt_length} prompt + "
-                f"{max_length - prompt_length} new tokens" + (f" + {w} of working memory" if w else "")
+                f"{max_length - prompt_length} new tokens"
+                + (f" + {w} of working memory" if w else "")
                 + f") = {need} tokens",
                 f"raise budget.kv_tokens to at least {need}, lower sampling.max_new_tokens, "
                 f"or put fewer prompts in one batch (data.batch_prompts)",
@@ -152,12 +173,15 @@ def budget_from_device(free_bytes: int, kv_bytes: int, memory_fraction: float, r
     return int(usable // kv_bytes)
 
 
-def budget_from_devices(free_bytes: dict[str, int], layers: dict[str, int], kv_bytes: int, memory_fraction: float,
-                        reserve_bytes: int) -> int:
+def budget_from_devices(
+    free_bytes: dict[str, int], layers: dict[str, int], kv_bytes: int, memory_fraction: float, reserve_bytes: int
+) -> int:
     """KV tokens that fit when a model's layers are spread over devices (``generator.device_map``): device ``d``
     holds ``layers[d]`` of the ``sum(layers)`` layers, so a token's keys and values cost it that share of
     ``kv_bytes``; the budget is what the tightest device allows."""
     n = sum(layers.values())
-    return min(budget_from_device(free_bytes[d], -(-kv_bytes * k // n), memory_fraction, reserve_bytes)
-               for d, k in layers.items() if k > 0)
-
+    return min(
+        budget_from_device(free_bytes[d], -(-kv_bytes * k // n), memory_fraction, reserve_bytes)
+        for d, k in layers.items()
+        if k > 0
+    )

@@ -53,12 +53,20 @@ class Calibration:
     def load(cls, path: str | Path, key: str = "policy.calibration") -> Calibration:
         f = Path(path)
         if not f.is_file():
-            raise ConfigError(key, str(path), "no calibration file there",
-                              "measure one: rodeco experiment=calibrate pool=TRAINING_POOL (see docs/results.md)")
+            raise ConfigError(
+                key,
+                str(path),
+                "no calibration file there",
+                "measure one: rodeco experiment=calibrate pool=TRAINING_POOL (see docs/results.md)",
+            )
         d = json.loads(f.read_text(encoding="utf-8"))
         if d.get("format") != FORMAT:
-            raise ConfigError(key, str(path), f"calibration format {d.get('format')}, this rodeco reads {FORMAT}",
-                              "measure it again with rodeco experiment=calibrate")
+            raise ConfigError(
+                key,
+                str(path),
+                f"calibration format {d.get('format')}, this rodeco reads {FORMAT}",
+                "measure it again with rodeco experiment=calibrate",
+            )
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
@@ -69,9 +77,13 @@ class Calibration:
         diff = [k for k in IDENTITY_KEYS if k in run and run[k] != getattr(self, k)]
         if diff:
             both = "; ".join(f"{k}: the file's {getattr(self, k)!r}, the run's {run[k]!r}" for k in diff)
-            raise ConfigError(key, self.source.get("path", "?"), f"measured with another {', '.join(diff)} ({both})",
-                              "measure a calibration for this run: rodeco experiment=calibrate pool=TRAINING_POOL "
-                              "with the run's generator, reward and partial_reward, and pass its file")
+            raise ConfigError(
+                key,
+                self.source.get("path", "?"),
+                f"measured with another {', '.join(diff)} ({both})",
+                "measure a calibration for this run: rodeco experiment=calibrate pool=TRAINING_POOL "
+                "with the run's generator, reward and partial_reward, and pass its file",
+            )
 
     def _at(self, values: list[float], length: int) -> float:
         x = np.log(np.asarray(self.lengths, dtype=np.float64))
@@ -93,9 +105,12 @@ class Calibration:
         return (self._at(self.final_offset, length), spread) if spread > 0 else None
 
 
-def identities(generator: str, reward: tuple[str, str | None], partial: tuple[str, str | None] | None) -> dict[str, str]:
+def identities(
+    generator: str, reward: tuple[str, str | None], partial: tuple[str, str | None] | None
+) -> dict[str, str]:
     """What a calibration is tied to: the generator's model name, and each scorer's name with its identity (e.g. a
     trained head's hash), the partial scorer being the reward itself for ``partial_reward=same``."""
+
     def ident(x: tuple[str, str | None]) -> str:
         return x[0] if not x[1] else f"{x[0]}:{x[1]}"
 
@@ -124,7 +139,7 @@ def best_probability(mu: np.ndarray, sd: float, best: float | np.ndarray = -math
         return win / np.maximum(1, win.sum(axis=-1, keepdims=True))
     flat, b = mu.reshape(-1, mu.shape[-1]), best.reshape(-1)  # [B, k], [B]
     chunk = max(1, (1 << 20) // (flat.shape[1] * grid))  # about 8 MB per intermediate array
-    out = [_best_probability(flat[i:i + chunk], sd, b[i:i + chunk], grid) for i in range(0, len(flat), chunk)]
+    out = [_best_probability(flat[i : i + chunk], sd, b[i : i + chunk], grid) for i in range(0, len(flat), chunk)]
     return np.concatenate(out).reshape(mu.shape)
 
 

@@ -78,8 +78,12 @@ def _main(cfg: DictConfig) -> None:
     except Interrupted as e:
         code = 128 + int(getattr(signal.Signals, e.signal_name, signal.SIGTERM))
         if multirun:
-            fail(RuntimeError(f"{e}. Resume with the same multirun command and "
-                              f"hydra.sweep.dir={shlex.quote(str(hc.sweep.dir))}"), code=code)
+            fail(
+                RuntimeError(
+                    f"{e}. Resume with the same multirun command and hydra.sweep.dir={shlex.quote(str(hc.sweep.dir))}"
+                ),
+                code=code,
+            )
         args = [shlex.quote(a) for a in sys.argv[1:]]
         if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
             args.append(f"hydra.run.dir={shlex.quote(str(out_dir))}")
@@ -89,12 +93,16 @@ def _main(cfg: DictConfig) -> None:
     elif cfg.task == "merge":
         print(f"merged {out.extra['n_prompts']} prompts from {out.extra['shards']} shard(s): {out.extra['merged']}")
     elif cfg.task == "judge" and "judged" in out.extra:
-        print(f"judged {out.extra['judged']} of {out.extra['results']} result(s) in {out.out_dir}\n"
-              + judge_line(out.extra["judge"]))
+        print(
+            f"judged {out.extra['judged']} of {out.extra['results']} result(s) in {out.out_dir}\n"
+            + judge_line(out.extra["judge"])
+        )
     elif cfg.task == "judge":
         for name, j in out.extra["judge"].items():
-            print(f"judge {name}: mean {j['mean_all']:.4f} over {j['candidates']} candidates of {j['prompts']} "
-                  f"prompts (Best-of-1: {j['mean_best_of_1']:.4f}); cached in {out.out_dir / 'scores'}")
+            print(
+                f"judge {name}: mean {j['mean_all']:.4f} over {j['candidates']} candidates of {j['prompts']} "
+                f"prompts (Best-of-1: {j['mean_best_of_1']:.4f}); cached in {out.out_dir / 'scores'}"
+            )
 
 
 def _job_failure(e: Exception, code: int = 2) -> None:

@@ -24,9 +24,11 @@ from rodeco.validation import ConfigError
 
 CONFIG_MODULE = "rodeco.conf"
 # Keys that give the same thing two ways: the one typed replaces what a config group set for the other(s).
-ALTERNATIVES = {"data.path": ("data.prompts", "data.indices", "data.hf"),
-                "data.prompts": ("data.path", "data.indices", "data.hf"),
-                "data.hf": ("data.path", "data.prompts", "data.indices")}
+ALTERNATIVES = {
+    "data.path": ("data.prompts", "data.indices", "data.hf"),
+    "data.prompts": ("data.path", "data.indices", "data.hf"),
+    "data.hf": ("data.path", "data.prompts", "data.indices"),
+}
 
 
 def conf_dir() -> Path:
@@ -93,8 +95,11 @@ def register_param_defaults(plugins: Plugins) -> None:
 def check_plugin_params(cfg: DictConfig, plugins: Plugins) -> None:
     """The ``reward``, ``partial_reward`` and ``policy`` nodes against the params dataclasses their plugins registered,
     so that a misspelled or mistyped parameter fails now, not when the plugin is built after the model loads."""
-    for key, registry in (("reward", plugins.rewards), ("partial_reward", plugins.rewards),
-                          ("policy", plugins.policies)):
+    for key, registry in (
+        ("reward", plugins.rewards),
+        ("partial_reward", plugins.rewards),
+        ("policy", plugins.policies),
+    ):
         if key in cfg:
             registry.check_node(cfg[key], key)
     judge = cfg.get("judge")
@@ -159,21 +164,37 @@ def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
         close = difflib.get_close_matches(leaf, valid, n=1)
         where = parent or "the top level"
         value = _value_of(full, overrides)
-        problem = (f"unknown key; the keys of {where} are: {', '.join(valid)}" if valid
-                   else f"unknown key; {where} has no keys here")
-        fix = (f"did you mean {close[0]}? Use {_join(parent, close[0])}={_text(value)}" if close
-               else f"use one of the keys of {where}, or +{full}=... to add a new key" if valid
-               else f"remove it, or +{full}=... to add a new key")
+        problem = (
+            f"unknown key; the keys of {where} are: {', '.join(valid)}"
+            if valid
+            else f"unknown key; {where} has no keys here"
+        )
+        fix = (
+            f"did you mean {close[0]}? Use {_join(parent, close[0])}={_text(value)}"
+            if close
+            else f"use one of the keys of {where}, or +{full}=... to add a new key"
+            if valid
+            else f"remove it, or +{full}=... to add a new key"
+        )
         return ConfigError(full, value, problem, fix)
     if isinstance(cause, (ValidationError, ConfigTypeError)) and cause.full_key:  # ConfigTypeError: a dict for a list
-        return ConfigError(str(cause.full_key), _value_of(str(cause.full_key), overrides), cause.msg.split("\n")[0],
-                           "give a value of the type the key takes (rodeco --cfg job shows the config)")
+        return ConfigError(
+            str(cause.full_key),
+            _value_of(str(cause.full_key), overrides),
+            cause.msg.split("\n")[0],
+            "give a value of the type the key takes (rodeco --cfg job shows the config)",
+        )
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
         group, _, missing = str(e.missing_cfg_file).rpartition("/")
         close = difflib.get_close_matches(missing, e.options, n=1)
-        return ConfigError(group, missing, f"no such {group} option; options: {', '.join(sorted(e.options))}",
-                           f"did you mean {group}={close[0]}?" if close
-                           else "use one of the options, or install the plugin that provides it")
+        return ConfigError(
+            group,
+            missing,
+            f"no such {group} option; options: {', '.join(sorted(e.options))}",
+            f"did you mean {group}={close[0]}?"
+            if close
+            else "use one of the options, or install the plugin that provides it",
+        )
     return None
 
 

@@ -25,9 +25,13 @@ class Scorer:
         self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
         self.needs_hidden_states = bool(getattr(reward, "needs_hidden_states", False))
         if self.needs_hidden_states and role == "reward":
-            raise ConfigError("reward", name, "it reads the generator's hidden states, which only partial responses "
-                              "at decision points carry (finished ones are scored after they leave the batch)",
-                              f"use it to decide, not to pick the winner: partial_reward={name}")
+            raise ConfigError(
+                "reward",
+                name,
+                "it reads the generator's hidden states, which only partial responses "
+                "at decision points carry (finished ones are scored after they leave the batch)",
+                f"use it to decide, not to pick the winner: partial_reward={name}",
+            )
         self.identity: str | None = getattr(reward, "identity", None)  # what its scores come from (a head's hash)
         self._report = getattr(reward, "report", None)  # a judge's own figures beside its mean (a win rate)
         self.calls = 0
@@ -55,8 +59,10 @@ class Scorer:
             raise PluginError(f"reward {self.name!r} returned {len(scores)} scores for {len(requests)} requests")
         bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
         if bad:
-            raise PluginError(f"reward {self.name!r} returned non-finite scores {[scores[i] for i in bad[:5]]} "
-                              f"for request(s) {bad[:5]}; a reward must return finite floats")
+            raise PluginError(
+                f"reward {self.name!r} returned non-finite scores {[scores[i] for i in bad[:5]]} "
+                f"for request(s) {bad[:5]}; a reward must return finite floats"
+            )
         return np.asarray(scores, dtype=np.float64)
 
 
@@ -82,15 +88,18 @@ def select_checked(policy: Policy, name: str, view: RoundView) -> list[Counts]:
     for a, pv in zip(answer, view.prompts):
         counts = _counts(a, pv, name)
         if counts.total == 0 and not pv.finished_scores:
-            raise PluginError(f"policy {name!r} kept no row of prompt {pv.prompt_index}, which has no finished "
-                              "candidate yet; keep at least one")
+            raise PluginError(
+                f"policy {name!r} kept no row of prompt {pv.prompt_index}, which has no finished "
+                "candidate yet; keep at least one"
+            )
         out.append(counts)
     total = sum(c.total for c in out)
     if total > view.max_rows_next:
         raise PluginError(
             f"policy {name!r} kept {total} rows (copies included) but the budget allows {view.max_rows_next} at this "
             f"decision point (at least {view.min_reject_total} must go). Fix: raise budget.kv_tokens or lower n, or "
-            f"use a policy that rejects (policy=fixed)")
+            f"use a policy that rejects (policy=fixed)"
+        )
     return out
 
 
@@ -98,14 +107,20 @@ def _counts(a: list[int] | Counts, pv: PromptView, name: str) -> Counts:
     """One prompt's answer as counts; a keep list must name distinct rows, counts must be one per row, none negative."""
     if isinstance(a, Counts):
         if len(a) != pv.k:
-            raise PluginError(f"policy {name!r} returned {len(a)} counts for prompt {pv.prompt_index}, which has "
-                              f"{pv.k} rows; give one count per row")
+            raise PluginError(
+                f"policy {name!r} returned {len(a)} counts for prompt {pv.prompt_index}, which has "
+                f"{pv.k} rows; give one count per row"
+            )
         if any(c < 0 for c in a):
-            raise PluginError(f"policy {name!r} returned negative counts {list(a)} for prompt {pv.prompt_index}; a "
-                              "count is 0 (reject), 1 (keep) or more (copies)")
+            raise PluginError(
+                f"policy {name!r} returned negative counts {list(a)} for prompt {pv.prompt_index}; a "
+                "count is 0 (reject), 1 (keep) or more (copies)"
+            )
         return a
     kept = [int(i) for i in a]
     if kept and (len(set(kept)) != len(kept) or min(kept) < 0 or max(kept) >= pv.k):
-        raise PluginError(f"policy {name!r} returned duplicate or out-of-range rows {kept} for a prompt "
-                          f"with {pv.k} rows (to copy rows, return rodeco.Counts)")
+        raise PluginError(
+            f"policy {name!r} returned duplicate or out-of-range rows {kept} for a prompt "
+            f"with {pv.k} rows (to copy rows, return rodeco.Counts)"
+        )
     return Counts.keep(kept, pv.k)

@@ -47,7 +47,7 @@ def ends_sentence(text: str) -> bool:
 
 
 def ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(words[i: i + n]) for i in range(len(words) - n + 1)]
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
 
 
 def distinct(words: Sequence[str], n: int) -> float | None:
@@ -63,8 +63,7 @@ def repeated_fraction(words: Sequence[str], n: int = 4) -> float | None:
     return sum(c for c in counts.values() if c > 1) / total if total else None
 
 
-def diagnose(text: str, token_ids_count: int, stop_reason: str,
-             logprobs: Sequence[float] | None = None) -> Diagnostics:
+def diagnose(text: str, token_ids_count: int, stop_reason: str, logprobs: Sequence[float] | None = None) -> Diagnostics:
     """The diagnostics of one response: its text, how many generator tokens it has, why it stopped (``"eos"``,
     ``"stop"``, ``"length"``, ...) and, optionally, the generator's log-probability of each of its tokens."""
     if token_ids_count < 0:

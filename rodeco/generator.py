@@ -23,9 +23,17 @@ class TorchGenerator(ModelGenerator):
     FLOPs, and the engine ``generator.engine`` chose for it. ``compile``: ``generator.compile`` (``auto``, ``true``,
     ``false``); built directly, a generator runs eager unless asked."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, chat_template: bool = True,
-                 system_prompt: str | None = None, engine: str = "auto", name: str = "",
-                 compile: bool | str = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        chat_template: bool = True,
+        system_prompt: str | None = None,
+        engine: str = "auto",
+        name: str = "",
+        compile: bool | str = False,
+    ) -> None:
         super().__init__(model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.engine_kind = engine
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
@@ -66,8 +74,11 @@ class TorchGenerator(ModelGenerator):
         prepare = getattr(cls, "prepare", None)
         if prepare is not None:
             if self._prepared is None:  # the compiled step's linears on an Intel CPU in fp32: MKL's packed GEMM
-                self._prepared = prepare(self.model, mkl=True) if self.compile and CompiledStep.uses_mkl(self.model) \
+                self._prepared = (
+                    prepare(self.model, mkl=True)
+                    if self.compile and CompiledStep.uses_mkl(self.model)
                     else prepare(self.model)
+                )
             kw["weights"] = self._prepared
         if self.compile:
             self._compiled = self._compiled or CompiledStep.of(self.model, self._prepared)

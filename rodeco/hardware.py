@@ -20,8 +20,7 @@ def _cpuinfo_text() -> str:
 
 def _field(name: str) -> str | None:
     """The first ``name : value`` line's value in ``/proc/cpuinfo``, or None."""
-    return next((line.split(":", 1)[1].strip() for line in _cpuinfo_text().splitlines() if line.startswith(name)),
-                None)
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo_text().splitlines() if line.startswith(name)), None)
 
 
 @functools.cache

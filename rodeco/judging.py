@@ -77,14 +77,17 @@ class Judges:
         """Each judge's own figures of this process's scoring (an LLM judge's win rates), where it has any."""
         return {j.name: r for j in self.judges if (r := j.scorer.report())}
 
-    def score(self, prompt: str, index: int, items: Sequence[Item],
-              only: Iterable[str] | None = None) -> dict[int, list[JudgeScore]]:
+    def score(
+        self, prompt: str, index: int, items: Sequence[Item], only: Iterable[str] | None = None
+    ) -> dict[int, list[JudgeScore]]:
         """Each item's scores by every judge (or those named in ``only``), keyed by candidate id. A judge that
         raises gives ``score=None`` and its error for these items; the others still score."""
         wanted = set(self.names if only is None else only)
         out: dict[int, list[JudgeScore]] = {it.candidate_id: [] for it in items}
-        reqs = [ScoreRequest(prompt, it.text, it.token_ids, partial=False, prompt_index=index,
-                             candidate_id=it.candidate_id) for it in items]
+        reqs = [
+            ScoreRequest(prompt, it.text, it.token_ids, partial=False, prompt_index=index, candidate_id=it.candidate_id)
+            for it in items
+        ]
         for j in self.judges:
             if j.name not in wanted or not reqs:
                 continue
@@ -94,8 +97,13 @@ class Judges:
                 error = None
             except Exception as e:  # the decode's results are kept whatever a judge does
                 scores, error = [None] * len(reqs), f"{type(e).__name__}: {e}"
-                log.warning("judge %r failed on prompt %d (the result is kept without its score; rodeco task=judge "
-                            "output.dir=... scores it later): %s", j.name, index, error)
+                log.warning(
+                    "judge %r failed on prompt %d (the result is kept without its score; rodeco task=judge "
+                    "output.dir=... scores it later): %s",
+                    j.name,
+                    index,
+                    error,
+                )
             j.seconds += time.perf_counter() - t0
             for it, s in zip(items, scores):
                 out[it.candidate_id].append(JudgeScore(j.name, s, error))
@@ -156,13 +164,18 @@ def check_specs(previous: dict[str, Any], judges: Judges, where: str) -> None:
         if old is None or "config" not in old:
             continue
         if (old["config"], old.get("identity")) != (spec["config"], spec["identity"]):
-            raise ConfigError(f"judge.{name}", spec["config"], f"the results in {where} were judged by another "
-                              f"{name!r} ({old['config']}, identity {old.get('identity')})",
-                              f"keep judge.{name} as it was, or write to a new output.dir")
+            raise ConfigError(
+                f"judge.{name}",
+                spec["config"],
+                f"the results in {where} were judged by another "
+                f"{name!r} ({old['config']}, identity {old.get('identity')})",
+                f"keep judge.{name} as it was, or write to a new output.dir",
+            )
 
 
-def summarize(records: Iterable[dict[str, Any]], judges: Judges | None = None,
-              previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    records: Iterable[dict[str, Any]], judges: Judges | None = None, previous: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``summary.json``'s ``judge`` section: per judge, the winners' mean score, how many were scored and how many
     failed, its config, and its cost (``previous``'s plus this run's: never charged to the method)."""
     previous = previous or {}
@@ -184,9 +197,16 @@ def summarize(records: Iterable[dict[str, Any]], judges: Judges | None = None,
         cost = dict(old.get("cost", {}))
         for k, v in costs.get(name, {}).items():
             cost[k] = cost.get(k, 0) + v
-        out[name] = {"mean": sum(vals) / len(vals) if vals else math.nan, "n": len(vals),
-                     "failed": failed.get(name, 0), **(specs.get(name) or {k: old[k] for k in ("config", "identity")
-                                                                           if k in old}),
-                     "cost": cost, **({"report": reports[name]} if name in reports else
-                                      {k: old[k] for k in ("report", "report_by_shard") if k in old})}
+        out[name] = {
+            "mean": sum(vals) / len(vals) if vals else math.nan,
+            "n": len(vals),
+            "failed": failed.get(name, 0),
+            **(specs.get(name) or {k: old[k] for k in ("config", "identity") if k in old}),
+            "cost": cost,
+            **(
+                {"report": reports[name]}
+                if name in reports
+                else {k: old[k] for k in ("report", "report_by_shard") if k in old}
+            ),
+        }
     return out

@@ -39,8 +39,14 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}  # the values of generator.dtype besides auto
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}  # the values of generator.dtype besides auto
 
 
 def resolve_dtype(dtype: str, device: torch.device, key: str = "generator.dtype") -> torch.dtype:
@@ -57,8 +63,7 @@ def locate(model: str, gguf_file: str | None) -> tuple[str, str | None]:
         pkg, fname, how = EMBEDDED[model]
         spec = importlib.util.find_spec(pkg)
         if spec is None or not spec.submodule_search_locations:
-            raise ConfigError("generator.model", model, f"the embedded model's package {pkg!r} is not installed",
-                              how)
+            raise ConfigError("generator.model", model, f"the embedded model's package {pkg!r} is not installed", how)
         return list(spec.submodule_search_locations)[0], fname
     looks_local = model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or os.path.exists(model)
     if looks_local:
@@ -68,12 +73,20 @@ def locate(model: str, gguf_file: str | None) -> tuple[str, str | None]:
                 raise ConfigError("generator.model", model, "no such GGUF file", "check the path")
             return str(path.parent), path.name
         if not path.is_dir():
-            raise ConfigError("generator.model", model, "no such model directory",
-                              "give an existing directory with config.json, a .gguf file, or a hub name like "
-                              "HuggingFaceTB/SmolLM2-135M-Instruct")
+            raise ConfigError(
+                "generator.model",
+                model,
+                "no such model directory",
+                "give an existing directory with config.json, a .gguf file, or a hub name like "
+                "HuggingFaceTB/SmolLM2-135M-Instruct",
+            )
         if gguf_file and not (path / gguf_file).is_file():
-            raise ConfigError("generator.gguf_file", gguf_file, f"no such file in {path}",
-                              f"pick one of {sorted(p.name for p in path.glob('*.gguf'))}")
+            raise ConfigError(
+                "generator.gguf_file",
+                gguf_file,
+                f"no such file in {path}",
+                f"pick one of {sorted(p.name for p in path.glob('*.gguf'))}",
+            )
         return str(path), gguf_file
     return model, gguf_file  # a hub name
 
@@ -96,29 +109,43 @@ def weights(model: str, gguf_file: str | None) -> tuple[str, str | None]:
     return src, gguf
 
 
-def load_model_and_tokenizer(model: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str = "auto",
-                             trust_remote_code: bool = False, device_map: str | None = None):
+def load_model_and_tokenizer(
+    model: str,
+    gguf_file: str | None = None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
+):
     """A causal LM in eval mode on ``device`` (or spread by accelerate's ``device_map``) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if dtype == "auto" and dev.type == "cpu" and native_bf16():
-        log.info("this CPU has bf16 instructions: generator.dtype=bfloat16 may decode faster (1.5x on an AMD EPYC "
-                 "measured, 0.67x on an Intel Xeon without AMX; 'rodeco experiment=engine_bench generator.dtype="
-                 "bfloat16' measures it here). fp32 stays the default, since on a bf16 pool the efficiency figures "
-                 "moved beyond their CIs: docs/guide.md")
+        log.info(
+            "this CPU has bf16 instructions: generator.dtype=bfloat16 may decode faster (1.5x on an AMD EPYC "
+            "measured, 0.67x on an Intel Xeon without AMX; 'rodeco experiment=engine_bench generator.dtype="
+            "bfloat16' measures it here). fp32 stays the default, since on a bf16 pool the efficiency figures "
+            "moved beyond their CIs: docs/guide.md"
+        )
     src, gguf = weights(model, gguf_file)
     kw: dict = {"trust_remote_code": trust_remote_code}
     if gguf is not None:
         kw["gguf_file"] = gguf
     try:
         tok = AutoTokenizer.from_pretrained(src, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kw, **({"device_map": device_map} if device_map
-                                                                         else {}))
+        lm = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dt, **kw, **({"device_map": device_map} if device_map else {})
+        )
     except OSError as e:
-        raise ConfigError("generator.model", model, f"could not load it ({e.__class__.__name__}: {e})",
-                          "check the name; without internet use a local directory, a .gguf file, or 'smollm2'") from e
+        raise ConfigError(
+            "generator.model",
+            model,
+            f"could not load it ({e.__class__.__name__}: {e})",
+            "check the name; without internet use a local directory, a .gguf file, or 'smollm2'",
+        ) from e
     return (lm if device_map else lm.to(dev)).eval(), tok
 
 
@@ -150,12 +177,29 @@ def load_generator(cfg: DictConfig) -> Generator:
     if engine == "vllm":
         return _load_vllm(cfg)
     if device_map and engine == "fast":
-        raise ConfigError("generator.engine", engine, f"the fast engine keeps the model on one device, but "
-                          f"generator.device_map={device_map} spreads it", "use generator.engine=hf (or auto)")
-    lm, tok = load_model_and_tokenizer(cfg.model, cfg.gguf_file, dtype=cfg.dtype, device=cfg.device,
-                                       trust_remote_code=cfg.trust_remote_code, device_map=device_map)
-    return TorchGenerator(lm, tok, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
-                     engine="hf" if device_map else engine, name=cfg.model, compile=cfg.get("compile", "auto"))
+        raise ConfigError(
+            "generator.engine",
+            engine,
+            f"the fast engine keeps the model on one device, but generator.device_map={device_map} spreads it",
+            "use generator.engine=hf (or auto)",
+        )
+    lm, tok = load_model_and_tokenizer(
+        cfg.model,
+        cfg.gguf_file,
+        dtype=cfg.dtype,
+        device=cfg.device,
+        trust_remote_code=cfg.trust_remote_code,
+        device_map=device_map,
+    )
+    return TorchGenerator(
+        lm,
+        tok,
+        chat_template=cfg.chat_template,
+        system_prompt=cfg.system_prompt,
+        engine="hf" if device_map else engine,
+        name=cfg.model,
+        compile=cfg.get("compile", "auto"),
+    )
 
 
 def _load_vllm(cfg: DictConfig) -> Generator:
@@ -165,14 +209,26 @@ def _load_vllm(cfg: DictConfig) -> Generator:
 
     import_vllm()  # not installed: the error names the extra before anything is converted
     if cfg.get("device_map"):
-        raise ConfigError("generator.device_map", cfg.device_map, "vLLM places the model itself",
-                          "leave generator.device_map null and set generator.tensor_parallel_size")
+        raise ConfigError(
+            "generator.device_map",
+            cfg.device_map,
+            "vLLM places the model itself",
+            "leave generator.device_map null and set generator.tensor_parallel_size",
+        )
     if cfg.device not in ("auto", "cuda", "cpu"):
-        raise ConfigError("generator.device", cfg.device, "vLLM chooses its device (the installed build's)",
-                          "leave generator.device=auto; CUDA_VISIBLE_DEVICES picks the GPUs")
+        raise ConfigError(
+            "generator.device",
+            cfg.device,
+            "vLLM chooses its device (the installed build's)",
+            "leave generator.device=auto; CUDA_VISIBLE_DEVICES picks the GPUs",
+        )
     src, gguf = weights(cfg.model, cfg.gguf_file)
     if gguf is not None:
-        raise ConfigError("generator.gguf_file", gguf, "vLLM cannot load a GGUF file from the hub",
-                          "download it and give generator.model=PATH/TO/FILE.gguf (rodeco dequantizes it once)")
+        raise ConfigError(
+            "generator.gguf_file",
+            gguf,
+            "vLLM cannot load a GGUF file from the hub",
+            "download it and give generator.model=PATH/TO/FILE.gguf (rodeco dequantizes it once)",
+        )
     dtype = resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     return load_vllm_generator(cfg, src, dtype)

@@ -60,15 +60,32 @@ class LoopSettings:
 def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
     """The spec of a session of ``n`` rows per prompt of ``prompts`` under the run's settings ``s``."""
     seeds = tuple(p.seed_or(s.seed) for p in prompts)
-    return SessionSpec(n, s.sampling, s.max_new_tokens, s.seed, tuple(p.stream_key for p in prompts),
-                       indices=tuple(p.index for p in prompts), ignore_eos=s.ignore_eos, stop=tuple(s.stop),
-                       seeds=seeds if any(x != s.seed for x in seeds) else (), **kw)
+    return SessionSpec(
+        n,
+        s.sampling,
+        s.max_new_tokens,
+        s.seed,
+        tuple(p.stream_key for p in prompts),
+        indices=tuple(p.index for p in prompts),
+        ignore_eos=s.ignore_eos,
+        stop=tuple(s.stop),
+        seeds=seeds if any(x != s.seed for x in seeds) else (),
+        **kw,
+    )
 
 
-def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequence[PromptRef | tuple[int, str]],
-                 s: LoopSettings, on_round: Callable | None = None, on_done: Callable | None = None,
-                 partial: Scorer | None = None, first: int = 0,
-                 cancelled: Callable[[Session], Collection[int]] | None = None) -> tuple[list[PromptResult], Compute]:
+def decode_batch(
+    gen: Generator,
+    scorer: Scorer,
+    policy: Policy,
+    prompts: Sequence[PromptRef | tuple[int, str]],
+    s: LoopSettings,
+    on_round: Callable | None = None,
+    on_done: Callable | None = None,
+    partial: Scorer | None = None,
+    first: int = 0,
+    cancelled: Callable[[Session], Collection[int]] | None = None,
+) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts in one batch; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
 
     Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
@@ -85,11 +102,20 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
     budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
     n = rows_per_prompt(s, budget, base, len(ids), policy)
-    sess = gen.open_session(session_spec(s, n, prompts, needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
-                                         needs_hidden=decider.needs_hidden_states, first=first))
+    sess = gen.open_session(
+        session_spec(
+            s,
+            n,
+            prompts,
+            needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
+            needs_hidden=decider.needs_hidden_states,
+            first=first,
+        )
+    )
     text = StopStrings(tuple(s.stop)).text(gen.decode_text)  # a response as rewards and results read it
-    trace = Trace(prompts, n, text, all_candidates=s.all_candidates, policy=s.policy_name,
-                  reward=s.reward_name, winner=s.winner)
+    trace = Trace(
+        prompts, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner
+    )
     every = decision_tokens(policy, s.policy_name)
     acct = Accounting(gen, len(prompts))
     results: dict[int, PromptResult] = {}
@@ -130,8 +156,9 @@ def decode_batch(gen: Generator, scorer: Scorer, policy: Policy, prompts: Sequen
     return [results[p] for p in range(len(prompts)) if p in results], acct.batch(sess.stats)
 
 
-def decode_round(sess: Session, until: int, trace: Trace, cancelled: Callable[[Session], Collection[int]] | None,
-                 every: int | None) -> list[Row]:
+def decode_round(
+    sess: Session, until: int, trace: Trace, cancelled: Callable[[Session], Collection[int]] | None, every: int | None
+) -> list[Row]:
     """Decode to ``until``; with ``cancelled``, pause every ``every`` tokens (and at ``until``) to let the rows of
     cancelled prompts leave. Returns the rows that finished on the way, but for cancelled prompts'."""
     left: list[Row] = []
@@ -148,8 +175,15 @@ def decode_round(sess: Session, until: int, trace: Trace, cancelled: Callable[[S
             return left
 
 
-def apply_counts(sess: Session, trace: Trace, rnd: int, rows: list[np.ndarray], keys: list[int], view: RoundView,
-                 counts: list[Counts]) -> None:
+def apply_counts(
+    sess: Session,
+    trace: Trace,
+    rnd: int,
+    rows: list[np.ndarray],
+    keys: list[int],
+    view: RoundView,
+    counts: list[Counts],
+) -> None:
     """A decision's counts applied: rows of count 0 leave the batch, a row of count ``c > 1`` gets ``c - 1`` copies,
     each a new candidate (the prompt's next id, a stream derived from its lineage) right after its parent."""
     drop, parents, ids, streams, copies = [], [], [], [], []
@@ -179,43 +213,75 @@ def decision_tokens(policy: Policy, name: str) -> int | None:
     if every is None:
         return None
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise PluginError(f"policy {name!r} asks for a decision every {every!r} tokens; decision_tokens must be a "
-                          "whole number of at least 1, or None")
+        raise PluginError(
+            f"policy {name!r} asks for a decision every {every!r} tokens; decision_tokens must be a "
+            "whole number of at least 1, or None"
+        )
     return every
 
 
-def score_rows(scorer: Scorer, role: str, text: Callable[[list[int]], str], prompts: Sequence[PromptRef],
-               rows: Sequence[Row], acct: Accounting) -> np.ndarray:
+def score_rows(
+    scorer: Scorer,
+    role: str,
+    text: Callable[[list[int]], str],
+    prompts: Sequence[PromptRef],
+    rows: Sequence[Row],
+    acct: Accounting,
+) -> np.ndarray:
     """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
     decision point), charged to that role; ``text`` decodes a response (cut at a stop string)."""
     partial = role == "partial_reward"
     with acct.scoring(role, scorer, [r.prompt for r in rows]):
-        reqs = [ScoreRequest(prompt=prompts[r.prompt].text, response=text(r.token_ids),
-                             response_ids=tuple(r.token_ids), partial=partial, prompt_index=prompts[r.prompt].index,
-                             candidate_id=r.candidate_id, logprobs=tuple(r.logprobs) if r.logprobs is not None
-                             else None, hidden_state=r.hidden, stream=r.stream) for r in rows]
+        reqs = [
+            ScoreRequest(
+                prompt=prompts[r.prompt].text,
+                response=text(r.token_ids),
+                response_ids=tuple(r.token_ids),
+                partial=partial,
+                prompt_index=prompts[r.prompt].index,
+                candidate_id=r.candidate_id,
+                logprobs=tuple(r.logprobs) if r.logprobs is not None else None,
+                hidden_state=r.hidden,
+                stream=r.stream,
+            )
+            for r in rows
+        ]
         return scorer(reqs)
 
 
-def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, policy: Policy,
-                    cap: int | None = None) -> int:
+def rows_per_prompt(
+    s: LoopSettings, budget: Budget, base: int, n_prompts: int, policy: Policy, cap: int | None = None
+) -> int:
     """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``); ``cap``:
     at most this many rows for ``auto`` and ``calibrated`` (a pool's candidates)."""
     if s.n in ("auto", "calibrated"):
         if budget.kv_tokens is None:
-            raise ConfigError("n", s.n, "needs a finite budget to size the start",
-                              "set budget.kv_tokens (budget=cpu), budget=cuda on a GPU or budget=engine on vLLM, "
-                              "or give n as a number")
+            raise ConfigError(
+                "n",
+                s.n,
+                "needs a finite budget to size the start",
+                "set budget.kv_tokens (budget=cpu), budget=cuda on a GPU or budget=engine on vLLM, "
+                "or give n as a number",
+            )
         most = budget.auto_n(n_prompts, base, base + s.max_new_tokens)
         most = min(most, cap) if cap is not None else most
         if s.n == "auto":
             return most
         choose = getattr(policy, "choose_start", None)
         if choose is None:
-            raise ConfigError("n", "calibrated", f"policy {s.policy_name!r} does not choose a start",
-                              "use policy=calibrated, or n=auto")
-        view = StartView(kv_tokens=int(budget.kv_tokens) // n_prompts, base=base, max_rows=most,
-                         max_new_tokens=s.max_new_tokens, min_tokens_per_round=budget.min_tokens_per_round)
+            raise ConfigError(
+                "n",
+                "calibrated",
+                f"policy {s.policy_name!r} does not choose a start",
+                "use policy=calibrated, or n=auto",
+            )
+        view = StartView(
+            kv_tokens=int(budget.kv_tokens) // n_prompts,
+            base=base,
+            max_rows=most,
+            max_new_tokens=s.max_new_tokens,
+            min_tokens_per_round=budget.min_tokens_per_round,
+        )
         n = int(choose(view))
         if not 1 <= n <= most:
             raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
@@ -227,15 +293,21 @@ def rows_per_prompt(s: LoopSettings, budget: Budget, base: int, n_prompts: int, 
         fit = budget.kv_tokens // (first * n_prompts)
         shared = s.budget.kv_tokens - budget.kv_tokens
         held = f"{first} tokens" + (f" ({w} of them working memory)" if w else "")
-        raise ConfigError("n", n, f"{n} rows x {n_prompts} prompt(s) x {held} do not fit budget.kv_tokens="
-                          f"{s.budget.kv_tokens}" + (f" less the {shared} prompt tokens stored once" if shared else "")
-                          + " for one round of budget.min_tokens_per_round tokens",
-                          f"use n<={fit}, n=auto, or raise budget.kv_tokens")
+        raise ConfigError(
+            "n",
+            n,
+            f"{n} rows x {n_prompts} prompt(s) x {held} do not fit budget.kv_tokens="
+            f"{s.budget.kv_tokens}"
+            + (f" less the {shared} prompt tokens stored once" if shared else "")
+            + " for one round of budget.min_tokens_per_round tokens",
+            f"use n<={fit}, n=auto, or raise budget.kv_tokens",
+        )
     return n
 
 
-def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings,
-                fit: int) -> tuple[RoundView, list[np.ndarray], list[int]]:
+def _round_view(
+    rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings, fit: int
+) -> tuple[RoundView, list[np.ndarray], list[int]]:
     """The policy's view of every prompt, each prompt's batch rows (in the view's local order) and its batch key;
     ``fit``: the most rows the budget lets decode on (copies may grow the batch up to it)."""
     views, rows_of, keys = [], [], np.unique(sess.prompt_of)
@@ -244,13 +316,24 @@ def _round_view(rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: Lo
         rows = np.nonzero(sess.prompt_of == p)[0]
         rows_of.append(rows)
         cands = sess.cand[rows].tolist()
-        views.append(PromptView(
-            prompt_index=trace.prompts[p].index, candidate_ids=cands, scores=scores[rows],
-            history=trace.history(p, cands), finished_scores=trace.finished_scores(p), tokens_generated=sess.t,
-            min_reject=0, parents=trace.parents(p, cands), origins=trace.origins(p, cands),
-            finished_ids=trace.finished_ids(p), max_rows=int(share),
-            rng=np.random.default_rng([trace.prompts[p].seed_or(s.seed) & 0xFFFFFFFF, trace.prompts[p].stream_key,
-                                       rnd])))
+        views.append(
+            PromptView(
+                prompt_index=trace.prompts[p].index,
+                candidate_ids=cands,
+                scores=scores[rows],
+                history=trace.history(p, cands),
+                finished_scores=trace.finished_scores(p),
+                tokens_generated=sess.t,
+                min_reject=0,
+                parents=trace.parents(p, cands),
+                origins=trace.origins(p, cands),
+                finished_ids=trace.finished_ids(p),
+                max_rows=int(share),
+                rng=np.random.default_rng(
+                    [trace.prompts[p].seed_or(s.seed) & 0xFFFFFFFF, trace.prompts[p].stream_key, rnd]
+                ),
+            )
+        )
     _share_min_reject(views, sess.rows - fit)
     view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=trace.n)
     return view, rows_of, keys.tolist()

@@ -65,8 +65,9 @@ def launch_dir(d: Path) -> str:
 
 def differing_keys(settings: list[dict[str, Any]]) -> list[str]:
     keys = sorted(set().union(*settings))
-    return [k for k in keys if k not in MAY_DIFFER and len({json.dumps(s.get(k), sort_keys=True)
-                                                             for s in settings}) > 1]
+    return [
+        k for k in keys if k not in MAY_DIFFER and len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1
+    ]
 
 
 def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Path) -> None:
@@ -75,9 +76,13 @@ def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Pat
     for name, j in section.items():
         have = into.setdefault(name, {k: j[k] for k in ("config", "identity") if k in j} | {"cost": {}})
         if (have.get("config"), have.get("identity")) != (j.get("config"), j.get("identity")):
-            raise ConfigError("merge.dir", str(root), f"its shards were judged by different {name!r} judges ({d.name}: "
-                              f"{j.get('config')}; before: {have.get('config')})",
-                              f"judge every shard alike: rodeco task=judge judge.{name}=... output.dir=SHARD_DIR")
+            raise ConfigError(
+                "merge.dir",
+                str(root),
+                f"its shards were judged by different {name!r} judges ({d.name}: "
+                f"{j.get('config')}; before: {have.get('config')})",
+                f"judge every shard alike: rodeco task=judge judge.{name}=... output.dir=SHARD_DIR",
+            )
         for k, v in j.get("cost", {}).items():
             have["cost"][k] = have["cost"].get(k, 0) + v
         if "report" in j:  # a judge's own figures (win rates) do not add up across shards: kept by shard
@@ -87,31 +92,58 @@ def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Pat
 def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
     root = cfg.merge.dir
     if not root:
-        raise ConfigError("merge.dir", root, "task=merge needs the sweep directory of a sharded multirun",
-                          "rodeco task=merge merge.dir=multirun/DATE/TIME (the dir with one subdir per shard)")
+        raise ConfigError(
+            "merge.dir",
+            root,
+            "task=merge needs the sweep directory of a sharded multirun",
+            "rodeco task=merge merge.dir=multirun/DATE/TIME (the dir with one subdir per shard)",
+        )
     root = Path(root)
     dirs = shard_dirs(root) if root.is_dir() else []
     if not dirs:
-        raise ConfigError("merge.dir", str(root), "holds no run directory (none has .hydra/config.yaml)",
-                          "give the multirun's sweep dir (hydra.sweep.dir), e.g. multirun/DATE/TIME")
+        raise ConfigError(
+            "merge.dir",
+            str(root),
+            "holds no run directory (none has .hydra/config.yaml)",
+            "give the multirun's sweep dir (hydra.sweep.dir), e.g. multirun/DATE/TIME",
+        )
     settings = [flatten(OmegaConf.to_container(run_config(d), resolve=False)) for d in dirs]
     diff = differing_keys(settings)
     if diff:
+
         def values(k: str) -> str:
             return ", ".join(f"{d.name}: {s.get(k)!r}" for d, s in zip(dirs, settings))
-        raise ConfigError("merge.dir", str(root), "its runs differ in settings that change results: "
-                          + "; ".join(f"{k} ({values(k)})" for k in diff),
-                          "merge only the shards of one setting (run each setting in its own hydra.sweep.dir)")
+
+        raise ConfigError(
+            "merge.dir",
+            str(root),
+            "its runs differ in settings that change results: " + "; ".join(f"{k} ({values(k)})" for k in diff),
+            "merge only the shards of one setting (run each setting in its own hydra.sweep.dir)",
+        )
     s0 = settings[0]
     if s0.get("task", "decode") != "decode":
-        raise ConfigError("merge.dir", str(root), f"its runs are task={s0.get('task')!r}, not decode runs",
-                          "merge the sweep dir of a sharded decode")
+        raise ConfigError(
+            "merge.dir",
+            str(root),
+            f"its runs are task={s0.get('task')!r}, not decode runs",
+            "merge the sweep dir of a sharded decode",
+        )
     data = OmegaConf.create({k[5:]: v for k, v in s0.items() if k.startswith("data.")})
     if data.get("path") is not None and (Path(launch_dir(dirs[0])) / data.path).exists():  # where the shards ran
         data.path = str(Path(launch_dir(dirs[0])) / data.path)
-    expected = [p.index for p in load_prompts(data.get("path"), data.get("prompts"), data.get("field", "prompt"),
-                                              data.get("offset", 0), data.get("limit"), data.get("indices"),
-                                              data.get("root"), HubSource.of(data))]
+    expected = [
+        p.index
+        for p in load_prompts(
+            data.get("path"),
+            data.get("prompts"),
+            data.get("field", "prompt"),
+            data.get("offset", 0),
+            data.get("limit"),
+            data.get("indices"),
+            data.get("root"),
+            HubSource.of(data),
+        )
+    ]
     records: dict[int, dict[str, Any]] = {}
     total, shards, judged = Compute(), [], {}
     for d, setting in zip(dirs, settings):
@@ -122,29 +154,45 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         info = json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {}
         total.add(Compute.from_dict(info.get("compute", {})))
         add_judges(judged, info.get("judge", {}), d, root)
-        shards.append({"dir": str(d), "shard": setting.get("data.shard"), "n_prompts": len(recs),
-                       "complete": bool(info.get("complete", False)), "has_summary": bool(info)})
+        shards.append(
+            {
+                "dir": str(d),
+                "shard": setting.get("data.shard"),
+                "n_prompts": len(recs),
+                "complete": bool(info.get("complete", False)),
+                "has_summary": bool(info),
+            }
+        )
     missing = [i for i in expected if i not in records]
     out = Path(out_dir) if out_dir is not None else root
     merged = ResultsWriter(out, resume=False)
     merged.records = records
     if records:
         merged.save()
-    merged.write_json("summary.json", {
-        "compute": total.to_dict(), "n_prompts": len(records), "prompts_total": len(expected),
-        "complete": not missing, "missing": missing, "shards": shards,
-        "policy": s0.get("policy.name"), "reward": s0.get("reward.name"),
-        "partial_reward": s0.get("partial_reward.name"),
-        **({"judge": summarize_judges(records.values(), previous=judged)} if judged else {})})
+    merged.write_json(
+        "summary.json",
+        {
+            "compute": total.to_dict(),
+            "n_prompts": len(records),
+            "prompts_total": len(expected),
+            "complete": not missing,
+            "missing": missing,
+            "shards": shards,
+            "policy": s0.get("policy.name"),
+            "reward": s0.get("reward.name"),
+            "partial_reward": s0.get("partial_reward.name"),
+            **({"judge": summarize_judges(records.values(), previous=judged)} if judged else {}),
+        },
+    )
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        raise IncompleteMerge(f"{len(missing)} of {len(expected)} prompts are in no shard's results: prompt_index "
-                              f"{shown}. The {len(records)} present are merged into {merged.path}. Rerun the same "
-                              f"multirun command (with the same hydra.sweep.dir) to compute only the missing ones, "
-                              f"then merge again")
+        raise IncompleteMerge(
+            f"{len(missing)} of {len(expected)} prompts are in no shard's results: prompt_index "
+            f"{shown}. The {len(records)} present are merged into {merged.path}. Rerun the same "
+            f"multirun command (with the same hydra.sweep.dir) to compute only the missing ones, "
+            f"then merge again"
+        )
     if cfg.output.alpaca_eval:
         export_alpaca_eval(merged.path, out / "model_outputs.json", cfg.output.alpaca_eval)
     log.info("merged %d prompts from %d shard(s) into %s", len(records), len(dirs), merged.path)
-    return RunOutput([], total, out, extra={"merged": str(merged.path), "n_prompts": len(records),
-                                            "shards": len(dirs)})
-
+    return RunOutput([], total, out, extra={"merged": str(merged.path), "n_prompts": len(records), "shards": len(dirs)})

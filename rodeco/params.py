@@ -56,8 +56,7 @@ def take_params(node: str, params: Mapping[str, Any], defaults: Mapping[str, Any
     return {**defaults, **params}
 
 
-def check_params(node: str, params: Mapping[str, Any], schema: type, *, name: str = "",
-                 complete: bool = False) -> None:
+def check_params(node: str, params: Mapping[str, Any], schema: type, *, name: str = "", complete: bool = False) -> None:
     """``params`` (a config node without ``name``) against ``schema``: an unknown key gets the valid keys and the
     likely one, a value of the wrong type the type the key takes, both as a ``ConfigError`` naming ``node.key``.
     A ``???`` value is left for the plugin to report; with ``complete``, a required field must be there."""
@@ -72,8 +71,12 @@ def check_params(node: str, params: Mapping[str, Any], schema: type, *, name: st
     for key in fields:
         if key not in params:
             if complete and key not in defaults:
-                raise ConfigError(f"{node}.{key}", None, f"missing; {where} needs it",
-                                  f"set {node}.{key}=... ({_describe(hints[key])})")
+                raise ConfigError(
+                    f"{node}.{key}",
+                    None,
+                    f"missing; {where} needs it",
+                    f"set {node}.{key}=... ({_describe(hints[key])})",
+                )
             continue
         value = params[key]
         if not ((isinstance(value, str) and value == MISSING_VALUE) or fits(value, hints[key])):
@@ -81,21 +84,34 @@ def check_params(node: str, params: Mapping[str, Any], schema: type, *, name: st
 
 
 def _wrong_type(key: str, value: Any, tp: Any, example: Any) -> ConfigError:
-    choices = [a for t in (get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,))
-               if get_origin(t) is Literal for a in get_args(t) if isinstance(a, str)]
+    choices = [
+        a
+        for t in (get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,))
+        if get_origin(t) is Literal
+        for a in get_args(t)
+        if isinstance(a, str)
+    ]
     close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
     problem = f"must be {_describe(tp)}" + ("" if choices and isinstance(value, str) else f", not {_kind(value)}")
-    fix = (f"did you mean {close[0]}? Use {key}={close[0]}" if close
-           else f"set {key}={_text(example)}, say" if isinstance(example, (bool, int, float, str))
-           else f"give {_describe(tp)}")
+    fix = (
+        f"did you mean {close[0]}? Use {key}={close[0]}"
+        if close
+        else f"set {key}={_text(example)}, say"
+        if isinstance(example, (bool, int, float, str))
+        else f"give {_describe(tp)}"
+    )
     return ConfigError(key, value, problem, fix)
 
 
 def _unknown(node: str, key: str, value: Any, where: str, valid: list[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1)
-    fix = (f"did you mean {close[0]}? Use {node}.{close[0]}={_text(value)}" if close
-           else f"remove it: {where} takes no parameters" if valid == ["name"]
-           else f"use one of the keys of {where}")
+    fix = (
+        f"did you mean {close[0]}? Use {node}.{close[0]}={_text(value)}"
+        if close
+        else f"remove it: {where} takes no parameters"
+        if valid == ["name"]
+        else f"use one of the keys of {where}"
+    )
     return ConfigError(f"{node}.{key}", value, f"unknown key; the keys of {where} are: {', '.join(valid)}", fix)
 
 
@@ -152,8 +168,16 @@ def _plural(tp: Any) -> str:
 
 
 def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", type(None): "null",
-            list: "a list", tuple: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+        str: "a string",
+        type(None): "null",
+        list: "a list",
+        tuple: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
 def _text(value: Any) -> str:

@@ -70,16 +70,25 @@ class Registry:
         self.kind, self.key = kind, key  # key: the config key that selects an entry, for error messages
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Callable[..., Any], description: str = "", *, plugin: str = "",
-                 args: type | None = None, params: type | None = None) -> None:
+    def register(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        description: str = "",
+        *,
+        plugin: str = "",
+        args: type | None = None,
+        params: type | None = None,
+    ) -> None:
         if not name or not isinstance(name, str):
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r} (from plugin {plugin!r})")
         if name in self._entries:
             other = self._entries[name].plugin
             raise ValueError(f"{self.kind} {name!r} registered twice (by {other!r} and {plugin!r}); rename one")
         if params is not None and not is_schema(params):
-            raise ValueError(f"{self.kind} {name!r}: params must be a dataclass, got {params!r} (from plugin "
-                             f"{plugin!r})")
+            raise ValueError(
+                f"{self.kind} {name!r}: params must be a dataclass, got {params!r} (from plugin {plugin!r})"
+            )
         self._entries[name] = Entry(name, factory, description, plugin, args, params)
 
     def names(self) -> list[str]:
@@ -92,7 +101,9 @@ class Registry:
             return self._entries[name]
         except KeyError:
             raise ConfigError(
-                key or self.key, name, f"unknown {self.kind}; known: {', '.join(self.names()) or '(none)'}",
+                key or self.key,
+                name,
+                f"unknown {self.kind}; known: {', '.join(self.names()) or '(none)'}",
                 f"use one of the known names, or install the plugin that provides {name!r}",
             ) from None
 
@@ -122,8 +133,12 @@ def _selected_entry_points() -> list[Any]:
         known = {ep.name for ep in eps}
         missing = [name for name in only if name not in known]
         if missing:
-            raise ConfigError("RODECO_LOAD_PLUGINS", ",".join(only), f"no installed entry point named {missing}",
-                              f"installed entry points of group {GROUP!r}: {sorted(known)}")
+            raise ConfigError(
+                "RODECO_LOAD_PLUGINS",
+                ",".join(only),
+                f"no installed entry point named {missing}",
+                f"installed entry points of group {GROUP!r}: {sorted(known)}",
+            )
         eps = [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS or ep.name in only]
     builtin = [ep for ep in eps if ep.name in BUILTIN_ENTRY_POINTS]
     return builtin + [ep for ep in eps if ep.name not in BUILTIN_ENTRY_POINTS]  # the built-ins register first
@@ -151,8 +166,10 @@ class PluginManager(pluggy.PluginManager):
         except pluggy.PluginValidationError as e:
             known = sorted(n for n in dir(hookspecs) if n.startswith(GROUP + "_"))
             raise pluggy.PluginValidationError(
-                e.plugin, f"{e}. Fix: rename it to one of the hooks in rodeco.hookspecs ({', '.join(known)}); "
-                          f"see docs/plugins.md") from e
+                e.plugin,
+                f"{e}. Fix: rename it to one of the hooks in rodeco.hookspecs ({', '.join(known)}); "
+                f"see docs/plugins.md",
+            ) from e
 
 
 class Plugins:
@@ -172,8 +189,9 @@ class Plugins:
         for impl in hook.get_hookimpls():  # in registration order
             plugin_name = impl.plugin_name
 
-            def register(name: str, factory: Callable[..., Any], description: str = "", _p: str = plugin_name,
-                         **kw: Any) -> None:
+            def register(
+                name: str, factory: Callable[..., Any], description: str = "", _p: str = plugin_name, **kw: Any
+            ) -> None:
                 registry.register(name, factory, description, plugin=_p, **kw)
 
             impl.function(register=register)
@@ -185,8 +203,9 @@ class Plugins:
         """(name, dataclass) of every registered experiment that declares its ``experiment_args``."""
         return [(n, e.args) for n in self.experiments.names() if (e := self.experiments.get(n)).args is not None]
 
-    def build(self, entry: Entry, params: dict[str, Any], ctx: BuildContext,
-              identities: dict[str, str] | None = None) -> Any:
+    def build(
+        self, entry: Entry, params: dict[str, Any], ctx: BuildContext, identities: dict[str, str] | None = None
+    ) -> Any:
         """The one builder: a registered reward or policy (``entry``), built by its factory from ``params`` with
         ``ctx`` (its ``plugins`` filled in; ``identities``, what the scores come from, put in it when given).
         ``rodeco.roles.RoleBuilder`` builds every role through it, the policy with the identities of its scorers;
@@ -202,8 +221,9 @@ class Plugins:
         name, params = split_node(node, key)
         return self.build(self.rewards.get(name, f"{key}.name"), params, ctx)
 
-    def build_policy(self, node: Any, ctx: BuildContext, key: str = "policy",
-                     identities: dict[str, str] | None = None) -> Policy:
+    def build_policy(
+        self, node: Any, ctx: BuildContext, key: str = "policy", identities: dict[str, str] | None = None
+    ) -> Policy:
         """The policy a config node describes; ``identities`` (``rodeco.calibration.identities``: what the scores it
         decides by come from) go into its ``BuildContext``, so that a policy tied to them (``calibrated``'s
         calibration file) checks them. Without them such a policy cannot check and says so."""

@@ -61,15 +61,23 @@ class PoolPrompt:
     def from_dict(cls, d: dict[str, Any]) -> PoolPrompt:
         return cls(**{**d, "candidates": [PoolCandidate(**c) for c in d["candidates"]]})
 
-    def request(self, i: int, length: int | None = None, text: str | None = None,
-                hidden: np.ndarray | None = None) -> ScoreRequest:
+    def request(
+        self, i: int, length: int | None = None, text: str | None = None, hidden: np.ndarray | None = None
+    ) -> ScoreRequest:
         """Candidate ``i`` as a reward request: its finished response, or (``length``) its first ``length`` tokens
         as a partial one, ``text`` being their decoding (``hidden``: the state that sampled the last of them)."""
         c = self.candidates[i]
         ids = c.token_ids if length is None else c.token_ids[:length]
-        return ScoreRequest(self.text, c.text if length is None else str(text), tuple(ids), partial=length is not None,
-                            prompt_index=self.index, candidate_id=i, logprobs=tuple(c.logprobs[: len(ids)]),
-                            hidden_state=hidden)
+        return ScoreRequest(
+            self.text,
+            c.text if length is None else str(text),
+            tuple(ids),
+            partial=length is not None,
+            prompt_index=self.index,
+            candidate_id=i,
+            logprobs=tuple(c.logprobs[: len(ids)]),
+            hidden_state=hidden,
+        )
 
     def final_requests(self) -> list[ScoreRequest]:
         return [self.request(i) for i in range(len(self.candidates))]
@@ -92,8 +100,9 @@ class Pool:
         self.path, self.key = Path(path), key
         f = self.path / SETTINGS
         if not f.is_file():
-            raise ConfigError(key, str(path), "no pool there (no pool.json)",
-                              f"record one first: rodeco experiment=pool {key}={path}")
+            raise ConfigError(
+                key, str(path), "no pool there (no pool.json)", f"record one first: rodeco experiment=pool {key}={path}"
+            )
         self.settings: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
         self._prompts: dict[int, PoolPrompt] = {}
         self._hidden: dict[int, np.ndarray] = {}
@@ -107,8 +116,12 @@ class Pool:
             old = json.loads(f.read_text(encoding="utf-8"))
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             if diff:
-                raise ConfigError(key, str(path), f"the pool there was recorded with other settings ({diff})",
-                                  "give a new pool directory, or the settings it was recorded with")
+                raise ConfigError(
+                    key,
+                    str(path),
+                    f"the pool there was recorded with other settings ({diff})",
+                    "give a new pool directory, or the settings it was recorded with",
+                )
         else:
             atomic_write(f, json.dumps(settings, indent=2) + "\n")
         return Pool(path, key)
@@ -131,8 +144,12 @@ class Pool:
         if index not in self._prompts:
             f = self.path / "prompts" / f"{index}.json"
             if not f.is_file():
-                raise ConfigError(self.key, str(self.path), f"prompt {index} is not in the pool",
-                                  "record it first (rodeco experiment=pool with the same data)")
+                raise ConfigError(
+                    self.key,
+                    str(self.path),
+                    f"prompt {index} is not in the pool",
+                    "record it first (rodeco experiment=pool with the same data)",
+                )
             self._prompts[index] = PoolPrompt.from_dict(json.loads(f.read_text(encoding="utf-8")))
         return self._prompts[index]
 
@@ -141,9 +158,13 @@ class Pool:
         if index not in self._hidden:
             f = self.path / "hidden" / f"{index}.npy"
             if not f.is_file():
-                raise ConfigError(self.key, str(self.path), f"prompt {index} has no hidden states (pools recorded "
-                                  "through vLLM, or before rodeco stored them, lack them)",
-                                  "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR")
+                raise ConfigError(
+                    self.key,
+                    str(self.path),
+                    f"prompt {index} has no hidden states (pools recorded "
+                    "through vLLM, or before rodeco stored them, lack them)",
+                    "record the prompt again into a new pool: rodeco experiment=pool pool=NEW_DIR",
+                )
             self._hidden[index] = np.load(f, mmap_mode="r")
         return self._hidden[index]
 

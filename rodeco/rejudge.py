@@ -34,13 +34,21 @@ log = logging.getLogger(__name__)
 def judge_task(cfg: DictConfig, plugins: Plugins) -> RunOutput:
     """``task=judge``: the run in ``output.dir``, or the pool in ``pool``."""
     if not cfg.get("judge"):
-        raise ConfigError("judge", None, "task=judge needs at least one judge",
-                          "name them: rodeco task=judge judge=[chrf,ref_sim] output.dir=RUN_DIR")
+        raise ConfigError(
+            "judge",
+            None,
+            "task=judge needs at least one judge",
+            "name them: rodeco task=judge judge=[chrf,ref_sim] output.dir=RUN_DIR",
+        )
     if cfg.pool:
         return judge_pool(cfg, plugins)
     if not cfg.output.dir:
-        raise ConfigError("output.dir", None, "task=judge scores a run's results in place and needs its directory",
-                          "rodeco task=judge judge=chrf output.dir=RUN_DIR (or pool=POOL_DIR for a pool)")
+        raise ConfigError(
+            "output.dir",
+            None,
+            "task=judge scores a run's results in place and needs its directory",
+            "rodeco task=judge judge=chrf output.dir=RUN_DIR (or pool=POOL_DIR for a pool)",
+        )
     return judge_run(cfg, plugins, Path(cfg.output.dir))
 
 
@@ -74,8 +82,12 @@ def judge_run(cfg: DictConfig, plugins: Plugins, run_dir: Path) -> RunOutput:
     AlpacaEval export follow."""
     writer = ResultsWriter(run_dir)
     if not writer.records:
-        raise ConfigError("output.dir", str(run_dir), "holds no results.jsonl with results to judge",
-                          "give the directory of a decode run (its results.jsonl)")
+        raise ConfigError(
+            "output.dir",
+            str(run_dir),
+            "holds no results.jsonl with results to judge",
+            "give the directory of a decode run (its results.jsonl)",
+        )
     summary_path = run_dir / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
     choices = choose_judges(cfg.judge, plugins, _guides(run_dir, plugins))
@@ -95,8 +107,9 @@ def judge_run(cfg: DictConfig, plugins: Plugins, run_dir: Path) -> RunOutput:
         name = json.loads(alpaca.read_text(encoding="utf-8"))
         export_alpaca_eval(writer.path, alpaca, name[0]["generator"] if name else "rodeco")
     log.info("judged %d of %d result(s) in %s", done, len(writer.records), writer.path)
-    return RunOutput([], Compute(), run_dir, extra={"judge": summary["judge"], "judged": done,
-                                                    "results": len(writer.records)})
+    return RunOutput(
+        [], Compute(), run_dir, extra={"judge": summary["judge"], "judged": done, "results": len(writer.records)}
+    )
 
 
 def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
@@ -108,8 +121,9 @@ def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
 
     pool = Pool(cfg.pool)
     choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
-    builder = RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), BuildContext(plugins=plugins),
-                          pool=pool)
+    builder = RoleBuilder(
+        plugins, str(pool.settings["generator"].get("model", "")), BuildContext(plugins=plugins), pool=pool
+    )
     judges = builder.judges(choices)
     out: dict[str, Any] = {}
     for j in judges.judges:
@@ -119,10 +133,20 @@ def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
             j.scorer.reward.save()  # the cache, prompt by prompt
             all_scores.extend(s.tolist())
             first.append(float(s[0]))
-        out[j.name] = {"mean_all": float(np.mean(all_scores)), "mean_best_of_1": float(np.mean(first)),
-                       "prompts": len(first), "candidates": len(all_scores), **j.spec, "cost": j.cost()}
-        log.info("judge %s: %d candidates of %d prompts scored (cached in %s)", j.name, len(all_scores), len(first),
-                 pool.path / "scores")
+        out[j.name] = {
+            "mean_all": float(np.mean(all_scores)),
+            "mean_best_of_1": float(np.mean(first)),
+            "prompts": len(first),
+            "candidates": len(all_scores),
+            **j.spec,
+            "cost": j.cost(),
+        }
+        log.info(
+            "judge %s: %d candidates of %d prompts scored (cached in %s)",
+            j.name,
+            len(all_scores),
+            len(first),
+            pool.path / "scores",
+        )
     atomic_write(pool.path / "judge_pool.json", json.dumps(out, indent=2) + "\n")
     return RunOutput([], Compute(), pool.path, extra={"judge": out})
-

@@ -45,25 +45,37 @@ UNRECORDED_SHAPE = ("vocab_size", "hidden_size")
 
 def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cfg: dict[str, Any]) -> dict[str, Any]:
     """What a pool's candidates depend on; replaying needs the same, extending the pool too."""
-    return {"candidates": candidates, "max_new_tokens": s.max_new_tokens, "seed": s.seed,
-            "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
-                         "top_p": s.sampling.top_p},
-            "generator": generator_cfg, "engine": gen.engine_name,
-            "shape": {k: v for k, v in gen.shape.to_dict().items() if k not in UNRECORDED_SHAPE},
-            "dtype": str(gen.dtype), "eos_ids": gen.eos_ids, "pad_id": gen.pad_id,
-            **({"kv_block": gen.kv.block} if gen.kv.block != 1 else {})}  # pools of rodeco's engines: as before
+    return {
+        "candidates": candidates,
+        "max_new_tokens": s.max_new_tokens,
+        "seed": s.seed,
+        "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p},
+        "generator": generator_cfg,
+        "engine": gen.engine_name,
+        "shape": {k: v for k, v in gen.shape.to_dict().items() if k not in UNRECORDED_SHAPE},
+        "dtype": str(gen.dtype),
+        "eos_ids": gen.eos_ids,
+        "pad_id": gen.pad_id,
+        **({"kv_block": gen.kv.block} if gen.kv.block != 1 else {}),
+    }  # pools of rodeco's engines: as before
 
 
-def record_prompt(gen: Generator, pool: Pool, prompt: Prompt,
-                  s: LoopSettings) -> tuple[PoolPrompt, np.ndarray | None]:
+def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -> tuple[PoolPrompt, np.ndarray | None]:
     """Decode ``pool.candidates`` candidates of one prompt to the end, as Best-of-M with no budget would, with the
     same random streams as a live run (candidate ``i`` of prompt ``index``). Returns them with their costs, and the
     hidden states ``[M, max_new_tokens, hidden]`` (float16): ``[c, t]`` is the state that sampled candidate ``c``'s
     token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end), or
     None where the engine keeps them to itself (vLLM)."""
     t0 = time.perf_counter()
-    sess = gen.open_session(session_spec(s, pool.candidates, [PromptRef(prompt.index, prompt.text)],
-                                         needs_logprobs=True, record_hidden=gen.provides_hidden))
+    sess = gen.open_session(
+        session_spec(
+            s,
+            pool.candidates,
+            [PromptRef(prompt.index, prompt.text)],
+            needs_logprobs=True,
+            record_hidden=gen.provides_hidden,
+        )
+    )
     ids = gen.encode(prompt.text)
     sess.prefill([ids])
     prefill_s = time.perf_counter() - t0
@@ -76,15 +88,20 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt,
         hidden = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
         for t, cand, h in sess.hidden_log:
             hidden[cand, t] = h.float().cpu().numpy()
-    return PoolPrompt(index=prompt.index, text=prompt.text, prompt_ids=ids, prefill_seconds=prefill_s,
-                      candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop)
-                                  for r in rows],
-                      steps={"rows": st.step_rows, "context": st.step_context, "seconds": st.step_seconds},
-                      record_seconds=time.perf_counter() - t0), hidden
+    return PoolPrompt(
+        index=prompt.index,
+        text=prompt.text,
+        prompt_ids=ids,
+        prefill_seconds=prefill_s,
+        candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop) for r in rows],
+        steps={"rows": st.step_rows, "context": st.step_context, "seconds": st.step_seconds},
+        record_seconds=time.perf_counter() - t0,
+    ), hidden
 
 
-def measure_step_costs(gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int,
-                       steps: int = 48) -> dict[str, Any]:
+def measure_step_costs(
+    gen: Generator, prompt: Prompt, s: LoopSettings, max_rows: int, steps: int = 48
+) -> dict[str, Any]:
     """Decode step times of the live engine at 1, 2, 4, ..., ``max_rows`` rows of one prompt (``steps`` steps each,
     EOS ignored so the batch stays full): what the time model of replayed runs is fitted to."""
     out: dict[str, Any] = {"rows": [], "context": [], "seconds": [], "prompt_index": prompt.index}
@@ -128,8 +145,9 @@ class ReplayGenerator:
         self.continuation_seconds = 0.0  # spent decoding copies' continuations that the pool did not hold
         self.continued = 0  # continuations decoded (the rest served from the pool)
 
-    def continuations(self, index: int, stream_key: int, parents: list[int], step: int,
-                      prefixes: list[list[int]], streams: list[int]) -> list[dict[str, Any]]:
+    def continuations(
+        self, index: int, stream_key: int, parents: list[int], step: int, prefixes: list[list[int]], streams: list[int]
+    ) -> list[dict[str, Any]]:
         """The continuations of copies of prompt ``index`` made after ``step`` tokens: copy ``j`` holds
         ``prefixes[j]`` (its parent's tokens, of stream ``parents[j]``) and has stream ``streams[j]``. Served from
         the pool; the missing ones decoded together by the live generator, as the live copy continues: its parent's
@@ -142,8 +160,11 @@ class ReplayGenerator:
             ps = self.pool.settings
             live = self.live()
             sampling = SamplingParams(**ps["sampling"])
-            sess = live.open_session(SessionSpec(len(miss), sampling, int(ps["max_new_tokens"]), int(ps["seed"]),
-                                                 (stream_key,), needs_logprobs=True))
+            sess = live.open_session(
+                SessionSpec(
+                    len(miss), sampling, int(ps["max_new_tokens"]), int(ps["seed"]), (stream_key,), needs_logprobs=True
+                )
+            )
             sess.prefill([self.pool.prompt(index).prompt_ids])
             sess.stream[:] = [streams[j] for j in miss]
             sess.cand[:] = miss
@@ -153,18 +174,28 @@ class ReplayGenerator:
             for r in rows:
                 j = r.candidate_id
                 assert r.token_ids[:step] == prefixes[j], "a continuation must start with its parent's tokens"
-                have[str(streams[j])] = {"parent": parents[j], "step": step, "tokens": r.token_ids,
-                                         "logprobs": r.logprobs, "stop": r.stop, "seconds": seconds,
-                                         "text": live.decode_text(r.token_ids)}
+                have[str(streams[j])] = {
+                    "parent": parents[j],
+                    "step": step,
+                    "tokens": r.token_ids,
+                    "logprobs": r.logprobs,
+                    "stop": r.stop,
+                    "seconds": seconds,
+                    "text": live.decode_text(r.token_ids),
+                }
             self.pool.write_continuations(index, have)
             self.continuation_seconds += time.perf_counter() - t0
             self.continued += len(miss)
         out = [have[str(st)] for st in streams]
         for e, p, st in zip(out, parents, streams):
             if e["parent"] != p or e["step"] != step:
-                raise ConfigError("pool", str(self.pool.path), f"continuation {st} of prompt {index} was stored for "
-                                  f"parent {e['parent']} at step {e['step']}, not {p} at {step}",
-                                  "remove the pool's continuations/ folder (it is rebuilt on demand)")
+                raise ConfigError(
+                    "pool",
+                    str(self.pool.path),
+                    f"continuation {st} of prompt {index} was stored for "
+                    f"parent {e['parent']} at step {e['step']}, not {p} at {step}",
+                    "remove the pool's continuations/ folder (it is rebuilt on demand)",
+                )
         return out
 
     def live(self) -> Generator:
@@ -172,8 +203,12 @@ class ReplayGenerator:
         if self._live is None:
             self._live = self._live_factory()
             if not isinstance(self._live, TorchGenerator):
-                raise ConfigError("generator.engine", self._live.engine_name, "continuations of copies are decoded "
-                                  "with rodeco's own engines (fast, hf)", "replay with generator.engine=fast")
+                raise ConfigError(
+                    "generator.engine",
+                    self._live.engine_name,
+                    "continuations of copies are decoded with rodeco's own engines (fast, hf)",
+                    "replay with generator.engine=fast",
+                )
         return self._live
 
     def add(self, p: PoolPrompt) -> None:
@@ -249,8 +284,12 @@ class PoolSession(Session):
     def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
         """Copies as live makes them; each then emits its continuation from the pool (decoded on first use)."""
         if self.needs_hidden:
-            raise ConfigError("partial_reward", "a reward that reads hidden states", "a pool records no hidden "
-                              "states of copies", "replay forking policies with a partial reward that reads text")
+            raise ConfigError(
+                "partial_reward",
+                "a reward that reads hidden states",
+                "a pool records no hidden states of copies",
+                "replay forking policies with a partial reward that reads text",
+            )
         parent_streams = [int(self.stream[r]) for r in parents]
         slots = super().fork(parents, ids, streams)
         by_prompt: dict[int, list[int]] = {}
@@ -258,15 +297,20 @@ class PoolSession(Session):
             by_prompt.setdefault(int(self.prompt_of[r]), []).append(j)
         T, t = self.max_new, self.t
         for p, js in by_prompt.items():
-            conts = self.gen.continuations(int(self.indices[p]), int(self.keys[p]), [parent_streams[j] for j in js],
-                                           t, [self.out[slots[j], :t].tolist() for j in js],
-                                           [streams[j] for j in js])
+            conts = self.gen.continuations(
+                int(self.indices[p]),
+                int(self.keys[p]),
+                [parent_streams[j] for j in js],
+                t,
+                [self.out[slots[j], :t].tolist() for j in js],
+                [streams[j] for j in js],
+            )
             for j, c in zip(js, conts):
                 r = slots[j]
                 toks = (c["tokens"] + ([c["stop"]] if c["stop"] is not None else []))[:T]
                 self.rec[r, t:] = self.gen.pad_id
-                self.rec[r, t: len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
-                self.rec_lp[r, t: min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
+                self.rec[r, t : len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
+                self.rec_lp[r, t : min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
         return slots
 
 
@@ -321,8 +365,16 @@ class PoolReward:
         p = self.pool.prompt(index)
         if stream is not None and stream & COPY_BIT:
             c = self.pool.continuations(index)[str(stream)]
-            req = ScoreRequest(p.text, c["text"], tuple(c["tokens"]), partial=False, prompt_index=index,
-                               candidate_id=candidate, logprobs=tuple(c["logprobs"]), stream=stream)
+            req = ScoreRequest(
+                p.text,
+                c["text"],
+                tuple(c["tokens"]),
+                partial=False,
+                prompt_index=index,
+                candidate_id=candidate,
+                logprobs=tuple(c["logprobs"]),
+                stream=stream,
+            )
         else:
             req = p.request(candidate)
         if self._key(req) not in self.entries(index):
@@ -368,40 +420,72 @@ class OracleReward:
 def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
     """The run's settings must be the pool's (the candidates depend on them) and ask for no more than it holds."""
     ps = pool.settings
-    got = {"seed": s.seed, "temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
-           "top_p": s.sampling.top_p}
+    got = {"seed": s.seed, "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p}
     want = {"seed": ps["seed"], **ps["sampling"]}
     for k in got:
         if got[k] != want[k]:
             key = "seed" if k == "seed" else f"sampling.{k}"
-            raise ConfigError(key, got[k], f"the pool was recorded with {key}={want[k]}",
-                              f"replay with {key}={want[k]}, or record a pool with these settings")
+            raise ConfigError(
+                key,
+                got[k],
+                f"the pool was recorded with {key}={want[k]}",
+                f"replay with {key}={want[k]}, or record a pool with these settings",
+            )
     if s.max_new_tokens > ps["max_new_tokens"]:
-        raise ConfigError("sampling.max_new_tokens", s.max_new_tokens,
-                          f"the pool's candidates stop at {ps['max_new_tokens']} tokens",
-                          f"use at most {ps['max_new_tokens']}")
+        raise ConfigError(
+            "sampling.max_new_tokens",
+            s.max_new_tokens,
+            f"the pool's candidates stop at {ps['max_new_tokens']} tokens",
+            f"use at most {ps['max_new_tokens']}",
+        )
     if s.ignore_eos:
-        raise ConfigError("sampling.ignore_eos", True, "a pool records candidates up to their EOS only",
-                          "replay with sampling.ignore_eos=false")
+        raise ConfigError(
+            "sampling.ignore_eos",
+            True,
+            "a pool records candidates up to their EOS only",
+            "replay with sampling.ignore_eos=false",
+        )
     if s.stop:
-        raise ConfigError("sampling.stop", list(s.stop), "a pool records candidates up to their EOS, not to a stop "
-                          "string", "replay with sampling.stop=[] (decode live to use stop strings)")
+        raise ConfigError(
+            "sampling.stop",
+            list(s.stop),
+            "a pool records candidates up to their EOS, not to a stop string",
+            "replay with sampling.stop=[] (decode live to use stop strings)",
+        )
     if n != "auto" and int(n) > pool.candidates:
-        raise ConfigError("n", n, f"the pool holds {pool.candidates} candidates per prompt",
-                          f"use n<={pool.candidates}")
+        raise ConfigError(
+            "n", n, f"the pool holds {pool.candidates} candidates per prompt", f"use n<={pool.candidates}"
+        )
 
 
-def replay_prompt(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Policy, index: int, s: LoopSettings,
-                  first: int = 0, on_round=None, partial: Scorer | None = None) -> tuple[PromptResult, Compute, float]:
+def replay_prompt(
+    pool: Pool,
+    gen: ReplayGenerator,
+    reward: Scorer,
+    policy: Policy,
+    index: int,
+    s: LoopSettings,
+    first: int = 0,
+    on_round=None,
+    partial: Scorer | None = None,
+) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
     charged (``replay_batch`` of one prompt)."""
     (res,), comp, seconds = replay_batch(pool, gen, reward, policy, [index], s, first, on_round, partial)
     return res, comp, seconds
 
 
-def replay_batch(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Policy, indices: list[int],
-                 s: LoopSettings, first: int = 0, on_round=None,
-                 partial: Scorer | None = None) -> tuple[list[PromptResult], Compute, float]:
+def replay_batch(
+    pool: Pool,
+    gen: ReplayGenerator,
+    reward: Scorer,
+    policy: Policy,
+    indices: list[int],
+    s: LoopSettings,
+    first: int = 0,
+    on_round=None,
+    partial: Scorer | None = None,
+) -> tuple[list[PromptResult], Compute, float]:
     """Prompts of the pool decoded together, as one live batch of them (``data.batch_prompts``) would be, through
     the real loop under ``s``: their results, the batch's compute, and the reward seconds charged (the rewards'
     time as computed live). ``reward`` and ``partial`` are the roles' scorers (``Roles.reward``, ``Roles.partial``)
@@ -417,8 +501,16 @@ def replay_batch(pool: Pool, gen: ReplayGenerator, reward: Scorer, policy: Polic
         budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.kv)
         s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, len(ps), policy, cap=pool.candidates))
     check_replayable(pool, s, s.n)
-    res, comp = decode_batch(gen, reward, policy, [PromptRef(p.index, p.text) for p in ps], s, on_round=on_round,
-                             partial=partial, first=first)
+    res, comp = decode_batch(
+        gen,
+        reward,
+        policy,
+        [PromptRef(p.index, p.text) for p in ps],
+        s,
+        on_round=on_round,
+        partial=partial,
+        first=first,
+    )
     return res, comp, sum(r.seconds for r in charged) - seconds0
 
 
@@ -435,8 +527,9 @@ def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
     return load_generator(node)
 
 
-def open_pool(path: str | Path, key: str = "pool",
-              live: Callable[[], Generator] | None = None) -> tuple[Pool, ReplayGenerator]:
+def open_pool(
+    path: str | Path, key: str = "pool", live: Callable[[], Generator] | None = None
+) -> tuple[Pool, ReplayGenerator]:
     """A pool and its generator; ``live`` builds the live generator that decodes copies' continuations (default:
     the pool's own, loaded on first use)."""
     pool = Pool(path, key)

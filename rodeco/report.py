@@ -28,22 +28,33 @@ def summarize(out: RunOutput, cfg: DictConfig) -> str:
         lines.append(f"best of {r.n_start} (reward {r.best.score:.4f}, {len(r.rounds)} decision point(s)):")
         lines.append(textwrap.indent(r.best.text.strip() or "(empty)", "  "))
         if r.judge:
-            lines.append("judged: " + ", ".join(f"{j.name} {j.score:.4f}" if j.score is not None
-                                                else f"{j.name} failed ({j.error})" for j in r.judge))
+            lines.append(
+                "judged: "
+                + ", ".join(
+                    f"{j.name} {j.score:.4f}" if j.score is not None else f"{j.name} failed ({j.error})"
+                    for j in r.judge
+                )
+            )
     c = out.compute
     lines.append("\n--- compute")
-    lines.append(f"generator tokens: prefill {c.gen_prefill_tokens}, decode {c.gen_decode_tokens}; "
-                 f"reward tokens {c.reward_tokens} ({c.partial_reward_tokens} of them at decision points, "
-                 f"{c.partial_reward_calls} of {c.reward_calls} reward calls); total {c.total_flops / 1e9:.1f} GFLOPs")
-    lines.append(f"peak KV cache: {c.peak_kv_tokens} tokens ({c.peak_kv_bytes / 2**20:.1f} MiB), "
-                 f"budget {cfg.budget.kv_tokens}" + (f"; vLLM preemptions: {c.preemptions}"
-                                                     if cfg.generator.engine == "vllm" else ""))
+    lines.append(
+        f"generator tokens: prefill {c.gen_prefill_tokens}, decode {c.gen_decode_tokens}; "
+        f"reward tokens {c.reward_tokens} ({c.partial_reward_tokens} of them at decision points, "
+        f"{c.partial_reward_calls} of {c.reward_calls} reward calls); total {c.total_flops / 1e9:.1f} GFLOPs"
+    )
+    lines.append(
+        f"peak KV cache: {c.peak_kv_tokens} tokens ({c.peak_kv_bytes / 2**20:.1f} MiB), "
+        f"budget {cfg.budget.kv_tokens}"
+        + (f"; vLLM preemptions: {c.preemptions}" if cfg.generator.engine == "vllm" else "")
+    )
     lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(c.time_s.items())))
     if all(r.candidates is not None for r in out.results) and out.results:
         bon = bon_equivalent_tokens(out)
         saved = 1 - c.gen_decode_tokens / bon if bon else 0.0
-        lines.append(f"Best-of-{out.results[0].n_start} would decode ~{bon:.0f} tokens; this run decoded "
-                     f"{c.gen_decode_tokens}: {100 * saved:.0f}% of the decode compute saved")
+        lines.append(
+            f"Best-of-{out.results[0].n_start} would decode ~{bon:.0f} tokens; this run decoded "
+            f"{c.gen_decode_tokens}: {100 * saved:.0f}% of the decode compute saved"
+        )
     if out.extra.get("judge"):
         lines.append(judge_line(out.extra["judge"]))
     if out.out_dir is not None:
@@ -59,6 +70,8 @@ def judge_line(section: dict[str, Any]) -> str:
         c = j.get("cost", {})
         failed = f", {j['failed']} failed" if j.get("failed") else ""
         extra = "".join(f", {k} {v:.4g}" for k, v in j.get("report", {}).items())
-        parts.append(f"{name} {j['mean']:.4f} over {j['n']} winner(s){failed}{extra} (cost "
-                     f"{c.get('flops', 0) / 1e9:.1f} GFLOPs, {c.get('tokens', 0)} tokens, {c.get('seconds', 0):.1f}s)")
+        parts.append(
+            f"{name} {j['mean']:.4f} over {j['n']} winner(s){failed}{extra} (cost "
+            f"{c.get('flops', 0) / 1e9:.1f} GFLOPs, {c.get('tokens', 0)} tokens, {c.get('seconds', 0):.1f}s)"
+        )
     return "judges (their cost is not the method's): " + "; ".join(parts)

@@ -63,8 +63,15 @@ def export_alpaca_eval(results_jsonl: str | Path, out_path: str | Path, generato
     the ``alpaca_eval`` tool."""
     recs = [json.loads(x) for x in Path(results_jsonl).read_text(encoding="utf-8").splitlines() if x.strip()]
     recs.sort(key=lambda r: int(r["prompt_index"]))
-    rows = [{"instruction": r["prompt"], "output": r["best"]["text"], "generator": generator,
-             **({"judge": r["judge"]} if "judge" in r else {})} for r in recs]
+    rows = [
+        {
+            "instruction": r["prompt"],
+            "output": r["best"]["text"],
+            "generator": generator,
+            **({"judge": r["judge"]} if "judge" in r else {}),
+        }
+        for r in recs
+    ]
     out = Path(out_path)
     atomic_write(out, json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     return out

@@ -82,9 +82,13 @@ def choose(node: Any, key: str, plugins: Plugins) -> Choice:
 def _choose_partial(node: Any, plugins: Plugins, live: bool) -> Choice:
     name, params = split_node(node, "partial_reward")
     if name == ORACLE and live:
-        raise ConfigError("partial_reward", ORACLE, "the oracle scores a partial response with its final reward, "
-                          "which only a recorded pool knows", "use it when replaying a pool: rodeco "
-                          "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)")
+        raise ConfigError(
+            "partial_reward",
+            ORACLE,
+            "the oracle scores a partial response with its final reward, which only a recorded pool knows",
+            "use it when replaying a pool: rodeco "
+            "experiment=replay pool=DIR partial_reward=oracle (or experiment=efficiency)",
+        )
     if name in (SAME, ORACLE):
         return Choice("partial_reward", name, params)
     return Choice("partial_reward", name, params, plugins.rewards.get(name, "partial_reward.name"))
@@ -95,8 +99,12 @@ def choose_roles(cfg: Any, plugins: Plugins, live: bool = True) -> Choices:
     split and looked up once: an unknown name is a ``ConfigError`` here, before any model is loaded. ``live``: the
     oracle, which only a pool knows, is refused."""
     reward, partial = choose(cfg.reward, "reward", plugins), _choose_partial(cfg.partial_reward, plugins, live)
-    return Choices(reward, partial, choose(cfg.policy, "policy", plugins),
-                   choose_judges(cfg.get("judge"), plugins, (reward, partial)))
+    return Choices(
+        reward,
+        partial,
+        choose(cfg.policy, "policy", plugins),
+        choose_judges(cfg.get("judge"), plugins, (reward, partial)),
+    )
 
 
 def choose_judges(node: Any, plugins: Plugins, guides: tuple[Choice, ...] = ()) -> tuple[Choice, ...]:
@@ -107,16 +115,23 @@ def choose_judges(node: Any, plugins: Plugins, guides: tuple[Choice, ...] = ()) 
         return ()
     items = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     if not isinstance(items, dict) or not all(isinstance(v, dict) for v in items.values()):
-        raise ConfigError("judge", items, "must be options of the judge group, each a reward node",
-                          "judge=chrf, judge=[chrf,ref_sim] or judge=none; any reward option can judge")
+        raise ConfigError(
+            "judge",
+            items,
+            "must be options of the judge group, each a reward node",
+            "judge=chrf, judge=[chrf,ref_sim] or judge=none; any reward option can judge",
+        )
     out = []
     for option, sub in items.items():
         c = choose(sub, f"judge.{option}", plugins)
         for g in guides:
             if g.entry is not None and g.node == c.node:
-                raise ConfigError(f"judge.{option}", c.node, f"it is the {g.key} that guides the decode: a judge "
-                                  "must be something the search did not optimise",
-                                  "judge by another reward (judge=smollm_judge, judge=chrf), or drop it: judge=none")
+                raise ConfigError(
+                    f"judge.{option}",
+                    c.node,
+                    f"it is the {g.key} that guides the decode: a judge must be something the search did not optimise",
+                    "judge by another reward (judge=smollm_judge, judge=chrf), or drop it: judge=none",
+                )
         out.append(c)
     return tuple(out)
 
@@ -139,15 +154,17 @@ def pool_served(plugins: Plugins, pool: Pool, node: Any, key: str = "reward") ->
     """The reward ``node`` names, built and served from (and filling) ``pool``'s score cache: what an experiment
     that reads a pool scores with outside a decode (correlation, learned heads' training)."""
     return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), pool=pool).reward(
-        choose(node, key, plugins))
+        choose(node, key, plugins)
+    )
 
 
 class RoleBuilder:
     """Builds ``Roles`` for one generator, serving rewards live or from a pool's cache; each distinct reward node
     is built once per builder."""
 
-    def __init__(self, plugins: Plugins, generator_name: str, ctx: BuildContext | None = None,
-                 pool: Pool | None = None) -> None:
+    def __init__(
+        self, plugins: Plugins, generator_name: str, ctx: BuildContext | None = None, pool: Pool | None = None
+    ) -> None:
         self.plugins, self.generator_name, self.pool = plugins, generator_name, pool
         self.ctx = ctx or BuildContext(plugins=plugins)
         self._built: dict[tuple[str, str], Reward] = {}
@@ -169,8 +186,12 @@ class RoleBuilder:
         if name == ORACLE:
             final = self.reward(choices.reward)
             if not isinstance(final, PoolReward):
-                raise ConfigError("partial_reward", ORACLE, "the oracle needs a recorded pool's final rewards",
-                                  "replay a pool: rodeco experiment=replay pool=DIR partial_reward=oracle")
+                raise ConfigError(
+                    "partial_reward",
+                    ORACLE,
+                    "the oracle needs a recorded pool's final rewards",
+                    "replay a pool: rodeco experiment=replay pool=DIR partial_reward=oracle",
+                )
             k = ("oracle", choices.reward.cache_key())
             if k not in self._built:
                 self._built[k] = OracleReward(final)
@@ -202,10 +223,15 @@ class RoleBuilder:
             scorer = Scorer(self.reward(c), option, "judge")
             if scorer.needs_logprobs or scorer.needs_hidden_states:
                 what = "log-probs" if scorer.needs_logprobs else "hidden states"
-                raise ConfigError(c.key, c.name, f"it reads the generator's {what} from the decode, which a judge, "
-                                  "scoring written results, does not have", "judge with a reward that scores the "
-                                  "text (logprob with judge.<option>.model=smollm2 scores it under a model of its "
-                                  "own)")
+                raise ConfigError(
+                    c.key,
+                    c.name,
+                    f"it reads the generator's {what} from the decode, which a judge, "
+                    "scoring written results, does not have",
+                    "judge with a reward that scores the "
+                    "text (logprob with judge.<option>.model=smollm2 scores it under a model of its "
+                    "own)",
+                )
             out.append(Judge(option, scorer, c.node))
         return Judges(out)
 

@@ -38,22 +38,34 @@ def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str)
     lens = [len(gen.encode(p.text)) for p in prompts]
     for p, n in zip(prompts, lens):
         if gen.max_context and n + max_new > gen.max_context:
-            raise ConfigError(key, f"prompt {p.index} ({n} tokens)",
-                              f"prompt + sampling.max_new_tokens={max_new} exceeds the model's context "
-                              f"({gen.max_context} tokens)", "shorten or drop the prompt, or lower max_new_tokens")
+            raise ConfigError(
+                key,
+                f"prompt {p.index} ({n} tokens)",
+                f"prompt + sampling.max_new_tokens={max_new} exceeds the model's context ({gen.max_context} tokens)",
+                "shorten or drop the prompt, or lower max_new_tokens",
+            )
     return lens
 
 
-def loop_settings(cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "",
-                  row_overhead: int = 0) -> LoopSettings:
+def loop_settings(
+    cfg: DictConfig, gen: Generator, policy_name: str = "", reward_name: str = "", row_overhead: int = 0
+) -> LoopSettings:
     """The loop's settings from the config; ``row_overhead``: each row's working memory in tokens, charged when the
     budget comes from device memory (``DecodeRun``)."""
     s = cfg.sampling
     return LoopSettings(
-        n=cfg.n, sampling=SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-        budget=make_budget(cfg, gen, row_overhead=row_overhead), seed=cfg.seed, ignore_eos=s.ignore_eos,
-        all_candidates=cfg.output.all_candidates, policy_name=policy_name, reward_name=reward_name,
-        winner=winner_rule(cfg), stop=tuple(s.stop))
+        n=cfg.n,
+        sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
+        max_new_tokens=s.max_new_tokens,
+        budget=make_budget(cfg, gen, row_overhead=row_overhead),
+        seed=cfg.seed,
+        ignore_eos=s.ignore_eos,
+        all_candidates=cfg.output.all_candidates,
+        policy_name=policy_name,
+        reward_name=reward_name,
+        winner=winner_rule(cfg),
+        stop=tuple(s.stop),
+    )
 
 
 @contextmanager
@@ -105,14 +117,20 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
     decider = roles.partial or roles.reward
     s = cfg.sampling
     gathers = bool(getattr(gen, "gathers_prompt", False))  # a compiled step with inductor's attention
-    return working_memory(gen.shape, context=longest + s.max_new_tokens, max_new_tokens=s.max_new_tokens,
-                          sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
-                          needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
-                          needs_hidden=decider.needs_hidden_states, gathered_prompt=longest if gathers else 0)
+    return working_memory(
+        gen.shape,
+        context=longest + s.max_new_tokens,
+        max_new_tokens=s.max_new_tokens,
+        sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
+        needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
+        needs_hidden=decider.needs_hidden_states,
+        gathered_prompt=longest if gathers else 0,
+    )
 
 
-def run_decode(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None,
-               gen: Generator | None = None) -> RunOutput:
+def run_decode(
+    cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None = None, gen: Generator | None = None
+) -> RunOutput:
     """One decode run: the roles chosen (unknown names fail before any model is loaded), the prompts and the
     generator loaded, the roles built, then batch after batch decoded with each result written as it is final."""
     from rodeco.loading import load_generator
@@ -129,8 +147,15 @@ class DecodeRun:
     """The steps of one decode run: plan the batches (skipping what an earlier run into the directory finished),
     decode each (backing off after an out-of-memory error, stopping cleanly on a signal), keep the summary."""
 
-    def __init__(self, cfg: DictConfig, plugins: Plugins, gen: Generator, roles: Roles, prompts: list[Prompt],
-                 out_dir: str | Path | None) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        plugins: Plugins,
+        gen: Generator,
+        roles: Roles,
+        prompts: list[Prompt],
+        out_dir: str | Path | None,
+    ) -> None:
         self.cfg, self.plugins, self.gen, self.roles, self.prompts = cfg, plugins, gen, roles, prompts
         self.out_dir = out_dir
         key = "data.path" if cfg.data.path else "data.prompts"
@@ -146,21 +171,33 @@ class DecodeRun:
         self.todo = [p for b in self.batches for p in b]
         self.before = previous_compute(self.writer) if self.writer is not None else Compute()
         self.total, self.results = Compute(), []
-        self.backoff = Backoff(cfg.data.batch_prompts, {"device": "budget.memory_fraction", "unlimited": None,
-                                                        "engine": "budget (the engine's KV pool)"}.get(
-                                                            cfg.budget.mode, "budget.kv_tokens"))
+        self.backoff = Backoff(
+            cfg.data.batch_prompts,
+            {"device": "budget.memory_fraction", "unlimited": None, "engine": "budget (the engine's KV pool)"}.get(
+                cfg.budget.mode, "budget.kv_tokens"
+            ),
+        )
         self.stop: list[str] = []
 
     def plan(self) -> list[list[Prompt]]:
         """The batches still to decode. They are fixed by the whole prompt list, so a resumed run decodes the
         batches it would have decoded."""
         done = self.writer.done() if self.writer is not None else set()
-        batches = [b for b in ([p for p in b if p.index not in done]
-                               for b in batches_of(self.prompts, self.cfg.data.batch_prompts)) if b]
+        batches = [
+            b
+            for b in (
+                [p for p in b if p.index not in done] for b in batches_of(self.prompts, self.cfg.data.batch_prompts)
+            )
+            if b
+        ]
         todo = sum(map(len, batches))
         if done:
-            log.info("resuming: %d of %d prompts already in %s", len(self.prompts) - todo, len(self.prompts),
-                     self.writer.path)
+            log.info(
+                "resuming: %d of %d prompts already in %s",
+                len(self.prompts) - todo,
+                len(self.prompts),
+                self.writer.path,
+            )
         log.info("decoding %d of %d prompts in %d batch(es)", todo, len(self.prompts), len(batches))
         return batches
 
@@ -168,8 +205,9 @@ class DecodeRun:
         from tqdm.auto import tqdm
 
         self.plugins.run_start(config=OmegaConf.to_container(self.cfg, resolve=True), n_prompts=len(self.todo))
-        self.bar = tqdm(total=len(self.todo), desc="prompts", unit="prompt", disable=not self.cfg.output.progress,
-                        delay=2.0)
+        self.bar = tqdm(
+            total=len(self.todo), desc="prompts", unit="prompt", disable=not self.cfg.output.progress, delay=2.0
+        )
         with stop_on_signals() as self.stop:
             self.judge_written()
             for k, batch in enumerate(self.batches):
@@ -177,8 +215,9 @@ class DecodeRun:
         self.bar.close()
         self.write_summary()
         if self.writer is not None and self.cfg.output.alpaca_eval:
-            export_alpaca_eval(self.writer.path, self.writer.path.parent / "model_outputs.json",
-                               self.cfg.output.alpaca_eval)
+            export_alpaca_eval(
+                self.writer.path, self.writer.path.parent / "model_outputs.json", self.cfg.output.alpaca_eval
+            )
         order = {p.index: i for i, p in enumerate(self.todo)}
         self.results.sort(key=lambda r: order[r.prompt_index])
         self.plugins.run_end(results=self.results, compute=self.total)
@@ -191,11 +230,18 @@ class DecodeRun:
         pending = batch
         while pending:
             self.stop_if_asked()
-            part = pending[:self.backoff.batch_prompts]
+            part = pending[: self.backoff.batch_prompts]
             try:
-                res, comp = decode_batch(self.gen, self.roles.reward, self.roles.policy,
-                                       [(p.index, p.text) for p in part], self.settings, on_round=self.on_round,
-                                       on_done=self.on_done, partial=self.roles.partial)
+                res, comp = decode_batch(
+                    self.gen,
+                    self.roles.reward,
+                    self.roles.policy,
+                    [(p.index, p.text) for p in part],
+                    self.settings,
+                    on_round=self.on_round,
+                    on_done=self.on_done,
+                    partial=self.roles.partial,
+                )
             except Exception as e:
                 if isinstance(e, PluginError):
                     raise self.located(e, k, part) from e
@@ -205,7 +251,7 @@ class DecodeRun:
                 finished = {r.prompt_index for r in self.results}
                 pending = [p for p in pending if p.index not in finished]
                 continue
-            pending = pending[len(part):]
+            pending = pending[len(part) :]
             self.peak_rows = max(self.peak_rows, sum(r.n_start for r in res))  # rows only shrink after the start
             self.total.add(comp)
             self.write_summary()
@@ -213,20 +259,30 @@ class DecodeRun:
     def back_off(self, e: BaseException, part: list[Prompt]) -> None:
         free_cached_memory()
         self.backoff.shrink(e, len(part))
-        self.settings = replace(self.settings, budget=make_budget(self.cfg, self.gen, self.backoff.budget_scale,
-                                                                  self.overhead))
+        self.settings = replace(
+            self.settings, budget=make_budget(self.cfg, self.gen, self.backoff.budget_scale, self.overhead)
+        )
 
     def located(self, e: PluginError, k: int, part: list[Prompt]) -> PluginError:
         """A plugin's failure, with where the run was and where what it finished is kept."""
-        kept = (f"kept in {self.writer.path}" if self.writer is not None else
-                "not kept: no output dir (out_dir=... keeps results as they finish)")
-        return PluginError(f"{e} [batch {k + 1} of {len(self.batches)}, prompts {[p.index for p in part]}; "
-                           f"the {len(self.results)} prompt(s) finished before are {kept}]")
+        kept = (
+            f"kept in {self.writer.path}"
+            if self.writer is not None
+            else "not kept: no output dir (out_dir=... keeps results as they finish)"
+        )
+        return PluginError(
+            f"{e} [batch {k + 1} of {len(self.batches)}, prompts {[p.index for p in part]}; "
+            f"the {len(self.results)} prompt(s) finished before are {kept}]"
+        )
 
     def stop_if_asked(self) -> None:
         if self.stop:
-            raise Interrupted(self.stop[0], len(self.results), len(self.todo),
-                              str(self.writer.path) if self.writer is not None else None)
+            raise Interrupted(
+                self.stop[0],
+                len(self.results),
+                len(self.todo),
+                str(self.writer.path) if self.writer is not None else None,
+            )
 
     def on_round(self, view: RoundView, counts: list[Counts]) -> None:
         """A decision point: the hook, then stop here if a signal came."""
@@ -264,15 +320,27 @@ class DecodeRun:
         spent.add(self.before)
         spent.add(self.total)
         c = self.roles.choices
-        self.writer.write_json("summary.json", {
-            "compute": spent.to_dict(), "n_prompts": len(self.writer.records), "prompts_total": len(self.prompts),
-            "complete": len(self.writer.records) >= len(self.prompts), "policy": c.policy.name,
-            "reward": c.reward.name, "partial_reward": c.partial.name,
-            "working_memory": {**self.working.to_dict(), "charged_tokens_per_row": self.overhead,
-                               "budget_mode": self.cfg.budget.mode, "peak_rows": self.peak_rows,
-                               "peak_bytes_modelled": self.peak_rows * self.working.total},
-            **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {}),
-            **({"judge": self.judge_summary()} if self.roles.judges or self.judged_before else {})})
+        self.writer.write_json(
+            "summary.json",
+            {
+                "compute": spent.to_dict(),
+                "n_prompts": len(self.writer.records),
+                "prompts_total": len(self.prompts),
+                "complete": len(self.writer.records) >= len(self.prompts),
+                "policy": c.policy.name,
+                "reward": c.reward.name,
+                "partial_reward": c.partial.name,
+                "working_memory": {
+                    **self.working.to_dict(),
+                    "charged_tokens_per_row": self.overhead,
+                    "budget_mode": self.cfg.budget.mode,
+                    "peak_rows": self.peak_rows,
+                    "peak_bytes_modelled": self.peak_rows * self.working.total,
+                },
+                **({"memory": memory} if (memory := self.gen.memory_report()) is not None else {}),
+                **({"judge": self.judge_summary()} if self.roles.judges or self.judged_before else {}),
+            },
+        )
 
 
 def previous_judges(writer: ResultsWriter, judges: Judges) -> dict:

@@ -39,7 +39,9 @@ def copy_stream(parent: int, step: int, sibling: int) -> int:
     pure function of its lineage, so the same copy has the same stream under any policy, and siblings' differ."""
     x = np.array([parent & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
     with np.errstate(over="ignore"):
-        x = _splitmix64(_splitmix64(x ^ np.uint64(0xA0761D6478BD642F)) + np.uint64(step) * np.uint64(0xE7037ED1A0B428DB))
+        x = _splitmix64(
+            _splitmix64(x ^ np.uint64(0xA0761D6478BD642F)) + np.uint64(step) * np.uint64(0xE7037ED1A0B428DB)
+        )
         x = _splitmix64(x + np.uint64(sibling) * np.uint64(0x8EBC6AF09C88C6E3))
     return int(x[0] & np.uint64(COPY_BIT - 1)) | COPY_BIT
 
@@ -61,8 +63,11 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
 def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np.ndarray:
     """Uniform(0, 1) draws, one per candidate, a pure function of (seed, candidate id, step); ``seed`` is one for all
     or one per candidate (a server's batch: each request's own)."""
-    seed = np.asarray(seed).astype(np.int64).astype(np.uint64) if isinstance(seed, np.ndarray) else \
-        np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    seed = (
+        np.asarray(seed).astype(np.int64).astype(np.uint64)
+        if isinstance(seed, np.ndarray)
+        else np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    )
     with np.errstate(over="ignore"):
         key = _splitmix64(seed + np.uint64(step) * np.uint64(_STEP))
         x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(_GOLDEN)))

@@ -95,8 +95,8 @@ class Session:
         ids = torch.full((P, self.prompt_len), gen.pad_id, dtype=torch.long)
         mask = torch.zeros((P, self.prompt_len), dtype=torch.long)
         for i, p in enumerate(prompt_ids):
-            ids[i, self.prompt_len - len(p):] = torch.tensor(p)
-            mask[i, self.prompt_len - len(p):] = 1
+            ids[i, self.prompt_len - len(p) :] = torch.tensor(p)
+            mask[i, self.prompt_len - len(p) :] = 1
         self.stats = SessionStats(np.full(P, self.prompt_len), np.zeros(P, np.int64), np.zeros(P))
         logits = self.engine.prefill(ids.to(dev), mask.to(dev))  # [P, V]
         rows = torch.arange(P, device=dev).repeat_interleave(n)
@@ -197,7 +197,7 @@ class Session:
         live = (~self.finished).nonzero()[:, 0].tolist()
         if not live:
             return
-        tails = self.out[live, max(0, self.t - self.stops.tail_tokens): self.t].tolist()  # active: t tokens each
+        tails = self.out[live, max(0, self.t - self.stops.tail_tokens) : self.t].tolist()  # active: t tokens each
         hit = [i for i, h in zip(live, self.stops.ended(tails, self.gen.decode_text)) if h]
         if hit:
             self.finished[hit] = True
@@ -273,6 +273,7 @@ class Session:
         lps = self.lp[:, : self.t].tolist() if self.lp is not None else [None] * self.rows
         h = self._hidden() if self.needs_hidden else None
         hs = list(h.float().cpu().numpy()) if h is not None else [None] * self.rows
-        return [Row(int(p), int(c), i, lp, hidden=x, stream=int(k))
-                for p, c, k, i, lp, x in zip(self.prompt_of, self.cand, self.stream, ids, lps, hs)]
-
+        return [
+            Row(int(p), int(c), i, lp, hidden=x, stream=int(k))
+            for p, c, k, i, lp, x in zip(self.prompt_of, self.cand, self.stream, ids, lps, hs)
+        ]

@@ -25,8 +25,12 @@ class KVSpec:
         if not isinstance(self.block, int) or self.block < 1:
             from rodeco.validation import ConfigError
 
-            raise ConfigError("generator.kv_block", self.block, "must be a positive number of tokens",
-                              "use the engine's block size (vLLM: 16 on CUDA, 32 on CPU)")
+            raise ConfigError(
+                "generator.kv_block",
+                self.block,
+                "must be a positive number of tokens",
+                "use the engine's block size (vLLM: 16 on CUDA, 32 on CPU)",
+            )
 
 
 @dataclass(frozen=True)
@@ -51,15 +55,20 @@ class ModelShape:
         emb = model.get_input_embeddings().weight
         out = model.get_output_embeddings()
         # tied: one parameter (on the meta device, where data_ptr() is 0 for every tensor, identity is the test)
-        tied = out is not None and (out.weight is emb or (emb.device.type != "meta"
-                                                           and out.weight.data_ptr() == emb.data_ptr()))
-        return cls(n_layers=cfg.num_hidden_layers, n_heads=n_heads,
-                   n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads,
-                   n_matmul_params=n_all if tied else n_all - emb.numel(),
-                   dtype_bytes=next(model.parameters()).dtype.itemsize,
-                   max_context=getattr(cfg, "max_position_embeddings", None),
-                   vocab_size=int(emb.shape[0]), hidden_size=int(emb.shape[1]))
+        tied = out is not None and (
+            out.weight is emb or (emb.device.type != "meta" and out.weight.data_ptr() == emb.data_ptr())
+        )
+        return cls(
+            n_layers=cfg.num_hidden_layers,
+            n_heads=n_heads,
+            n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads,
+            n_matmul_params=n_all if tied else n_all - emb.numel(),
+            dtype_bytes=next(model.parameters()).dtype.itemsize,
+            max_context=getattr(cfg, "max_position_embeddings", None),
+            vocab_size=int(emb.shape[0]),
+            hidden_size=int(emb.shape[1]),
+        )
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs of one token: 2 per matmul parameter plus attention over ``context`` cached tokens."""

@@ -308,9 +308,19 @@ class Compute:
 
     def add(self, other: Compute) -> None:
         """Add another batch's compute: counts and times summed, peaks maximized."""
-        for f in ("gen_prefill_tokens", "gen_decode_tokens", "gen_flops", "reward_tokens", "reward_flops",
-                  "reward_calls", "partial_reward_tokens", "partial_reward_flops", "partial_reward_calls",
-                  "decode_steps", "preemptions"):
+        for f in (
+            "gen_prefill_tokens",
+            "gen_decode_tokens",
+            "gen_flops",
+            "reward_tokens",
+            "reward_flops",
+            "reward_calls",
+            "partial_reward_tokens",
+            "partial_reward_flops",
+            "partial_reward_calls",
+            "decode_steps",
+            "preemptions",
+        ):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.peak_kv_bytes = max(self.peak_kv_bytes, other.peak_kv_bytes)
         self.peak_kv_tokens = max(self.peak_kv_tokens, other.peak_kv_tokens)

@@ -23,8 +23,12 @@ class StopStrings:
     def __post_init__(self) -> None:
         for s in self.strings:
             if not isinstance(s, str) or not s:
-                raise ConfigError("sampling.stop", s, "a stop string must be a non-empty string",
-                                  "give strings such as '\\n\\n', or an empty list for none")
+                raise ConfigError(
+                    "sampling.stop",
+                    s,
+                    "a stop string must be a non-empty string",
+                    "give strings such as '\\n\\n', or an empty list for none",
+                )
 
     def __bool__(self) -> bool:
         return bool(self.strings)

@@ -16,9 +16,17 @@ from rodeco.winner import WinnerRule
 class Trace:
     """Keyed by batch key (the prompt's position in the batch) and candidate id."""
 
-    def __init__(self, prompts: Sequence[PromptRef], n: int, decode_text: Callable[[list[int]], str], *,
-                 all_candidates: bool = False, policy: str = "", reward: str = "",
-                 winner: WinnerRule | None = None) -> None:
+    def __init__(
+        self,
+        prompts: Sequence[PromptRef],
+        n: int,
+        decode_text: Callable[[list[int]], str],
+        *,
+        all_candidates: bool = False,
+        policy: str = "",
+        reward: str = "",
+        winner: WinnerRule | None = None,
+    ) -> None:
         self.prompts, self.n, self.decode_text = prompts, n, decode_text
         self.winner = winner or WinnerRule()
         self.all_candidates, self.policy, self.reward = all_candidates, policy, reward
@@ -75,17 +83,27 @@ class Trace:
         self.cancelled |= prompts
         self.left += rows
 
-    def round(self, view: RoundView, counts: list[Counts], keys: Sequence[int],
-              copies: Sequence[dict[int, list[int]]]) -> None:
+    def round(
+        self, view: RoundView, counts: list[Counts], keys: Sequence[int], copies: Sequence[dict[int, list[int]]]
+    ) -> None:
         """A decision point: ``keys[j]`` is the batch key of ``view.prompts[j]``, ``copies[j]`` its copies' ids by
         parent. ``rows_kept`` counts the rows that go on, copies included."""
         for pv, c, p, cp in zip(view.prompts, counts, keys, copies):
             ids = pv.candidate_ids
             kept_ids = [ids[i] for i in c.kept]
-            self.rounds[p].append(Round(
-                round=view.round, tokens_generated=pv.tokens_generated, rows_before=pv.k, rows_kept=c.total,
-                kept_ids=kept_ids, rejected_ids=[x for x in ids if x not in set(kept_ids)],
-                scores={x: float(sc) for x, sc in zip(ids, pv.scores)}, min_reject=pv.min_reject, copies=dict(cp)))
+            self.rounds[p].append(
+                Round(
+                    round=view.round,
+                    tokens_generated=pv.tokens_generated,
+                    rows_before=pv.k,
+                    rows_kept=c.total,
+                    kept_ids=kept_ids,
+                    rejected_ids=[x for x in ids if x not in set(kept_ids)],
+                    scores={x: float(sc) for x, sc in zip(ids, pv.scores)},
+                    min_reject=pv.min_reject,
+                    copies=dict(cp),
+                )
+            )
 
     def history(self, p: int, cands: list[int]) -> np.ndarray:
         """[k, r] earlier partial scores of these candidates (this round's score excluded)."""
@@ -93,7 +111,7 @@ class Trace:
         r = max((len(h) for h in hist), default=0)
         out = np.full((len(cands), r), np.nan)
         for i, h in enumerate(hist):
-            out[i, r - len(h):] = h
+            out[i, r - len(h) :] = h
         return out
 
     def finished_scores(self, p: int) -> list[float]:
@@ -113,14 +131,30 @@ class Trace:
         for f in (f for f in self.left if f.prompt == p):
             rejected = f.reason == "rejected"
             parent, rnd = self.parent[p].get(f.candidate_id, (None, None))
-            cands.append(Candidate(
-                candidate_id=f.candidate_id, token_ids=f.token_ids, text=self.decode_text(f.token_ids),
-                score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
-                finished=not rejected, stop_reason=f.reason,
-                rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None,
-                parent=parent, forked_round=rnd))
+            cands.append(
+                Candidate(
+                    candidate_id=f.candidate_id,
+                    token_ids=f.token_ids,
+                    text=self.decode_text(f.token_ids),
+                    score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
+                    finished=not rejected,
+                    stop_reason=f.reason,
+                    rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None,
+                    parent=parent,
+                    forked_round=rnd,
+                )
+            )
         choice = self.winner.choose([c for c in cands if c.finished])
-        return PromptResult(prompt_index=self.prompts[p].index, prompt=self.prompts[p].text, best=choice.best,
-                            n_start=self.n, rounds=self.rounds[p], candidates=cands if self.all_candidates else None,
-                            compute=compute, policy=self.policy, reward=self.reward, winner=choice.rule,
-                            answer=choice.answer)
+        return PromptResult(
+            prompt_index=self.prompts[p].index,
+            prompt=self.prompts[p].text,
+            best=choice.best,
+            n_start=self.n,
+            rounds=self.rounds[p],
+            candidates=cands if self.all_candidates else None,
+            compute=compute,
+            policy=self.policy,
+            reward=self.reward,
+            winner=choice.rule,
+            answer=choice.answer,
+        )

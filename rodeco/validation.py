@@ -19,8 +19,9 @@ class PluginError(RuntimeError):
     """A plugin broke its contract (wrong count, non-finite score, bad indices...)."""
 
 
-def check_number(key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
-                 fix: str) -> float:
+def check_number(
+    key: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False, fix: str
+) -> float:
     """``value`` as a float if it lies in the interval, else a ``ConfigError`` naming ``key`` and ``fix``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
     ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
@@ -35,16 +36,18 @@ def check_positive_int(key: str, value: object, example: int, allow_none: bool =
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(key, value, "must be a positive integer" + (" or null" if allow_none else ""),
-                          f"set {key}={example}")
+        raise ConfigError(
+            key, value, "must be a positive integer" + (" or null" if allow_none else ""), f"set {key}={example}"
+        )
 
 
 def check_compile(value: object) -> str:
     """``generator.compile`` as ``auto``, ``true`` or ``false`` (a bool or any case of those words)."""
     v = str(value).lower() if isinstance(value, (bool, str)) else value
     if v not in ("auto", "true", "false"):
-        raise ConfigError("generator.compile", value, "not a compile setting",
-                          "use generator.compile=auto, true or false")
+        raise ConfigError(
+            "generator.compile", value, "not a compile setting", "use generator.compile=auto, true or false"
+        )
     return v
 
 

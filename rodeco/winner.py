@@ -68,8 +68,12 @@ def extractor(name: str, pattern: str | None = None) -> Callable[[str], str | No
         return last_number
     if name == "regex":
         if not pattern:
-            raise ConfigError("winner.pattern", pattern, "the regex extractor needs a pattern",
-                              r"set winner.pattern, e.g. 'answer is (\S+)'")
+            raise ConfigError(
+                "winner.pattern",
+                pattern,
+                "the regex extractor needs a pattern",
+                r"set winner.pattern, e.g. 'answer is (\S+)'",
+            )
         try:
             rx = re.compile(pattern)
         except re.error as e:
@@ -87,10 +91,12 @@ def extractor(name: str, pattern: str | None = None) -> Callable[[str], str | No
         try:
             return getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:
-            raise ConfigError("winner.extractor", name, f"cannot load it: {e}",
-                              "give package.module:function of an installed package") from e
-    raise ConfigError("winner.extractor", name, "unknown extractor",
-                      f"use one of {', '.join(EXTRACTORS)} or package.module:function")
+            raise ConfigError(
+                "winner.extractor", name, f"cannot load it: {e}", "give package.module:function of an installed package"
+            ) from e
+    raise ConfigError(
+        "winner.extractor", name, "unknown extractor", f"use one of {', '.join(EXTRACTORS)} or package.module:function"
+    )
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,9 @@ class WinnerRule:
         if self.rule not in RULES:
             raise ConfigError("winner.rule", self.rule, "unknown rule", f"use one of {', '.join(RULES)}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ConfigError("winner.temperature", self.temperature, "must be a number above 0",
-                              "set winner.temperature, e.g. 1.0")
+            raise ConfigError(
+                "winner.temperature", self.temperature, "must be a number above 0", "set winner.temperature, e.g. 1.0"
+            )
         if self.rule != "reward":
             self.extract  # noqa: B018  resolved now: a bad extractor fails at start-up, not at the first prompt
 

@@ -75,18 +75,33 @@ class WorkingMemory:
         return {"terms": dict(self.terms), "total": self.total, "phase": self.phase}
 
 
-def working_memory(shape: ModelShape, *, context: int, max_new_tokens: int, sampling: SamplingParams,
-                   needs_logprobs: bool, needs_hidden: bool, gathered_prompt: int = 0) -> WorkingMemory:
+def working_memory(
+    shape: ModelShape,
+    *,
+    context: int,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    needs_logprobs: bool,
+    needs_hidden: bool,
+    gathered_prompt: int = 0,
+) -> WorkingMemory:
     """The working memory of one row of a model of ``shape`` attending ``context`` tokens (prompt and own; use the
     longest a row reaches) and sampling as ``sampling`` says, term by term (the module doc); ``gathered_prompt``:
     the prompt tokens whose keys and values a compiled step gathers per row (0 for the eager step)."""
     if shape.vocab_size is None or shape.hidden_size is None:
-        raise ConfigError("generator.model", None, "the model's shape has no vocab_size or hidden_size (a pool "
-                          "recorded before working memory was counted)",
-                          "record the pool again, or charge no working memory (Budget row_overhead=0)")
+        raise ConfigError(
+            "generator.model",
+            None,
+            "the model's shape has no vocab_size or hidden_size (a pool recorded before working memory was counted)",
+            "record the pool again, or charge no working memory (Budget row_overhead=0)",
+        )
     if context < 1:
-        raise ConfigError("sampling.max_new_tokens", max_new_tokens, f"a context of {context} tokens is empty",
-                          "count the context as the longest prompt plus sampling.max_new_tokens")
+        raise ConfigError(
+            "sampling.max_new_tokens",
+            max_new_tokens,
+            f"a context of {context} tokens is empty",
+            "count the context as the longest prompt plus sampling.max_new_tokens",
+        )
     V, e = shape.vocab_size, shape.dtype_bytes
     terms = {
         "response": (8 + (FP32 if needs_logprobs else 0)) * max_new_tokens + ROW_STATE_BYTES,

@@ -36,9 +36,12 @@ from rodeco.roles import SAME, choose_roles
 from rodeco.runner import loop_settings
 
 log = logging.getLogger("allocate_bench")
-METHODS = {"fixed_alpha_0.5": ("fixed", {"alpha": 0.5}), "adaptive_delta_0.05": ("adaptive", {"delta": 0.05}),
-           "calibrated_delta_0.05": ("calibrated", {"delta": 0.05}),
-           "allocate_delta_0.05": ("allocate", {"delta": 0.05})}
+METHODS = {
+    "fixed_alpha_0.5": ("fixed", {"alpha": 0.5}),
+    "adaptive_delta_0.05": ("adaptive", {"delta": 0.05}),
+    "calibrated_delta_0.05": ("calibrated", {"delta": 0.05}),
+    "allocate_delta_0.05": ("allocate", {"delta": 0.05}),
+}
 REF = "allocate_delta_0.05"
 
 
@@ -48,8 +51,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--batches", default="1,4,8", help="batch sizes (prompts decoded together)")
     ap.add_argument("--n", type=int, default=4, help="the per-prompt budget: the memory Best-of-n fills")
     ap.add_argument("--prompts", type=int, default=None, help="the pool's first this many prompts (default: all)")
-    ap.add_argument("--calibration", default=None, help="the calibrated methods' calibration file (default: the "
-                    "committed one of the pool's generator and reward)")
+    ap.add_argument(
+        "--calibration",
+        default=None,
+        help="the calibrated methods' calibration file (default: the committed one of the pool's generator and reward)",
+    )
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_known_args(argv)
@@ -67,10 +73,15 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     plugins = default_plugins()
     pool, rgen = open_pool(a.pool)
     indices = sorted(pool.indices())[: a.prompts]
-    cfg = rodeco.load_config([f"sampling.max_new_tokens={pool.settings['max_new_tokens']}",
-                              f"seed={pool.settings['seed']}",
-                              *[f"sampling.{k}={v}" for k, v in pool.settings["sampling"].items()], *overrides],
-                             plugins)
+    cfg = rodeco.load_config(
+        [
+            f"sampling.max_new_tokens={pool.settings['max_new_tokens']}",
+            f"seed={pool.settings['seed']}",
+            *[f"sampling.{k}={v}" for k, v in pool.settings["sampling"].items()],
+            *overrides,
+        ],
+        plugins,
+    )
     cal = {"calibration": a.calibration} if a.calibration else {}
     per_policy = {"calibrated": cal, "allocate": cal}
     new = cfg.sampling.max_new_tokens
@@ -79,7 +90,7 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     finals = {i: np.asarray(final_reward.score(pool.prompt(i).final_requests()), dtype=np.float64) for i in indices}
     out: dict[str, Any] = {"pool": str(a.pool), "n": a.n, "prompts": len(indices), "batches": {}}
     for B in [int(x) for x in a.batches.split(",")]:
-        groups = [indices[k: k + B] for k in range(0, len(indices) - B + 1, B)]
+        groups = [indices[k : k + B] for k in range(0, len(indices) - B + 1, B)]
         res: dict[str, Any] = {}
         for label, (policy, params) in METHODS.items():
             roles = build(cfg, plugins, builder, policy, params, per_policy)
@@ -88,21 +99,32 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             for g in groups:  # Best-of-n's memory for the batch, as Budget.for_batch splits it
                 kv = full_length_tokens(a.n, [len(pool.prompt(i).prompt_ids) for i in g], new, rgen.kv)
                 s = loop_settings(cfg, rgen, label, roles.choices.reward.name)
-                s = dataclasses.replace(s, n="auto", all_candidates=False,
-                                        budget=Budget(kv, s.budget.min_tokens_per_round))
+                s = dataclasses.replace(
+                    s, n="auto", all_candidates=False, budget=Budget(kv, s.budget.min_tokens_per_round)
+                )
                 results, comp, _ = replay_batch(pool, rgen, roles.reward, roles.policy, g, s)
-                rows.append({"prompts": g, "best": [float(r.best.score) for r in results],
-                             "flops": comp.total_flops, "n_start": results[0].n_start})
+                rows.append(
+                    {
+                        "prompts": g,
+                        "best": [float(r.best.score) for r in results],
+                        "flops": comp.total_flops,
+                        "n_start": results[0].n_start,
+                    }
+                )
             res[label] = rows
             log.info("batch %d, %s: mean reward %.4f", B, label, np.mean([x for r in rows for x in r["best"]]))
         final_reward.save()  # every method's partial scores (one reward object) stay in the pool's cache
-        out["batches"][str(B)] = {"groups": len(groups), "runs": res,
-                                  "summary": summarize(res, finals, a.n, a.bootstrap)}
+        out["batches"][str(B)] = {
+            "groups": len(groups),
+            "runs": res,
+            "summary": summarize(res, finals, a.n, a.bootstrap),
+        }
     return out
 
 
-def summarize(res: dict[str, list[dict[str, Any]]], finals: dict[int, np.ndarray], n: int,
-              resamples: int) -> dict[str, Any]:
+def summarize(
+    res: dict[str, list[dict[str, Any]]], finals: dict[int, np.ndarray], n: int, resamples: int
+) -> dict[str, Any]:
     """Per method: mean reward, improvement score, FLOPs; its mean reward minus the reference's on the same
     batches with a bootstrap 95% CI over batches."""
     rng = np.random.default_rng(0)
@@ -118,23 +140,32 @@ def summarize(res: dict[str, list[dict[str, Any]]], finals: dict[int, np.ndarray
         per = np.array([np.mean(r["best"]) for r in rows])
         d = per - ref
         ci = [float(np.percentile([d[b].mean() for b in boots], q)) for q in (2.5, 97.5)]
-        out[label] = {"mean_reward": float(best.mean()), "improvement": improvement_score(best, hi, lo),
-                      "tflops": sum(r["flops"] for r in rows) / 1e12, f"minus_{REF}": float(d.mean()),
-                      f"minus_{REF}_ci": ci}
+        out[label] = {
+            "mean_reward": float(best.mean()),
+            "improvement": improvement_score(best, hi, lo),
+            "tflops": sum(r["flops"] for r in rows) / 1e12,
+            f"minus_{REF}": float(d.mean()),
+            f"minus_{REF}_ci": ci,
+        }
     return out
 
 
 def markdown(out: dict[str, Any]) -> str:
-    lines = [f"{out['prompts']} prompts; budget per batch: Best-of-{out['n']}'s memory times the prompts in it. "
-             f"Mean final reward minus {REF}'s on the same batches [95% CI over batches].", "",
-             "| batch | method | mean reward | improvement | TFLOPs | minus allocate [95% CI] |",
-             "|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        f"{out['prompts']} prompts; budget per batch: Best-of-{out['n']}'s memory times the prompts in it. "
+        f"Mean final reward minus {REF}'s on the same batches [95% CI over batches].",
+        "",
+        "| batch | method | mean reward | improvement | TFLOPs | minus allocate [95% CI] |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for B, b in out["batches"].items():
         for label in sorted(b["summary"], key=lambda x: list(METHODS).index(x) if x in METHODS else len(METHODS)):
             s = b["summary"][label]
             ci = s[f"minus_{REF}_ci"]
-            lines.append(f"| {B} | {label} | {s['mean_reward']:.4f} | {s['improvement']:.1f} | {s['tflops']:.3f} | "
-                         f"{s[f'minus_{REF}']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] |")
+            lines.append(
+                f"| {B} | {label} | {s['mean_reward']:.4f} | {s['improvement']:.1f} | {s['tflops']:.3f} | "
+                f"{s[f'minus_{REF}']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -67,13 +67,19 @@ def run_method(gen, method: str, prompt: str, new: int, reward: str = "logprob")
     else:
         kv = full_length_tokens(4, [len(gen.encode(prompt))], new, gen.kv)
         ov += [f"budget.kv_tokens={kv}"]
-        ov += ["policy=fixed", "policy.alpha=0.5"] if kind == "sr" else [f"policy={SEARCH[kind]}",
-                                                                          "policy.decision_tokens=8"]
+        ov += (
+            ["policy=fixed", "policy.alpha=0.5"]
+            if kind == "sr"
+            else [f"policy={SEARCH[kind]}", "policy.decision_tokens=8"]
+        )
     out = rodeco.decode([prompt], generator=gen, n=n, overrides=ov)
     (r,) = out.results
-    return {"candidates": [{"text": c.text, "score": c.score, "finished": c.finished} for c in r.candidates],
-            "flops": out.compute.total_flops, "decode_tokens": out.compute.gen_decode_tokens,
-            "peak_kv_tokens": out.compute.peak_kv_tokens}
+    return {
+        "candidates": [{"text": c.text, "score": c.score, "finished": c.finished} for c in r.candidates],
+        "flops": out.compute.total_flops,
+        "decode_tokens": out.compute.gen_decode_tokens,
+        "peak_kv_tokens": out.compute.peak_kv_tokens,
+    }
 
 
 def winner_answers(rec: dict) -> dict[str, int | None]:
@@ -102,17 +108,26 @@ def summarize(recs: list[dict], methods: list[str]) -> list[dict]:
         rules = ("reward", "majority", "weighted") if m.startswith(("bon", "pf")) else ("reward",)
         for rule in rules:
             ok = np.array([winner_answers(r[m])[rule] == r["answer"] for r in recs], dtype=float)
-            rows.append({"method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
-                         "accuracy": float(ok.mean()), "ci": boot_ci(ok),
-                         "tflops": float(np.mean([r[m]["flops"] for r in recs]) / 1e12), "problems": len(recs)})
+            rows.append(
+                {
+                    "method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
+                    "accuracy": float(ok.mean()),
+                    "ci": boot_ci(ok),
+                    "tflops": float(np.mean([r[m]["flops"] for r in recs]) / 1e12),
+                    "problems": len(recs),
+                }
+            )
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=int, default=40, help="how many problems (distinct unless --repeats)")
-    ap.add_argument("--repeats", action="store_true", help="keep a problem drawn twice (as the 40-problem table in "
-                    "docs/results.md was made)")
+    ap.add_argument(
+        "--repeats",
+        action="store_true",
+        help="keep a problem drawn twice (as the 40-problem table in docs/results.md was made)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the problems' seed")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--reward", default="logprob", help="the guiding reward option (logprob, minilm_rm, ...)")
@@ -132,9 +147,11 @@ def main() -> int:
         if f.is_file():
             rec = json.loads(f.read_text(encoding="utf-8"))
             if rec["problem"] != q or rec.get("reward", "logprob") != a.reward:
-                ap.error(f"{f} holds problem {i} of another list or reward ({rec['problem']!r}, "
-                         f"{rec.get('reward', 'logprob')}; here {q!r}, {a.reward}): resume with the options it was "
-                         "written with (--seed, --repeats, --reward), or use another --out")
+                ap.error(
+                    f"{f} holds problem {i} of another list or reward ({rec['problem']!r}, "
+                    f"{rec.get('reward', 'logprob')}; here {q!r}, {a.reward}): resume with the options it was "
+                    "written with (--seed, --repeats, --reward), or use another --out"
+                )
         todo = [m for m in a.methods if m not in rec]
         for m in todo:
             rec[m] = run_method(gen, m, q, a.max_new_tokens, a.reward)

@@ -30,26 +30,67 @@ RUNS: dict[str, list[str]] = {
     "correlation_hf": ["policy=correlation", "generator.engine=hf", "sampling.max_new_tokens=48", "n=12"],
     "composite_bon": ["reward=composite", "policy=none", "budget=unlimited", "n=6", "sampling.max_new_tokens=32"],
 }
-POOL = ["experiment=pool", "data=alpacafarm100", "data.limit=3", "experiment_args.candidates=12",
-        "sampling.max_new_tokens=32"]
+POOL = [
+    "experiment=pool",
+    "data=alpacafarm100",
+    "data.limit=3",
+    "experiment_args.candidates=12",
+    "sampling.max_new_tokens=32",
+]
 REPLAYS: dict[str, list[str]] = {
-    "replay_fixed": ["experiment=replay", "n=12", "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=600",
-                     "sampling.max_new_tokens=32"],
-    "replay_adaptive": ["experiment=replay", "n=12", "policy=adaptive", "budget.kv_tokens=600", "sampling.max_new_tokens=32"],
+    "replay_fixed": [
+        "experiment=replay",
+        "n=12",
+        "policy=fixed",
+        "policy.alpha=0.5",
+        "budget.kv_tokens=600",
+        "sampling.max_new_tokens=32",
+    ],
+    "replay_adaptive": [
+        "experiment=replay",
+        "n=12",
+        "policy=adaptive",
+        "budget.kv_tokens=600",
+        "sampling.max_new_tokens=32",
+    ],
 }
 # Replayed in batches of prompts, as a live run batches them. ``record --batch-via-api`` records these through
 # ``rodeco.replay.replay_batch`` itself (what a commit whose ``experiment=replay`` replays one prompt at a time has).
 REPLAY_BATCHES: dict[str, list[str]] = {
-    "replay_batch_allocate": ["experiment=replay", "n=12", "policy=allocate", "data.batch_prompts=3",
-                              "budget.kv_tokens=1500", "sampling.max_new_tokens=32"],
-    "replay_batch_fixed": ["experiment=replay", "n=12", "policy=fixed", "data.batch_prompts=2", "budget.kv_tokens=1000",
-                           "sampling.max_new_tokens=32"],
+    "replay_batch_allocate": [
+        "experiment=replay",
+        "n=12",
+        "policy=allocate",
+        "data.batch_prompts=3",
+        "budget.kv_tokens=1500",
+        "sampling.max_new_tokens=32",
+    ],
+    "replay_batch_fixed": [
+        "experiment=replay",
+        "n=12",
+        "policy=fixed",
+        "data.batch_prompts=2",
+        "budget.kv_tokens=1000",
+        "sampling.max_new_tokens=32",
+    ],
 }
 VLLM_RUNS: dict[str, list[str]] = {  # --vllm: in .venv-vllm (make setup-vllm)
-    "vllm_fixed": ["generator.engine=vllm", "generator.enforce_eager=true", "n=8", "sampling.max_new_tokens=32",
-                   "budget.kv_tokens=1024", "output.all_candidates=true"],
-    "vllm_bon": ["generator.engine=vllm", "generator.enforce_eager=true", "n=4", "policy=none", "budget=unlimited",
-                 "sampling.max_new_tokens=24"],
+    "vllm_fixed": [
+        "generator.engine=vllm",
+        "generator.enforce_eager=true",
+        "n=8",
+        "sampling.max_new_tokens=32",
+        "budget.kv_tokens=1024",
+        "output.all_candidates=true",
+    ],
+    "vllm_bon": [
+        "generator.engine=vllm",
+        "generator.enforce_eager=true",
+        "n=4",
+        "policy=none",
+        "budget=unlimited",
+        "sampling.max_new_tokens=24",
+    ],
 }
 TIME_KEY = re.compile(r"(^time_s$|_seconds$|^seconds$|_s$|^wall)")
 
@@ -102,7 +143,7 @@ def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
     indices, k = list(p.indices()), cfg.data.batch_prompts
     out.mkdir(parents=True, exist_ok=True)
     lines = []
-    for batch in (indices[j:j + k] for j in range(0, len(indices), k)):
+    for batch in (indices[j : j + k] for j in range(0, len(indices), k)):
         res, _, _ = replay_batch(p, gen, roles.reward, roles.policy, batch, s, partial=roles.partial)
         lines += [json.dumps(r.to_dict()) + "\n" for r in res]
     for r in [roles.reward.reward, *([roles.partial.reward] if roles.partial else [])]:
@@ -145,8 +186,11 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.05, help="allowed relative change of the bench ratio")
     ap.add_argument("--no-bench", action="store_true", help="skip engine_bench")
     ap.add_argument("--vllm", action="store_true", help="the vLLM cases only (run with .venv-vllm/bin/python)")
-    ap.add_argument("--batch-via-api", action="store_true",
-                    help="record the batched replays through rodeco.replay.replay_batch, not experiment=replay")
+    ap.add_argument(
+        "--batch-via-api",
+        action="store_true",
+        help="record the batched replays through rodeco.replay.replay_batch, not experiment=replay",
+    )
     a = ap.parse_args()
     ref = a.dir / "reference.json"
     if a.mode == "record":

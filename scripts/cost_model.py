@@ -21,8 +21,12 @@ def parse() -> argparse.Namespace:
     a = ap.add_argument
     a("--prompts", type=int, default=805, help="AlpacaEval's 805 prompts")
     a("--n", type=int, default=120, help="Best-of-N's N")
-    a("--prompt-tokens", type=float, default=None,
-      help="mean prompt tokens with the chat template (default: measured on the data root's AlpacaEval prompts with SmolLM2's tokenizer)")
+    a(
+        "--prompt-tokens",
+        type=float,
+        default=None,
+        help="mean prompt tokens with the chat template (default: measured on the data root's AlpacaEval prompts with SmolLM2's tokenizer)",
+    )
     a("--response-tokens", type=float, default=450.0, help="ASSUMED mean response tokens of an 8B instruct model")
     a("--max-new-tokens", type=int, default=2048, help="a batch decodes until its longest row ends")
     a("--params", type=float, default=8.0e9, help="generator parameters (Llama-3-8B)")
@@ -32,13 +36,21 @@ def parse() -> argparse.Namespace:
     a("--bandwidth", type=float, default=4.8e12, help="ASSUMED H200 memory bandwidth, bytes/s")
     a("--flops", type=float, default=989e12, help="ASSUMED H200 dense bf16 FLOP/s")
     a("--bw-efficiency", type=float, default=0.6, help="ASSUMED share of bandwidth a decode step reaches")
-    a("--decode-tokens-per-s", type=float, default=None,
-      help="a MEASURED decode rate of one GPU at this batch (rodeco experiment=engine_bench on it) instead of the "
-           "roofline model")
+    a(
+        "--decode-tokens-per-s",
+        type=float,
+        default=None,
+        help="a MEASURED decode rate of one GPU at this batch (rodeco experiment=engine_bench on it) instead of the "
+        "roofline model",
+    )
     a("--mfu", type=float, default=0.4, help="ASSUMED share of peak FLOP/s of prefill and reward scoring")
-    a("--speedup", type=float, default=2.17,
-      help="Speculative Rejection's FLOPs speedup over Best-of-N at equal reward; MEASURED here: 2.17 [1.37, 3.47] "
-           "(SmolLM2-135M, minilm_rm, 128 tokens, docs/results.md); the paper reports 16-32x for 8B models")
+    a(
+        "--speedup",
+        type=float,
+        default=2.17,
+        help="Speculative Rejection's FLOPs speedup over Best-of-N at equal reward; MEASURED here: 2.17 [1.37, 3.47] "
+        "(SmolLM2-135M, minilm_rm, 128 tokens, docs/results.md); the paper reports 16-32x for 8B models",
+    )
     a("--startup-s", type=float, default=120.0, help="ASSUMED per shard: start, load both 8B models, warm up")
     a("--gpus", type=int, nargs="+", default=[1, 8, 64])
     a("--json", type=Path, default=None, help="also write the figures here")
@@ -73,23 +85,33 @@ def best_of_n_seconds(a: argparse.Namespace, lp: float) -> dict[str, float]:
     step = (weights + b * ctx * a.kv_bytes) / (a.bw_efficiency * a.bandwidth)
     batches = math.ceil(a.prompts / prompts_per_batch)
     # a batch steps until its longest row ends; rows that end leave, but the weights are read every step
-    decode = batches * a.max_new_tokens * weights / (a.bw_efficiency * a.bandwidth) \
-        + a.prompts * a.n * a.response_tokens * ctx * a.kv_bytes / (a.bw_efficiency * a.bandwidth)
+    decode = batches * a.max_new_tokens * weights / (
+        a.bw_efficiency * a.bandwidth
+    ) + a.prompts * a.n * a.response_tokens * ctx * a.kv_bytes / (a.bw_efficiency * a.bandwidth)
     if a.decode_tokens_per_s:
         decode = a.prompts * a.n * a.response_tokens / a.decode_tokens_per_s
     prefill = 2 * a.params * a.prompts * lp / (a.mfu * a.flops)
     reward = 2 * a.rm_params * a.prompts * a.n * (lp + a.response_tokens) / (a.mfu * a.flops)
-    return {"rows_per_batch": b, "prompts_per_batch": prompts_per_batch, "step_ms_full_batch": 1e3 * step,
-            "decode_s": decode, "prefill_s": prefill, "reward_s": reward, "total_s": decode + prefill + reward}
+    return {
+        "rows_per_batch": b,
+        "prompts_per_batch": prompts_per_batch,
+        "step_ms_full_batch": 1e3 * step,
+        "decode_s": decode,
+        "prefill_s": prefill,
+        "reward_s": reward,
+        "total_s": decode + prefill + reward,
+    }
 
 
 def sharded(work_s: float, a: argparse.Namespace, g: int) -> dict[str, float]:
     """G shards, one per GPU: each holds ceil(P/G) or floor(P/G) prompts (strided batches spread long ones)."""
     per_prompt = work_s / a.prompts
     wall = a.startup_s + math.ceil(a.prompts / g) * per_prompt
-    return {"wall_h": wall / 3600,
-            "gpu_h_slurm": (g * a.startup_s + work_s) / 3600,  # an array task gives its GPU back when it ends
-            "gpu_h_ray": g * wall / 3600}  # a cluster held until the last shard ends
+    return {
+        "wall_h": wall / 3600,
+        "gpu_h_slurm": (g * a.startup_s + work_s) / 3600,  # an array task gives its GPU back when it ends
+        "gpu_h_ray": g * wall / 3600,
+    }  # a cluster held until the last shard ends
 
 
 def main() -> None:
@@ -97,11 +119,15 @@ def main() -> None:
     lp = a.prompt_tokens if a.prompt_tokens is not None else mean_prompt_tokens()
     bon = best_of_n_seconds(a, lp)
     methods = {"Best-of-N": bon["total_s"], "Speculative Rejection (modelled)": bon["total_s"] / a.speedup}
-    print(f"inputs: {a.prompts} prompts, N={a.n}, mean prompt {lp:.1f} tokens, mean response "
-          f"{a.response_tokens:g} (max {a.max_new_tokens}), speedup {a.speedup:g}")
-    print(f"Best-of-N on one GPU: {bon['prompts_per_batch']} prompts x {a.n} rows per batch, "
-          f"{bon['step_ms_full_batch']:.1f} ms per full step; decode {bon['decode_s'] / 3600:.2f} h, "
-          f"prefill {bon['prefill_s'] / 3600:.3f} h, reward {bon['reward_s'] / 3600:.2f} h")
+    print(
+        f"inputs: {a.prompts} prompts, N={a.n}, mean prompt {lp:.1f} tokens, mean response "
+        f"{a.response_tokens:g} (max {a.max_new_tokens}), speedup {a.speedup:g}"
+    )
+    print(
+        f"Best-of-N on one GPU: {bon['prompts_per_batch']} prompts x {a.n} rows per batch, "
+        f"{bon['step_ms_full_batch']:.1f} ms per full step; decode {bon['decode_s'] / 3600:.2f} h, "
+        f"prefill {bon['prefill_s'] / 3600:.3f} h, reward {bon['reward_s'] / 3600:.2f} h"
+    )
     print("| method | GPUs | wall (h) | GPU-hours, SLURM array | GPU-hours, Ray cluster held |")
     print("|---|---:|---:|---:|---:|")
     rows = []
@@ -111,8 +137,18 @@ def main() -> None:
             rows.append({"method": name, "gpus": g, **s})
             print(f"| {name} | {g} | {s['wall_h']:.2f} | {s['gpu_h_slurm']:.2f} | {s['gpu_h_ray']:.2f} |")
     if a.json is not None:
-        a.json.write_text(json.dumps({"mean_prompt_tokens": lp, "best_of_n_one_gpu": bon, "rows": rows,
-                                      "args": {k: str(v) for k, v in vars(a).items()}}, indent=2) + "\n")
+        a.json.write_text(
+            json.dumps(
+                {
+                    "mean_prompt_tokens": lp,
+                    "best_of_n_one_gpu": bon,
+                    "rows": rows,
+                    "args": {k: str(v) for k, v in vars(a).items()},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

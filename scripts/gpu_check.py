@@ -49,8 +49,12 @@ from gpu_report import environment, markdown, write_report  # the report's JSON 
 # issue 29's figures first (engine_bench, syncs, efficiency): the time limit skips what is left, budget and oom
 # were measured on a GPU before
 STEPS = ("greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget", "oom")
-PROMPTS = ["Give three tips for staying healthy.", "Explain in two sentences why the sky is blue.",
-           "Write a haiku about autumn.", "What are the names of some famous actors that started on Broadway?"]
+PROMPTS = [
+    "Give three tips for staying healthy.",
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about autumn.",
+    "What are the names of some famous actors that started on Broadway?",
+]
 log = logging.getLogger("gpu_check")
 
 
@@ -69,8 +73,16 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(new_tokens=12, rows=6, bench_batch=8, bench_tokens=8, bench_repeats=1, eff_prompts=2, eff_bon=(4, 8),
-                   budget_fraction=0.05)
+        return cls(
+            new_tokens=12,
+            rows=6,
+            bench_batch=8,
+            bench_tokens=8,
+            bench_repeats=1,
+            eff_prompts=2,
+            eff_bon=(4, 8),
+            budget_fraction=0.05,
+        )
 
 
 @dataclass
@@ -82,8 +94,14 @@ class Check:
     _gens: dict[str, Any] = field(default_factory=dict)
 
     def overrides(self, engine: str = "auto") -> list[str]:
-        return [f"generator.model={self.args.model}", f"generator.engine={engine}", f"generator.dtype={self.args.dtype}",
-                f"generator.device={self.args.device}", "reward=logprob", "output.progress=false"]
+        return [
+            f"generator.model={self.args.model}",
+            f"generator.engine={engine}",
+            f"generator.dtype={self.args.dtype}",
+            f"generator.device={self.args.device}",
+            "reward=logprob",
+            "output.progress=false",
+        ]
 
     def generator(self, engine: str, *extra: str):
         """The generator for one engine (and ``extra`` generator overrides), loaded once (the fast engine and hf share
@@ -101,8 +119,9 @@ class Check:
 
         sync(self.args.device)
         t0 = time.perf_counter()
-        out = rodeco.decode(prompts, generator=self.generator(engine), overrides=[*self.overrides(engine), *overrides],
-                            **kw)
+        out = rodeco.decode(
+            prompts, generator=self.generator(engine), overrides=[*self.overrides(engine), *overrides], **kw
+        )
         sync(self.args.device)
         return out, time.perf_counter() - t0
 
@@ -128,20 +147,36 @@ def step_greedy(c: Check) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for engine in ("fast", "hf"):
         gen = c.generator(engine)
-        res, _ = c.decode(PROMPTS, engine, ["policy=none", "budget=unlimited", "sampling.temperature=0",
-                                            f"sampling.max_new_tokens={c.sizes.new_tokens}"], n=1)
+        res, _ = c.decode(
+            PROMPTS,
+            engine,
+            [
+                "policy=none",
+                "budget=unlimited",
+                "sampling.temperature=0",
+                f"sampling.max_new_tokens={c.sizes.new_tokens}",
+            ],
+            n=1,
+        )
         parts = []
         for p, r in zip(PROMPTS, res.results):
             ids = torch.tensor([gen.encode(p)], device=gen.device)
-            ref = gen.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                     max_new_tokens=c.sizes.new_tokens, eos_token_id=gen.eos_ids,
-                                     pad_token_id=gen.pad_id)[0, ids.shape[1]:].tolist()
+            ref = gen.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=c.sizes.new_tokens,
+                eos_token_id=gen.eos_ids,
+                pad_token_id=gen.pad_id,
+            )[0, ids.shape[1] :].tolist()
             ref = ref[: next((i for i, t in enumerate(ref) if t in gen.eos_ids), len(ref))]
             parts.append(first_divergence(list(r.best.token_ids), ref))
         out[engine] = {"prompts": len(PROMPTS), "exact": sum(d is None for d in parts), "first_divergence": parts}
     out["ok"] = all(out[e]["exact"] == len(PROMPTS) for e in ("fast", "hf"))
-    out["note"] = "a bf16 divergence is round-off between two different kernels' orders, not a logic error, when " \
-                  "the survivors step (same kernels on both sides) is exact"
+    out["note"] = (
+        "a bf16 divergence is round-off between two different kernels' orders, not a logic error, when "
+        "the survivors step (same kernels on both sides) is exact"
+    )
     return out
 
 
@@ -160,14 +195,23 @@ def step_survivors(c: Check) -> dict[str, Any]:
         kv = 2 * (shared + n * B.held(first))  # every row fits the first round, not the end: SR rejects
         common = [f"sampling.max_new_tokens={new}", "output.all_candidates=true", "sampling.ignore_eos=false"]
         bon, _ = c.decode(PROMPTS[:2], engine, ["policy=none", "budget=unlimited", *common], n=n)
-        sr, _ = c.decode(PROMPTS[:2], engine, ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}",
-                                               "budget.min_tokens_per_round=4", *common], n=n)
-        out[engine] = {**compare_survivors(bon.results, sr.results), "peak_kv_tokens": sr.compute.peak_kv_tokens,
-                       "budget_kv_tokens": kv,
-                       "within_budget": sr.compute.peak_kv_tokens <= kv,
-                       "can_decide": B.held(base + new) > B.held(first)}
-    out["ok"] = all(out[e]["mismatches"] == 0 and out[e]["within_budget"]
-                    and (out[e]["rejected"] > 0 or not out[e]["can_decide"]) for e in engines)
+        sr, _ = c.decode(
+            PROMPTS[:2],
+            engine,
+            ["policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", "budget.min_tokens_per_round=4", *common],
+            n=n,
+        )
+        out[engine] = {
+            **compare_survivors(bon.results, sr.results),
+            "peak_kv_tokens": sr.compute.peak_kv_tokens,
+            "budget_kv_tokens": kv,
+            "within_budget": sr.compute.peak_kv_tokens <= kv,
+            "can_decide": B.held(base + new) > B.held(first),
+        }
+    out["ok"] = all(
+        out[e]["mismatches"] == 0 and out[e]["within_budget"] and (out[e]["rejected"] > 0 or not out[e]["can_decide"])
+        for e in engines
+    )
     return out
 
 
@@ -205,21 +249,39 @@ def step_budget(c: Check) -> dict[str, Any]:
     base = torch.cuda.memory_allocated(gen.device)
     torch.cuda.reset_peak_memory_stats(gen.device)
     frac = c.sizes.budget_fraction
-    res, secs = c.decode(PROMPTS[:1], "fast", ["policy=fixed", "budget=cuda",
-                                               f"budget.memory_fraction={frac}",
-                                               f"sampling.max_new_tokens={c.sizes.new_tokens}"], n="auto")
+    res, secs = c.decode(
+        PROMPTS[:1],
+        "fast",
+        [
+            "policy=fixed",
+            "budget=cuda",
+            f"budget.memory_fraction={frac}",
+            f"sampling.max_new_tokens={c.sizes.new_tokens}",
+        ],
+        n="auto",
+    )
     from rodeco.budget import budget_from_device
 
     kv = budget_from_device(free, gen.kv_bytes_per_token, frac, int(2.0 * 2**30))
     peak = torch.cuda.max_memory_allocated(gen.device) - base
     r = res.results[0]
     given = kv * gen.kv_bytes_per_token  # what the budget may hold: KV and each row's working memory
-    out = {"free_gib": free / 2**30, "total_gib": total / 2**30, "memory_fraction": frac, "budget_kv_tokens": kv,
-           "budget_gib": given / 2**30, "rows_started": r.n_start,
-           "peak_kv_tokens": res.compute.peak_kv_tokens, "peak_kv_gib": res.compute.peak_kv_bytes / 2**30,
-           "peak_allocated_above_weights_gib": peak / 2**30, "peak_over_budget": peak / given, "seconds": secs,
-           "kv_within_budget": res.compute.peak_kv_tokens <= kv, "allocated_within_free": peak <= free,
-           "goal_peak_at_most_1.1x_budget": peak <= 1.1 * given}
+    out = {
+        "free_gib": free / 2**30,
+        "total_gib": total / 2**30,
+        "memory_fraction": frac,
+        "budget_kv_tokens": kv,
+        "budget_gib": given / 2**30,
+        "rows_started": r.n_start,
+        "peak_kv_tokens": res.compute.peak_kv_tokens,
+        "peak_kv_gib": res.compute.peak_kv_bytes / 2**30,
+        "peak_allocated_above_weights_gib": peak / 2**30,
+        "peak_over_budget": peak / given,
+        "seconds": secs,
+        "kv_within_budget": res.compute.peak_kv_tokens <= kv,
+        "allocated_within_free": peak <= free,
+        "goal_peak_at_most_1.1x_budget": peak <= 1.1 * given,
+    }
     out["ok"] = out["kv_within_budget"] and out["allocated_within_free"]
     return out
 
@@ -232,8 +294,14 @@ def step_oom(c: Check) -> dict[str, Any]:
     weights = torch.cuda.memory_allocated(gen.device)
     cap = weights + int(3 * 2**30)  # the process may hold the weights and 3 GiB more
     kv = int(6 * 2**30 // gen.kv_bytes_per_token)  # a budget that asks for 6 GiB of KV cache
-    ov = ["policy=fixed", f"budget.kv_tokens={kv}", "data.batch_prompts=2", f"sampling.max_new_tokens={c.sizes.new_tokens}",
-          "sampling.ignore_eos=true", "budget.min_tokens_per_round=64"]  # n=auto: rows' KV, not logits, fill it
+    ov = [
+        "policy=fixed",
+        f"budget.kv_tokens={kv}",
+        "data.batch_prompts=2",
+        f"sampling.max_new_tokens={c.sizes.new_tokens}",
+        "sampling.ignore_eos=true",
+        "budget.min_tokens_per_round=64",
+    ]  # n=auto: rows' KV, not logits, fill it
     torch.cuda.set_per_process_memory_fraction(cap / total, gen.device)
     logs: list[str] = []
     handler = _Collect(logs)
@@ -245,14 +313,22 @@ def step_oom(c: Check) -> dict[str, Any]:
         torch.cuda.set_per_process_memory_fraction(1.0, gen.device)
         torch.cuda.empty_cache()
     halvings = sum("budget.kv_tokens" in m for m in logs)
-    final_kv = max(1, int(kv * 0.5 ** halvings))
+    final_kv = max(1, int(kv * 0.5**halvings))
     batch = 1 if any("data.batch_prompts -> 1" in m for m in logs) else 2
-    direct, _ = c.decode(PROMPTS, "fast", [*ov[:1], f"budget.kv_tokens={final_kv}", f"data.batch_prompts={batch}",
-                                           *ov[3:]], n="auto")
+    direct, _ = c.decode(
+        PROMPTS, "fast", [*ov[:1], f"budget.kv_tokens={final_kv}", f"data.batch_prompts={batch}", *ov[3:]], n="auto"
+    )
     same = [list(a.best.token_ids) == list(b.best.token_ids) for a, b in zip(faulted.results, direct.results)]
-    out = {"cap_gib": cap / 2**30, "asked_kv_gib": kv * gen.kv_bytes_per_token / 2**30, "backoff_warnings": logs,
-           "seconds": secs, "final_batch_prompts": batch, "final_kv_tokens": final_kv,
-           "prompts_finished": len(faulted.results), "same_winners_as_a_run_at_the_final_settings": sum(same)}
+    out = {
+        "cap_gib": cap / 2**30,
+        "asked_kv_gib": kv * gen.kv_bytes_per_token / 2**30,
+        "backoff_warnings": logs,
+        "seconds": secs,
+        "final_batch_prompts": batch,
+        "final_kv_tokens": final_kv,
+        "prompts_finished": len(faulted.results),
+        "same_winners_as_a_run_at_the_final_settings": sum(same),
+    }
     out["ok"] = bool(logs) and len(faulted.results) == len(PROMPTS) and all(same)
     return out
 
@@ -281,14 +357,15 @@ def step_syncs(c: Check) -> dict[str, Any]:
     warm, steps = 8, s.bench_tokens
     end = warm + steps
     out: dict[str, Any] = {"rows": s.bench_batch, "steady_steps": steps}
-    for label, extra in (("fast", "generator.compile=false"), ("fast-compiled", "generator.compile=true"))[:1 + cuda]:
+    for label, extra in (("fast", "generator.compile=false"), ("fast-compiled", "generator.compile=true"))[: 1 + cuda]:
         gen = c.generator("fast", extra)
         ids = [gen.encode(p) for p in PROMPTS[:2]]
         res: dict[str, Any] = {}
         toks = []
         for lagged in (False, True):
-            sess = gen.open_session(SessionSpec(s.bench_batch // 2, SamplingParams(1.0, 50, 1.0), end + 1, 0,
-                                                (0, 1), ignore_eos=True))  # no row leaves before ``end``
+            sess = gen.open_session(
+                SessionSpec(s.bench_batch // 2, SamplingParams(1.0, 50, 1.0), end + 1, 0, (0, 1), ignore_eos=True)
+            )  # no row leaves before ``end``
             sess.device_uniforms = sess.lag_finished = lagged
             sess.prefill(ids)
             sess.decode(end + 1, pause=warm)  # shapes compiled (graphs recorded), the draw keys uploaded
@@ -312,10 +389,14 @@ def step_syncs(c: Check) -> dict[str, Any]:
         res.update({"one_graph_a_round": step.graphs, "cudagraph_skips": step.cudagraph_skips} if step else {})
         res["lagged_over_exact"] = res["lagged"]["tokens_per_s"] / res["exact"]["tokens_per_s"]
         out[label] = res
-    out["sync_debug"] = "torch.cuda.set_sync_debug_mode('error') on the lagged runs" if cuda else \
-        "needs CUDA: on CPU the same decode runs without it"
-    out["ok"] = all(out[k]["same_tokens"] and out[k]["lagged"]["sync_error"] is None
-                    for k in ("fast", "fast-compiled") if k in out)
+    out["sync_debug"] = (
+        "torch.cuda.set_sync_debug_mode('error') on the lagged runs"
+        if cuda
+        else "needs CUDA: on CPU the same decode runs without it"
+    )
+    out["ok"] = all(
+        out[k]["same_tokens"] and out[k]["lagged"]["sync_error"] is None for k in ("fast", "fast-compiled") if k in out
+    )
     return out
 
 
@@ -323,14 +404,33 @@ def step_engine_bench(c: Check) -> dict[str, Any]:
     import rodeco
 
     s = c.sizes
-    cfg = rodeco.load_config(["experiment=engine_bench", *c.overrides(), f"experiment_args.batch={s.bench_batch}",
-                              f"experiment_args.new_tokens={s.bench_tokens}",
-                              f"experiment_args.repeats={s.bench_repeats}",
-                              "experiment_args.engines=[fast,fast-compiled]"])  # eager and generator.compile=true
+    cfg = rodeco.load_config(
+        [
+            "experiment=engine_bench",
+            *c.overrides(),
+            f"experiment_args.batch={s.bench_batch}",
+            f"experiment_args.new_tokens={s.bench_tokens}",
+            f"experiment_args.repeats={s.bench_repeats}",
+            "experiment_args.engines=[fast,fast-compiled]",
+        ]
+    )  # eager and generator.compile=true
     res = rodeco.run(cfg).extra
-    keep = ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
-            "matmul_peak_fraction", "batch", "new_tokens", "engine", "dtype", "device", "runs_rodeco", "runs_hf",
-            "engines", "cpu")
+    keep = (
+        "rodeco_tokens_per_s",
+        "hf_generate_tokens_per_s",
+        "speedup_vs_hf_generate",
+        "matmul_peak_gflops",
+        "matmul_peak_fraction",
+        "batch",
+        "new_tokens",
+        "engine",
+        "dtype",
+        "device",
+        "runs_rodeco",
+        "runs_hf",
+        "engines",
+        "cpu",
+    )
     return {**{k: res[k] for k in keep if k in res}, "ok": res["speedup_vs_hf_generate"] > 0}
 
 
@@ -341,24 +441,52 @@ def step_efficiency(c: Check) -> dict[str, Any]:
     import vllm_bench
 
     s = c.sizes
-    argv = ["--engine", "fast", "--model", c.args.model, "--dtype", c.args.dtype, "--data", c.args.data, "--reward",
-            "logprob",  # as every step: no weights beyond the generator's
-            "--prompts", str(s.eff_prompts), "--new-tokens", str(s.new_tokens), "--memory-of", "4",
-            "--bon", ",".join(map(str, s.eff_bon)), "--out", str(Path(c.args.out) / "efficiency")]
+    argv = [
+        "--engine",
+        "fast",
+        "--model",
+        c.args.model,
+        "--dtype",
+        c.args.dtype,
+        "--data",
+        c.args.data,
+        "--reward",
+        "logprob",  # as every step: no weights beyond the generator's
+        "--prompts",
+        str(s.eff_prompts),
+        "--new-tokens",
+        str(s.new_tokens),
+        "--memory-of",
+        "4",
+        "--bon",
+        ",".join(map(str, s.eff_bon)),
+        "--out",
+        str(Path(c.args.out) / "efficiency"),
+    ]
     summary = vllm_bench.main(argv)
     sr = summary["methods"]["sr"]["mean_reward"]
     reached = [m for m, r in summary["methods"].items() if m != "sr" and r["mean_reward"] >= sr]
-    out = {"command": "python scripts/vllm_bench.py " + " ".join(argv), "data": c.args.data, **summary,
-           "bon_at_or_above_sr_reward": reached,
-           "note": "issue 29's goal on a GPU: SR >= 2x Best-of-N in wall time at matched reward (the smallest N whose "
-                   "mean reward reaches SR's, or whose difference's CI spans 0)"}
+    out = {
+        "command": "python scripts/vllm_bench.py " + " ".join(argv),
+        "data": c.args.data,
+        **summary,
+        "bon_at_or_above_sr_reward": reached,
+        "note": "issue 29's goal on a GPU: SR >= 2x Best-of-N in wall time at matched reward (the smallest N whose "
+        "mean reward reaches SR's, or whose difference's CI spans 0)",
+    }
     out["ok"] = True  # a measurement, not a pass/fail check
     return out
 
 
 STEP_FNS: dict[str, Callable[[Check], dict[str, Any]]] = {
-    "greedy": step_greedy, "survivors": step_survivors, "syncs": step_syncs, "budget": step_budget, "oom": step_oom,
-    "engine_bench": step_engine_bench, "efficiency": step_efficiency}
+    "greedy": step_greedy,
+    "survivors": step_survivors,
+    "syncs": step_syncs,
+    "budget": step_budget,
+    "oom": step_oom,
+    "engine_bench": step_engine_bench,
+    "efficiency": step_efficiency,
+}
 
 
 def run_steps(c: Check, steps: list[str]) -> None:
@@ -410,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.device.startswith("cuda"):  # why inductor declines a CUDA graph, if it does: in the report
         torch._logging.set_logs(cudagraphs=True)
         logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(
-            _Collect(report.setdefault("cudagraph_log", [])))
+            _Collect(report.setdefault("cudagraph_log", []))
+        )
     c = Check(a, Sizes.quick() if a.quick else Sizes(), time.monotonic() + a.time_limit, report)
     run_steps(c, a.steps.split(","))
     failed = [k for k, r in report["steps"].items() if r.get("ok") is False]

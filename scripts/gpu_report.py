@@ -13,8 +13,13 @@ def environment(device: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda_available": torch.cuda.is_available(), "device": device}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "device": device,
+    }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -95,8 +95,10 @@ def snapshot(run: Path, out: Path) -> Path:
 def load(path: Path, shown: str | Path | None = None) -> dict[str, Any]:
     """A snapshot (or a run's JSON); ``shown``: its path as the user wrote it."""
     if not path.is_file():
-        raise TableError(f"{shown or path}: no such snapshot; make it with "
-                         f"python scripts/results_tables.py snapshot RUN_DIR {shown or path}")
+        raise TableError(
+            f"{shown or path}: no such snapshot; make it with "
+            f"python scripts/results_tables.py snapshot RUN_DIR {shown or path}"
+        )
     if path.name.endswith(".gz"):
         return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
     return json.loads(path.read_text(encoding="utf-8"))
@@ -112,8 +114,10 @@ def tables(snap: dict[str, Any]) -> dict[str, Callable[[], str]]:
         return {"allocate": functools.partial(allocate, snap)}
     if "analysis" in snap and "winners" in snap:  # scripts/search_bench.py's search_judged.json.gz
         return {name: functools.partial(f, snap) for name, f in JUDGED.items()}
-    out: dict[str, Callable[[], str]] = {"curve": functools.partial(curve, snap),
-                                         "headline": functools.partial(headline, snap)}
+    out: dict[str, Callable[[], str]] = {
+        "curve": functools.partial(curve, snap),
+        "headline": functools.partial(headline, snap),
+    }
     if any("all" in v for v in snap["methods"].values()):
         out["all"] = functools.partial(all_prompts, snap)
     if "live_check" in snap:
@@ -150,9 +154,13 @@ def report_prompts(snap: dict[str, Any]) -> int:
 def curve(snap: dict[str, Any]) -> str:
     """Best-of-N's curve on the report half."""
     c, n = snap["curve"]["report"], snap["n"]
-    out = [f"Best-of-N on the report half ({report_prompts(snap)} prompts); improvement score: Best-of-{n} = 100; "
-           f"relative compute: N / {n}.", "",
-           row(["Best-of-N", "mean reward", "improvement", "TFLOPs", "relative compute"]), "|---|---:|---:|---:|---:|"]
+    out = [
+        f"Best-of-N on the report half ({report_prompts(snap)} prompts); improvement score: Best-of-{n} = 100; "
+        f"relative compute: N / {n}.",
+        "",
+        row(["Best-of-N", "mean reward", "improvement", "TFLOPs", "relative compute"]),
+        "|---|---:|---:|---:|---:|",
+    ]
     out += [row([f"Best-of-{int(N)}", *shown.curve_cells(c, i, n)]) for i, N in enumerate(c["N"])]
     return "\n".join(out) + "\n"
 
@@ -185,9 +193,11 @@ def same_cells(entry: dict[str, Any] | None, ref: str) -> list[str]:
         return [""] * 3
     r, s = entry["report"], entry["selection"]
     pair = r.get(f"vs_{ref}")
-    return [shown.with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
-            shown.figure(r["relative_compute_memory_bound_model"], r["bound"]),
-            shown.figure(s["speedup_flops"], s["bound"])]
+    return [
+        shown.with_ci(pair["ratio"], pair["ci"], pair["bound"]) if pair else "",
+        shown.figure(r["relative_compute_memory_bound_model"], r["bound"]),
+        shown.figure(s["speedup_flops"], s["bound"]),
+    ]
 
 
 def budget(snap: dict[str, Any], scale: int) -> str:
@@ -195,13 +205,23 @@ def budget(snap: dict[str, Any], scale: int) -> str:
     ``same`` row's paired ratio, relative compute and selection-half speedup."""
     ref, parts, t = snap.get("reference", analysis.REF), snap["args"]["partial_rewards"], snap["methods"]
     top = int(snap["curve"]["report"]["N"][-1])
-    head = ["method", *(f"partial_reward={p}" for p in parts), f"speedup / {ref}'s, paired, same",
-            "relative compute (memory-bound model), same", "selection half, same"]
-    out = [f"Budget x{scale} (Best-of-{scale * snap['n']}'s memory), report half ({report_prompts(snap)} prompts): "
-           "speedup in FLOPs over Best-of-N [95% CI] by the partial reward that decides; for `same`, its speedup "
-           f"over {ref}'s paired on the same resamples [95% CI], relative compute and the selection half's speedup. "
-           f"≥: at least (above Best-of-{top}'s curve); ≤: at most (below Best-of-1's); ?: a ratio of two figures "
-           f"clamped at the same end; {DASH}: not run.", "", row(head), "|---|" + "---:|" * (len(head) - 1)]
+    head = [
+        "method",
+        *(f"partial_reward={p}" for p in parts),
+        f"speedup / {ref}'s, paired, same",
+        "relative compute (memory-bound model), same",
+        "selection half, same",
+    ]
+    out = [
+        f"Budget x{scale} (Best-of-{scale * snap['n']}'s memory), report half ({report_prompts(snap)} prompts): "
+        "speedup in FLOPs over Best-of-N [95% CI] by the partial reward that decides; for `same`, its speedup "
+        f"over {ref}'s paired on the same resamples [95% CI], relative compute and the selection half's speedup. "
+        f"≥: at least (above Best-of-{top}'s curve); ≤: at most (below Best-of-1's); ?: a ratio of two figures "
+        f"clamped at the same end; {DASH}: not run.",
+        "",
+        row(head),
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
     for base, labels in method_rows(snap["args"]).items():
         cells = [speedup_cell(t.get(f"{labels[p]}@{scale}")) if p in labels else DASH for p in parts]
         same = t.get(f"{labels[SAME]}@{scale}") if SAME in labels else None
@@ -213,6 +233,7 @@ def versus(snap: dict[str, Any], other: dict[str, Any], name: str, scale: int) -
     """The methods both snapshots ran at budget x``scale``: their speedups in FLOPs and improvements on the report
     half [95% CI] in each, and whether each figure lies within the other snapshot's CI (two pools of the same
     prompts, e.g. two dtypes: do the figures move beyond their CIs?)."""
+
     def inside(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
         lo, hi = b[f"{key}_ci"]
         return lo <= a[key] <= hi
@@ -225,18 +246,28 @@ def versus(snap: dict[str, Any], other: dict[str, Any], name: str, scale: int) -
         r, ro = e["report"], o["report"]
         ok = all(inside(a, b, k) for k in ("speedup_flops", "improvement") for a, b in ((r, ro), (ro, r)))
         moved += not ok
-        rows.append(row([label.removesuffix(f"@{scale}"), shown.with_ci(r["speedup_flops"], r["speedup_flops_ci"],
-                                                                         r["bound"]),
-                         shown.with_ci(ro["speedup_flops"], ro["speedup_flops_ci"], ro["bound"]),
-                         shown.improvement(r), shown.improvement(ro),
-                         "yes" if ok else "**no**"]))
+        rows.append(
+            row(
+                [
+                    label.removesuffix(f"@{scale}"),
+                    shown.with_ci(r["speedup_flops"], r["speedup_flops_ci"], r["bound"]),
+                    shown.with_ci(ro["speedup_flops"], ro["speedup_flops_ci"], ro["bound"]),
+                    shown.improvement(r),
+                    shown.improvement(ro),
+                    "yes" if ok else "**no**",
+                ]
+            )
+        )
     if not rows:
         raise TableError(f"no method at budget x{scale} in both this snapshot and {name}")
-    out = [f"Budget x{scale}, report half ({report_prompts(snap)} prompts here, {report_prompts(other)} in {name}): "
-           f"speedup in FLOPs over Best-of-N and improvement (Best-of-{snap['n']} = 100) [95% CI]; within: each "
-           f"figure lies within the other's CI. {len(rows) - moved} of {len(rows)} methods within.", "",
-           row(["method", "speedup, this", f"speedup, {name}", "improvement, this", f"improvement, {name}",
-                "within"]), "|---|---:|---:|---:|---:|---|"]
+    out = [
+        f"Budget x{scale}, report half ({report_prompts(snap)} prompts here, {report_prompts(other)} in {name}): "
+        f"speedup in FLOPs over Best-of-N and improvement (Best-of-{snap['n']} = 100) [95% CI]; within: each "
+        f"figure lies within the other's CI. {len(rows) - moved} of {len(rows)} methods within.",
+        "",
+        row(["method", "speedup, this", f"speedup, {name}", "improvement, this", f"improvement, {name}", "within"]),
+        "|---|---:|---:|---:|---:|---|",
+    ]
     return "\n".join(out + rows) + "\n"
 
 
@@ -244,11 +275,16 @@ def headline(snap: dict[str, Any]) -> str:
     """The run's headline lines, as it printed them (fenced). The keys are sorted in a snapshot: their printed
     order is the one the experiment's headline function gives on the snapshot's summary."""
     stored = snap["headline"]
-    order = list(perplexity.headline(snap, snap["table_selection"], snap["table"]) if "table" in snap
-                 else analysis.headline(snap))
+    order = list(
+        perplexity.headline(snap, snap["table_selection"], snap["table"])
+        if "table" in snap
+        else analysis.headline(snap)
+    )
     if sorted(order) != sorted(stored):
-        raise TableError(f"the snapshot's headline keys {sorted(set(stored) ^ set(order))} differ from those its "
-                         "summary gives: a run of other code; snapshot a run of this one")
+        raise TableError(
+            f"the snapshot's headline keys {sorted(set(stored) ^ set(order))} differ from those its "
+            "summary gives: a run of other code; snapshot a run of this one"
+        )
     return "```\n" + "\n".join(shown.headline_lines({k: stored[k] for k in order})) + "\n```\n"
 
 
@@ -269,26 +305,41 @@ def all_prompts(snap: dict[str, Any]) -> str:
     """The rows nothing chose (the reference, the oracle ceilings): their speedup in FLOPs on the report half and
     over all prompts, each with its CI."""
     P = report_prompts(snap) + len(snap["halves"]["selection"])
-    out = [f"The rows nothing chose, on the report half ({report_prompts(snap)} prompts) and on all {P}: speedup in "
-           "FLOPs over Best-of-N [95% CI].", "", row(["method", "budget", "report half", f"all {P} prompts"]),
-           "|---|---:|---:|---:|"]
+    out = [
+        f"The rows nothing chose, on the report half ({report_prompts(snap)} prompts) and on all {P}: speedup in "
+        "FLOPs over Best-of-N [95% CI].",
+        "",
+        row(["method", "budget", "report half", f"all {P} prompts"]),
+        "|---|---:|---:|---:|",
+    ]
     for key, v in snap["methods"].items():
         if "all" in v:
             label, scale = key.split("@")
             a = v["all"]
-            out.append(row([label, f"x{scale}", speedup_cell(v),
-                            shown.with_ci(a["speedup_flops"], a["speedup_flops_ci"], a["bound"])]))
+            out.append(
+                row(
+                    [
+                        label,
+                        f"x{scale}",
+                        speedup_cell(v),
+                        shown.with_ci(a["speedup_flops"], a["speedup_flops_ci"], a["bound"]),
+                    ]
+                )
+            )
     return "\n".join(out) + "\n"
 
 
 def live(snap: dict[str, Any]) -> str:
     """The live check's lines as the experiment printed them (fenced)."""
     lc = snap["live_check"]
-    lines = [f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}",
-             f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}",
-             f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}"]
-    lines += [f"live_seconds_over_time_model_{k}: {x:.3f}"
-              for k, x in lc.get("live_over_model_seconds_by_method", {}).items()]
+    lines = [
+        f"live_vs_replay_same_winner: {lc['same_winner']}/{lc['n']}",
+        f"live_vs_replay_same_decode_tokens: {lc['same_tokens']}/{lc['n']}",
+        f"live_seconds_over_time_model: {lc['live_over_model_seconds']:.3f}",
+    ]
+    lines += [
+        f"live_seconds_over_time_model_{k}: {x:.3f}" for k, x in lc.get("live_over_model_seconds_by_method", {}).items()
+    ]
     return "```\n" + "\n".join(lines) + "\n```\n"
 
 
@@ -297,8 +348,13 @@ def starts(snap: dict[str, Any]) -> str:
     started with, over all prompts (the first replicate's runs)."""
     ref = snap.get("reference", analysis.REF)
     labels = [m.label for m in efficiency.methods(snap["args"]) if m.label == ref or m.policy == "calibrated"]
-    out = [f"Rows at the start, over all {len(snap['halves']['report']) + len(snap['halves']['selection'])} "
-           "prompts (rows: prompts).", "", row(["method", "budget", "start"]), "|---|---:|---|"]
+    out = [
+        f"Rows at the start, over all {len(snap['halves']['report']) + len(snap['halves']['selection'])} "
+        "prompts (rows: prompts).",
+        "",
+        row(["method", "budget", "start"]),
+        "|---|---:|---|",
+    ]
     for label in labels:
         for scale in snap["args"]["scales"]:
             counts = snap["starts"].get(f"{label}@{scale}", {})
@@ -317,8 +373,13 @@ def correlation(snap: dict[str, Any]) -> str:
         return "–" if v is None else f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
     head = ["L (tokens)", *(f"{n} {stat}" for n in names for stat in ("Pearson", "Kendall τ")), "prompts used"]
-    out = [f"{snap['prompts']} prompts x {snap['candidates']} candidates; final reward: {snap['final']}; mean over "
-           "prompts [95% CI].", "", row(head), "|---:|" + "---|" * (len(head) - 2) + "---:|"]
+    out = [
+        f"{snap['prompts']} prompts x {snap['candidates']} candidates; final reward: {snap['final']}; mean over "
+        "prompts [95% CI].",
+        "",
+        row(head),
+        "|---:|" + "---|" * (len(head) - 2) + "---:|",
+    ]
     for L in snap["lengths"]:
         per = [snap["summary"][n][str(L)] for n in names]
         used = "/".join(sorted({f"{s['prompts_used']}" for s in per}))
@@ -335,12 +396,26 @@ def verdict(snap: dict[str, Any]) -> str:
     def ci(x: float, lo_hi: list[float], sign: str = "") -> str:
         return f"{x:{sign}.3f} [{lo_hi[0]:{sign}.3f}, {lo_hi[1]:{sign}.3f}]"
 
-    out = [f"{v['prompts']} verdict prompts; mean per-prompt Pearson r with the final reward [95% CI over prompts].",
-           "", row(["L (tokens)", "head", "same", "head − same", "prompts"]), "|---:|---:|---:|---:|---:|"]
+    out = [
+        f"{v['prompts']} verdict prompts; mean per-prompt Pearson r with the final reward [95% CI over prompts].",
+        "",
+        row(["L (tokens)", "head", "same", "head − same", "prompts"]),
+        "|---:|---:|---:|---:|---:|",
+    ]
     for L, r in snap["verdict_by_length"].items():
-        out.append(row([L, DASH, DASH, DASH, "0"]) if not r["prompts"] else
-                   row([L, ci(r["head"], r["head_ci"]), ci(r["same"], r["same_ci"]), ci(r["diff"], r["diff_ci"], "+"),
-                        str(r["prompts"])]))
+        out.append(
+            row([L, DASH, DASH, DASH, "0"])
+            if not r["prompts"]
+            else row(
+                [
+                    L,
+                    ci(r["head"], r["head_ci"]),
+                    ci(r["same"], r["same_ci"]),
+                    ci(r["diff"], r["diff_ci"], "+"),
+                    str(r["prompts"]),
+                ]
+            )
+        )
     lengths = ", ".join(str(x) for x in v["lengths"])
     out.append(row([f"mean over {lengths}", "", "", ci(v["mean_diff"], v["diff_ci"], "+"), str(v["prompts"])]))
     return "\n".join(out) + "\n"
@@ -367,8 +442,10 @@ def _name(label: str) -> str:
 
 
 def _judged_head(snap: dict[str, Any]) -> str:
-    return (f"{len(snap['prompts'])} report-half prompts × {len(snap['firsts'])} candidate sets; 95% bootstrap CIs "
-            "over prompts and sets.\n\n")
+    return (
+        f"{len(snap['prompts'])} report-half prompts × {len(snap['firsts'])} candidate sets; 95% bootstrap CIs "
+        "over prompts and sets.\n\n"
+    )
 
 
 def judge_curves(snap: dict[str, Any]) -> str:
@@ -377,8 +454,18 @@ def judge_curves(snap: dict[str, Any]) -> str:
     cur = an["guide"]["curve"]
     out = [row(["N", "TFLOPs per prompt", *an]), row(["---:"] * (2 + len(an)))]
     for k, n in enumerate(cur["sizes"]):
-        out.append(row([str(n), f"{cur['flops'][k] / 1e12:.3f}", *(
-            ci_text({"value": a["curve"]["judge"][k], "ci": a["curve"]["judge_ci"][k]}, ".4f") for a in an.values())]))
+        out.append(
+            row(
+                [
+                    str(n),
+                    f"{cur['flops'][k] / 1e12:.3f}",
+                    *(
+                        ci_text({"value": a["curve"]["judge"][k], "ci": a["curve"]["judge_ci"][k]}, ".4f")
+                        for a in an.values()
+                    ),
+                ]
+            )
+        )
     out.append(row([f"{cur['sizes'][-1]} − 1", "", *(ci_text(a["gain"], "+.4f") for a in an.values())]))
     return _judged_head(snap) + "\n".join(out) + "\n"
 
@@ -387,17 +474,37 @@ def judge_methods(snap: dict[str, Any]) -> str:
     """Each method on the guide and each judge: its score and paired differences, the FLOPs speedup over Best-of-N
     at matched score on that scorer's curve, and the residual from the Best-of-N relation."""
     refs = snap["refs"]
-    out = [row(["scorer", "method", "score", *(f"− {_name(r)}" for r in refs), "FLOPs speedup at matched score",
-                "residual from guide gain"]), row(["---", "---", *["---:"] * (3 + len(refs))])]
+    out = [
+        row(
+            [
+                "scorer",
+                "method",
+                "score",
+                *(f"− {_name(r)}" for r in refs),
+                "FLOPs speedup at matched score",
+                "residual from guide gain",
+            ]
+        ),
+        row(["---", "---", *["---:"] * (3 + len(refs))]),
+    ]
     for sc, an in snap["analysis"].items():
         for label, m in an["methods"].items():
             sp = m["speedup_flops_at_matched_judge"]
             bound = {"lower": "≥", "upper": "≤"}.get(sp["bound"] if sp else None, "")
             res = m["residual"]
             flags = (" below" if res["below"] else "") + (" (beyond the curve)" if res["beyond_curve"] else "")
-            out.append(row([sc, _name(label), ci_text(m["judge"], ".4f"),
-                            *(ci_text(m[f"vs_{r}"], "+.4f") for r in refs),
-                            bound + ci_text(sp, ".2f"), ci_text(res, "+.4f") + flags]))
+            out.append(
+                row(
+                    [
+                        sc,
+                        _name(label),
+                        ci_text(m["judge"], ".4f"),
+                        *(ci_text(m[f"vs_{r}"], "+.4f") for r in refs),
+                        bound + ci_text(sp, ".2f"),
+                        ci_text(res, "+.4f") + flags,
+                    ]
+                )
+            )
     return _judged_head(snap) + "\n".join(out) + "\n"
 
 
@@ -405,8 +512,10 @@ def guide_split(snap: dict[str, Any]) -> str:
     """The guide's two parts, each method's gain in each over Best-of-1 and over Best-of-64."""
     split = snap["guide_split"]
     keys = list(next(iter(split.values())))
-    out = [row(["method", *(k.replace("_over_", " over ").replace("best_of_", "Best-of-") for k in keys)]),
-           row(["---", *["---:"] * len(keys)])]
+    out = [
+        row(["method", *(k.replace("_over_", " over ").replace("best_of_", "Best-of-") for k in keys)]),
+        row(["---", *["---:"] * len(keys)]),
+    ]
     out += [row([_name(label), *(ci_text(d[k], "+.3f") if k in d else "" for k in keys)]) for label, d in split.items()]
     return _judged_head(snap) + "\n".join(out) + "\n"
 
@@ -422,23 +531,54 @@ def diagnostics(snap: dict[str, Any]) -> str:
 
 def judge_checks(snap: dict[str, Any]) -> str:
     """Each judge against length and against the guide over the winners' texts, and what judging cost."""
-    out = [row(["judge", "texts", "Pearson r with log characters", "Spearman ρ with the guide",
-                "ρ within a prompt (mean)", "calls", "tokens", "TFLOPs", "seconds"]), row(["---", *["---:"] * 8])]
+    out = [
+        row(
+            [
+                "judge",
+                "texts",
+                "Pearson r with log characters",
+                "Spearman ρ with the guide",
+                "ρ within a prompt (mean)",
+                "calls",
+                "tokens",
+                "TFLOPs",
+                "seconds",
+            ]
+        ),
+        row(["---", *["---:"] * 8]),
+    ]
     cost = snap["judge_cost"]
     for name, by in snap["correlations"].items():
         c = cost[name]
         for which, x in by.items():
-            out.append(row([f"{name}, {which.replace('_', ' ').replace('best of 1', 'Best-of-1')}", str(x["texts"]),
-                            f"{x['pearson_log_chars']:+.3f}", f"{x['spearman_guide']:+.3f}",
-                            f"{x['spearman_guide_within_prompt']:+.3f} ({x['prompts_within']} prompts)"
-                            if x["prompts_within"] else DASH,
-                            *([str(c["calls"]), str(c["tokens"]), f"{c['flops'] / 1e12:.3f}", f"{c['seconds']:.0f}"]
-                              if which == "every_winner" else [""] * 4)]))
+            out.append(
+                row(
+                    [
+                        f"{name}, {which.replace('_', ' ').replace('best of 1', 'Best-of-1')}",
+                        str(x["texts"]),
+                        f"{x['pearson_log_chars']:+.3f}",
+                        f"{x['spearman_guide']:+.3f}",
+                        f"{x['spearman_guide_within_prompt']:+.3f} ({x['prompts_within']} prompts)"
+                        if x["prompts_within"]
+                        else DASH,
+                        *(
+                            [str(c["calls"]), str(c["tokens"]), f"{c['flops'] / 1e12:.3f}", f"{c['seconds']:.0f}"]
+                            if which == "every_winner"
+                            else [""] * 4
+                        ),
+                    ]
+                )
+            )
     return "\n".join(out) + "\n"
 
 
-JUDGED = {"judge-curves": judge_curves, "judge-methods": judge_methods, "guide-split": guide_split,
-          "diagnostics": diagnostics, "judge-checks": judge_checks}
+JUDGED = {
+    "judge-curves": judge_curves,
+    "judge-methods": judge_methods,
+    "guide-split": guide_split,
+    "diagnostics": diagnostics,
+    "judge-checks": judge_checks,
+}
 
 
 def marked(text: str, where: str | Path) -> list[re.Match[str]]:
@@ -469,9 +609,17 @@ def check(doc: Path) -> list[str]:
             out.append(f"{doc}: {e}\n")
             continue
         if want != block["body"]:
-            out.append("".join(difflib.unified_diff(
-                block["body"].splitlines(keepends=True), want.splitlines(keepends=True),
-                f"{doc}: {block['path']} {block['table']}, as written", "as rendered", n=1)))
+            out.append(
+                "".join(
+                    difflib.unified_diff(
+                        block["body"].splitlines(keepends=True),
+                        want.splitlines(keepends=True),
+                        f"{doc}: {block['path']} {block['table']}, as written",
+                        "as rendered",
+                        n=1,
+                    )
+                )
+            )
     return out
 
 
@@ -482,7 +630,7 @@ def write(doc: Path) -> int:
     for block in marked(text, doc):
         want = rendered(block)
         changed += want != block["body"]
-        parts += [text[last: block.start("body")], want]
+        parts += [text[last : block.start("body")], want]
         last = block.end("body")
     doc.write_text("".join(parts) + text[last:], encoding="utf-8")
     return changed
@@ -496,9 +644,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="e.g. docs/data/efficiency48.json")
     p = sub.add_parser("render", help="print one table of a snapshot")
     p.add_argument("snapshot", type=Path)
-    p.add_argument("table", help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., "
-                                  "versus:OTHER.json@K, correlation, judge-curves, judge-methods, guide-split, "
-                                  "diagnostics, judge-checks")
+    p.add_argument(
+        "table",
+        help="curve, budget-K, headline, all, live, starts, perplexity-K, methods:LABEL@K,..., "
+        "versus:OTHER.json@K, correlation, judge-curves, judge-methods, guide-split, "
+        "diagnostics, judge-checks",
+    )
     for name, what in (("write", "regenerate the marked blocks"), ("check", "diff the marked blocks")):
         sub.add_parser(name, help=what).add_argument("docs", type=Path, nargs="+", help="Markdown files")
     a = ap.parse_args(argv)

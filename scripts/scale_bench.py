@@ -19,8 +19,14 @@ import time
 from pathlib import Path
 
 RODECO = Path(sys.executable).with_name("rodeco")
-DEFAULT = ["data=alpacafarm100", "data.limit=16", "n=16", "sampling.max_new_tokens=64", "data.batch_prompts=2",
-           "output.progress=false"]
+DEFAULT = [
+    "data=alpacafarm100",
+    "data.limit=16",
+    "n=16",
+    "sampling.max_new_tokens=64",
+    "data.batch_prompts=2",
+    "output.progress=false",
+]
 
 
 def timed(args: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -47,9 +53,11 @@ def compare(a: list[dict], b: list[dict]) -> tuple[bool, float]:
     for x, y in zip(a, b):
         same &= (x["prompt_index"], x["best"]["token_ids"]) == (y["prompt_index"], y["best"]["token_ids"])
         same &= [r["kept_ids"] for r in x["rounds"]] == [r["kept_ids"] for r in y["rounds"]]
-        diff = max(diff, abs(x["best"]["score"] - y["best"]["score"]),
-                   *(abs(s - r2["scores"][k]) for r1, r2 in zip(x["rounds"], y["rounds"])
-                     for k, s in r1["scores"].items()))
+        diff = max(
+            diff,
+            abs(x["best"]["score"] - y["best"]["score"]),
+            *(abs(s - r2["scores"][k]) for r1, r2 in zip(x["rounds"], y["rounds"]) for k, s in r1["scores"].items()),
+        )
     return same, diff
 
 
@@ -66,18 +74,36 @@ def main() -> None:
     args = [*DEFAULT, *a.overrides]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     one = timed([*args, f"hydra.run.dir={out / 'single'}"], cwd, {**env, "OMP_NUM_THREADS": str(a.threads)})
-    many = timed(["--multirun", *args, f"data.num_shards={a.shards}", f"data.shard=range({a.shards})",
-                  "hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.shards}", f"hydra.sweep.dir={out / 'sweep'}"],
-                 cwd, {**env, "OMP_NUM_THREADS": str(max(1, a.threads // a.shards))})
+    many = timed(
+        [
+            "--multirun",
+            *args,
+            f"data.num_shards={a.shards}",
+            f"data.shard=range({a.shards})",
+            "hydra/launcher=joblib",
+            f"hydra.launcher.n_jobs={a.shards}",
+            f"hydra.sweep.dir={out / 'sweep'}",
+        ],
+        cwd,
+        {**env, "OMP_NUM_THREADS": str(max(1, a.threads // a.shards))},
+    )
     timed(["task=merge", f"merge.dir={out / 'sweep'}", f"hydra.run.dir={out / 'merge'}"], cwd, env)
     t1, tk = tokens(out / "single/summary.json"), tokens(out / "sweep/summary.json")
     same, diff = compare(records(out / "single/results.jsonl"), records(out / "sweep/results.jsonl"))
-    res = {"threads": a.threads, "shards": a.shards, "tokens_single": t1, "tokens_sharded": tk,
-           "wall_s_single": round(one, 2), "wall_s_sharded": round(many, 2),
-           "tokens_per_s_single": round(t1 / one, 2), "tokens_per_s_sharded": round(tk / many, 2),
-           "ratio_sharded_over_single": round((tk / many) / (t1 / one), 3), "same_choices": same,
-           "max_score_difference": diff,
-           "overrides": args}
+    res = {
+        "threads": a.threads,
+        "shards": a.shards,
+        "tokens_single": t1,
+        "tokens_sharded": tk,
+        "wall_s_single": round(one, 2),
+        "wall_s_sharded": round(many, 2),
+        "tokens_per_s_single": round(t1 / one, 2),
+        "tokens_per_s_sharded": round(tk / many, 2),
+        "ratio_sharded_over_single": round((tk / many) / (t1 / one), 3),
+        "same_choices": same,
+        "max_score_difference": diff,
+        "overrides": args,
+    }
     (out / "scale_bench.json").write_text(json.dumps(res, indent=2) + "\n")
     for k, v in res.items():
         print(f"{k}: {v}")

@@ -78,19 +78,38 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
         s = loop_settings(cfg, gen, node["name"], choices.reward.name)
         s = dataclasses.replace(s, n=n, budget=Budget(kv, s.budget.min_tokens_per_round), seed=pool.settings["seed"])
         p = pool.prompt(index)
-        (res,), c = decode_batch(gen, roles.reward, roles.policy, [PromptRef(p.index, p.text)], s,
-                                 partial=roles.partial, first=first)
+        (res,), c = decode_batch(
+            gen, roles.reward, roles.policy, [PromptRef(p.index, p.text)], s, partial=roles.partial, first=first
+        )
         copies = sum(len(v) for r in res.rounds for v in r.copies.values())
         w = res.best
-        return {"best": float(res.best.score), "n_start": res.n_start, "gen_flops": c.gen_flops,
-                "reward_flops": c.reward_flops, "partial_flops": c.partial_reward_flops, "flops": c.total_flops,
-                "decode_tokens": c.gen_decode_tokens, "steps": c.decode_steps, "peak_kv_tokens": c.peak_kv_tokens,
-                "rows_x_context": rows_x_context(c, gen.shape), "rounds": len(res.rounds), "copies": copies,
-                "reward_s": float(c.time_s.get("score", 0.0) + c.time_s.get("partial_score", 0.0)),
-                "wall_s": float(sum(c.time_s.values())), "budget": kv,
-                "within_budget": bool(c.peak_kv_tokens <= kv), "first": first,
-                "winner": {"id": w.candidate_id, "text": w.text, "token_ids": list(w.token_ids),
-                           "stop_reason": w.stop_reason, "parent": w.parent, "forked_round": w.forked_round}}
+        return {
+            "best": float(res.best.score),
+            "n_start": res.n_start,
+            "gen_flops": c.gen_flops,
+            "reward_flops": c.reward_flops,
+            "partial_flops": c.partial_reward_flops,
+            "flops": c.total_flops,
+            "decode_tokens": c.gen_decode_tokens,
+            "steps": c.decode_steps,
+            "peak_kv_tokens": c.peak_kv_tokens,
+            "rows_x_context": rows_x_context(c, gen.shape),
+            "rounds": len(res.rounds),
+            "copies": copies,
+            "reward_s": float(c.time_s.get("score", 0.0) + c.time_s.get("partial_score", 0.0)),
+            "wall_s": float(sum(c.time_s.values())),
+            "budget": kv,
+            "within_budget": bool(c.peak_kv_tokens <= kv),
+            "first": first,
+            "winner": {
+                "id": w.candidate_id,
+                "text": w.text,
+                "token_ids": list(w.token_ids),
+                "stop_reason": w.stop_reason,
+                "parent": w.parent,
+                "forked_round": w.forked_round,
+            },
+        }
 
     return run
 
@@ -144,8 +163,10 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
             have = done.setdefault(i, {"prompt_index": i, "methods": {}, "sets": {}})
             slot = have["methods"] if first == 0 else have.setdefault("sets", {}).setdefault(str(first), {})
             if label in slot and slot[label].get("node", node) != node:
-                raise SystemExit(f"{out_f}: {label} of prompt {i} ran as {slot[label]['node']}, not {node}: "
-                                 "start another run directory")
+                raise SystemExit(
+                    f"{out_f}: {label} of prompt {i} ran as {slot[label]['node']}, not {node}: "
+                    "start another run directory"
+                )
             if label not in slot:
                 slot[label] = {**run(i, node, n, int(by_index[i]["budget"]["1"]), first), "node": node}
                 atomic_write(out_f, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))
@@ -159,8 +180,11 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
                 run_all(pf_label(t), {**node, "temperature": t}, n, 0, sel)
             means = {t: float(np.mean([done[i]["methods"][pf_label(t)]["best"] for i in sel])) for t in a.pf_grid}
             best = max(means, key=lambda t: means[t])
-            print(f"particle_filter temperature on the selection half ({len(sel)} prompts, streams 0..): "
-                  + ", ".join(f"{t:g}: {m:.4f}" for t, m in means.items()) + f" -> {best:g}")
+            print(
+                f"particle_filter temperature on the selection half ({len(sel)} prompts, streams 0..): "
+                + ", ".join(f"{t:g}: {m:.4f}" for t, m in means.items())
+                + f" -> {best:g}"
+            )
             node = {**node, "temperature": best}
         for first in a.firsts:
             run_all(label, node, n, first, targets)
@@ -186,23 +210,30 @@ def paired_rewards(records: list[dict], rep: list[int], labels: list[str], resam
 
 def print_table(summary: dict, labels: list[str], alt: list[str], paired: dict, halves: dict[str, list[int]]) -> None:
     nan2 = [float("nan")] * 2
-    print(f"{'method':>28} {'half':>9} {'reward':>8} {'improvement [95% CI]':>24} {'TFLOPs':>8} "
-          f"{'FLOPs speedup vs BoN [95% CI]':>32} {'vs fixed 0.5':>24}")
+    print(
+        f"{'method':>28} {'half':>9} {'reward':>8} {'improvement [95% CI]':>24} {'TFLOPs':>8} "
+        f"{'FLOPs speedup vs BoN [95% CI]':>32} {'vs fixed 0.5':>24}"
+    )
     for label in labels + alt:
         half = "selection" if label in alt else "report"
         x = summary["methods"][f"{label}@1"][half]
         ci, sci = x.get("improvement_ci", nan2), x.get("speedup_flops_ci", nan2)
         vs = x.get("vs_fixed_alpha_0.5", {})
-        vs_s = f"{vs.get('ratio', float('nan')):.2f} [{vs.get('ci', nan2)[0]:.2f}, {vs.get('ci', nan2)[1]:.2f}]" \
-            if vs else ""
+        vs_s = (
+            f"{vs.get('ratio', float('nan')):.2f} [{vs.get('ci', nan2)[0]:.2f}, {vs.get('ci', nan2)[1]:.2f}]"
+            if vs
+            else ""
+        )
         curve = summary["curve"][half]
         at_flops = float(np.interp(np.log(x["flops"]), np.log(curve["flops"]), curve["improvement"]))
         vs_s += f"  BoN at these FLOPs: {at_flops:.1f}"
         dr = paired.get(label) if half == "report" else None
         vs_s += f"  reward - fixed: {dr[0]:+.4f} [{dr[1]:+.4f}, {dr[2]:+.4f}]" if dr else ""
-        print(f"{label:>28} {half:>9} {x['reward']:8.4f} {x['improvement']:8.1f} [{ci[0]:6.1f}, {ci[1]:6.1f}] "
-              f"{x['flops'] / 1e12 / len(halves[half]):8.3f} {x['speedup_flops']:8.2f} "
-              f"[{sci[0]:6.2f}, {sci[1]:6.2f}]{'+' if x['beyond_curve'] else ' '} {vs_s:>24}")
+        print(
+            f"{label:>28} {half:>9} {x['reward']:8.4f} {x['improvement']:8.1f} [{ci[0]:6.1f}, {ci[1]:6.1f}] "
+            f"{x['flops'] / 1e12 / len(halves[half]):8.3f} {x['speedup_flops']:8.2f} "
+            f"[{sci[0]:6.2f}, {sci[1]:6.2f}]{'+' if x['beyond_curve'] else ' '} {vs_s:>24}"
+        )
 
 
 def main() -> int:
@@ -210,27 +241,52 @@ def main() -> int:
     ap.add_argument("run_dir", type=Path, help="the efficiency run's directory (efficiency_prompts.jsonl)")
     ap.add_argument("--pool", required=True)
     ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (in the records' order)")
-    ap.add_argument("--all-report", action="store_true",
-                    help="every prompt is reported (nothing is chosen on them; with --pf-temperature): the live "
-                         "methods run on all, and only the judged part (guide, judges, diagnostics) is printed")
+    ap.add_argument(
+        "--all-report",
+        action="store_true",
+        help="every prompt is reported (nothing is chosen on them; with --pf-temperature): the live "
+        "methods run on all, and only the judged part (guide, judges, diagnostics) is printed",
+    )
     ap.add_argument("--alternatives", action="store_true", help="also the alternatives, on the selection half")
-    ap.add_argument("--report-only", action="store_true",
-                    help="the search policies on the report half only (particle_filter's --pf-grid still runs on "
-                         "the selection half)")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="the search policies on the report half only (particle_filter's --pf-grid still runs on "
+        "the selection half)",
+    )
     ap.add_argument("--bootstrap", type=int, default=1000)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
-                    help="the live methods, run in this order")
-    ap.add_argument("--firsts", nargs="+", type=int, default=[0],
-                    help="candidate sets: each method runs from streams first, first + 1, ... (0 64: the two halves "
-                         "of a 128-candidate pool)")
-    ap.add_argument("--pf-grid", nargs="*", type=float, default=PF_GRID,
-                    help="particle_filter's temperatures tried on the selection half (none: its default)")
-    ap.add_argument("--pf-temperature", type=float, default=None,
-                    help="particle_filter's temperature, chosen before (on another run's selection half): no grid")
+    ap.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=list(METHODS), help="the live methods, run in this order"
+    )
+    ap.add_argument(
+        "--firsts",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="candidate sets: each method runs from streams first, first + 1, ... (0 64: the two halves "
+        "of a 128-candidate pool)",
+    )
+    ap.add_argument(
+        "--pf-grid",
+        nargs="*",
+        type=float,
+        default=PF_GRID,
+        help="particle_filter's temperatures tried on the selection half (none: its default)",
+    )
+    ap.add_argument(
+        "--pf-temperature",
+        type=float,
+        default=None,
+        help="particle_filter's temperature, chosen before (on another run's selection half): no grid",
+    )
     ap.add_argument("--compile", action="store_true", help="the generator's compiled decode step (same tokens)")
-    ap.add_argument("--judges", nargs="*", default=["chrf", "ref_sim", "smollm_judge"],
-                    help="judge options that score every method's winners (default: every offline judge that applies "
-                         "to AlpacaEval prompts); none: skip the judged part")
+    ap.add_argument(
+        "--judges",
+        nargs="*",
+        default=["chrf", "ref_sim", "smollm_judge"],
+        help="judge options that score every method's winners (default: every offline judge that applies "
+        "to AlpacaEval prompts); none: skip the judged part",
+    )
     ap.add_argument("--runs-only", action="store_true", help="run the live methods and stop (no analysis)")
     a = ap.parse_args()
     from rodeco.experiments import analysis, render
@@ -240,10 +296,15 @@ def main() -> int:
     records = [json.loads(x) for x in (a.run_dir / "efficiency_prompts.jsonl").read_text().splitlines() if x.strip()]
     records = records[: a.limit] if a.limit else records
     if a.all_report and PF in a.methods and a.pf_temperature is None:
-        ap.error("--all-report chooses nothing on these prompts: give particle_filter's --pf-temperature, chosen on "
-                 "another run's selection half")
-    sel, rep = ([], [r["prompt_index"] for r in records]) if a.all_report else analysis.split_halves(
-        [r["prompt_index"] for r in records])
+        ap.error(
+            "--all-report chooses nothing on these prompts: give particle_filter's --pf-temperature, chosen on "
+            "another run's selection half"
+        )
+    sel, rep = (
+        ([], [r["prompt_index"] for r in records])
+        if a.all_report
+        else analysis.split_halves([r["prompt_index"] for r in records])
+    )
     done = run_searches(a, records, sel, rep)
     if a.runs_only:
         return 0
@@ -255,8 +316,10 @@ def main() -> int:
         return 0
     for r in records:  # set 0 as the record's methods, the other sets as its replicates (by their offset)
         d = done.get(r["prompt_index"], {"methods": {}, "sets": {}})
-        for slot, runs in [(r["methods"], d["methods"]),
-                           *[(x["methods"], d.get("sets", {}).get(str(x["offset"]), {})) for x in r["replicates"]]]:
+        for slot, runs in [
+            (r["methods"], d["methods"]),
+            *[(x["methods"], d.get("sets", {}).get(str(x["offset"]), {})) for x in r["replicates"]],
+        ]:
             for label in a.methods:  # a prompt the search policies did not run on (--report-only): never read
                 slot[label] = {"1": PLACEHOLDER}
             for label, run_ in runs.items():
@@ -265,24 +328,41 @@ def main() -> int:
     alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]
     eff = json.loads((a.run_dir / "efficiency.json").read_text())
     args = {**eff["args"], "bootstrap": a.bootstrap, "scales": [1]}
-    tm = analysis.TimeModel(**eff["time_model"]) if "time_model" in eff else analysis.TimeModel.fit(
-        Pool(a.pool), [r["prompt_index"] for r in records])
+    tm = (
+        analysis.TimeModel(**eff["time_model"])
+        if "time_model" in eff
+        else analysis.TimeModel.fit(Pool(a.pool), [r["prompt_index"] for r in records])
+    )
     max_new = int(records[0]["settings"]["max_new_tokens"])
     summary = analysis.summarize(records, args, tm, max_new, labels[:2] + alt)  # what the efficiency run has
     summary["methods"].update(report_half(records, args, tm, max_new, list(a.methods), summary))
-    within = all(m["within_budget"] for d in done.values()
-                 for runs in [d["methods"], *d.get("sets", {}).values()] for m in runs.values())
+    within = all(
+        m["within_budget"]
+        for d in done.values()
+        for runs in [d["methods"], *d.get("sets", {}).values()]
+        for m in runs.values()
+    )
     paired = paired_rewards(records, rep, labels, a.bootstrap)
     # efficiency.json's layout (scripts/results_tables.py renders it), with the search rows and how they ran
-    res = {**{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"}, **summary,
-           "args": args, "headline": analysis.headline(summary), "per_prompt": records,
-           "search": {"within_budget": within, "live": list(a.methods) + alt, "reward_minus_fixed_alpha_0.5": paired,
-                      "mean_copies": {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep]))
-                                      for k in a.methods}}}
+    res = {
+        **{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"},
+        **summary,
+        "args": args,
+        "headline": analysis.headline(summary),
+        "per_prompt": records,
+        "search": {
+            "within_budget": within,
+            "live": list(a.methods) + alt,
+            "reward_minus_fixed_alpha_0.5": paired,
+            "mean_copies": {k: float(np.mean([done[i]["methods"][k]["copies"] for i in rep])) for k in a.methods},
+        },
+    }
     atomic_write(a.run_dir / "search.json", json.dumps(res, indent=1, default=float) + "\n")
     (a.run_dir / "search.md").write_text(render.markdown(summary), encoding="utf-8")
-    print(f"{len(records)} prompts ({len(rep)} report, {len(sel)} selection); budget: Best-of-4's memory per prompt; "
-          f"every copy within it: {within}")
+    print(
+        f"{len(records)} prompts ({len(rep)} report, {len(sel)} selection); budget: Best-of-4's memory per prompt; "
+        f"every copy within it: {within}"
+    )
     print_table(summary, labels, alt, paired, {"report": rep, "selection": sel})
     if a.judges:
         sys.path.insert(0, str(Path(__file__).parent))

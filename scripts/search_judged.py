@@ -29,9 +29,21 @@ def set_sizes(firsts: list[int], candidates: int) -> list[int]:
     """Best-of-N's sizes in a candidate set: the sets start at ``firsts`` in a pool of ``candidates`` per prompt."""
     size = min(b - a for a, b in zip(firsts, [*firsts[1:], candidates]))
     return [n for n in SIZES if n <= size]
+
+
 FIXED = "fixed_alpha_0.5"
-DIAG_FIELDS = ("truncated", "ends_sentence", "tokens", "chars_per_token", "distinct_1", "distinct_2",
-               "repeated_4gram_fraction", "non_ascii_fraction", "digit_fraction", "mean_logprob")
+DIAG_FIELDS = (
+    "truncated",
+    "ends_sentence",
+    "tokens",
+    "chars_per_token",
+    "distinct_1",
+    "distinct_2",
+    "repeated_4gram_fraction",
+    "non_ascii_fraction",
+    "digit_fraction",
+    "mean_logprob",
+)
 LOGPROB = "lm_logprob"  # the diagnostics' mean token log-prob: the text re-scored by the embedded SmolLM2
 log = logging.getLogger(__name__)
 
@@ -72,8 +84,9 @@ class JudgeCache:
             for index, texts in tqdm(sorted(todo.items()), desc=f"judging {j.name}", unit="prompt"):
                 keys = list(texts)
                 prompt = texts[keys[0]][0]
-                got = self.judges.score(prompt, index, [Item(c, texts[k][1], ()) for c, k in enumerate(keys)],
-                                        only=[j.name])
+                got = self.judges.score(
+                    prompt, index, [Item(c, texts[k][1], ()) for c, k in enumerate(keys)], only=[j.name]
+                )
                 for c, k in enumerate(keys):
                     scores[k] = got[c][0].score
                 self.data[j.name]["cost"] = self.costs()[j.name]
@@ -92,9 +105,16 @@ class JudgeCache:
 def pool_winner(pp: Any, final: np.ndarray, c: int, flops: float) -> dict:
     """Pool candidate ``c`` of prompt ``pp`` as a winner, its guide reward from ``final``."""
     cand = pp.candidates[c]
-    return {"source": f"pool:{c}", "text": cand.text, "token_ids": cand.token_ids,
-            "stop_reason": "length" if cand.stop is None else "eos", "parent": None, "forked_round": None,
-            "guide": float(final[c]), "flops": float(flops)}
+    return {
+        "source": f"pool:{c}",
+        "text": cand.text,
+        "token_ids": cand.token_ids,
+        "stop_reason": "length" if cand.stop is None else "eos",
+        "parent": None,
+        "forked_round": None,
+        "guide": float(final[c]),
+        "flops": float(flops),
+    }
 
 
 def getter(*path: str) -> Callable[[dict], Any]:
@@ -102,8 +122,15 @@ def getter(*path: str) -> Callable[[dict], Any]:
     return lambda w: reduce(lambda d, k: d[k], path, w)
 
 
-def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firsts: list[int], labels: list[str],
-            pool: Any, sizes: list[int]) -> dict[str, dict[tuple[int, int], dict]]:
+def collect(
+    records: list[dict],
+    done: dict[int, dict],
+    prompts: list[int],
+    firsts: list[int],
+    labels: list[str],
+    pool: Any,
+    sizes: list[int],
+) -> dict[str, dict[tuple[int, int], dict]]:
     """``{method: {(prompt index, set): winner}}``; a winner has its text, token ids, stop reason, lineage, guide
     reward and FLOPs."""
     from rodeco.experiments.judged import best_of_prefix
@@ -114,11 +141,14 @@ def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firs
         rec, pp = by[i], pool.prompt(i)
         final = np.asarray(rec["final"], dtype=np.float64)
         for s, first in enumerate(firsts):
-            ids = first + best_of_prefix(final[first:first + max(sizes)], sizes)
+            ids = first + best_of_prefix(final[first : first + max(sizes)], sizes)
             for n, c in zip(sizes, ids):
                 out.setdefault(f"best_of_{n}", {})[(i, s)] = pool_winner(pp, final, int(c), rec["bon"][str(n)]["flops"])
-            run = rec["methods"][FIXED]["1"] if first == 0 else next(
-                r for r in rec["replicates"] if r["offset"] == first)["methods"][FIXED]["1"]
+            run = (
+                rec["methods"][FIXED]["1"]
+                if first == 0
+                else next(r for r in rec["replicates"] if r["offset"] == first)["methods"][FIXED]["1"]
+            )
             out.setdefault(FIXED, {})[(i, s)] = pool_winner(pp, final, int(run["best_id"]), run["flops"])
             assert abs(out[FIXED][(i, s)]["guide"] - run["best"]) < 1e-4, (i, first)
             for label in labels:
@@ -126,22 +156,31 @@ def collect(records: list[dict], done: dict[int, dict], prompts: list[int], firs
                 r = slot[label]
                 w = r["winner"]
                 out.setdefault(label, {})[(i, s)] = {
-                    "source": "live", "text": w["text"], "token_ids": w["token_ids"], "stop_reason": w["stop_reason"],
-                    "parent": w["parent"], "forked_round": w["forked_round"], "guide": float(r["best"]),
-                    "flops": float(r["flops"])}
+                    "source": "live",
+                    "text": w["text"],
+                    "token_ids": w["token_ids"],
+                    "stop_reason": w["stop_reason"],
+                    "parent": w["parent"],
+                    "forked_round": w["forked_round"],
+                    "guide": float(r["best"]),
+                    "flops": float(r["flops"]),
+                }
     return out
 
 
 def complete_prompts(done: dict[int, dict], rep: list[int], firsts: list[int], labels: list[str]) -> list[int]:
     def has(i: int) -> bool:
         d = done.get(i)
-        return d is not None and all(label in (d["methods"] if f == 0 else d.get("sets", {}).get(str(f), {}))
-                                     for f in firsts for label in labels)
+        return d is not None and all(
+            label in (d["methods"] if f == 0 else d.get("sets", {}).get(str(f), {})) for f in firsts for label in labels
+        )
+
     return [i for i in rep if has(i)]
 
 
-def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], all_reported: bool = False
-           ) -> dict[str, Any]:
+def judged(
+    a: Any, records: list[dict], done: dict[int, dict], rep: list[int], all_reported: bool = False
+) -> dict[str, Any]:
     """Judge every method's winners on the prompts ``rep`` (the report half, or ``all_reported``: every prompt),
     analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
     from rodeco.diagnostics import diagnose
@@ -168,7 +207,8 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], a
     judges = judges_by_name(a.judges, "minilm_rm", (f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}",))
     cache = JudgeCache(a.run_dir / "judge_cache.json", judges)
     texts = {pool.prompt(i).text for i in prompts} and [
-        (i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()]
+        (i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()
+    ]
     cache.score(texts)
     guide = build_minilm_rm({}, BuildContext())
     names = [j.name for j in judges.judges if j.name != LOGPROB]
@@ -192,39 +232,74 @@ def judged(a: Any, records: list[dict], done: dict[int, dict], rep: list[int], a
 
     scorers = ["guide", *names]  # the guide analysed like a judge: its own curve on the same prompts and sets
     val = {"guide": getter("guide"), **{n: getter("judge", n) for n in names}}
-    curve = Curve(sizes, np.stack([arr(f"best_of_{n}", val["guide"]) for n in sizes], -1),
-                  {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
-                  np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in sizes], -1))
-    methods = {label: Winners(arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers},
-                              arr(label, lambda w: w["flops"])) for label in [FIXED, *labels]}
+    curve = Curve(
+        sizes,
+        np.stack([arr(f"best_of_{n}", val["guide"]) for n in sizes], -1),
+        {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
+        np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in sizes], -1),
+    )
+    methods = {
+        label: Winners(
+            arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers}, arr(label, lambda w: w["flops"])
+        )
+        for label in [FIXED, *labels]
+    }
     top = f"best_of_{sizes[-1]}"
     refs = ["best_of_4", top, FIXED]
     analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
     diag_methods = [*dict.fromkeys(["best_of_1", "best_of_4", "best_of_16", top]), FIXED, *labels]
-    parts_of = {label: {p: arr(label, getter("guide_parts", p))
-                        for p in ("embedding", "surface")} for label in diag_methods}
-    diag = diagnostics_table({label: {**{f: arr(label, getter("diagnostics", f))
-                                         for f in DIAG_FIELDS},
-                                      **{f"guide_{p}": x for p, x in parts_of[label].items()}}
-                              for label in diag_methods}, a.bootstrap)
-    split = {label: {f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], a.bootstrap)
-                     for ref in ("best_of_1", top) if ref != label for p in ("embedding", "surface")}
-             for label in diag_methods if label != "best_of_1"}
+    parts_of = {
+        label: {p: arr(label, getter("guide_parts", p)) for p in ("embedding", "surface")} for label in diag_methods
+    }
+    diag = diagnostics_table(
+        {
+            label: {
+                **{f: arr(label, getter("diagnostics", f)) for f in DIAG_FIELDS},
+                **{f"guide_{p}": x for p, x in parts_of[label].items()},
+            }
+            for label in diag_methods
+        },
+        a.bootstrap,
+    )
+    split = {
+        label: {
+            f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], a.bootstrap)
+            for ref in ("best_of_1", top)
+            if ref != label
+            for p in ("embedding", "surface")
+        }
+        for label in diag_methods
+        if label != "best_of_1"
+    }
     distinct = {(i, w["text"]): w for m in win.values() for (i, _), w in m.items() if w["text"]}
     plain = {(i, w["text"]): w for (i, _), w in win["best_of_1"].items() if w["text"]}
 
     def corr(texts: dict, n: str) -> dict[str, Any]:
         col = lambda f: np.array([f(k, w) for k, w in texts.items()], dtype=np.float64)  # noqa: E731
-        return correlations(col(lambda k, w: k[0]), col(lambda k, w: w["judge"][n]), col(lambda k, w: len(k[1])),
-                            col(lambda k, w: w["guide"]))
+        return correlations(
+            col(lambda k, w: k[0]),
+            col(lambda k, w: w["judge"][n]),
+            col(lambda k, w: len(k[1])),
+            col(lambda k, w: w["guide"]),
+        )
+
     corrs = {n: {"every_winner": corr(distinct, n), "best_of_1": corr(plain, n)} for n in names}
     cost = cache.costs()
-    out = {"prompts": prompts, "all_reported": all_reported, "firsts": a.firsts, "sizes": sizes,
-           "methods": [FIXED, *labels], "refs": refs,
-           "judges": {n: judges.specs()[n] for n in names}, "judge_cost": cost, "analysis": analyses,
-           "diagnostics": diag, "guide_split": split, "correlations": corrs,
-           "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()]
-                       for label, m in win.items()}}
+    out = {
+        "prompts": prompts,
+        "all_reported": all_reported,
+        "firsts": a.firsts,
+        "sizes": sizes,
+        "methods": [FIXED, *labels],
+        "refs": refs,
+        "judges": {n: judges.specs()[n] for n in names},
+        "judge_cost": cost,
+        "analysis": analyses,
+        "diagnostics": diag,
+        "guide_split": split,
+        "correlations": corrs,
+        "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()] for label, m in win.items()},
+    }
     raw = json.dumps(out, default=float).encode()
     atomic_write(a.run_dir / "search_judged.json.gz", gzip.compress(raw, mtime=0))
     print_judged(out, P, S)
@@ -237,19 +312,27 @@ def print_judged(out: dict, P: int, S: int) -> None:
     top = out.get("sizes", SIZES)[-1]
     firsts = ", ".join(f"streams {f}..{f + top - 1}" for f in out["firsts"])
     which = "prompts (all reported)" if out.get("all_reported") else "report-half prompts"
-    print(f"judge_prompts: {P} {which} x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts "
-          "and sets")
+    print(f"judge_prompts: {P} {which} x {S} candidate sets ({firsts}); 95% bootstrap CIs over prompts and sets")
     for name, c in out["judge_cost"].items():
-        print(f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
-              f"{c['seconds']:.1f} s (not charged to any method)")
+        print(
+            f"judge_cost_{name}: {c['calls']} calls, {c['tokens']} tokens, {c['flops'] / 1e12:.3f} TFLOPs, "
+            f"{c['seconds']:.1f} s (not charged to any method)"
+        )
     print("\n".join(analysis_lines(out["analysis"], out["refs"])))
     for name, by in out.get("correlations", {}).items():
-        print(f"judge_{name}_correlations: " + "; ".join(
-            f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, Spearman rho "
-            f"with the guide {c['spearman_guide']:+.3f}, within a prompt {c['spearman_guide_within_prompt']:+.3f} "
-            f"(mean over {c['prompts_within']} prompts)" for which, c in by.items()))
+        print(
+            f"judge_{name}_correlations: "
+            + "; ".join(
+                f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, Spearman rho "
+                f"with the guide {c['spearman_guide']:+.3f}, within a prompt {c['spearman_guide_within_prompt']:+.3f} "
+                f"(mean over {c['prompts_within']} prompts)"
+                for which, c in by.items()
+            )
+        )
     for label, d in out.get("guide_split", {}).items():  # minilm_rm = its embedding part + its surface part
         print(f"guide_split_{label}: " + "; ".join(f"{k} {ci_text(v)}" for k, v in d.items()))
     for label, d in out["diagnostics"].items():
-        print(f"diag_{label}: " + "; ".join(f"{k} {v['value']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
-                                           for k, v in d.items()))
+        print(
+            f"diag_{label}: "
+            + "; ".join(f"{k} {v['value']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]" for k, v in d.items())
+        )

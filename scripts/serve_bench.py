@@ -110,24 +110,49 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="untimed requests per phase before it starts")
     ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds rodeco's server may take to start")
     ap.add_argument("--vllm-start-timeout", type=float, default=420.0, help="seconds vLLM's server may take")
-    ap.add_argument("--vllm-eager", action=argparse.BooleanOptionalAction, default=True,
-                    help="vLLM's --enforce-eager (no torch.compile at start-up)")
-    ap.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python",
-                    help="the vLLM environment's python (runs -m vllm.entrypoints.openai.api_server)")
+    ap.add_argument(
+        "--vllm-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM's --enforce-eager (no torch.compile at start-up)",
+    )
+    ap.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=ROOT / ".venv-vllm" / "bin" / "python",
+        help="the vLLM environment's python (runs -m vllm.entrypoints.openai.api_server)",
+    )
     ap.add_argument("--rodeco-bin", type=Path, default=None, help="rodeco's CLI (default: next to this python)")
-    ap.add_argument("--rodeco-threads", type=int, default=1,
-                    help="OMP_NUM_THREADS for rodeco's server: 1 as vLLM's CPU worker (one OpenMP thread on a core "
-                         "of its own, a core left to its API server); 0: torch's default, one per core")
+    ap.add_argument(
+        "--rodeco-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for rodeco's server: 1 as vLLM's CPU worker (one OpenMP thread on a core "
+        "of its own, a core left to its API server); 0: torch's default, one per core",
+    )
     ap.add_argument("--rodeco-arg", action="append", default=[], help="one more override for rodeco's server")
     ap.add_argument("--vllm-arg", action="append", default=[], help="one more argument for vLLM's server")
-    ap.add_argument("--score-batching", action=argparse.BooleanOptionalAction, default=True,
-                    help="vLLM's client-side scorer scores the requests waiting for it in one reward call")
-    ap.add_argument("--scorer-threads", type=int, default=1,
-                    help="torch threads of the client-side scorer (0: torch's default, one per core)")
+    ap.add_argument(
+        "--score-batching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM's client-side scorer scores the requests waiting for it in one reward call",
+    )
+    ap.add_argument(
+        "--scorer-threads",
+        type=int,
+        default=1,
+        help="torch threads of the client-side scorer (0: torch's default, one per core)",
+    )
     ap.add_argument("--skip-vllm", action="store_true", help="run only rodeco's server (sr and bon)")
     ap.add_argument("--bootstrap", type=int, default=1000)
-    ap.add_argument("--judges", nargs="*", default=JUDGES, help="judge options that score every server's answers "
-                    "client-side after the phases (default: every offline judge of AlpacaEval prompts; none: skip)")
+    ap.add_argument(
+        "--judges",
+        nargs="*",
+        default=JUDGES,
+        help="judge options that score every server's answers "
+        "client-side after the phases (default: every offline judge of AlpacaEval prompts; none: skip)",
+    )
     a = ap.parse_args(argv)
     for k in ("requests", "best_of", "max_tokens", "kv_tokens", "max_in_flight", "bootstrap"):
         if getattr(a, k) < 1:
@@ -167,6 +192,7 @@ def arrivals(k: int, rate: float, seed: int) -> np.ndarray:
 
 # -- requests --------------------------------------------------------------------------------------------------------
 
+
 def warm(name: str, send: Send, texts: list[str], a: argparse.Namespace) -> None:
     """``--warmup`` untimed requests, one at a time: the first requests' one-off costs (allocations, lazy imports)."""
     for w in range(a.warmup):
@@ -178,13 +204,15 @@ def warm(name: str, send: Send, texts: list[str], a: argparse.Namespace) -> None
             log.warning("%s: warm-up request %d failed: %s: %s", name, w, type(e).__name__, str(e)[:300])
 
 
-def run_phase(name: str, send: Send, prompts: list[Any], times: np.ndarray, seeds: list[int],
-              a: argparse.Namespace) -> tuple[list[Record], float]:
+def run_phase(
+    name: str, send: Send, prompts: list[Any], times: np.ndarray, seeds: list[int], a: argparse.Namespace
+) -> tuple[list[Record], float]:
     """The requests at their scheduled times (open loop), each in a thread of a bounded pool; (records, the
     phase's start on the monotonic clock). Arrivals after ``--duration`` are not sent; the phase waits at most
     ``--request-timeout`` (plus a margin) after the last arrival."""
-    recs = [Record(i, p.index, s, float(t)) for i, (p, s, t) in enumerate(zip(prompts, seeds, times))
-            if t <= a.duration]
+    recs = [
+        Record(i, p.index, s, float(t)) for i, (p, s, t) in enumerate(zip(prompts, seeds, times)) if t <= a.duration
+    ]
 
     def one(r: Record, text: str) -> None:
         r.sent = time.monotonic() - t0
@@ -207,18 +235,23 @@ def run_phase(name: str, send: Send, prompts: list[Any], times: np.ndarray, seed
             if delay > 0:
                 time.sleep(delay)
             futs.append(pool.submit(one, r, prompts[r.i].text))
-        done, pending = wait_futures(futs, timeout=max(0.0, t0 + recs[-1].arrival - time.monotonic())
-                                     + a.request_timeout + 30)
+        done, pending = wait_futures(
+            futs, timeout=max(0.0, t0 + recs[-1].arrival - time.monotonic()) + a.request_timeout + 30
+        )
         for r, f in zip(recs, futs):
             if f in pending:
                 r.error = r.error or "no answer by the phase's deadline"
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     errors = [r for r in recs if not r.ok]
-    log.info("%s: %d/%d requests answered%s", name, len(recs) - len(errors), len(recs),
-             f"; first error: {errors[0].error}" if errors else "")
+    log.info(
+        "%s: %d/%d requests answered%s",
+        name,
+        len(recs) - len(errors),
+        len(recs),
+        f"; first error: {errors[0].error}" if errors else "",
+    )
     return recs, t0
-
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -249,8 +282,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from rodeco.rejudge import judges_by_name
 
         prompt_text = {p.index: p.text for p in bench.prompts}
-        bench.doc["judged"] = judge_servers(bench.doc, prompt_text, judges_by_name(a.judges, a.reward), a.bootstrap,
-                                            a.seed)
+        bench.doc["judged"] = judge_servers(
+            bench.doc, prompt_text, judges_by_name(a.judges, a.reward), a.bootstrap, a.seed
+        )
     bench.doc["ratios"] = ratios_of(bench.summary)
     bench.doc["wall_seconds"] = time.monotonic() - wall0
     write(a.out, bench.doc)
@@ -271,9 +305,14 @@ class Bench:
         self.idx = bootstrap_index(sum(t <= a.duration for t in self.times), a.bootstrap, a.seed)
         self.src = model_dir(a.generator)  # dequantizes the embedded model once (rodeco's cache), before any server
         args = {k: shown(v, a.out) if isinstance(v, Path) else v for k, v in vars(a).items()}
-        self.doc: dict[str, Any] = {"args": args, "prompt_indices": [p.index for p in self.prompts],
-                                    "arrivals": self.times.tolist(), "seeds": self.seeds,
-                                    "model_dir": shown(self.src), "servers": {}}
+        self.doc: dict[str, Any] = {
+            "args": args,
+            "prompt_indices": [p.index for p in self.prompts],
+            "arrivals": self.times.tolist(),
+            "seeds": self.seeds,
+            "model_dir": shown(self.src),
+            "servers": {},
+        }
         self.summary: dict[str, dict[str, Any]] = {}
 
     def phase(self, name: str, srv: Server, send: Send, extra: dict[str, Any]) -> None:
@@ -288,9 +327,13 @@ class Bench:
         self.doc["servers"][name] = {
             "summary": {k: v for k, v in fig.items() if k != "_boot"},
             "server_side": server_side(name, recs, metrics_delta(before, after), span),
-            "start_seconds": srv.started_s, "log": shown(srv.log_path, self.a.out),
+            "start_seconds": srv.started_s,
+            "log": shown(srv.log_path, self.a.out),
             # this machine's 1-minute load average before and after the phase: other work on the same cores shows here
-            "load_avg_1m": [load[0], os.getloadavg()[0]], "records": [asdict(r) for r in recs], **extra}
+            "load_avg_1m": [load[0], os.getloadavg()[0]],
+            "records": [asdict(r) for r in recs],
+            **extra,
+        }
         write(self.a.out, self.doc)
 
     def rodeco_phases(self) -> None:
@@ -317,8 +360,9 @@ class Bench:
         """Server 3: vLLM's own server, Best-of-N with n=N, its responses scored here."""
         a, port = self.a, free_port()
         argv, settings = vllm_argv(a, port, self.src)
-        with launched("vllm", argv, port, a.out / "logs", a.vllm_start_timeout,
-                      unset=("VLLM_CPU_KVCACHE_SPACE",)) as srv:  # it would override the KV pool's size
+        with launched(
+            "vllm", argv, port, a.out / "logs", a.vllm_start_timeout, unset=("VLLM_CPU_KVCACHE_SPACE",)
+        ) as srv:  # it would override the KV pool's size
             self.phase("vllm", srv, vllm_sender(srv.url, a.generator, a, scorer), {"vllm_settings": settings})
 
 
@@ -334,16 +378,23 @@ def ratios_of(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(doc: dict[str, Any], summary: dict[str, dict[str, Any]], a: argparse.Namespace, k: int) -> None:
-    print(f"\n{k} requests per server, rate {a.rate}/s, best_of {a.best_of}, max_tokens {a.max_tokens}, "
-          f"alpha {a.alpha}, KV {a.kv_tokens} tokens; CIs: {a.bootstrap} bootstrap resamples of the requests")
+    print(
+        f"\n{k} requests per server, rate {a.rate}/s, best_of {a.best_of}, max_tokens {a.max_tokens}, "
+        f"alpha {a.alpha}, KV {a.kv_tokens} tokens; CIs: {a.bootstrap} bootstrap resamples of the requests"
+    )
     print_table(summary, doc["ratios"])
     print()
     for name, s in doc["servers"].items():
         print_server_side(name, s["server_side"])
-        print(f"  started in {s['start_seconds']:.1f} s; load average {s['load_avg_1m'][0]:.2f} before the phase, "
-              f"{s['load_avg_1m'][1]:.2f} after ({os.cpu_count()} CPUs); "
-              + (f"client rescoring max |diff| {s['client_rescore_max_abs_diff']:.2e}"
-                 if "client_rescore_max_abs_diff" in s else f"log {s['log']}"))
+        print(
+            f"  started in {s['start_seconds']:.1f} s; load average {s['load_avg_1m'][0]:.2f} before the phase, "
+            f"{s['load_avg_1m'][1]:.2f} after ({os.cpu_count()} CPUs); "
+            + (
+                f"client rescoring max |diff| {s['client_rescore_max_abs_diff']:.2e}"
+                if "client_rescore_max_abs_diff" in s
+                else f"log {s['log']}"
+            )
+        )
     for name, s in doc["servers"].items():
         for r in s["records"]:
             if not r["ok"]:

@@ -53,10 +53,12 @@ def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
         o = ok[ix]
         with np.errstate(all="ignore"), _quiet():
             span = np.nanmax(arr[ix] + lat[ix], axis=-1) - arr.min()
-            return {"requests_per_s": np.where(o.any(-1), o.sum(-1) / span, np.nan),
-                    "p50_latency_s": np.nanquantile(lat[ix], 0.5, axis=-1),
-                    "p95_latency_s": np.nanquantile(lat[ix], 0.95, axis=-1),
-                    "mean_reward": np.nanmean(rew[ix], axis=-1)}
+            return {
+                "requests_per_s": np.where(o.any(-1), o.sum(-1) / span, np.nan),
+                "p50_latency_s": np.nanquantile(lat[ix], 0.5, axis=-1),
+                "p95_latency_s": np.nanquantile(lat[ix], 0.95, axis=-1),
+                "mean_reward": np.nanmean(rew[ix], axis=-1),
+            }
 
     point = stats(np.arange(len(recs)))
     boot = stats(idx)
@@ -103,14 +105,21 @@ def server_side(name: str, recs: list[Record], delta: dict[str, float], span: fl
             vals = [r.server.get(k) for r in ok if isinstance(r.server.get(k), (int, float))]
             out[f"mean_{k}"] = float(np.mean(vals)) if vals else None
         # the batch's wall time per token of the winner: about a decode step's time (prefill and reward calls in it)
-        out["mean_decode_seconds_per_winner_token"] = float(np.mean(
-            [r.server["decode_seconds"] / max(1, r.server["winner_tokens"]) for r in ok]))
+        out["mean_decode_seconds_per_winner_token"] = float(
+            np.mean([r.server["decode_seconds"] / max(1, r.server["winner_tokens"]) for r in ok])
+        )
         flops = sum(r.server.get("flops") or 0 for r in ok)
         bon = sum(r.server.get("bon_flops_modelled") or 0 for r in ok)
         out["flops_over_bon_modelled"] = flops / bon if bon else None
     elif ok:
-        for k in ("generate_seconds", "score_wait_seconds", "score_seconds", "score_batch_requests",
-                  "completion_tokens", "prompt_tokens"):
+        for k in (
+            "generate_seconds",
+            "score_wait_seconds",
+            "score_seconds",
+            "score_batch_requests",
+            "completion_tokens",
+            "prompt_tokens",
+        ):
             out[f"mean_{k}"] = float(np.mean([r.server[k] for r in ok]))
     tokens = delta.get("rodeco_decode_tokens_total", delta.get("vllm:generation_tokens_total"))
     if tokens is not None and span > 0:
@@ -129,12 +138,16 @@ def print_table(summary: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> N
         lo, hi = x[k + "_ci"]
         return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
-    print(f"\n{'server':>6} {'done':>7} {'requests/s [95% CI]':>26} {'p50 latency s':>26} {'p95 latency s':>26} "
-          f"{'mean reward':>28}")
+    print(
+        f"\n{'server':>6} {'done':>7} {'requests/s [95% CI]':>26} {'p50 latency s':>26} {'p95 latency s':>26} "
+        f"{'mean reward':>28}"
+    )
     for name, x in summary.items():
-        print(f"{name:>6} {x['completed']:>3}/{x['sent']:<3} {f(x, 'requests_per_s', '.3f'):>26} "
-              f"{f(x, 'p50_latency_s', '.2f'):>26} {f(x, 'p95_latency_s', '.2f'):>26} "
-              f"{f(x, 'mean_reward', '.3f'):>28}")
+        print(
+            f"{name:>6} {x['completed']:>3}/{x['sent']:<3} {f(x, 'requests_per_s', '.3f'):>26} "
+            f"{f(x, 'p50_latency_s', '.2f'):>26} {f(x, 'p95_latency_s', '.2f'):>26} "
+            f"{f(x, 'mean_reward', '.3f'):>28}"
+        )
     for k, r in ratios.items():
         v = r.get("ratio", r.get("diff"))
         print(f"{k}: {v:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]")
@@ -156,4 +169,3 @@ def write(out: Path, obj: dict[str, Any]) -> None:
     tmp = out / ".serve_bench.json.tmp"
     tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     tmp.replace(out / "serve_bench.json")
-

@@ -30,8 +30,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_bench")
 
-RODECO_KEYS = ("queue_seconds", "decode_seconds", "decode_tokens", "prefill_tokens", "flops", "bon_flops_modelled",
-               "candidates_started", "candidates_rejected", "rounds", "batch_requests", "kv_tokens")
+RODECO_KEYS = (
+    "queue_seconds",
+    "decode_seconds",
+    "decode_tokens",
+    "prefill_tokens",
+    "flops",
+    "bon_flops_modelled",
+    "candidates_started",
+    "candidates_rejected",
+    "rounds",
+    "batch_requests",
+    "kv_tokens",
+)
 Send = Callable[[str, int], tuple[float, dict[str, Any]]]
 
 
@@ -78,8 +89,15 @@ def tail(path: Path, chars: int = 4000) -> str:
 
 
 @contextlib.contextmanager
-def launched(name: str, argv: list[str], port: int, log_dir: Path, timeout: float,
-             env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> Iterator[Server]:
+def launched(
+    name: str,
+    argv: list[str],
+    port: int,
+    log_dir: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+) -> Iterator[Server]:
     """``argv`` as a subprocess in its own process group (this environment plus ``env``, less ``unset``), waited for
     on /health (at most ``timeout`` s), and its process group stopped at the end (SIGTERM, then SIGKILL), whatever
     happens."""
@@ -89,22 +107,32 @@ def launched(name: str, argv: list[str], port: int, log_dir: Path, timeout: floa
     log.info("starting %s: %s", name, " ".join(argv))
     with open(log_path, "w") as out:
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=ROOT,
-                                env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset})
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=ROOT,
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
+        )
         server = Server(name, proc, url, log_path)
         try:
             end = t0 + timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({proc.returncode}) before it answered /health; its log "
-                                       f"({log_path}) ends:\n{tail(log_path)}")
+                    raise RuntimeError(
+                        f"{name} exited ({proc.returncode}) before it answered /health; its log "
+                        f"({log_path}) ends:\n{tail(log_path)}"
+                    )
                 with contextlib.suppress(OSError):
                     if http_get(f"{url}/health", timeout=2)[0] == 200:
                         break
                 if time.monotonic() > end:
-                    raise RuntimeError(f"{name} did not answer /health within {timeout:.0f} s; its log ({log_path}) "
-                                       f"ends:\n{tail(log_path)}")
+                    raise RuntimeError(
+                        f"{name} did not answer /health within {timeout:.0f} s; its log ({log_path}) "
+                        f"ends:\n{tail(log_path)}"
+                    )
                 time.sleep(0.5)
             server.started_s = time.monotonic() - t0
             log.info("%s is up on %s after %.1f s (pid %d)", name, url, server.started_s, proc.pid)
@@ -155,13 +183,25 @@ def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
     exe = a.rodeco_bin or Path(sys.executable).parent / "rodeco"
     if not Path(exe).is_file():
         exe = ROOT / ".venv" / "bin" / "rodeco"
-    return [str(exe), "task=serve", "serve.host=127.0.0.1", f"serve.port={port}", f"generator={a.generator}",
-            f"generator.dtype={dtype_of(a)}", f"reward={a.reward}", f"budget.kv_tokens={a.kv_tokens}",
-            f"sampling.max_new_tokens={a.max_tokens}", f"sampling.top_k={a.top_k}",
-            f"serve.max_tokens={max(512, a.max_tokens)}", f"serve.max_best_of={max(64, a.best_of)}",
-            f"serve.max_queue={max(64, a.requests + a.warmup)}", f"serve.request_timeout_s={a.request_timeout}",
-            "serve.drain_timeout_s=5",  # serve.policies: the default offers fixed (alpha in [0, 0.95]) and none
-            f"hydra.run.dir={a.out / 'hydra'}", *a.rodeco_arg]
+    return [
+        str(exe),
+        "task=serve",
+        "serve.host=127.0.0.1",
+        f"serve.port={port}",
+        f"generator={a.generator}",
+        f"generator.dtype={dtype_of(a)}",
+        f"reward={a.reward}",
+        f"budget.kv_tokens={a.kv_tokens}",
+        f"sampling.max_new_tokens={a.max_tokens}",
+        f"sampling.top_k={a.top_k}",
+        f"serve.max_tokens={max(512, a.max_tokens)}",
+        f"serve.max_best_of={max(64, a.best_of)}",
+        f"serve.max_queue={max(64, a.requests + a.warmup)}",
+        f"serve.request_timeout_s={a.request_timeout}",
+        "serve.drain_timeout_s=5",  # serve.policies: the default offers fixed (alpha in [0, 0.95]) and none
+        f"hydra.run.dir={a.out / 'hydra'}",
+        *a.rodeco_arg,
+    ]
 
 
 def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], dict[str, Any]]:
@@ -172,22 +212,59 @@ def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], d
     dtype = dtype_of(a)
     block = 16 if on_cuda() else 32
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim \
+    per_token = (
+        2
+        * cfg["num_hidden_layers"]
+        * cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        * head_dim
         * (4 if dtype in ("float32", "float") else 2)
+    )
     blocks = -(-a.kv_tokens // block)
     max_len = min(cfg.get("max_position_embeddings") or blocks * block, blocks * block)
     max_seqs = 512
-    settings = {"dtype": dtype, "block_size": block, "kv_pool_tokens": blocks * block,
-                "kv_cache_memory_bytes": (blocks + 1) * block * per_token, "max_model_len": max_len,
-                "max_num_seqs": max_seqs, "max_num_batched_tokens": max(max_seqs * block, max_len, 8192),
-                "enforce_eager": a.vllm_eager}
-    argv = [str(a.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(src),
-            "--served-model-name", a.generator, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-            "--block-size", str(block), "--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"]),
-            "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
-            "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), "--seed", str(a.seed),
-            "--enable-prefix-caching", "--disable-uvicorn-access-log", "--generation-config", "vllm",
-            *(["--enforce-eager"] if a.vllm_eager else []), *a.vllm_arg]
+    settings = {
+        "dtype": dtype,
+        "block_size": block,
+        "kv_pool_tokens": blocks * block,
+        "kv_cache_memory_bytes": (blocks + 1) * block * per_token,
+        "max_model_len": max_len,
+        "max_num_seqs": max_seqs,
+        "max_num_batched_tokens": max(max_seqs * block, max_len, 8192),
+        "enforce_eager": a.vllm_eager,
+    }
+    argv = [
+        str(a.vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(src),
+        "--served-model-name",
+        a.generator,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--block-size",
+        str(block),
+        "--kv-cache-memory-bytes",
+        str(settings["kv_cache_memory_bytes"]),
+        "--max-model-len",
+        str(max_len),
+        "--max-num-seqs",
+        str(max_seqs),
+        "--max-num-batched-tokens",
+        str(settings["max_num_batched_tokens"]),
+        "--seed",
+        str(a.seed),
+        "--enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+        "--generation-config",
+        "vllm",
+        *(["--enforce-eager"] if a.vllm_eager else []),
+        *a.vllm_arg,
+    ]
     return argv, settings
 
 
@@ -235,11 +312,12 @@ class Scorer:
             if items:
                 t0 = time.monotonic()
                 try:
-                    flat = self.reward.score([ScoreRequest(p, t, (), partial=False) for p, ts, _, _ in items
-                                              for t in ts])
+                    flat = self.reward.score(
+                        [ScoreRequest(p, t, (), partial=False) for p, ts, _, _ in items for t in ts]
+                    )
                     took, at = time.monotonic() - t0, 0
                     for _, ts, asked, fut in items:
-                        fut.set_result(([float(x) for x in flat[at: at + len(ts)]], t0 - asked, took, len(items)))
+                        fut.set_result(([float(x) for x in flat[at : at + len(ts)]], t0 - asked, took, len(items)))
                         at += len(ts)
                 except Exception as e:  # these requests fail; the scorer goes on
                     for *_, fut in items:
@@ -253,7 +331,6 @@ class Scorer:
         self.thread.join(60)
 
 
-
 def client(url: str, timeout: float) -> Any:
     import openai
 
@@ -265,14 +342,23 @@ def rodeco_sender(url: str, model: str, a: argparse.Namespace, policy: dict[str,
 
     def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
         raw = c.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
-            temperature=a.temperature, top_p=1.0, seed=seed, n=1, extra_body={"best_of": a.best_of, "rodeco": policy})
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=a.max_tokens,
+            temperature=a.temperature,
+            top_p=1.0,
+            seed=seed,
+            n=1,
+            extra_body={"best_of": a.best_of, "rodeco": policy},
+        )
         d = raw.http_response.json()
         rb = d["rodeco"]
-        info = {k: rb.get(k) for k in RODECO_KEYS} | {"completion_tokens": d["usage"]["completion_tokens"],
-                                                       "prompt_tokens": d["usage"]["prompt_tokens"],
-                                                       "winner_tokens": rb["choices"][0]["tokens"],
-                                                       "text": d["choices"][0]["message"]["content"]}
+        info = {k: rb.get(k) for k in RODECO_KEYS} | {
+            "completion_tokens": d["usage"]["completion_tokens"],
+            "prompt_tokens": d["usage"]["prompt_tokens"],
+            "winner_tokens": rb["choices"][0]["tokens"],
+            "text": d["choices"][0]["message"]["content"],
+        }
         return float(rb["choices"][0]["reward"]), info
 
     return send
@@ -285,22 +371,33 @@ def vllm_sender(url: str, model: str, a: argparse.Namespace, scorer: Scorer) -> 
     def send(prompt: str, seed: int) -> tuple[float, dict[str, Any]]:
         t0 = time.monotonic()
         raw = c.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=a.max_tokens,
-            temperature=a.temperature, top_p=1.0, seed=seed, n=a.best_of, extra_body=extra)
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=a.max_tokens,
+            temperature=a.temperature,
+            top_p=1.0,
+            seed=seed,
+            n=a.best_of,
+            extra_body=extra,
+        )
         d = raw.http_response.json()
         gen_s = time.monotonic() - t0
         texts = [ch["message"]["content"] or "" for ch in sorted(d["choices"], key=lambda ch: ch["index"])]
         scores, wait_s, score_s, together = scorer.score(prompt, texts)
         best = int(np.argmax(scores))
-        return scores[best], {"generate_seconds": gen_s, "score_wait_seconds": wait_s, "score_seconds": score_s,
-                              "score_batch_requests": together,
-                              "completion_tokens": d["usage"]["completion_tokens"],
-                              "prompt_tokens": d["usage"]["prompt_tokens"], "choices": len(texts),
-                              "scores": scores, "text": texts[best]}
+        return scores[best], {
+            "generate_seconds": gen_s,
+            "score_wait_seconds": wait_s,
+            "score_seconds": score_s,
+            "score_batch_requests": together,
+            "completion_tokens": d["usage"]["completion_tokens"],
+            "prompt_tokens": d["usage"]["prompt_tokens"],
+            "choices": len(texts),
+            "scores": scores,
+            "text": texts[best],
+        }
 
     return send
-
-
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -328,5 +425,3 @@ def scrape(url: str) -> dict[str, float]:
 
 def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) != 0}
-
-

@@ -39,6 +39,7 @@ class Timer:
             out = fn(*a, **kw)
             self.seconds[part] += time.perf_counter() - t0
             return out
+
         return timed
 
 
@@ -74,7 +75,7 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     inp = torch.full((a.prompts, P), gen.pad_id, dtype=torch.long)
     mask = torch.zeros_like(inp)
     for i, x in enumerate(ids):
-        inp[i, P - len(x):], mask[i, P - len(x):] = torch.tensor(x), 1
+        inp[i, P - len(x) :], mask[i, P - len(x) :] = torch.tensor(x), 1
     sp = SamplingParams(1.0, 50, 1.0)
     with torch.inference_mode():
         logits = engine.prefill(inp, mask)
@@ -97,10 +98,19 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     lf, hf = layer_flops(model)
     peak = matmul_peak_gflops(dtype=model.dtype)
     step = total / a.steps
-    out = {"cpu": cpu_facts(), "dtype": str(model.dtype).replace("torch.", ""), "rows": a.rows,
-           "prompts": a.prompts, "context": a.context, "prompt_tokens": P, "steps": a.steps,
-           "ms_per_step": 1e3 * step, "tokens_per_s": a.rows / step, "matmul_peak_gflops": peak,
-           "parts": {k: {"ms_per_step": 1e3 * v / a.steps, "share": v / total} for k, v in parts.items()}}
+    out = {
+        "cpu": cpu_facts(),
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "rows": a.rows,
+        "prompts": a.prompts,
+        "context": a.context,
+        "prompt_tokens": P,
+        "steps": a.steps,
+        "ms_per_step": 1e3 * step,
+        "tokens_per_s": a.rows / step,
+        "matmul_peak_gflops": peak,
+        "parts": {k: {"ms_per_step": 1e3 * v / a.steps, "share": v / total} for k, v in parts.items()},
+    }
     for part, flops in (("matmuls", lf), ("lm_head", hf)):
         rate = flops * a.rows * a.steps / max(parts[part], 1e-12) / 1e9
         out["parts"][part].update(gflops=rate, peak_fraction=rate / peak)
@@ -121,11 +131,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--rows must be a multiple of --prompts")
     out = profile(a)
     c = out["cpu"]
-    print(f"{c['model']}; {c['threads']} threads; " + ", ".join(f"{k} {'yes' if v else 'no'}"
-                                                              for k, v in c["flags"].items()))
-    print(f"{out['dtype']}: {out['rows']} rows ({out['prompts']} prompts of {out['prompt_tokens']} tokens) at "
-          f"{out['context']} generated tokens: {out['ms_per_step']:.1f} ms a step, {out['tokens_per_s']:.0f} tokens/s; "
-          f"matmul peak {out['matmul_peak_gflops']:.0f} GFLOP/s")
+    print(
+        f"{c['model']}; {c['threads']} threads; "
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in c["flags"].items())
+    )
+    print(
+        f"{out['dtype']}: {out['rows']} rows ({out['prompts']} prompts of {out['prompt_tokens']} tokens) at "
+        f"{out['context']} generated tokens: {out['ms_per_step']:.1f} ms a step, {out['tokens_per_s']:.0f} tokens/s; "
+        f"matmul peak {out['matmul_peak_gflops']:.0f} GFLOP/s"
+    )
     for k, v in sorted(out["parts"].items(), key=lambda kv: -kv[1]["ms_per_step"]):
         rate = f"  {v['gflops']:.0f} GFLOP/s ({v['peak_fraction']:.2f} of peak)" if "gflops" in v else ""
         print(f"  {k:<10} {v['ms_per_step']:7.2f} ms  {100 * v['share']:5.1f}%{rate}")

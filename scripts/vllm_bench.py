@@ -46,8 +46,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eager", action="store_true", help="generator.enforce_eager (starts fast; decodes slower)")
-    ap.add_argument("--engine", default="vllm", choices=["vllm", "fast", "hf"], help="vllm, or rodeco's own engine "
-                    "(Best-of-N in waves of --memory-of rows)")
+    ap.add_argument(
+        "--engine",
+        default="vllm",
+        choices=["vllm", "fast", "hf"],
+        help="vllm, or rodeco's own engine (Best-of-N in waves of --memory-of rows)",
+    )
     ap.add_argument("--compile", default="auto", help="generator.compile (fast engine)")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--out", type=Path, default=None, help="write vllm_bench.json here (prompt by prompt)")
@@ -88,9 +92,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rodeco.loading import load_generator, weights
 
     vllm = a.engine == "vllm"
-    base = [f"generator.model={a.model}", f"generator.engine={a.engine}", f"generator.dtype={a.dtype}",
-            *([f"generator.enforce_eager={str(a.eager).lower()}"] if vllm else [f"generator.compile={a.compile}"]),
-            f"sampling.max_new_tokens={a.new_tokens}", f"reward={a.reward}"]
+    base = [
+        f"generator.model={a.model}",
+        f"generator.engine={a.engine}",
+        f"generator.dtype={a.dtype}",
+        *([f"generator.enforce_eager={str(a.eager).lower()}"] if vllm else [f"generator.compile={a.compile}"]),
+        f"sampling.max_new_tokens={a.new_tokens}",
+        f"reward={a.reward}",
+    ]
     prompts = prompts_of(rodeco.load_config([f"data={a.data}", f"data.limit={a.prompts}"]).data)
     from rodeco.budget import KVSpec
 
@@ -98,19 +107,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
-        longest = max(len(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
-                                                  tokenize=True)["input_ids"]) for p in prompts)
+        longest = max(
+            len(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
+                )["input_ids"]
+            )
+            for p in prompts
+        )
         kv = KVSpec(shares_prefix=True, block=16 if _cuda() else 32)
-        gen = load_generator(rodeco.load_config([*base, "generator.kv_cache_tokens="
-                                                 f"{full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"])
-                             .generator)
+        gen = load_generator(
+            rodeco.load_config(
+                [*base, f"generator.kv_cache_tokens={full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"]
+            ).generator
+        )
         pool = gen.kv_pool_tokens
     else:  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes the memory
         gen = load_generator(rodeco.load_config(base).generator)
         longest = max(len(gen.encode(p.text)) for p in prompts)
         pool = full_length_tokens(a.memory_of, longest, a.new_tokens, gen.kv)
-    print(f"{a.engine} KV pool: {pool} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
-          f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv.block})", flush=True)
+    print(
+        f"{a.engine} KV pool: {pool} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
+        f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv.block})",
+        flush=True,
+    )
     ms = methods(a, pool)
     rows = _done(a, pool)
     for k, p in enumerate(prompts):
@@ -121,29 +141,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in order:
             row[m] = _measure(rodeco, gen, p.text, base, ms[m])
         rows.append(row)
-        print(f"prompt {p.index}: " + ", ".join(f"{m} {row[m]['seconds']:.1f}s r={row[m]['reward']:.3f} "
-                                                 f"pre={row[m]['preemptions']}" for m in ms), flush=True)
+        print(
+            f"prompt {p.index}: "
+            + ", ".join(
+                f"{m} {row[m]['seconds']:.1f}s r={row[m]['reward']:.3f} pre={row[m]['preemptions']}" for m in ms
+            ),
+            flush=True,
+        )
         if a.out is not None:
             _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows})
     sr = np.array([r["sr"]["seconds"] for r in rows])
-    summary: dict[str, Any] = {"prompts": len(rows), "pool_tokens": pool, "kv_block": gen.kv.block,
-                               "memory_of": a.memory_of, "engine": a.engine, "methods": {}}
+    summary: dict[str, Any] = {
+        "prompts": len(rows),
+        "pool_tokens": pool,
+        "kv_block": gen.kv.block,
+        "memory_of": a.memory_of,
+        "engine": a.engine,
+        "methods": {},
+    }
     for m in ms:
         secs = np.array([r[m]["seconds"] for r in rows])
-        s = {"mean_reward": float(np.mean([r[m]["reward"] for r in rows])), "seconds": float(secs.sum()),
-             "preemptions": int(sum(r[m]["preemptions"] for r in rows)),
-             "decode_tokens": int(sum(r[m]["decode_tokens"] for r in rows))}
+        s = {
+            "mean_reward": float(np.mean([r[m]["reward"] for r in rows])),
+            "seconds": float(secs.sum()),
+            "preemptions": int(sum(r[m]["preemptions"] for r in rows)),
+            "decode_tokens": int(sum(r[m]["decode_tokens"] for r in rows)),
+        }
         if m != "sr":
             s["speedup_vs_sr"] = ratio_ci(secs, sr, a.bootstrap)
         summary["methods"][m] = s
     for m, s in summary["methods"].items():
-        extra = (f", wall-time speedup of SR over it {s['speedup_vs_sr'][0]:.2f}x [{s['speedup_vs_sr'][1]:.2f}, "
-                 f"{s['speedup_vs_sr'][2]:.2f}]" if "speedup_vs_sr" in s else "")
-        print(f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
-              f"{s['preemptions']} preemptions{extra}")
+        extra = (
+            f", wall-time speedup of SR over it {s['speedup_vs_sr'][0]:.2f}x [{s['speedup_vs_sr'][1]:.2f}, "
+            f"{s['speedup_vs_sr'][2]:.2f}]"
+            if "speedup_vs_sr" in s
+            else ""
+        )
+        print(
+            f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
+            f"{s['preemptions']} preemptions{extra}"
+        )
     if a.out is not None:
-        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows,
-                       "summary": summary})
+        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows, "summary": summary})
     return summary
 
 
@@ -156,10 +195,17 @@ def _measure(rodeco: Any, gen: Any, prompt: str, base: list[str], decodes: list[
     for c in cs:
         for k, v in c.time_s.items():
             times[k] = times.get(k, 0.0) + v
-    return {"seconds": sum(times.values()), "wall_with_setup": time.perf_counter() - t0,
-            "reward": max(r.best.score for r in best), "n_start": sum(r.n_start for r in best),
-            "decode_tokens": sum(c.gen_decode_tokens for c in cs), "preemptions": sum(c.preemptions for c in cs),
-            "peak_kv_tokens": max(c.peak_kv_tokens for c in cs), "time_s": times, "decodes": len(decodes)}
+    return {
+        "seconds": sum(times.values()),
+        "wall_with_setup": time.perf_counter() - t0,
+        "reward": max(r.best.score for r in best),
+        "n_start": sum(r.n_start for r in best),
+        "decode_tokens": sum(c.gen_decode_tokens for c in cs),
+        "preemptions": sum(c.preemptions for c in cs),
+        "peak_kv_tokens": max(c.peak_kv_tokens for c in cs),
+        "time_s": times,
+        "decodes": len(decodes),
+    }
 
 
 def _done(a: argparse.Namespace, pool: int) -> list[dict[str, Any]]:

@@ -22,8 +22,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 CORPUS = [
-    "the quick brown fox jumps over the lazy dog", "write a haiku about autumn leaves",
-    "explain why the sky is blue in two sentences", "give three tips for staying healthy",
+    "the quick brown fox jumps over the lazy dog",
+    "write a haiku about autumn leaves",
+    "explain why the sky is blue in two sentences",
+    "give three tips for staying healthy",
     "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ! ?",
 ]
 
@@ -36,9 +38,12 @@ def tiny_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "</s>", "<|user|>", "<|assistant|>",
-                                                                  "<|system|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<pad>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
@@ -49,10 +54,21 @@ def make_tiny_llama(vocab_size: int, seed: int = 0, **kw) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      bos_token_id=None, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
-                      attn_implementation="sdpa", **kw)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        **kw,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # sharper distributions than the default init: fewer near-ties in greedy decoding
         model.lm_head.weight.mul_(8.0)
@@ -123,11 +139,26 @@ def installed_example(tmp_path_factory: pytest.TempPathFactory) -> None:
     import sys
 
     src = tmp_path_factory.mktemp("src") / "rodeco_example"
-    shutil.copytree(REPO / "plugins" / "rodeco_example", src,
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        REPO / "plugins" / "rodeco_example", src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
     # Offline and fast when this venv has setuptools (the build backend); otherwise pip fetches it to build.
     offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *offline, "--disable-pip-version-check",
-                        "--quiet", str(src)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            *offline,
+            "--disable-pip-version-check",
+            "--quiet",
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     importlib.invalidate_caches()

@@ -23,9 +23,16 @@ def run_tiny(gen, prompts, *, n=4, policy="fixed", overrides=(), **kw):
 def hf_greedy(model, gen, prompt: str, max_new_tokens: int) -> list[int]:
     """``model.generate()``'s greedy continuation of one prompt, without the EOS token and what follows."""
     ids = torch.tensor([gen.encode(prompt)])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                         min_new_tokens=0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id)
-    new = out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=gen.eos_ids,
+        pad_token_id=gen.pad_id,
+    )
+    new = out[0, ids.shape[1] :].tolist()
     for i, t in enumerate(new):
         if t in gen.eos_ids:
             return new[:i]
@@ -36,10 +43,18 @@ def hf_greedy_logits(gen, prompt: str, max_new_tokens: int) -> tuple[list[int], 
     """``model.generate()``'s greedy continuation of one prompt on the generator's device: (the tokens without the
     EOS token, whether it ended with EOS, the logits each token was chosen from [steps, V] in float32)."""
     ids = torch.tensor([gen.encode(prompt)], device=gen.device)
-    out = gen.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                             min_new_tokens=0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id, output_logits=True,
-                             return_dict_in_generate=True)
-    new = out.sequences[0, ids.shape[1]:].tolist()
+    out = gen.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=gen.eos_ids,
+        pad_token_id=gen.pad_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    new = out.sequences[0, ids.shape[1] :].tolist()
     logits = torch.stack(out.logits)[:, 0].float().cpu()
     for i, t in enumerate(new):
         if t in gen.eos_ids:
@@ -63,12 +78,19 @@ def compare_survivors(bon, sr) -> tuple[int, int]:
 
 def run_record(best: float, flops: float, steps: int = 40) -> dict[str, float]:
     """One replayed run's measurements, as ``efficiency.Measurer.run`` records them."""
-    return {"best": best, "flops": flops, "steps": steps, "decode_tokens": 4.0 * steps,
-            "rows_x_context": 400.0 * steps, "reward_s": 0.01}
+    return {
+        "best": best,
+        "flops": flops,
+        "steps": steps,
+        "decode_tokens": 4.0 * steps,
+        "rows_x_context": 400.0 * steps,
+        "reward_s": 0.01,
+    }
 
 
-def records(methods: dict[str, Any], n_prompts: int = 40, seed: int = 0,
-            scales: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
+def records(
+    methods: dict[str, Any], n_prompts: int = 40, seed: int = 0, scales: tuple[int, ...] = (1,)
+) -> list[dict[str, Any]]:
     """Prompt records as ``efficiency.collect`` writes them: 16 final rewards each, Best-of-N costs N GFLOPs plus a
     prefill; ``methods`` maps a label to ``f(p, final) -> (best, flops)`` (None: the start does not fit the
     budget), or to ``{scale: f}`` where the budgets differ."""
@@ -81,9 +103,16 @@ def records(methods: dict[str, Any], n_prompts: int = 40, seed: int = 0,
     out = []
     for p in range(n_prompts):
         final = rng.normal(size=16)
-        out.append({"prompt_index": p, "L0": 10, "prefill_s": 0.05, "final": final.tolist(),
-                    "bon": {str(N): run_record(0.0, 1e8 + N * 1e9) for N in NS},
-                    "methods": {k: {str(s): run(f, p, final, s) for s in scales} for k, f in methods.items()}})
+        out.append(
+            {
+                "prompt_index": p,
+                "L0": 10,
+                "prefill_s": 0.05,
+                "final": final.tolist(),
+                "bon": {str(N): run_record(0.0, 1e8 + N * 1e9) for N in NS},
+                "methods": {k: {str(s): run(f, p, final, s) for s in scales} for k, f in methods.items()},
+            }
+        )
     return out
 
 

@@ -43,8 +43,9 @@ def running(gen: Any, overrides: list[str] = (), plugins: Any = None) -> Iterato
     cfg = load_config([*BASE, *overrides], plugins)
     state = build_state(cfg, plugins, generator=gen)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
     end = time.monotonic() + 30
@@ -74,14 +75,20 @@ def tiny_model_dir(tmp: Path, model: Any, tokenizer: Any) -> Path:
 
 
 @contextlib.contextmanager
-def spawn(args: list[str], env: dict[str, str] | None = None, wait: bool = True,
-          timeout: float = 120.0) -> Iterator[tuple[subprocess.Popen, str]]:
+def spawn(
+    args: list[str], env: dict[str, str] | None = None, wait: bool = True, timeout: float = 120.0
+) -> Iterator[tuple[subprocess.Popen, str]]:
     """``rodeco task=serve ARGS`` on a free loopback port (unless ARGS set serve.port), its log in a file."""
     port = free_port()
     argv = [str(Path(sys.executable).parent / "rodeco"), "task=serve", f"serve.port={port}", *args]
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"rodeco-serve-{port}.log", "w+")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HYDRA_FULL_ERROR": "1", **(env or {})})
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1", **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         if wait:

@@ -28,14 +28,24 @@ from rodeco_policies.calibrated import CalibratedPolicy
 
 
 def calibration(rho: float = 0.8, sd: float = 0.6) -> Calibration:
-    return Calibration(generator="g", partial_reward="r", reward="r", lengths=[4, 64], slope=[rho, rho],
-                       resid_sd=[sd, sd])
+    return Calibration(
+        generator="g", partial_reward="r", reward="r", lengths=[4, 64], slope=[rho, rho], resid_sd=[sd, sd]
+    )
 
 
 def view(prompts: list[list[float]], max_rows: int, tokens: int = 16) -> RoundView:
-    pvs = [PromptView(prompt_index=i, candidate_ids=list(range(len(s))), scores=np.asarray(s, dtype=float),
-                      history=np.zeros((len(s), 0)), finished_scores=[], tokens_generated=tokens, min_reject=0)
-           for i, s in enumerate(prompts)]
+    pvs = [
+        PromptView(
+            prompt_index=i,
+            candidate_ids=list(range(len(s))),
+            scores=np.asarray(s, dtype=float),
+            history=np.zeros((len(s), 0)),
+            finished_scores=[],
+            tokens_generated=tokens,
+            min_reject=0,
+        )
+        for i, s in enumerate(prompts)
+    ]
     total = sum(len(s) for s in prompts) - max_rows
     for pv, share in zip(pvs, np.array_split(np.arange(total), len(pvs))):  # as the loop shares it, about evenly
         pv.min_reject = len(share)
@@ -85,8 +95,12 @@ def test_with_one_prompt_it_is_calibrated():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.floats(-3, 3), min_size=1, max_size=8), min_size=2, max_size=5), st.data(),
-       st.floats(0.0, 1.0), st.floats(0.0, 0.3))
+@given(
+    st.lists(st.lists(st.floats(-3, 3), min_size=1, max_size=8), min_size=2, max_size=5),
+    st.data(),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 0.3),
+)
 def test_it_keeps_the_batch_within_the_budget_and_one_row_a_prompt(prompts, data, rho, delta):
     total = sum(map(len, prompts))
     rows = data.draw(st.integers(len(prompts), total))
@@ -97,8 +111,12 @@ def test_it_keeps_the_batch_within_the_budget_and_one_row_a_prompt(prompts, data
         assert not dropped or max(dropped) <= min(s[i] for i in k)
 
 
-PROMPTS = [Prompt(0, "write a haiku about autumn leaves"), Prompt(1, "give three tips"),
-           Prompt(2, "explain why the sky is blue in two sentences"), Prompt(3, "name a colour")]
+PROMPTS = [
+    Prompt(0, "write a haiku about autumn leaves"),
+    Prompt(1, "give three tips"),
+    Prompt(2, "explain why the sky is blue in two sentences"),
+    Prompt(3, "name a colour"),
+]
 NEW = 12
 
 
@@ -108,8 +126,14 @@ def pool(tmp_path_factory, tiny_model, tiny_tokenizer):
 
     gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
     path = tmp_path_factory.mktemp("pool") / "pool"
-    record(rodeco.load_config(["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]),
-           default_plugins(), path, PROMPTS, 12, gen=gen)
+    record(
+        rodeco.load_config(["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]),
+        default_plugins(),
+        path,
+        PROMPTS,
+        12,
+        gen=gen,
+    )
     return gen, path
 
 
@@ -125,25 +149,42 @@ def test_a_batch_of_prompts_replays_as_it_ran_live(pool, name):
     gen, path = pool
     reward = default_plugins().build_reward({"name": "logprob", "form": "mean"}, BuildContext(generator=gen))
     P = max(len(gen.encode(p.text)) for p in PROMPTS)
-    s = LoopSettings(n="auto", sampling=SamplingParams(1.0, 50, 1.0), max_new_tokens=NEW,
-                     budget=Budget(len(PROMPTS) * P + len(PROMPTS) * 8 * 3, 2), seed=0, all_candidates=True,
-                     policy_name=name, reward_name="logprob")
+    s = LoopSettings(
+        n="auto",
+        sampling=SamplingParams(1.0, 50, 1.0),
+        max_new_tokens=NEW,
+        budget=Budget(len(PROMPTS) * P + len(PROMPTS) * 8 * 3, 2),
+        seed=0,
+        all_candidates=True,
+        policy_name=name,
+        reward_name="logprob",
+    )
     live_pol = dict(policies())[name]
     live, lc = decode_batch(gen, Scorer(reward, "logprob"), live_pol, [(p.index, p.text) for p in PROMPTS], s)
     p, rgen = open_pool(path)
     cfg = rodeco.load_config(["reward=logprob"])
     from rodeco.experiments.record import pool_reward
 
-    replayed, rc, _ = replay_batch(p, rgen, Scorer(pool_reward(cfg, default_plugins(), p, rgen), "logprob"), dict(policies())[name],
-                                   [q.index for q in PROMPTS], dataclasses.replace(s))
+    replayed, rc, _ = replay_batch(
+        p,
+        rgen,
+        Scorer(pool_reward(cfg, default_plugins(), p, rgen), "logprob"),
+        dict(policies())[name],
+        [q.index for q in PROMPTS],
+        dataclasses.replace(s),
+    )
     assert [r.n_start for r in live] == [r.n_start for r in replayed] and live[0].n_start > 3
     for a, b in zip(live, replayed):
         assert a.best.candidate_id == b.best.candidate_id
         assert [(r.rows_before, r.kept_ids, r.min_reject) for r in a.rounds] == [
-            (r.rows_before, r.kept_ids, r.min_reject) for r in b.rounds]
+            (r.rows_before, r.kept_ids, r.min_reject) for r in b.rounds
+        ]
     assert sum(len(r.rounds) for r in live) > 0
     assert (lc.gen_decode_tokens, lc.decode_steps, lc.peak_kv_tokens) == (
-        rc.gen_decode_tokens, rc.decode_steps, rc.peak_kv_tokens)
+        rc.gen_decode_tokens,
+        rc.decode_steps,
+        rc.peak_kv_tokens,
+    )
     if name == "allocate":  # rows moved between prompts: some prompt rejected other than its even share
         assert any(len(r.rejected_ids) != r.min_reject for x in live for r in x.rounds)
 
@@ -163,9 +204,24 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     cal = dataclasses.replace(calibration(0.7, 0.7), **ids)
     cal.save(tmp_path / "cal.json")
     bench = load_script("allocate_bench")
-    assert bench.main([str(path), "--batches", "1,2", "--bootstrap", "50", "--out", str(tmp_path / "run"),
-                       "--calibration", str(tmp_path / "cal.json"), "reward=logprob",
-                       "budget.min_tokens_per_round=2"]) == 0
+    assert (
+        bench.main(
+            [
+                str(path),
+                "--batches",
+                "1,2",
+                "--bootstrap",
+                "50",
+                "--out",
+                str(tmp_path / "run"),
+                "--calibration",
+                str(tmp_path / "cal.json"),
+                "reward=logprob",
+                "budget.min_tokens_per_round=2",
+            ]
+        )
+        == 0
+    )
     out = json.loads((tmp_path / "run" / "allocate.json").read_text())
     for B, groups in (("1", 4), ("2", 2)):
         b = out["batches"][B]
@@ -180,7 +236,8 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     rt = load_script("results_tables")
     snap = rt.load(rt.snapshot(tmp_path / "run", tmp_path / "snap.json"))
     assert rt.render(snap, "allocate") == (tmp_path / "run" / "allocate.md").read_text() and printed.endswith(
-        rt.render(snap, "allocate"))
+        rt.render(snap, "allocate")
+    )
 
 
 def test_a_zero_correlation_with_no_spread_yet_is_no_nan():

@@ -21,12 +21,18 @@ def beh(monkeypatch):
 
 
 def test_times_are_dropped_and_nothing_else(beh, tmp_path):
-    rec = {"prompt_index": 0, "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
-           "compute": {"gen_decode_tokens": 9, "time_s": {"decode": 1.2}, "record_seconds": 3.0, "wall_s": 4.0},
-           "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}]}
-    assert beh.strip_times(rec) == {"prompt_index": 0, "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
-                                    "compute": {"gen_decode_tokens": 9},
-                                    "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}]}
+    rec = {
+        "prompt_index": 0,
+        "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
+        "compute": {"gen_decode_tokens": 9, "time_s": {"decode": 1.2}, "record_seconds": 3.0, "wall_s": 4.0},
+        "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}],
+    }
+    assert beh.strip_times(rec) == {
+        "prompt_index": 0,
+        "best": {"text": "a", "score": 0.5, "token_ids": [1, 2]},
+        "compute": {"gen_decode_tokens": 9},
+        "rounds": [{"tokens_generated": 8, "scores": {"0": 0.1}}],
+    }
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text(json.dumps(rec) + "\n")
     b.write_text(json.dumps({**rec, "compute": {**rec["compute"], "time_s": {"decode": 9.9}}}) + "\n")
@@ -35,9 +41,14 @@ def test_times_are_dropped_and_nothing_else(beh, tmp_path):
     assert beh.normalized(a) != beh.normalized(b)
 
 
-@pytest.mark.parametrize("now, code", [({"demo": "x\n", "engine_bench_ratio": 2.05}, 0),
-                                       ({"demo": "y\n", "engine_bench_ratio": 2.0}, 1),
-                                       ({"demo": "x\n", "engine_bench_ratio": 1.8}, 1)])
+@pytest.mark.parametrize(
+    "now, code",
+    [
+        ({"demo": "x\n", "engine_bench_ratio": 2.05}, 0),
+        ({"demo": "y\n", "engine_bench_ratio": 2.0}, 1),
+        ({"demo": "x\n", "engine_bench_ratio": 1.8}, 1),
+    ],
+)
 def test_check_compares_with_what_was_recorded(beh, tmp_path, monkeypatch, now, code):
     (tmp_path / "reference.json").write_text(json.dumps({"demo": "x\n", "engine_bench_ratio": 2.0}))
     monkeypatch.setattr(beh, "run_all", lambda out, bench, **kw: now)

@@ -99,7 +99,9 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
 
 def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[Session, Session]:
     def session() -> Session:
-        s = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True))  # no row may finish early
+        s = gen.open_session(
+            SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True)
+        )  # no row may finish early
         s.prefill(prompt_ids)
         return s
 
@@ -121,8 +123,11 @@ def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
     pruned, whole = _pruned_and_unpruned(gen, prompt_ids)
     assert pruned.engine.rows == 2
     for row in range(2):
-        (same,) = [i for i in range(whole.rows) if (whole.prompt_of[i], whole.cand[i]) ==
-                   (pruned.prompt_of[row], pruned.cand[row])]
+        (same,) = [
+            i
+            for i in range(whole.rows)
+            if (whole.prompt_of[i], whole.cand[i]) == (pruned.prompt_of[row], pruned.cand[row])
+        ]
         assert torch.equal(pruned.out[row, : pruned.t], whole.out[same, : whole.t])
         assert torch.equal(pruned.logits[row], whole.logits[same])  # bit for bit
     ratios = []  # each row's error against the fp32 model's logits, over a fresh bf16 forward's
@@ -148,10 +153,21 @@ def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
     new = 12
     L0 = max(len(gen.encode(p)) for p in PROMPTS)
     kv = len(PROMPTS) * full_length_tokens(8, L0, 4, gen.kv)
-    bon = run_tiny(gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", f"sampling.max_new_tokens={new}"],
-                   seed=2)
-    sr = run_tiny(gen, PROMPTS, n=8, overrides=[f"budget.kv_tokens={kv}", f"sampling.max_new_tokens={new}",
-                                                "policy.alpha=0.5", "budget.min_tokens_per_round=4"], seed=2)
+    bon = run_tiny(
+        gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", f"sampling.max_new_tokens={new}"], seed=2
+    )
+    sr = run_tiny(
+        gen,
+        PROMPTS,
+        n=8,
+        overrides=[
+            f"budget.kv_tokens={kv}",
+            f"sampling.max_new_tokens={new}",
+            "policy.alpha=0.5",
+            "budget.min_tokens_per_round=4",
+        ],
+        seed=2,
+    )
     assert all(r.rounds for r in sr.results)
     assert sr.compute.peak_kv_tokens <= kv < bon.compute.peak_kv_tokens
     rejected, broken = compare_survivors(bon, sr)
@@ -183,8 +199,9 @@ def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_token
 
 
 @pytest.mark.parametrize("dtype,tokens", [("float32", 2**20), ("bfloat16", 2**21), ("float16", 2**21)])
-def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(tiny_model, tiny_tokenizer, monkeypatch, dtype,
-                                                                  tokens):
+def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(
+    tiny_model, tiny_tokenizer, monkeypatch, dtype, tokens
+):
     """With ``budget=cuda`` (``budget.mode=device``) on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
     tokens as fp32 ones."""
     import rodeco
@@ -214,10 +231,16 @@ def test_an_unknown_dtype_names_the_key_and_the_valid_values(value):
     assert all(name in e.value.fix for name in ("auto", "float32", "bfloat16", "float16"))
 
 
-@pytest.mark.parametrize("flags,native", [({"avx512f", "avx512_bf16"}, True), ({"amx_bf16", "amx_tile"}, True),
-                                          ({"avx2", "avx512f", "avx512_vnni"}, False), (set(), False)])
-def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_dir, monkeypatch, caplog, flags,
-                                                                   native):
+@pytest.mark.parametrize(
+    "flags,native",
+    [
+        ({"avx512f", "avx512_bf16"}, True),
+        ({"amx_bf16", "amx_tile"}, True),
+        ({"avx2", "avx512f", "avx512_vnni"}, False),
+        (set(), False),
+    ],
+)
+def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_dir, monkeypatch, caplog, flags, native):
     """``generator.dtype=auto`` on CPU is fp32 whatever the CPU (a bf16 pool moved the efficiency figures beyond
     their CIs: docs/results.md, issue 29); on a CPU with bf16 instructions the log names the setting that may be
     faster and how to measure it."""

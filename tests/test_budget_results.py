@@ -78,8 +78,14 @@ def test_result_is_written_before_later_prompts_finish(tiny_gen, tmp_path):
             lines_at_done.append(len((tmp_path / "results.jsonl").read_text().splitlines()))
 
     plugins = get_plugin_manager(extra=[Spy()])
-    run_tiny(tiny_gen(), PROMPTS, n=2, overrides=["data.batch_prompts=1", "budget=unlimited",
-                                                  "sampling.max_new_tokens=8"], out_dir=tmp_path, plugins=plugins)
+    run_tiny(
+        tiny_gen(),
+        PROMPTS,
+        n=2,
+        overrides=["data.batch_prompts=1", "budget=unlimited", "sampling.max_new_tokens=8"],
+        out_dir=tmp_path,
+        plugins=plugins,
+    )
     assert lines_at_done == [1, 2]
 
 
@@ -102,16 +108,24 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
 
     cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
-    gen = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024, kv_pool_tokens=None,
-                          layer_devices=lambda: {"cuda:0": 24})
+    gen = SimpleNamespace(
+        device=torch.device("cuda:0"),
+        kv_bytes_per_token=1024,
+        kv_pool_tokens=None,
+        layer_devices=lambda: {"cuda:0": 24},
+    )
     assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
     assert make_budget(cfg, gen, scale=0.5).kv_tokens == int(8 * 2**30 * 0.25 // 1024)  # OOM back-off's halving
     # generator.device_map=auto: 8 of 24 layers on cuda:0 (9 GiB free), 16 on cuda:1 (3 GiB free). A token's
     # keys and values cost cuda:1 two thirds of 1 KiB; the tighter device sets the budget.
     free = {0: 9 * 2**30, 1: 3 * 2**30}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[torch.device(device).index], 0))
-    split = SimpleNamespace(device=torch.device("cuda:0"), kv_bytes_per_token=1024, kv_pool_tokens=None,
-                            layer_devices=lambda: {"cuda:0": 8, "cuda:1": 16})
+    split = SimpleNamespace(
+        device=torch.device("cuda:0"),
+        kv_bytes_per_token=1024,
+        kv_pool_tokens=None,
+        layer_devices=lambda: {"cuda:0": 8, "cuda:1": 16},
+    )
     per_token_1 = -(-1024 * 16 // 24)
     assert make_budget(cfg, split).kv_tokens == int(2 * 2**30 * 0.5 // per_token_1)
     cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)
@@ -120,11 +134,17 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
 
 
 def test_alpaca_eval_export(tiny_gen, tmp_path):
-    out = run_tiny(tiny_gen(), PROMPTS, n=2, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
-                                                        "output.alpaca_eval=rodeco-tiny"], out_dir=tmp_path)
+    out = run_tiny(
+        tiny_gen(),
+        PROMPTS,
+        n=2,
+        overrides=["budget=unlimited", "sampling.max_new_tokens=8", "output.alpaca_eval=rodeco-tiny"],
+        out_dir=tmp_path,
+    )
     rows = json.loads((tmp_path / "model_outputs.json").read_text())
-    assert rows == [{"instruction": p, "output": r.best.text, "generator": "rodeco-tiny"}
-                    for p, r in zip(PROMPTS, out.results)]
+    assert rows == [
+        {"instruction": p, "output": r.best.text, "generator": "rodeco-tiny"} for p, r in zip(PROMPTS, out.results)
+    ]
 
 
 def test_full_length_tokens_by_hand():
@@ -145,8 +165,14 @@ def test_shards_are_disjoint_strided_and_keep_prompt_indices():
     from rodeco.data import prompts_of
     from rodeco.validation import ConfigError
 
-    base = {"path": None, "prompts": [f"prompt {i}" for i in range(10)], "field": "prompt", "offset": 0,
-            "limit": None, "indices": None}
+    base = {
+        "path": None,
+        "prompts": [f"prompt {i}" for i in range(10)],
+        "field": "prompt",
+        "offset": 0,
+        "limit": None,
+        "indices": None,
+    }
     every = prompts_of(OmegaConf.create(base))
     shards = [prompts_of(OmegaConf.create({**base, "num_shards": 3, "shard": i})) for i in range(3)]
     assert [p.index for p in shards[1]] == [1, 4, 7]

@@ -20,8 +20,16 @@ from rodeco_policies.calibrated_scale import References
 def calibration(rho: float, sd: float, link: tuple[float, float] | None = (0.0, 1.0), lengths=(4, 64)) -> Calibration:
     """Constant in length; ``link``: the finals' (offset, spread) against the partial scores (None: not measured)."""
     offset, spread = ([link[0]] * len(lengths), [link[1]] * len(lengths)) if link else ([], [])
-    return Calibration(generator="g", partial_reward="r", reward="r", lengths=list(lengths), slope=[rho] * len(lengths),
-                       resid_sd=[sd] * len(lengths), final_offset=offset, final_spread=spread)
+    return Calibration(
+        generator="g",
+        partial_reward="r",
+        reward="r",
+        lengths=list(lengths),
+        slope=[rho] * len(lengths),
+        resid_sd=[sd] * len(lengths),
+        final_offset=offset,
+        final_spread=spread,
+    )
 
 
 def policy(cal: Calibration, delta: float = 0.05) -> CalibratedPolicy:
@@ -36,8 +44,15 @@ def decide(pol: CalibratedPolicy, rounds, prompt: int = 0, min_reject: int = 0) 
     for r, (tokens, scores, finished) in enumerate(rounds):
         ids = list(scores)
         hist = np.array([seen[c] for c in ids] if r else [], dtype=np.float64).reshape(len(ids), r)
-        pv = PromptView(prompt_index=prompt, candidate_ids=ids, scores=np.array([scores[c] for c in ids]),
-                        history=hist, finished_scores=list(finished), tokens_generated=tokens, min_reject=min_reject)
+        pv = PromptView(
+            prompt_index=prompt,
+            candidate_ids=ids,
+            scores=np.array([scores[c] for c in ids]),
+            history=hist,
+            finished_scores=list(finished),
+            tokens_generated=tokens,
+            min_reject=min_reject,
+        )
         keep = pol.select(RoundView(round=r, prompts=[pv], max_rows_next=pv.k - min_reject, max_new_tokens=128))[0]
         out.append([ids[i] for i in keep])
         for c in ids:
@@ -51,6 +66,7 @@ def first(scores, tokens: int = 16, finished=()) -> tuple:
 
 # --- the probability of being the eventual best ---------------------------------------------------------------------
 
+
 def test_best_probability_is_the_chance_to_end_above_every_other_and_the_finished_best():
     mu, sd = np.array([0.0, 0.5, 1.0, 2.0]), 0.5
     f = mu + sd * np.random.default_rng(0).standard_normal((400_000, 4))
@@ -61,8 +77,10 @@ def test_best_probability_is_the_chance_to_end_above_every_other_and_the_finishe
     assert best_probability(mu, sd).sum() == pytest.approx(1.0, abs=1e-6)
     assert best_probability(np.zeros(32), 1.0) == pytest.approx(np.full(32, 1 / 32), abs=1e-4)
     batch = np.random.default_rng(1).standard_normal((5, 7))
-    np.testing.assert_allclose(best_probability(batch, 0.3, np.arange(5) - 2.0),
-                               [best_probability(m, 0.3, b) for m, b in zip(batch, np.arange(5) - 2.0)])
+    np.testing.assert_allclose(
+        best_probability(batch, 0.3, np.arange(5) - 2.0),
+        [best_probability(m, 0.3, b) for m, b in zip(batch, np.arange(5) - 2.0)],
+    )
     assert best_probability(np.array([1.0, 1.0, 0.0]), 0.0).tolist() == [0.5, 0.5, 0.0]  # sd 0: the tied top share
     assert best_probability(np.array([1.0, 1.0, 0.0]), 0.0, best=1.5).tolist() == [0.0, 0.0, 0.0]
     assert rejectable(np.array([0.01, 0.02, 0.03, 0.94]), 0.05) == 2  # 0.01 + 0.02 <= 0.05 < + 0.03
@@ -107,8 +125,9 @@ def test_without_a_link_finished_finals_are_left_out(caplog):
 
 @pytest.mark.parametrize("min_reject", [0, 2, 5])
 def test_with_rho_zero_it_keeps_everything_the_budget_allows(min_reject):
-    kept = decide(policy(calibration(0.0, 1.0)), [first([0.3, 2.0, -1.0, 0.9, 1.1, 0.2, -0.4, 1.7])],
-                  min_reject=min_reject)[0]
+    kept = decide(
+        policy(calibration(0.0, 1.0)), [first([0.3, 2.0, -1.0, 0.9, 1.1, 0.2, -0.4, 1.7])], min_reject=min_reject
+    )[0]
     assert len(kept) == 8 - min_reject
 
 
@@ -137,10 +156,12 @@ def test_it_never_keeps_more_than_the_budget_allows_and_always_one():
 
 # --- the scale: fixed at the first decision point, never re-standardized ---------------------------------------------
 
+
 def rising() -> Calibration:
     """Little predictive at 16 tokens (the first decision point: most rows stay), much at 32."""
-    return Calibration(generator="g", partial_reward="r", reward="r", lengths=[16, 32], slope=[0.3, 0.9],
-                       resid_sd=[0.95, 0.44])
+    return Calibration(
+        generator="g", partial_reward="r", reward="r", lengths=[16, 32], slope=[0.3, 0.9], resid_sd=[0.95, 0.44]
+    )
 
 
 def rounds_of(low: float, wide: float = 1.0, finished=()) -> list:
@@ -170,8 +191,10 @@ def test_the_spread_is_the_first_decision_points():
 def test_decisions_are_invariant_to_the_rewards_units_and_to_a_shift_of_the_survivors():
     cal = rising()
     base = decide(policy(cal), rounds_of(-1.0, finished=[1.7]))
-    mapped = [(t, {c: 3.0 * s - 7.0 for c, s in sc.items()}, [3.0 * f - 7.0 for f in fin])
-              for t, sc, fin in rounds_of(-1.0, finished=[1.7])]
+    mapped = [
+        (t, {c: 3.0 * s - 7.0 for c, s in sc.items()}, [3.0 * f - 7.0 for f in fin])
+        for t, sc, fin in rounds_of(-1.0, finished=[1.7])
+    ]
     assert decide(policy(cal), mapped) == base  # any a * score + b, a > 0: the same decisions
     r1, (t, survivors, _) = rounds_of(-1.0)
     shifted = (t, {c: s + 5.0 for c, s in survivors.items()}, [])
@@ -182,8 +205,9 @@ def test_the_location_corrects_the_survivors_selection():
     """Under the calibration's chain (partial at 8 -> at 16 -> final, correlation rho(8)/rho(16) = 0.5 between the
     two), the population's mean at 16 tokens is recovered from the top quarter alone, whose own mean is far above."""
     rng = np.random.default_rng(0)
-    cal = Calibration(generator="g", partial_reward="r", reward="r", lengths=[8, 16], slope=[0.3, 0.6],
-                      resid_sd=[0.9, 0.8])
+    cal = Calibration(
+        generator="g", partial_reward="r", reward="r", lengths=[8, 16], slope=[0.3, 0.6], resid_sd=[0.9, 0.8]
+    )
     refs = References(cal.rho)
     n, m1, m2, s = 4000, -5.0, -3.0, 0.4  # the scores drift up 5 spreads between the two lengths
     x = m1 + s * rng.standard_normal(n)
@@ -207,6 +231,7 @@ def test_a_view_whose_first_decision_point_was_not_seen_is_read_on_its_own_rows(
 
 
 # --- the start simulation decides with the same rule ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("length", [4, 16, 64])
 def test_the_start_simulation_uses_the_rule_select_uses(length):
@@ -237,6 +262,7 @@ def test_simulate_decides_with_keep_count(monkeypatch):
 
 
 # --- what a resumed sweep checks ---------------------------------------------------------------------------------
+
 
 def test_identity_names_the_rule_and_the_finals_link():
     cal = calibration(0.5, 0.8)
@@ -271,8 +297,10 @@ def test_the_public_builder_passes_identities_so_the_calibration_is_checked(capl
     plugins = default_plugins()
     from conftest import REPO
 
-    node = {"name": "calibrated",
-            "calibration": str(REPO / "plugins/rodeco_policies/calibrations/smollm2--minilm_rm.json")}
+    node = {
+        "name": "calibrated",
+        "calibration": str(REPO / "plugins/rodeco_policies/calibrations/smollm2--minilm_rm.json"),
+    }
     good = identities("smollm2", ("minilm_rm", "84e7ae6d8e8da25d"), None)
     assert plugins.build_policy(node, BuildContext(), identities=good) is not None
     with pytest.raises(ConfigError, match="measured with another generator"):

@@ -44,8 +44,10 @@ def gens(tiny_model, tiny_tokenizer):
     def get(dtype=torch.float32) -> tuple[TorchGenerator, TorchGenerator]:
         if dtype not in made:
             m = copy.deepcopy(tiny_model).to(dtype)
-            made[dtype] = (TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="false"),
-                           TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="true"))
+            made[dtype] = (
+                TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="false"),
+                TorchGenerator(m, tiny_tokenizer, engine="fast", name="tiny", compile="true"),
+            )
         return made[dtype]
 
     return get
@@ -112,7 +114,8 @@ def _same_tokens_as_eager(gens, new_tokens: int, **step) -> TorchGenerator:
     kw = dict(n=3, policy="none", overrides=[f"sampling.max_new_tokens={new_tokens}", "budget=unlimited"])
     a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(other, PROMPTS, **kw)
     assert [[c.token_ids for c in x.candidates] for x in a.results] == [
-        [c.token_ids for c in x.candidates] for x in b.results]
+        [c.token_ids for c in x.candidates] for x in b.results
+    ]
     return other
 
 
@@ -234,8 +237,9 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
 
     eager, comp = gens()
     s = eager.shape
-    kw = dict(context=300, max_new_tokens=100, sampling=SamplingParams(1.0, 50, 1.0), needs_logprobs=False,
-              needs_hidden=False)
+    kw = dict(
+        context=300, max_new_tokens=100, sampling=SamplingParams(1.0, 50, 1.0), needs_logprobs=False, needs_hidden=False
+    )
     plain, gathered = working_memory(s, **kw), working_memory(s, **kw, gathered_prompt=20000)
     assert plain.terms["prompt_gather"] == 0
     g = gathered.terms

@@ -40,7 +40,8 @@ def test_the_option_lists_are_what_ships():
     assert {"fixed", "none", "adaptive", "correlation"} <= set(options("policy"))
     assert {"minilm_rm", "logprob", "preference_rm", "composite", "custom"} <= set(options("reward"))
     assert {"efficiency", "perplexity", "correlation", "engine_bench", "rm_train", "rm_eval", "rm_bench"} <= set(
-        options("experiment"))
+        options("experiment")
+    )
 
 
 def test_default_config_composes_and_validates():
@@ -70,15 +71,21 @@ def built_options(group: str, tiny_gen):
 def check_params_reached(opt: str, params: dict, obj) -> None:
     """Every parameter the option file sets (to a plain value) and the object keeps under its own name has the
     file's value: none was dropped for a default on the way (``null`` means "let the factory choose")."""
-    kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str))
-            and isinstance(getattr(obj, k, None), (bool, int, float, str))}  # not a name the object resolved (a head)
+    kept = {
+        k: v
+        for k, v in params.items()
+        if isinstance(v, (bool, int, float, str)) and isinstance(getattr(obj, k, None), (bool, int, float, str))
+    }  # not a name the object resolved (a head)
     assert {k: getattr(obj, k) for k in kept} == kept, opt
 
 
 REFERENCE_JUDGES = {"chrf", "ref_sim"}  # they score AlpacaEval prompts only, against the reference answer
 # the prompt and responses a reward of each kind can score (the default: a haiku)
-TINY_PROMPTS = {"chrf": "How did US states get their names?", "ref_sim": "How did US states get their names?",
-                "arith_gold": "What is 23 + 7? Answer with the number."}
+TINY_PROMPTS = {
+    "chrf": "How did US states get their names?",
+    "ref_sim": "How did US states get their names?",
+    "arith_gold": "What is 23 + 7? Answer with the number.",
+}
 TINY_TEXTS = {"arith_gold": ["It is 30.", "23 + 7 = 31", "The answer: 30"]}
 
 
@@ -88,18 +95,29 @@ def tiny_requests(reward, name: str = "") -> list[ScoreRequest]:
     partial = bool(getattr(reward, "needs_hidden_states", False))
     dim = len(reward.head.mean) - 2 if partial else 0  # the head reads [hidden state, 2 position features]
     rng = np.random.default_rng(0)
-    texts = TINY_TEXTS.get(name, ["Leaves fall.", "Red leaves drift down the cold river at dusk.",
-                                  "Autumn wind, " * 8 + "and rain."])
-    return [ScoreRequest(TINY_PROMPTS.get(name, "Write a haiku about autumn."), text, tuple(range(1, 3 + 4 * i)), partial=partial,
-                         candidate_id=i, logprobs=tuple(-0.2 * (j % 5 + i) for j in range(2 + 4 * i)),
-                         hidden_state=rng.normal(size=dim) if partial else None)
-            for i, text in enumerate(texts)]
+    texts = TINY_TEXTS.get(
+        name, ["Leaves fall.", "Red leaves drift down the cold river at dusk.", "Autumn wind, " * 8 + "and rain."]
+    )
+    return [
+        ScoreRequest(
+            TINY_PROMPTS.get(name, "Write a haiku about autumn."),
+            text,
+            tuple(range(1, 3 + 4 * i)),
+            partial=partial,
+            candidate_id=i,
+            logprobs=tuple(-0.2 * (j % 5 + i) for j in range(2 + 4 * i)),
+            hidden_state=rng.normal(size=dim) if partial else None,
+        )
+        for i, text in enumerate(texts)
+    ]
 
 
 def _composite(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[float]:
     """The weighted sum of the components' scores, each component built on its own (no standardization)."""
-    parts = {k: Scorer(ctx.plugins.build_reward(OmegaConf.create(dict(node)), ctx), k)(reqs)
-             for k, node in p["components"].items()}
+    parts = {
+        k: Scorer(ctx.plugins.build_reward(OmegaConf.create(dict(node)), ctx), k)(reqs)
+        for k, node in p["components"].items()
+    }
     return sum(p["weights"][k] * parts[k] for k in parts).tolist()
 
 
@@ -109,8 +127,9 @@ EXPECTED_SCORES = {
     "arith_gold": lambda p, reqs, ctx: [1.0, 0.0, 1.0],
     "logprob": lambda p, reqs, ctx: [{"mean": np.mean, "sum": np.sum}[p["form"]](r.logprobs) for r in reqs],
     "composite": _composite,
-    "example_length": lambda p, reqs, ctx: [-abs(len(r.response.split()) - p["target_words"]) / p["target_words"]
-                                            for r in reqs],
+    "example_length": lambda p, reqs, ctx: [
+        -abs(len(r.response.split()) - p["target_words"]) / p["target_words"] for r in reqs
+    ],
 }
 
 
@@ -133,9 +152,19 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
 def tiny_view(min_reject: int) -> RoundView:
     """One prompt's 8 rows at the first decision point, with distinct scores."""
     scores = np.array([0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4])
-    pv = PromptView(prompt_index=0, candidate_ids=list(range(8)), scores=scores, history=np.zeros((8, 0)),
-                    finished_scores=[], tokens_generated=16, min_reject=min_reject, parents=[None] * 8,
-                    origins=list(range(8)), max_rows=8 - min_reject, rng=np.random.default_rng(0))
+    pv = PromptView(
+        prompt_index=0,
+        candidate_ids=list(range(8)),
+        scores=scores,
+        history=np.zeros((8, 0)),
+        finished_scores=[],
+        tokens_generated=16,
+        min_reject=min_reject,
+        parents=[None] * 8,
+        origins=list(range(8)),
+        max_rows=8 - min_reject,
+        rng=np.random.default_rng(0),
+    )
     return RoundView(round=0, prompts=[pv], max_rows_next=8 - min_reject, max_new_tokens=128, n_start=8)
 
 
@@ -143,8 +172,12 @@ SAMPLES = {"particle_filter"}  # draws its rows (PromptView.rng) rather than kee
 
 # How many of tiny_view(0)'s 8 rows a policy of each registered kind keeps, from its option file's parameters
 # (correlation has no earlier decision point to correlate with, so it rejects at its fallback rate, alpha).
-EXPECTED_KEPT = {"none": lambda p: 8, "fixed": lambda p: 8 - math.floor(p["alpha"] * 8),
-                 "correlation": lambda p: 8 - math.floor(p["alpha"] * 8), "example_keep": lambda p: p["keep"]}
+EXPECTED_KEPT = {
+    "none": lambda p: 8,
+    "fixed": lambda p: 8 - math.floor(p["alpha"] * 8),
+    "correlation": lambda p: 8 - math.floor(p["alpha"] * 8),
+    "example_keep": lambda p: p["keep"],
+}
 
 
 def test_every_policy_option_builds_and_selects(tiny_gen):
@@ -183,10 +216,16 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
 
     assert set(options("budget")) == set(BOUNDED) | set(REFUSED_ON_CPU)  # a new option: say what a run under it does
     for opt, kv in BOUNDED.items():
-        out = run_tiny(tiny_gen(), ["write a haiku about autumn leaves"], n=32,
-                       overrides=[f"budget={opt}", "sampling.max_new_tokens=80", "sampling.ignore_eos=true"])
+        out = run_tiny(
+            tiny_gen(),
+            ["write a haiku about autumn leaves"],
+            n=32,
+            overrides=[f"budget={opt}", "sampling.max_new_tokens=80", "sampling.ignore_eos=true"],
+        )
         (res,) = out.results
-        assert {len(c.token_ids) for c in res.candidates if c.finished} == {80}, opt  # every finished row at full length
+        assert {len(c.token_ids) for c in res.candidates if c.finished} == {80}, (
+            opt
+        )  # every finished row at full length
         rejected = [c for c in res.candidates if c.stop_reason == "rejected"]
         if kv is None:
             assert not res.rounds and not rejected and len(res.candidates) == 32, opt  # Best-of-32
@@ -198,8 +237,13 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
             run_tiny(tiny_gen(), ["write a haiku"], n=2, overrides=[f"budget={opt}", "sampling.max_new_tokens=4"])
         assert e.value.key == "budget.mode" and "budget=cpu" in e.value.fix
     # On CUDA: the fixed budget stays fixed, unlimited stays unlimited, cuda sizes it from free device memory
-    cuda = SimpleNamespace(device=torch.device("cuda"), kv_bytes_per_token=1024, kv_pool_tokens=None,
-                           layer_devices=lambda: {"cuda": 30}, engine_name="FastLlamaEngine")
+    cuda = SimpleNamespace(
+        device=torch.device("cuda"),
+        kv_bytes_per_token=1024,
+        kv_pool_tokens=None,
+        layer_devices=lambda: {"cuda": 30},
+        engine_name="FastLlamaEngine",
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
     from_device = budget_from_device(10 * 2**30, 1024, 0.9, 2 * 2**30)  # (10 - 2) GiB * 0.9 / 1 KiB
     assert from_device == int(8 * 2**30 * 0.9 // 1024)
@@ -211,9 +255,14 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
     assert make_budget(rodeco.load_config(["budget=engine"]), vllm).kv_tokens == 5000  # the engine's own pool
 
 
-@pytest.mark.parametrize("overrides, key", [(["budget.kv_tokens=null"], "budget.kv_tokens"),
-                                            (["budget=unlimited", "budget.kv_tokens=4096"], "budget.kv_tokens"),
-                                            (["budget.mode=pool"], "budget.mode")])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["budget.kv_tokens=null"], "budget.kv_tokens"),
+        (["budget=unlimited", "budget.kv_tokens=4096"], "budget.kv_tokens"),
+        (["budget.mode=pool"], "budget.mode"),
+    ],
+)
 def test_a_budget_that_names_no_mode_or_two_is_refused(overrides, key):
     with pytest.raises(ConfigError) as e:
         validate(rodeco.load_config(overrides))
@@ -253,9 +302,16 @@ def test_every_experiment_composes_with_its_schema():
 @pytest.mark.integration
 def test_cli_end_to_end_on_embedded_model(tmp_path: Path):
     rodeco_bin = Path(sys.executable).with_name("rodeco")
-    cmd = [str(rodeco_bin), "data.prompts=[Write a haiku about autumn.,What is 2+2?]", "n=4",
-           "sampling.max_new_tokens=32", "budget.kv_tokens=300", "reward=logprob", "output.all_candidates=true",
-           f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        str(rodeco_bin),
+        "data.prompts=[Write a haiku about autumn.,What is 2+2?]",
+        "n=4",
+        "sampling.max_new_tokens=32",
+        "budget.kv_tokens=300",
+        "reward=logprob",
+        "output.all_candidates=true",
+        f"hydra.run.dir={tmp_path}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best of 4" in proc.stdout and "compute saved" in proc.stdout
@@ -272,7 +328,17 @@ def test_cli_end_to_end_on_embedded_model(tmp_path: Path):
 @pytest.mark.integration
 def test_cli_bad_input_exits_2_with_the_key(tmp_path: Path):
     rodeco_bin = Path(sys.executable).with_name("rodeco")
-    proc = subprocess.run([str(rodeco_bin), "policy.alpha=1.5", "data.prompts=[hi]", "generator.model=/nonexistent",
-                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            str(rodeco_bin),
+            "policy.alpha=1.5",
+            "data.prompts=[hi]",
+            "generator.model=/nonexistent",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert "generator.model" in proc.stderr or "policy.alpha" in proc.stderr

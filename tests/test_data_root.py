@@ -61,7 +61,8 @@ def test_a_file_in_the_working_directory_comes_first(tmp_path, elsewhere):
     (elsewhere / "prompts").mkdir()
     (elsewhere / "prompts" / "alpaca_eval_805.jsonl").write_text(json.dumps({"prompt": "Local?"}) + "\n")
     assert [p.text for p in prompts_of(rodeco.load_config(["data=alpaca_eval", f"data.root={root}"]).data)] == [
-        "Local?"]
+        "Local?"
+    ]
 
 
 def test_data_hf_loads_a_local_folder_as_datasets_does(tmp_path, elsewhere):

@@ -39,7 +39,14 @@ def test_a_decoder_builds_its_reward_once_and_decodes_as_rodeco_decode(tiny_gen,
     c = dec.decode(PROMPTS[:1], n=8, policy="particle_filter")
     assert len(calls) == 1  # and never again, whatever the calls change
     assert any(r.rounds for r in a.results) and not any(r.rounds for r in b.results) and c.results
-    ref = rodeco.decode(PROMPTS, generator=gen, n=8, policy="fixed", overrides=[*BASE, "policy.alpha=0.5", "budget.kv_tokens=250"], seed=3)
+    ref = rodeco.decode(
+        PROMPTS,
+        generator=gen,
+        n=8,
+        policy="fixed",
+        overrides=[*BASE, "policy.alpha=0.5", "budget.kv_tokens=250"],
+        seed=3,
+    )
     assert [x.to_dict()["candidates"] for x in a.results] == [x.to_dict()["candidates"] for x in ref.results]
 
 

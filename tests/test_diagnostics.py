@@ -40,12 +40,24 @@ def test_characters_and_missing_values():
         diagnose("x", -1, "eos")
 
 
-@pytest.mark.parametrize("text, want", [
-    ("It ends here.", True), ("Really?  \n", True), ("Stop!", True), ('He said "go."', True),
-    ("(as shown.)", True), ("She asked \u201cwhy?\u201d", True), ("```python\nprint(1)\n```", True),
-    ("It ends with a list:\n- apples", False), ("cut off mid", False), ('"quoted"', False), ("(aside)", False),
-    ("", False), ("1.", True),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("It ends here.", True),
+        ("Really?  \n", True),
+        ("Stop!", True),
+        ('He said "go."', True),
+        ("(as shown.)", True),
+        ("She asked \u201cwhy?\u201d", True),
+        ("```python\nprint(1)\n```", True),
+        ("It ends with a list:\n- apples", False),
+        ("cut off mid", False),
+        ('"quoted"', False),
+        ("(aside)", False),
+        ("", False),
+        ("1.", True),
+    ],
+)
 def test_ends_sentence(text, want):
     assert ends_sentence(text) is want
 
@@ -57,8 +69,11 @@ def test_repeated_fraction_of_a_loop():
 
 
 def test_summarize_shares_and_means():
-    ds = [diagnose("Done.", 2, "eos", logprobs=[-1.0]), diagnose("and then and then and", 6, "length"),
-          diagnose("", 0, "length")]
+    ds = [
+        diagnose("Done.", 2, "eos", logprobs=[-1.0]),
+        diagnose("and then and then and", 6, "length"),
+        diagnose("", 0, "length"),
+    ]
     s = summarize(ds)
     assert s["n"] == 3.0
     assert s["truncated"] == pytest.approx(2 / 3) and s["ends_sentence"] == pytest.approx(1 / 3)

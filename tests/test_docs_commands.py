@@ -37,9 +37,14 @@ PLACEHOLDER = re.compile(r"NAME|<[^>]*>|\bmy_|\.\.\.")  # prose such as `rodeco 
 COMMAND = re.compile(r"^(rodeco|rodeco-serve|make|pip|python|pytest)( |$)")
 INLINE = " (inline)"  # where an inline code span was found: `python scripts/x.py` alone names the script
 # Files whose text is in the docs (the reader saves them) and the test that runs them as the docs show.
-DOC_FILES = {"lab.py": ("policy-lab.md", "test_policy_lab_docs.py",
-                        "test_the_lab_policy_is_replayed_against_fixed_and_adaptive"),
-             "example.py": ("rewards.md", "test_rewards_docs.py", "test_value_function_example_runs")}
+DOC_FILES = {
+    "lab.py": (
+        "policy-lab.md",
+        "test_policy_lab_docs.py",
+        "test_the_lab_policy_is_replayed_against_fixed_and_adaptive",
+    ),
+    "example.py": ("rewards.md", "test_rewards_docs.py", "test_value_function_example_runs"),
+}
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -155,8 +160,11 @@ def check_pytest(args: list[str]) -> None:
     for path in a.paths:
         f = REPO / path.split("::")[0]
         assert f.is_file(), f"pytest {path}: no such file"
-        names += [n.name for n in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
-                  if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+        names += [
+            n.name
+            for n in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+        ]
     words = [w for w in re.findall(r"\w+", a.k or "") if w not in ("and", "or", "not")]
     assert any(all(w in n for w in words) for n in names), f"pytest -k {a.k}: selects none of {names}"
 
@@ -186,11 +194,14 @@ def parse_only() -> Iterator[None]:
             if depth == 0:
                 raise Parsed(*(out if known else (out, [])))
             return out
+
         return parse
 
     P = argparse.ArgumentParser
-    with mock.patch.object(P, "parse_args", wrap(P.parse_args, False)), \
-            mock.patch.object(P, "parse_known_args", wrap(P.parse_known_args, True)):
+    with (
+        mock.patch.object(P, "parse_args", wrap(P.parse_args, False)),
+        mock.patch.object(P, "parse_known_args", wrap(P.parse_known_args, True)),
+    ):
         yield
 
 
@@ -200,8 +211,11 @@ def check_script(path: str, args: list[str]) -> None:
     arguments, ``scale_bench``'s ``overrides``) compose as a ``rodeco`` command's would."""
     assert (REPO / path).is_file(), f"{path}: no such script"
     script_dir = str((REPO / path).parent)  # python puts a script's own directory first on sys.path
-    with mock.patch.object(sys, "argv", [str(REPO / path), *args]), \
-            mock.patch.object(sys, "path", [script_dir, *sys.path]), parse_only():
+    with (
+        mock.patch.object(sys, "argv", [str(REPO / path), *args]),
+        mock.patch.object(sys, "path", [script_dir, *sys.path]),
+        parse_only(),
+    ):
         try:
             runpy.run_path(str(REPO / path), run_name="__main__")
         except Parsed as p:
@@ -222,11 +236,18 @@ def run_results_export(args: list[str], tmp_path: Path) -> None:
     (tmp_path / results).parent.mkdir(parents=True, exist_ok=True)
     rec = {"prompt_index": 0, "prompt": "Write a haiku.", "best": {"text": "Leaves fall."}}
     (tmp_path / results).write_text(json.dumps(rec) + "\n")
-    p = subprocess.run([sys.executable, "-m", "rodeco.results", *args], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    p = subprocess.run(
+        [sys.executable, "-m", "rodeco.results", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert p.returncode == 0, p.stderr
-    assert json.loads((tmp_path / out).read_text()) == [{"instruction": "Write a haiku.", "output": "Leaves fall.",
-                                                         "generator": name}]
+    assert json.loads((tmp_path / out).read_text()) == [
+        {"instruction": "Write a haiku.", "output": "Leaves fall.", "generator": name}
+    ]
 
 
 def check_doc_file(where: str, name: str, args: list[str]) -> None:
@@ -302,13 +323,16 @@ def expected_prompts(data) -> list[tuple[int, str]]:
     else:
         path = Path(data.path) if Path(data.path).is_file() else SHARED_DATA / data.path  # else: the data root
         text = path.read_text(encoding="utf-8")
-        records = (json.loads(text) if text.lstrip().startswith("[")
-                   else [json.loads(line) for line in text.splitlines() if line.strip()])
+        records = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(line) for line in text.splitlines() if line.strip()]
+        )
         source = [r if isinstance(r, str) else r[data.field] for r in records]
     positions = list(data.indices) if data.indices is not None else list(range(len(source)))
-    positions = positions[data.offset:][: data.limit]  # limit null: all
-    batches = [positions[i: i + data.batch_prompts] for i in range(0, len(positions), data.batch_prompts)]
-    return [(i, source[i]) for batch in batches[data.shard:: data.num_shards] for i in batch]
+    positions = positions[data.offset :][: data.limit]  # limit null: all
+    batches = [positions[i : i + data.batch_prompts] for i in range(0, len(positions), data.batch_prompts)]
+    return [(i, source[i]) for batch in batches[data.shard :: data.num_shards] for i in batch]
 
 
 @pytest.mark.parametrize("where, command", RODECO)
@@ -322,12 +346,19 @@ def test_every_documented_rodeco_command_composes_and_passes_the_checks(where, c
 
 
 def test_help_shows_rodecos_own_text_and_its_examples_work():
-    p = subprocess.run([str(Path(sys.executable).with_name("rodeco")), "--help"], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [str(Path(sys.executable).with_name("rodeco")), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert "powered by Hydra" not in p.stdout and p.stdout.startswith("rodeco: reward-oriented decoding")
-    for group, option in [("generator", "smollm2"), ("reward", "minilm_rm"), ("policy", "fixed"),
-                          ("budget", "cpu"), ("data", "demo"), ("experiment", "efficiency")]:
+    for group, option in [
+        ("generator", "smollm2"),
+        ("reward", "minilm_rm"),
+        ("policy", "fixed"),
+        ("budget", "cpu"),
+        ("data", "demo"),
+        ("experiment", "efficiency"),
+    ]:
         assert re.search(rf"^\s+{group}={option}\s+\S", p.stdout, re.M), f"{group}={option} not listed"
     line = {m.group(1): m.group(2) for m in re.finditer(r"^\s+reward=(\w+)\s+(.*)$", p.stdout, re.M)}
     assert [r for r, text in line.items() if "default" in text] == ["minilm_rm"], line  # the one default reward

@@ -14,10 +14,21 @@ from helpers import TM, records, run_record
 from rodeco.experiments import analysis, bootstrap, render
 
 REF = "fixed_alpha_0.5"
-OLD_HEAD = ["speedup_fixed_alpha_0.5", "relative_compute_fixed_alpha_0.5", "speedup_fixed_alpha_0.5_ci_low",
-            "speedup_fixed_alpha_0.5_ci_high", "relative_compute_best_policy", "speedup_best_policy_ci_low",
-            "speedup_best_policy_ci_high", "calibrated_choice", "speedup_best_policy", "best_policy",
-            "speedup_calibrated", "speedup_fixed_alpha_0.5_oracle", "gap_closed"]  # the keys before this change
+OLD_HEAD = [
+    "speedup_fixed_alpha_0.5",
+    "relative_compute_fixed_alpha_0.5",
+    "speedup_fixed_alpha_0.5_ci_low",
+    "speedup_fixed_alpha_0.5_ci_high",
+    "relative_compute_best_policy",
+    "speedup_best_policy_ci_low",
+    "speedup_best_policy_ci_high",
+    "calibrated_choice",
+    "speedup_best_policy",
+    "best_policy",
+    "speedup_calibrated",
+    "speedup_fixed_alpha_0.5_oracle",
+    "gap_closed",
+]  # the keys before this change
 
 
 def quantile(x: float):
@@ -25,8 +36,9 @@ def quantile(x: float):
 
 
 def summarize(methods: dict[str, Any], seed: int = 0, bootstrap_n: int = 200, **kw) -> dict[str, Any]:
-    return analysis.summarize(records(methods, **kw), {"n": 2, "bootstrap": bootstrap_n, "scales": [1]}, TM, 20,
-                              list(methods), seed=seed)
+    return analysis.summarize(
+        records(methods, **kw), {"n": 2, "bootstrap": bootstrap_n, "scales": [1]}, TM, 20, list(methods), seed=seed
+    )
 
 
 def varying(shift: float):
@@ -34,9 +46,13 @@ def varying(shift: float):
     return lambda p, final: (np.quantile(final, min(1.0, 0.75 + shift + 0.2 * np.sin(p))), 3e9)
 
 
-ENDS = {REF: quantile(0.7), "above": lambda p, final: (final.max() + 1.0, 5e9),
-        "below": lambda p, final: (final.min(), 1e9), "calibrated_delta_0.1": lambda p, final: (final.min(), 2e9),
-        f"{REF}_oracle": quantile(0.98)}
+ENDS = {
+    REF: quantile(0.7),
+    "above": lambda p, final: (final.max() + 1.0, 5e9),
+    "below": lambda p, final: (final.min(), 1e9),
+    "calibrated_delta_0.1": lambda p, final: (final.min(), 2e9),
+    f"{REF}_oracle": quantile(0.98),
+}
 
 
 def resamples(summary: dict[str, Any], n_prompts: int, seed: int, B: int) -> tuple[list, list]:
@@ -101,8 +117,11 @@ def test_pairing_with_fixed_alpha_half_is_tighter_than_the_absolute_cis():
     # by hand: the ratio on each of the report half's resamples
     m = analysis.Measurements(records({REF: varying(0.0), "fixed_alpha_0.3": varying(0.03)}), 2, TM, 20)
     boots, _ = resamples(s, 40, seed, B)
-    ratio = [analysis.stats(m, S, m.method("fixed_alpha_0.3", 1), 1, analysis.curve_of(m, S))["speedup_flops"]
-             / analysis.stats(m, S, m.method(REF, 1), 1, analysis.curve_of(m, S))["speedup_flops"] for S in boots]
+    ratio = [
+        analysis.stats(m, S, m.method("fixed_alpha_0.3", 1), 1, analysis.curve_of(m, S))["speedup_flops"]
+        / analysis.stats(m, S, m.method(REF, 1), 1, analysis.curve_of(m, S))["speedup_flops"]
+        for S in boots
+    ]
     assert pair["ci"] == pytest.approx([np.percentile(ratio, 2.5), np.percentile(ratio, 97.5)])
     assert "fixed_alpha_0.5, paired" in render.markdown(s).replace("'s", "")
 
@@ -122,8 +141,7 @@ def test_relative_compute_and_gap_closed_cis_by_hand():
     ok = sp[f"{REF}_oracle"] > sp[REF]
     head = analysis.headline(s)
     assert s["best_policy"] == "fixed_alpha_0.3"
-    assert [head["gap_closed_ci_low"], head["gap_closed_ci_high"]] == pytest.approx(
-        np.percentile(gap[ok], [2.5, 97.5]))
+    assert [head["gap_closed_ci_low"], head["gap_closed_ci_high"]] == pytest.approx(np.percentile(gap[ok], [2.5, 97.5]))
     assert s["gap_closed_bootstrap"]["resamples"] == ok.sum()
     assert head["gap_closed_ci_low"] < head["gap_closed"] < head["gap_closed_ci_high"]
 
@@ -132,7 +150,9 @@ def test_gap_closed_is_nan_where_the_ceiling_is_not_above_the_base():
     g = bootstrap.gap_closed(np.array([2.0, 3.0, 2.0]), np.array([1.0, 1.0, 2.0]), np.array([4.0, 9.0, 1.5]))
     assert g[0] == pytest.approx(0.5) and g[1] == pytest.approx(0.5) and math.isnan(g[2])
     assert bootstrap.gap_closed_ci(np.array([2.0]), np.array([2.0]), np.array([1.0])) == {
-        "ci": [pytest.approx(float("nan"), nan_ok=True)] * 2, "resamples": 0}
+        "ci": [pytest.approx(float("nan"), nan_ok=True)] * 2,
+        "resamples": 0,
+    }
     assert bootstrap.ci([1.0, float("nan"), 3.0]) == pytest.approx(np.percentile([1.0, 3.0], [2.5, 97.5]))
 
 
@@ -147,7 +167,8 @@ def test_rows_nothing_chose_are_also_reported_over_all_prompts():
     want = analysis.stats(m, every, m.method(REF, 1), 1, analysis.curve_of(m, every))
     got = t[f"{REF}@1"]["all"]
     assert got["speedup_flops"] == pytest.approx(want["speedup_flops"]) and s["curve"]["all"] == analysis.curve_of(
-        m, every)
+        m, every
+    )
     _, boots = resamples(s, 40, seed, B)  # drawn after the report half's, which stay as they were
     sp = [analysis.stats(m, S, m.method(REF, 1), 1, analysis.curve_of(m, S))["speedup_flops"] for S in boots]
     assert got["speedup_flops_ci"] == pytest.approx(np.percentile(sp, [2.5, 97.5]))
@@ -156,7 +177,10 @@ def test_rows_nothing_chose_are_also_reported_over_all_prompts():
     assert hi - lo < rhi - rlo  # twice the prompts
     head = analysis.headline(s)
     assert (head[f"speedup_{REF}_all"], head[f"speedup_{REF}_all_ci_low"], head[f"speedup_{REF}_all_ci_high"]) == (
-        got["speedup_flops"], lo, hi)
+        got["speedup_flops"],
+        lo,
+        hi,
+    )
     line = next(x for x in render.markdown(s).splitlines() if x.startswith(f"| SR {REF} (budget x1)"))
     assert line.rstrip(" |").endswith(f"{got['speedup_flops']:.2f} [{lo:.2f}, {hi:.2f}]")
 
@@ -165,8 +189,12 @@ def with_replicate(recs: list[dict[str, Any]], f) -> list[dict[str, Any]]:
     """The records with a second replicate (another set of candidates) of every method: ``f(p, final)``."""
     for p in recs:
         final = np.asarray(p["final"])
-        p["replicates"] = [{"offset": 8, "methods": {k: {"1": run_record(*map(float, f(p["prompt_index"], final)))}
-                                                     for k in p["methods"]}}]
+        p["replicates"] = [
+            {
+                "offset": 8,
+                "methods": {k: {"1": run_record(*map(float, f(p["prompt_index"], final)))} for k in p["methods"]},
+            }
+        ]
     return recs
 
 
@@ -184,7 +212,8 @@ def test_replicates_average_in_the_figure_and_widen_the_ci_with_the_candidates_v
     m = analysis.Measurements(recs, 2, TM, 20)
     mean_best = [(np.quantile(finals[i], 0.5) + np.quantile(finals[i], 0.5 + 0.45 * (-1) ** i)) / 2 for i in rep]
     assert two["methods"][f"{REF}@1"]["report"]["improvement"] == pytest.approx(
-        analysis.improvement_score(mean_best, m.hi[rep], m.lo[rep]))
+        analysis.improvement_score(mean_best, m.hi[rep], m.lo[rep])
+    )
     w1, w2 = (np.diff(s["methods"][f"{REF}@1"]["report"]["improvement_ci"])[0] for s in (one, two))
     assert w2 > 1.3 * w1
 
@@ -197,7 +226,8 @@ def test_one_replicate_draws_the_resamples_it_drew_before():
     run = m.method(REF, 1)
     boot = [analysis.stats(m, S, run, 1, analysis.curve_of(m, S))["improvement"] for S in first]
     assert s["methods"][f"{REF}@1"]["report"]["improvement_ci"] == pytest.approx(
-        [np.percentile(boot, q) for q in (2.5, 97.5)])
+        [np.percentile(boot, q) for q in (2.5, 97.5)]
+    )
 
 
 def test_a_methods_oracle_row_is_its_policy_and_schedule_deciding_by_the_oracle():
@@ -205,8 +235,17 @@ def test_a_methods_oracle_row_is_its_policy_and_schedule_deciding_by_the_oracle(
     the chosen row decided by."""
     from rodeco.experiments.analysis import oracle_row
 
-    t = {f"{k}@1": {} for k in ("fixed_alpha_0.3", "fixed_alpha_0.3_oracle", "fixed_alpha_0.3_text_value",
-                                "fixed_alpha_0.5_start_16_oracle", "fixed_alpha_0.5_oracle", "calibrated_delta_0.05")}
+    t = {
+        f"{k}@1": {}
+        for k in (
+            "fixed_alpha_0.3",
+            "fixed_alpha_0.3_oracle",
+            "fixed_alpha_0.3_text_value",
+            "fixed_alpha_0.5_start_16_oracle",
+            "fixed_alpha_0.5_oracle",
+            "calibrated_delta_0.05",
+        )
+    }
     assert oracle_row("fixed_alpha_0.3_text_value", t) == "fixed_alpha_0.3_oracle"
     assert oracle_row("fixed_alpha_0.3", t) == "fixed_alpha_0.3_oracle"
     assert oracle_row("fixed_alpha_0.5_start_16", t) == "fixed_alpha_0.5_start_16_oracle"

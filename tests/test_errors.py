@@ -29,14 +29,25 @@ def test_n_below_one(tiny_gen, n):
 
 
 def test_budget_too_small_for_one_row(tiny_gen):
-    err = _raises("budget.kv_tokens", run_tiny, tiny_gen(), ["write a haiku"],
-                  overrides=["budget.kv_tokens=20", "sampling.max_new_tokens=16"])
+    err = _raises(
+        "budget.kv_tokens",
+        run_tiny,
+        tiny_gen(),
+        ["write a haiku"],
+        overrides=["budget.kv_tokens=20", "sampling.max_new_tokens=16"],
+    )
     assert "at least" in err.fix
 
 
 def test_n_too_large_for_budget_names_a_fitting_n(tiny_gen):
-    err = _raises("n", run_tiny, tiny_gen(), ["write a haiku"], n=64,
-                  overrides=["budget.kv_tokens=200", "sampling.max_new_tokens=16"])
+    err = _raises(
+        "n",
+        run_tiny,
+        tiny_gen(),
+        ["write a haiku"],
+        n=64,
+        overrides=["budget.kv_tokens=200", "sampling.max_new_tokens=16"],
+    )
     assert "n<=" in err.fix
 
 
@@ -86,10 +97,15 @@ def test_missing_data_file(tmp_path):
     _raises("data.path", load_prompts, str(tmp_path / "none.jsonl"))
 
 
-@pytest.mark.parametrize("override,key", [("sampling.top_p=0", "sampling.top_p"),
-                                          ("sampling.temperature=-1", "sampling.temperature"),
-                                          ("sampling.max_new_tokens=0", "sampling.max_new_tokens"),
-                                          ("generator.engine=turbo", "generator.engine")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("sampling.top_p=0", "sampling.top_p"),
+        ("sampling.temperature=-1", "sampling.temperature"),
+        ("sampling.max_new_tokens=0", "sampling.max_new_tokens"),
+        ("generator.engine=turbo", "generator.engine"),
+    ],
+)
 def test_bad_sampling_and_engine_values(tiny_gen, override, key):
     gen = tiny_gen(engine=override.split("=")[1]) if key == "generator.engine" else tiny_gen()
     _raises(key, run_tiny, gen, ["hi"], overrides=[override])

@@ -20,8 +20,14 @@ PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying hea
 
 
 def tiny_cfg(pool: Path, **args):
-    cfg = rodeco.load_config(["experiment=correlation", f"pool={pool}", "sampling.max_new_tokens=8",
-                              "data.prompts=[" + ",".join(PROMPTS) + "]"])
+    cfg = rodeco.load_config(
+        [
+            "experiment=correlation",
+            f"pool={pool}",
+            "sampling.max_new_tokens=8",
+            "data.prompts=[" + ",".join(PROMPTS) + "]",
+        ]
+    )
     with open_dict(cfg):
         cfg.output.progress = False
         a = cfg.experiment_args

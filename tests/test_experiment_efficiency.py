@@ -18,9 +18,15 @@ from rodeco.pool import Pool
 from rodeco.validation import ConfigError
 
 PROMPTS = [f"w{i} w{i + 1} w{i + 2}" for i in range(0, 30, 3)]  # 10 prompts: halves of 5
-HEAD = ["speedup_fixed_alpha_0.5", "relative_compute_fixed_alpha_0.5", "speedup_fixed_alpha_0.5_ci_low",
-        "speedup_fixed_alpha_0.5_ci_high", "relative_compute_best_policy", "speedup_best_policy_ci_low",
-        "speedup_best_policy_ci_high"]
+HEAD = [
+    "speedup_fixed_alpha_0.5",
+    "relative_compute_fixed_alpha_0.5",
+    "speedup_fixed_alpha_0.5_ci_low",
+    "speedup_fixed_alpha_0.5_ci_high",
+    "relative_compute_best_policy",
+    "speedup_best_policy_ci_low",
+    "speedup_best_policy_ci_high",
+]
 LAST = ["speedup_best_policy", "best_policy", "speedup_fixed_alpha_0.5_oracle", "gap_closed"]  # printed last
 # (with the embedded reward, whose calibration is committed, speedup_calibrated comes after best_policy)
 
@@ -30,8 +36,17 @@ JUDGE = ["judge=custom", "judge.custom.function=length"]  # the response's chara
 
 def tiny_cfg(pool: Path, experiment: str = "efficiency", judge=("judge=none",), **args):
     reward = [] if experiment == "perplexity" else ["reward=logprob"]
-    cfg = rodeco.load_config([f"experiment={experiment}", *reward, "budget.min_tokens_per_round=2", f"pool={pool}",
-                              "sampling.max_new_tokens=12", "data.prompts=[" + ",".join(PROMPTS) + "]", *judge])
+    cfg = rodeco.load_config(
+        [
+            f"experiment={experiment}",
+            *reward,
+            "budget.min_tokens_per_round=2",
+            f"pool={pool}",
+            "sampling.max_new_tokens=12",
+            "data.prompts=[" + ",".join(PROMPTS) + "]",
+            *judge,
+        ]
+    )
     with open_dict(cfg):
         cfg.output.progress = False
         a = cfg.experiment_args
@@ -54,8 +69,9 @@ def ran(tmp_path_factory):
     d = tmp_path_factory.mktemp("eff")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        out = efficiency.run(tiny_cfg(d / "pool", judge=JUDGE, live_check=2), default_plugins(), d / "run",
-                             gen=tiny_generator())
+        out = efficiency.run(
+            tiny_cfg(d / "pool", judge=JUDGE, live_check=2), default_plugins(), d / "run", gen=tiny_generator()
+        )
     return d, out, buf.getvalue()
 
 
@@ -71,7 +87,7 @@ def test_efficiency_end_to_end(ran):
         c = res["curve"][half]
         assert c["N"] == [1, 2, 4, 8, 16] and c["improvement"][1] == pytest.approx(100.0)  # Best-of-n = 100
     lines = printed.strip().splitlines()
-    keys = [x.split(":")[0] for x in lines[-len(res["headline"]):]]
+    keys = [x.split(":")[0] for x in lines[-len(res["headline"]) :]]
     assert keys == list(res["headline"]) and keys[-4:] == LAST and set(HEAD) <= set(keys)
     assert any(x.startswith("pool_seconds: ") for x in lines)
     assert any(x.startswith("replay_seconds_per_policy: ") for x in lines)
@@ -101,11 +117,14 @@ def test_the_judges_figures_by_hand_printed_before_the_headline(ran):
     assert an["curve"]["sizes"] == [1, 2, 4, 8] and an["prompts"] == 5 and an["sets"] == 2
     assert an["curve"]["judge"][0] == pytest.approx(np.mean([length(i, c) for i in rep for c in (0, 8)]))
     ids = [recs[i]["methods"]["fixed_alpha_0.5"]["1"]["best_id"] for i in rep] + [
-        recs[i]["replicates"][0]["methods"]["fixed_alpha_0.5"]["1"]["best_id"] for i in rep]
-    assert an["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(np.mean([
-        length(i, c) for i, c in zip(rep * 2, ids)]))
-    assert j["analysis"]["guide"]["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(np.mean([
-        recs[i]["final"][c] for i, c in zip(rep * 2, ids)]))
+        recs[i]["replicates"][0]["methods"]["fixed_alpha_0.5"]["1"]["best_id"] for i in rep
+    ]
+    assert an["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(
+        np.mean([length(i, c) for i, c in zip(rep * 2, ids)])
+    )
+    assert j["analysis"]["guide"]["methods"]["fixed_alpha_0.5"]["judge"]["value"] == pytest.approx(
+        np.mean([recs[i]["final"][c] for i, c in zip(rep * 2, ids)])
+    )
     lines = printed.strip().splitlines()
     first_head = len(lines) - len(res["headline"])
     at = [k for k, x in enumerate(lines) if x.startswith("judge_custom_fixed_alpha_0.5: ")]
@@ -118,9 +137,21 @@ def test_a_reference_judge_on_prompts_without_references_stops_by_name(ran, tmp_
     from test_hooks import tiny_generator
 
     with pytest.raises(ConfigError, match=r"judge\.chrf.*judge=none"):
-        efficiency.run(tiny_cfg(d / "pool", judge=["judge=chrf"], live_check=0, alphas=[0.5], adaptive_deltas=[],
-                                policies=[], starts=[], scales=[1]),
-                       default_plugins(), tmp_path / "run", gen=tiny_generator())
+        efficiency.run(
+            tiny_cfg(
+                d / "pool",
+                judge=["judge=chrf"],
+                live_check=0,
+                alphas=[0.5],
+                adaptive_deltas=[],
+                policies=[],
+                starts=[],
+                scales=[1],
+            ),
+            default_plugins(),
+            tmp_path / "run",
+            gen=tiny_generator(),
+        )
 
 
 def test_the_report_half_figures_by_hand(ran):
@@ -154,8 +185,11 @@ def test_the_report_half_figures_by_hand(ran):
     assert head["speedup_fixed_alpha_0.5"] == m["speedup_flops"]
     assert [head["speedup_fixed_alpha_0.5_ci_low"], head["speedup_fixed_alpha_0.5_ci_high"]] == [lo_ci, hi_ci]
     # the best policy is chosen on the selection half, and reported on the report half
-    at1 = {k[:-2]: v for k, v in res["methods"].items() if k.endswith("@1") and "infeasible" not in v
-           and not k[:-2].endswith("_oracle")}  # a ceiling, not a method: never chosen
+    at1 = {
+        k[:-2]: v
+        for k, v in res["methods"].items()
+        if k.endswith("@1") and "infeasible" not in v and not k[:-2].endswith("_oracle")
+    }  # a ceiling, not a method: never chosen
     chosen = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     assert head["best_policy"] == chosen
     assert head["speedup_best_policy"] == at1[chosen]["report"]["speedup_flops"]
@@ -208,9 +242,19 @@ def test_without_fixed_alpha_half_the_experiment_says_why_it_needs_it(tmp_path):
         assert e.value.key == "experiment_args.alphas" and "0.5" in e.value.fix and "reference" in e.value.problem
 
 
-@pytest.mark.parametrize("key,value", [("n", 0), ("candidates", 1), ("alphas", [1.0]), ("scales", [2]),
-                                       ("adaptive_deltas", [0.0]), ("starts", [0]),
-                                       ("replicates", 0), ("replicates", 17)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("n", 0),
+        ("candidates", 1),
+        ("alphas", [1.0]),
+        ("scales", [2]),
+        ("adaptive_deltas", [0.0]),
+        ("starts", [0]),
+        ("replicates", 0),
+        ("replicates", 17),
+    ],
+)
 def test_efficiency_bad_arguments_name_the_key(tmp_path, key, value):
     with pytest.raises(ConfigError, match=f"experiment_args.{key}"):
         efficiency.run(tiny_cfg(tmp_path / "pool", **{key: value}), default_plugins(), None, gen=object())
@@ -231,8 +275,11 @@ def test_perplexity_on_the_same_pool(ran, capsys):
         want = float(np.mean([-expected_best_of(p["final"], N) for p in rep]))
         assert rows[f"Best-of-{N}"]["perplexity"] == pytest.approx(want)
     chosen = out.extra["headline"]["chosen_alpha"]
-    sel = [r for r in res["table_selection"] if r.get("scale") == 1 and r["label"] in ("fixed_alpha_0.3",
-                                                                                      "fixed_alpha_0.5")]
+    sel = [
+        r
+        for r in res["table_selection"]
+        if r.get("scale") == 1 and r["label"] in ("fixed_alpha_0.3", "fixed_alpha_0.5")
+    ]
     assert chosen == perplexity.choose_alpha(res["table_selection"])
     assert chosen in {r["label"] for r in sel}
     lines = capsys.readouterr().out.strip().splitlines()
@@ -261,8 +308,9 @@ def test_the_time_model_fits_a_known_cost(tmp_path):
     class FakePool:
         step_costs = {"rows": [1, 2, 4, 8] * 3, "context": [10] * 4 + [20] * 4 + [40] * 4}
 
-    FakePool.step_costs["seconds"] = [0.01 + 0.002 * r + 1e-5 * r * c for r, c in
-                                       zip(FakePool.step_costs["rows"], FakePool.step_costs["context"])]
+    FakePool.step_costs["seconds"] = [
+        0.01 + 0.002 * r + 1e-5 * r * c for r, c in zip(FakePool.step_costs["rows"], FakePool.step_costs["context"])
+    ]
     tm = analysis.TimeModel.fit(FakePool(), [])
     assert (tm.a, tm.b, tm.c) == pytest.approx((0.01, 0.002, 1e-5), rel=1e-6) and tm.r2 == pytest.approx(1.0)
     run = {"steps": 10, "decode_tokens": 40, "rows_x_context": 800, "reward_s": 0.5}
@@ -277,14 +325,29 @@ def test_a_calibrated_policy_without_a_calibration_for_a_partial_reward_is_left_
 
     def committed_for(ids):  # a calibration of the run's own pair only: the oracle has none
         f = tmp_path / "cal.json"
-        Calibration(generator=ids["generator"], partial_reward=ids["reward"], reward=ids["reward"], lengths=[4, 64],
-                    slope=[0.5, 0.5], resid_sd=[0.8, 0.8]).save(f)
+        Calibration(
+            generator=ids["generator"],
+            partial_reward=ids["reward"],
+            reward=ids["reward"],
+            lengths=[4, 64],
+            slope=[0.5, 0.5],
+            resid_sd=[0.8, 0.8],
+        ).save(f)
         return f
 
     monkeypatch.setattr(calibrated, "committed_for", committed_for)
     d, _, _ = ran
-    cfg = tiny_cfg(d / "pool", policies=["allocate"], partial_rewards=["same", "oracle"], calibrated_deltas=[],
-                   alphas=[0.5], adaptive_deltas=[], starts=[], scales=[1], replicates=1)
+    cfg = tiny_cfg(
+        d / "pool",
+        policies=["allocate"],
+        partial_rewards=["same", "oracle"],
+        calibrated_deltas=[],
+        alphas=[0.5],
+        adaptive_deltas=[],
+        starts=[],
+        scales=[1],
+        replicates=1,
+    )
     res = efficiency.run(cfg, default_plugins(), tmp_path / "run").extra
     assert list(res["skipped"]) == ["allocate_oracle"] and "another partial_reward" in res["skipped"]["allocate_oracle"]
     assert "allocate@1" in res["methods"] and "allocate_oracle@1" not in res["methods"]

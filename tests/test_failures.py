@@ -64,8 +64,9 @@ def test_oom_back_off_halves_the_batch_and_gets_the_same_results(tiny_gen, tmp_p
     assert max(seen) > 8 and "retrying it with data.batch_prompts -> 2" in caplog.text
     assert [r.best.token_ids for r in out.results] == [r.best.token_ids for r in ref.results]
     assert [r.best.score for r in out.results] == [r.best.score for r in ref.results]
-    assert sorted(json.loads(x)["prompt_index"] for x in (tmp_path / "results.jsonl").read_text().splitlines()) \
-        == list(range(6))
+    assert sorted(json.loads(x)["prompt_index"] for x in (tmp_path / "results.jsonl").read_text().splitlines()) == list(
+        range(6)
+    )
     # Best-of-N does not depend on the batches at all: same winners as an unfaulted run at the full batch
     bon = ["budget=unlimited", "sampling.max_new_tokens=16", "data.batch_prompts=4"]
     gen = tiny_gen()
@@ -79,15 +80,20 @@ def test_oom_at_the_minimum_names_the_keys_to_change(tiny_gen, caplog):
     gen = tiny_gen()
     faulty(gen, max_rows=0)  # nothing fits
     with caplog.at_level("WARNING"), pytest.raises(ConfigError) as e:
-        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget.kv_tokens=4096", "sampling.max_new_tokens=8",
-                                                    "data.batch_prompts=2"])
+        run_tiny(
+            gen,
+            PROMPTS6[:2],
+            n=4,
+            overrides=["budget.kv_tokens=4096", "sampling.max_new_tokens=8", "data.batch_prompts=2"],
+        )
     msg = str(e.value)
     assert "data.batch_prompts" in msg and "budget.kv_tokens" in msg and "Fix:" in msg
     assert "budget.kv_tokens x 0.125" in caplog.text  # the budget was halved three times first
     caplog.clear()
     with caplog.at_level("WARNING"), pytest.raises(ConfigError) as e:  # no budget to halve: say how to give one
-        run_tiny(gen, PROMPTS6[:2], n=4, overrides=["budget=unlimited", "sampling.max_new_tokens=8",
-                                                    "data.batch_prompts=2"])
+        run_tiny(
+            gen, PROMPTS6[:2], n=4, overrides=["budget=unlimited", "sampling.max_new_tokens=8", "data.batch_prompts=2"]
+        )
     assert "budget=unlimited" in e.value.problem and "budget=cuda" in e.value.fix
     assert "data.batch_prompts -> 1" in caplog.text and " x 0.5" not in caplog.text
 
@@ -107,9 +113,21 @@ def test_a_failing_reward_loses_nothing_and_names_the_plugin_prompt_and_batch(ti
             register("boom", value_function(boom, batched=True))
 
     with pytest.raises(PluginError) as e:
-        rodeco.decode(PROMPTS6, generator=tiny_gen(), n=2, policy="none", plugins=get_plugin_manager(extra=[Flaky()]),
-                      overrides=["reward=custom", "reward.function=boom", "budget=unlimited",
-                                 "sampling.max_new_tokens=6", "data.batch_prompts=2"], out_dir=tmp_path)
+        rodeco.decode(
+            PROMPTS6,
+            generator=tiny_gen(),
+            n=2,
+            policy="none",
+            plugins=get_plugin_manager(extra=[Flaky()]),
+            overrides=[
+                "reward=custom",
+                "reward.function=boom",
+                "budget=unlimited",
+                "sampling.max_new_tokens=6",
+                "data.batch_prompts=2",
+            ],
+            out_dir=tmp_path,
+        )
     msg = str(e.value)
     assert "reward 'custom'" in msg and "ValueError: the reward server went away" in msg
     assert "prompt(s) [2, 3]" in msg and "batch 2 of 3" in msg and "2 prompt(s) finished before are kept" in msg
@@ -130,5 +148,11 @@ def test_a_failing_policy_names_itself_and_the_prompts(tiny_gen):
             register("broken", lambda params, ctx: Broken())
 
     with pytest.raises(PluginError, match=r"policy 'broken' raised KeyError.*prompt\(s\) \[0\].*batch 1 of 1"):
-        run_tiny(tiny_gen(), PROMPTS6[:1], n=4, policy="fixed", plugins=get_plugin_manager(extra=[Plugin()]),
-                 overrides=["policy.name=broken", "budget.kv_tokens=40", "sampling.max_new_tokens=16"])
+        run_tiny(
+            tiny_gen(),
+            PROMPTS6[:1],
+            n=4,
+            policy="fixed",
+            plugins=get_plugin_manager(extra=[Plugin()]),
+            overrides=["policy.name=broken", "budget.kv_tokens=40", "sampling.max_new_tokens=16"],
+        )

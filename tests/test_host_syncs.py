@@ -43,13 +43,14 @@ def test_device_uniforms_are_numpys_bit_for_bit(trial):
     kt = torch.from_numpy(keys.view(np.int64))
     for seed in (0, 7, -3, 2**63 - 1, int(rng.integers(0, 2**62))):
         assert np.array_equal(device_uniforms(seed, kt, step).numpy(), uniforms(seed, keys, step))
-    seeds = rng.integers(-2**63, 2**63 - 1, size=B, dtype=np.int64)  # one per row (a server's requests)
+    seeds = rng.integers(-(2**63), 2**63 - 1, size=B, dtype=np.int64)  # one per row (a server's requests)
     assert np.array_equal(device_uniforms(torch.from_numpy(seeds), kt, step).numpy(), uniforms(seeds, keys, step))
 
 
 def _session(gen, on_device: bool, n: int = 4, max_new: int = 24, ignore_eos: bool = False) -> Session:
-    s = gen.open_session(SessionSpec(n, SamplingParams(1.0, 50, 1.0), max_new, 5, (0, 1), ignore_eos=ignore_eos,
-                                     needs_logprobs=True))
+    s = gen.open_session(
+        SessionSpec(n, SamplingParams(1.0, 50, 1.0), max_new, 5, (0, 1), ignore_eos=ignore_eos, needs_logprobs=True)
+    )
     s.device_uniforms = s.lag_finished = on_device
     if not ignore_eos:  # one token in 16 ends a row: rows finish, at different steps
         s.eos = torch.arange(0, gen.model.config.vocab_size, 16)
@@ -86,9 +87,19 @@ def test_lagged_count_and_device_draws_give_the_same_rows(tiny_gen, engine):
 
 def test_speculative_rejection_is_the_same_with_device_draws_and_the_lagged_count(tiny_gen, monkeypatch):
     gen = tiny_gen("fast")
-    args = dict(generator=gen, n=8, policy="fixed", seed=4, overrides=[
-        "reward=logprob", "sampling.max_new_tokens=20", "output.all_candidates=true", "policy.alpha=0.5",
-        "budget.kv_tokens=300"])
+    args = dict(
+        generator=gen,
+        n=8,
+        policy="fixed",
+        seed=4,
+        overrides=[
+            "reward=logprob",
+            "sampling.max_new_tokens=20",
+            "output.all_candidates=true",
+            "policy.alpha=0.5",
+            "budget.kv_tokens=300",
+        ],
+    )
     ref = rodeco.decode(["write a haiku", "give three tips"], **args)
     init = Session.__init__
 

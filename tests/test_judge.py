@@ -38,8 +38,14 @@ def decode(gen, overrides=(), **kw):
 
 
 def fingerprint(out):
-    return [(r.best.candidate_id, r.best.score, [(c.candidate_id, tuple(c.token_ids), c.stop_reason, c.score)
-                                                 for c in r.candidates]) for r in out.results]
+    return [
+        (
+            r.best.candidate_id,
+            r.best.score,
+            [(c.candidate_id, tuple(c.token_ids), c.stop_reason, c.score) for c in r.candidates],
+        )
+        for r in out.results
+    ]
 
 
 def test_judges_change_nothing_the_decode_does_and_score_every_finished_candidate(tiny_gen, tmp_path):
@@ -110,8 +116,9 @@ def test_resume_refuses_a_changed_judge_by_name(tiny_gen, tmp_path):
 def test_task_judge_scores_an_old_run_from_its_text(tiny_gen, tmp_path):
     out = decode(tiny_gen(), out_dir=tmp_path)
     before = json.loads((tmp_path / "summary.json").read_text())
-    assert "judge" not in before and all("judge" not in json.loads(x)
-                                         for x in (tmp_path / "results.jsonl").read_text().splitlines())
+    assert "judge" not in before and all(
+        "judge" not in json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()
+    )
     cfg = rodeco.load_config(["task=judge", "judge=custom", f"output.dir={tmp_path}", "output.progress=false"])
     res = rodeco.run(cfg)
     assert res.extra["judged"] == 2
@@ -154,21 +161,59 @@ def shard(root, name, overrides, scores, cost, config=None, report=None):
     d = root / name
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra/config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    (d / "results.jsonl").write_text("".join(json.dumps({
-        "prompt_index": i, "prompt": f"p{i}", "best": {"text": f"r{i}"},
-        "judge": {"name": "custom", "score": s}}) + "\n" for i, s in scores.items()))
+    (d / "results.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt_index": i,
+                    "prompt": f"p{i}",
+                    "best": {"text": f"r{i}"},
+                    "judge": {"name": "custom", "score": s},
+                }
+            )
+            + "\n"
+            for i, s in scores.items()
+        )
+    )
     spec = config or {"name": "custom", "function": "length"}
-    (d / "summary.json").write_text(json.dumps({"compute": {"gen_flops": 10.0}, "judge": {"custom": {
-        "mean": 0.0, "n": len(scores), "failed": 0, "config": spec, "identity": None, "cost": cost,
-        **({"report": report} if report else {})}}}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "compute": {"gen_flops": 10.0},
+                "judge": {
+                    "custom": {
+                        "mean": 0.0,
+                        "n": len(scores),
+                        "failed": 0,
+                        "config": spec,
+                        "identity": None,
+                        "cost": cost,
+                        **({"report": report} if report else {}),
+                    }
+                },
+            }
+        )
+    )
 
 
 def test_merge_recomputes_the_judges_means_and_sums_their_cost_apart(tmp_path):
     common = {"data.prompts": "[a,b,c,d]", "data.path": "null", "data.num_shards": 2, "judge": "custom"}
-    shard(tmp_path / "sweep", "0", {**common, "data.shard": 0}, {0: 1.0, 2: 3.0}, {"flops": 5.0, "calls": 2},
-          report={"win_rate": 0.25})
-    shard(tmp_path / "sweep", "1", {**common, "data.shard": 1}, {1: 5.0, 3: 7.0}, {"flops": 6.0, "calls": 2},
-          report={"win_rate": 0.75})
+    shard(
+        tmp_path / "sweep",
+        "0",
+        {**common, "data.shard": 0},
+        {0: 1.0, 2: 3.0},
+        {"flops": 5.0, "calls": 2},
+        report={"win_rate": 0.25},
+    )
+    shard(
+        tmp_path / "sweep",
+        "1",
+        {**common, "data.shard": 1},
+        {1: 5.0, 3: 7.0},
+        {"flops": 6.0, "calls": 2},
+        report={"win_rate": 0.75},
+    )
     cfg = rodeco.load_config(["task=merge", f"merge.dir={tmp_path / 'sweep'}"])
     rodeco.run(cfg)
     summary = json.loads((tmp_path / "sweep/summary.json").read_text())
@@ -185,7 +230,13 @@ def test_merge_refuses_shards_judged_differently(tmp_path):
     with pytest.raises(ConfigError, match="judge"):
         rodeco.run(rodeco.load_config(["task=merge", f"merge.dir={tmp_path / 'a'}"]))
     shard(tmp_path / "b", "0", {**common, "data.shard": 0, "judge": "custom"}, {0: 1.0}, {})
-    shard(tmp_path / "b", "1", {**common, "data.shard": 1, "judge": "custom"}, {1: 1.0}, {},
-          config={"name": "custom", "function": "length", "scale": 2.0})
+    shard(
+        tmp_path / "b",
+        "1",
+        {**common, "data.shard": 1, "judge": "custom"},
+        {1: 1.0},
+        {},
+        config={"name": "custom", "function": "length", "scale": 2.0},
+    )
     with pytest.raises(ConfigError, match="different 'custom' judges"):
         rodeco.run(rodeco.load_config(["task=merge", f"merge.dir={tmp_path / 'b'}"]))

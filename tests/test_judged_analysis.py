@@ -30,12 +30,13 @@ def test_best_of_prefix_takes_the_running_best():
 
 def test_matched_speedup_interpolates_log_flops_and_flags_bounds():
     cj, cf = np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 4.0])
-    assert matched_speedup(1.5, 1.0, cj, cf) == (pytest.approx(2 ** 1.5), "")
+    assert matched_speedup(1.5, 1.0, cj, cf) == (pytest.approx(2**1.5), "")
     assert matched_speedup(3.0, 2.0, cj, cf) == (pytest.approx(2.0), "lower")
     assert matched_speedup(-1.0, 0.5, cj, cf) == (pytest.approx(2.0), "upper")
     # a dip in the curve: matched on its running maximum
-    assert matched_speedup(1.0, 1.0, np.array([0.0, 1.0, 0.5, 2.0]), np.array([1.0, 2.0, 4.0, 8.0]))[0] == \
-        pytest.approx(2.0)
+    assert matched_speedup(1.0, 1.0, np.array([0.0, 1.0, 0.5, 2.0]), np.array([1.0, 2.0, 4.0, 8.0]))[
+        0
+    ] == pytest.approx(2.0)
 
 
 def test_predicted_gain_follows_the_curve_and_marks_beyond():
@@ -146,8 +147,11 @@ def test_correlations_see_a_judge_that_reads_length_and_one_that_follows_the_gui
     by_length = correlations(prompt, np.log(length) + rng.normal(size=60) * 0.01, length, guide)
     assert by_length["pearson_log_chars"] > 0.99 and abs(by_length["spearman_guide"]) < 0.4
     follows = correlations(prompt, guide * 2 + 1, length, guide)
-    assert follows["spearman_guide"] == pytest.approx(1.0) and follows["spearman_guide_within_prompt"] == \
-        pytest.approx(1.0) and follows["prompts_within"] == 10
+    assert (
+        follows["spearman_guide"] == pytest.approx(1.0)
+        and follows["spearman_guide_within_prompt"] == pytest.approx(1.0)
+        and follows["prompts_within"] == 10
+    )
     judge = guide.copy()
     judge[0] = np.nan  # an unscored text is left out
     assert correlations(prompt, judge, length, guide)["texts"] == 59

@@ -32,9 +32,15 @@ OUTPUTS = [
     {"dataset": "t", "instruction": "Name a primary colour.", "output": "Red is a primary colour.", "generator": "g"},
     {"dataset": "t", "instruction": "Translate to French:\n\nGood morning", "output": "Bonjour.", "generator": "g"},
 ]
-PROMPTS = [{"idx": 0, "prompt": "Name a primary colour.", "instruction": "Name a primary colour.", "input": ""},
-           {"idx": 1, "prompt": "Translate to French:\n\nGood morning", "instruction": "Translate to French:",
-            "input": "Good morning"}]
+PROMPTS = [
+    {"idx": 0, "prompt": "Name a primary colour.", "instruction": "Name a primary colour.", "input": ""},
+    {
+        "idx": 1,
+        "prompt": "Translate to French:\n\nGood morning",
+        "instruction": "Translate to French:",
+        "input": "Good morning",
+    },
+]
 
 
 @pytest.fixture
@@ -50,6 +56,7 @@ def req(prompt: str, response: str) -> ScoreRequest:
 
 
 # --- chrF ---------------------------------------------------------------------------------------------------------
+
 
 def test_chrf_hand_computed():
     # "ab" vs "abc": n=1 P=2/2 R=2/3; n=2 P=1/1 R=1/2; n>=3: "ab" has none, left out.
@@ -77,6 +84,7 @@ def test_chrf_properties():
 
 # --- references ---------------------------------------------------------------------------------------------------
 
+
 def test_prompts_map_to_their_reference(ref_files):
     refs = References.load(*ref_files, node="judge.chrf")
     assert refs.answer("Name a primary colour.") == "Red is a primary colour."
@@ -88,8 +96,13 @@ def test_prompts_map_to_their_reference(ref_files):
 def test_prompt_file_matches_by_position(tmp_path, ref_files):
     # the prompt file's text differs from the references' instruction: found through its position
     prompts = tmp_path / "other.jsonl"
-    prompts.write_text(json.dumps({"prompt": "Colour, primary, one please"}) + "\n"
-                       + json.dumps({"prompt": "Say good morning in French"}) + "\n", encoding="utf-8")
+    prompts.write_text(
+        json.dumps({"prompt": "Colour, primary, one please"})
+        + "\n"
+        + json.dumps({"prompt": "Say good morning in French"})
+        + "\n",
+        encoding="utf-8",
+    )
     refs = References.load(ref_files[0], str(prompts), node="judge.chrf")
     assert refs.answer("Say good morning in French") == "Bonjour."
     assert refs.answer("Name a primary colour.") == "Red is a primary colour."  # the instruction still matches
@@ -133,12 +146,15 @@ def test_chrf_reward_through_the_registry(ref_files):
     plugins = rodeco.get_plugin_manager()
     r = plugins.build_reward({"name": "chrf", "references": ref_files[0], "prompts": ref_files[1]}, BuildContext())
     assert isinstance(r, ChrfReward)
-    reqs = [req("Name a primary colour.", "Blue is a primary colour."), req("Translate to French:\n\nGood morning",
-                                                                            "Bonjour!"),
-            req("Name a primary colour.", "Red is a primary colour.")]
+    reqs = [
+        req("Name a primary colour.", "Blue is a primary colour."),
+        req("Translate to French:\n\nGood morning", "Bonjour!"),
+        req("Name a primary colour.", "Red is a primary colour."),
+    ]
     got = r.score(reqs)
-    assert got == pytest.approx([chrf("Blue is a primary colour.", "Red is a primary colour."),
-                                 chrf("Bonjour!", "Bonjour."), 100.0])
+    assert got == pytest.approx(
+        [chrf("Blue is a primary colour.", "Red is a primary colour."), chrf("Bonjour!", "Bonjour."), 100.0]
+    )
     assert [r.score([q])[0] for q in reqs] == got  # independent of the batch
     assert r.cost.calls == 4 and r.cost.flops == 0
     assert "references=" in r.identity
@@ -158,6 +174,7 @@ def test_the_805_prompts_map_to_their_position(monkeypatch):
 
 
 # --- ref_sim ------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def tiny_refs():
@@ -197,8 +214,7 @@ def test_ref_sim_cost_caches_references_and_truncates(tiny_tokenizer, tiny_refs)
     r.score([req("p1", "write a haiku")])  # the reference is not encoded again
     assert r.cost.tokens - first == len(enc.ids("write a haiku")) and r.cost.calls == 2
     emb = model.get_input_embeddings().weight.numel()
-    assert r.cost.flops == pytest.approx(2.0 * (sum(p.numel() for p in model.model.parameters()) - emb)
-                                         * r.cost.tokens)
+    assert r.cost.flops == pytest.approx(2.0 * (sum(p.numel() for p in model.model.parameters()) - emb) * r.cost.tokens)
     # texts whose first max_tokens tokens agree are the same text to it
     a, b = "write a haiku about autumn leaves", "write a haiku about the sky"
     assert enc.ids(a) == enc.ids(b) and tiny_tokenizer(a)["input_ids"] != tiny_tokenizer(b)["input_ids"]
@@ -210,16 +226,24 @@ def test_ref_sim_cost_caches_references_and_truncates(tiny_tokenizer, tiny_refs)
 @pytest.mark.integration
 def test_ref_sim_under_the_embedded_smollm2(tmp_path):
     refs = tmp_path / "outputs.json"
-    refs.write_text(json.dumps([{"instruction": "What is the capital of France?",
-                                 "output": "The capital of France is Paris."}]), encoding="utf-8")
+    refs.write_text(
+        json.dumps([{"instruction": "What is the capital of France?", "output": "The capital of France is Paris."}]),
+        encoding="utf-8",
+    )
     plugins = rodeco.get_plugin_manager()
-    r = plugins.build_reward({"name": "ref_sim", "references": str(refs), "prompts": None, "device": "cpu",
-                              "max_tokens": 32}, BuildContext())
+    r = plugins.build_reward(
+        {"name": "ref_sim", "references": str(refs), "prompts": None, "device": "cpu", "max_tokens": 32}, BuildContext()
+    )
     assert isinstance(r, RefSimReward) and "smollm2" in r.identity
     assert r.encoder.base.config.hidden_size == 576  # SmolLM2-135M, not MiniLM (384)
     p = "What is the capital of France?"
-    same, para, other = r.score([req(p, "The capital of France is Paris."),
-                                 req(p, "Paris is the capital city of France."), req(p, "def f(x): return x ** 2")])
+    same, para, other = r.score(
+        [
+            req(p, "The capital of France is Paris."),
+            req(p, "Paris is the capital city of France."),
+            req(p, "def f(x): return x ** 2"),
+        ]
+    )
     assert same == pytest.approx(1.0, abs=1e-5)
     assert other < para < same
     assert r.cost.tokens > 0 and r.cost.flops == pytest.approx(2.0 * r.encoder.n_matmul_params * r.cost.tokens)
@@ -231,15 +255,33 @@ def test_ref_sim_under_the_embedded_smollm2(tmp_path):
 Q = "What is 23 + 7? Answer with the number."
 
 
-@pytest.mark.parametrize("prompt, answer", [(Q, 30), ("What is 23 - 27? Answer with the number.", -4),
-                                            ("What is 8 * 6? Answer with the number.", 48), ("what is 5+-3?", 2)])
+@pytest.mark.parametrize(
+    "prompt, answer",
+    [
+        (Q, 30),
+        ("What is 23 - 27? Answer with the number.", -4),
+        ("What is 8 * 6? Answer with the number.", 48),
+        ("what is 5+-3?", 2),
+    ],
+)
 def test_answer_of(prompt, answer):
     assert answer_of(prompt) == answer
 
 
-@pytest.mark.parametrize("response, ok", [("30", True), ("The answer is 30.", True), ("23 + 7 = 30", True),
-                                          ("30.0", True), ("It is 30, not 31.", False), ("31", False),
-                                          ("thirty", False), ("", False), ("30 apples, 2 baskets", False)])
+@pytest.mark.parametrize(
+    "response, ok",
+    [
+        ("30", True),
+        ("The answer is 30.", True),
+        ("23 + 7 = 30", True),
+        ("30.0", True),
+        ("It is 30, not 31.", False),
+        ("31", False),
+        ("thirty", False),
+        ("", False),
+        ("30 apples, 2 baskets", False),
+    ],
+)
 def test_is_correct_reads_the_last_number(response, ok):
     assert is_correct(Q, response) is ok
 
@@ -276,7 +318,7 @@ def test_arith_bench_gives_200_distinct_problems_that_arith_gold_solves(arith_be
     probs = arith_bench.problems(200, 0)
     assert len({q for q, _ in probs}) == 200
     for q, ans in probs:
-        assert answer_of(q) == ans and is_correct(q, f"{q[:-len(' Answer with the number.')]} It is {ans}.")
+        assert answer_of(q) == ans and is_correct(q, f"{q[: -len(' Answer with the number.')]} It is {ans}.")
     # the draws with repeats kept (how the 40-problem table was made) hold repeats; dropping them keeps the order
     drawn = arith_bench.problems(40, 0, distinct=False)
     assert len(set(drawn)) < 40

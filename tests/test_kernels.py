@@ -45,7 +45,7 @@ def inputs(B=6, G=2, H=2, g=3, D=16, P=7, S=5, dtype=torch.float32, seed=0, capa
     grp = torch.arange(B) % G
     bias = torch.zeros(G, P)
     bias[0, : P // 2] = float("-inf")  # prompt 0 left-padded
-    return dict(q=q, kp=by_column(kp), vp=vp, grp=grp, bias=bias, k=by_column(k, capacity), v=v, scale=D ** -0.5)
+    return dict(q=q, kp=by_column(kp), vp=vp, grp=grp, bias=bias, k=by_column(k, capacity), v=v, scale=D**-0.5)
 
 
 @pytest.mark.parametrize("P,S", [(1, 1), (7, 5), (16, 16), (17, 33), (40, 76), (100, 130)])
@@ -62,7 +62,7 @@ def test_bf16_caches_are_read_in_fp32_and_the_output_rounds_once():
     out = kernels.decode_attention(**a)
     ref = reference(**a)
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, ref.to(torch.bfloat16)) or (out.double() - ref).abs().max() <= 2 ** -8 * ref.abs().max()
+    assert torch.equal(out, ref.to(torch.bfloat16)) or (out.double() - ref).abs().max() <= 2**-8 * ref.abs().max()
 
 
 def test_a_masked_prompt_position_has_no_weight():
@@ -76,7 +76,7 @@ def test_a_rows_output_is_the_same_bit_for_bit_whatever_the_batch_and_capacity()
     a = inputs(B=8, P=21, S=37, D=64)
     full = kernels.decode_attention(**a)
     for i in (0, 5):
-        one = dict(a, q=a["q"][i:i + 1], grp=a["grp"][i:i + 1], k=a["k"][i:i + 1], v=a["v"][i:i + 1])
+        one = dict(a, q=a["q"][i : i + 1], grp=a["grp"][i : i + 1], k=a["k"][i : i + 1], v=a["v"][i : i + 1])
         assert torch.equal(kernels.decode_attention(**one)[0], full[i])
     wide = dict(a, k=by_column(a["k"].contiguous(), capacity=200))  # the same keys in a longer round's cache
     assert torch.equal(kernels.decode_attention(**wide), full)
@@ -175,8 +175,9 @@ def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():
     assert row_invariant(_Linear(w)) and not row_invariant(Batchy(w))
 
 
-@pytest.mark.parametrize("B,V,k", [(64, 49152, 50), (3, 1000, 50), (5, 100, 99), (7, 130, 5), (8, 4096, 1),
-                                   (2, 65, 64)])
+@pytest.mark.parametrize(
+    "B,V,k", [(64, 49152, 50), (3, 1000, 50), (5, 100, 99), (7, 130, 5), (8, 4096, 1), (2, 65, 64)]
+)
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "-inf", "constant row"])
 def test_topk_gives_torchs_values_and_indices(B, V, k, kind):
     """Equal to ``torch.topk`` in values and indices (bit for bit): rows whose k + 1 largest values tie (bf16

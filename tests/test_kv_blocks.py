@@ -46,8 +46,12 @@ def test_block_arithmetic_by_hand():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=4), st.integers(1, 64), st.sampled_from([1, 16, 32]),
-       st.integers(500, 20000))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=4),
+    st.integers(1, 64),
+    st.sampled_from([1, 16, 32]),
+    st.integers(500, 20000),
+)
 def test_a_decision_point_never_lets_the_rows_overfill_the_budget(prompt_lens, rows, b, kv):
     """Decoding ``rows`` rows of every prompt to the decision point the split computes holds at most the budget,
     whatever the prompts' lengths and tails."""
@@ -93,6 +97,7 @@ def test_vllm_only_keys_stay_out_of_a_torch_pools_settings():
     from dataclasses import fields
 
     from rodeco.engines.vllm import VLLMSettings  # the keys the engine reads are exactly the ones kept out
+
     assert set(VLLM_ONLY) == {f.name for f in fields(VLLMSettings)}
 
 
@@ -114,13 +119,27 @@ def test_on_a_pool_of_32_token_blocks_the_efficiency_budget_of_best_of_4_is_what
 
     new, words = 30, [f"w{i}" for i in range(3, 61)]
     texts = [" ".join(words[:10]), " ".join(words[:40])]  # 10 tokens: nothing shared; 40: one shared block
-    cfg = rodeco.load_config(["experiment=efficiency", "reward=logprob", f"sampling.max_new_tokens={new}",
-                              "budget.min_tokens_per_round=2", "data.prompts=[" + ",".join(texts) + "]",
-                              "experiment_args.candidates=32", "experiment_args.n=4", "experiment_args.alphas=[0.5]",
-                              "experiment_args.adaptive_deltas=[]", "experiment_args.policies=[]",
-                              "experiment_args.starts=[]", "experiment_args.scales=[1]",
-                              "experiment_args.partial_rewards=[same]", "experiment_args.calibrated_deltas=[]",
-                              "experiment_args.bon_groups=1", "experiment_args.replicates=1", "output.progress=false"])
+    cfg = rodeco.load_config(
+        [
+            "experiment=efficiency",
+            "reward=logprob",
+            f"sampling.max_new_tokens={new}",
+            "budget.min_tokens_per_round=2",
+            "data.prompts=[" + ",".join(texts) + "]",
+            "experiment_args.candidates=32",
+            "experiment_args.n=4",
+            "experiment_args.alphas=[0.5]",
+            "experiment_args.adaptive_deltas=[]",
+            "experiment_args.policies=[]",
+            "experiment_args.starts=[]",
+            "experiment_args.scales=[1]",
+            "experiment_args.partial_rewards=[same]",
+            "experiment_args.calibrated_deltas=[]",
+            "experiment_args.bon_groups=1",
+            "experiment_args.replicates=1",
+            "output.progress=false",
+        ]
+    )
     plugins, path = default_plugins(), tmp_path / "pool"
     record(cfg, plugins, path, prompts_of(cfg.data), 32, gen=tiny_generator())
     settings = json.loads((path / "pool.json").read_text())
@@ -135,7 +154,7 @@ def test_on_a_pool_of_32_token_blocks_the_efficiency_budget_of_best_of_4_is_what
         assert kv == blocks_held([L0], 4, new, 32)  # 256 for the 10-token prompt, 32 + 4 * 64 for the 40-token one
         # four candidates that all decode to the end (none ends at an EOS early, which would leave room)
         full = [len(c.token_ids) + (c.stop is not None) == new for c in pool.prompt(index).candidates]
-        first = next(k for k in range(len(full) - 3) if all(full[k: k + 4]))
+        first = next(k for k in range(len(full) - 3) if all(full[k : k + 4]))
         res, comp, _ = replay_prompt(pool, rgen, m.scorer, m.none, index, m.settings("none", 4, kv), first)
         assert comp.peak_kv_tokens <= kv and comp.gen_decode_tokens == 4 * (new - 1)  # every row to the end
         assert all(r.rows_kept == r.rows_before == 4 for r in res.rounds)

@@ -21,8 +21,15 @@ from rodeco_rewards.learned_heads import ASSETS, Head, TextValue, bucket_names, 
 ALPHAS, EDGES = [1e-3, 1e-1, 10.0], [8, 16, 32, 64]
 
 
-def synthetic(n_prompts: int, lengths: list[int], k: int, weights: dict[int, np.ndarray], seed: int,
-              first: int = 0, noise: float = 0.3) -> Examples:
+def synthetic(
+    n_prompts: int,
+    lengths: list[int],
+    k: int,
+    weights: dict[int, np.ndarray],
+    seed: int,
+    first: int = 0,
+    noise: float = 0.3,
+) -> Examples:
     """``k`` candidates per (prompt, length); the target is ``x @ weights[L]`` plus noise, standardized within the
     prompt; every prompt adds its own offset to every feature (which the fit must ignore)."""
     rng = np.random.default_rng(seed)
@@ -50,6 +57,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 # --- text_value starts as `same` ------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_minilm(tmp_path_factory, tiny_encoder_dir):  # noqa: F811 - the imported fixture
     """minilm_rm on a tiny random BERT encoder, its linear head with a non-trivial standardization."""
@@ -65,8 +73,9 @@ def tiny_minilm(tmp_path_factory, tiny_encoder_dir):  # noqa: F811 - the importe
     head.mu.copy_(torch.randn(feature_dim(16)) * 0.1)
     head.sigma.copy_(torch.rand(feature_dim(16)) + 0.5)
     save_head(head, path / "head", {"max_length": 32})
-    return build_minilm_rm({"head": str(path / "head.json"), "encoder": str(tiny_encoder_dir), "device": "cpu"},
-                           BuildContext())
+    return build_minilm_rm(
+        {"head": str(path / "head.json"), "encoder": str(tiny_encoder_dir), "device": "cpu"}, BuildContext()
+    )
 
 
 def partial_requests(n: int, seed: int = 0) -> list[ScoreRequest]:
@@ -75,8 +84,14 @@ def partial_requests(n: int, seed: int = 0) -> list[ScoreRequest]:
     out = []
     for i in range(n):
         length = [3, 8, 12, 30, 50, 100][i % 6]
-        out.append(ScoreRequest(" ".join(rng.choices(WORDS, k=4)), " ".join(rng.choices(WORDS, k=length // 2 + 1)),
-                                tuple(range(length)), partial=True))
+        out.append(
+            ScoreRequest(
+                " ".join(rng.choices(WORDS, k=4)),
+                " ".join(rng.choices(WORDS, k=length // 2 + 1)),
+                tuple(range(length)),
+                partial=True,
+            )
+        )
     return out
 
 
@@ -124,6 +139,7 @@ def test_the_committed_reward_head_anchors_text_value_inputs():
 
 
 # --- centring, Bradley-Terry, buckets --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("loss", ["mse", "bt"])
 def test_a_per_prompt_shift_of_the_features_does_not_change_the_fit(loss):
@@ -185,6 +201,7 @@ def test_length_buckets():
 
 # --- splits and the choice ------------------------------------------------------------------------------------------
 
+
 def test_splits_are_disjoint_cover_the_prompts_and_are_seeded():
     from rodeco_rewards.experiments.learned_heads_train import split
 
@@ -230,13 +247,13 @@ def test_the_verdict_prompts_do_not_reach_the_choice():
 
 # --- head files ----------------------------------------------------------------------------------------------------
 
+
 def test_a_head_file_from_before_buckets_loads_as_one_bucket(tmp_path):
     """An old file (one weight vector, a scalar intercept, no edges) loads with one bucket, scores as it did and
     keeps its identity; a bucketed head round-trips."""
     rng = np.random.default_rng(0)
     mean, std, w = rng.standard_normal(5), rng.random(5) + 0.5, rng.standard_normal(5)
-    np.savez(tmp_path / "old.npz", mean=mean, std=std, w1=np.zeros((0, 0)), b1=np.zeros(0), w2=w,
-             b2=np.asarray(0.25))
+    np.savez(tmp_path / "old.npz", mean=mean, std=std, w1=np.zeros((0, 0)), b1=np.zeros(0), w2=w, b2=np.asarray(0.25))
     (tmp_path / "old.json").write_text(json.dumps({"max_new_tokens": 16}))
     old = Head.load(tmp_path / "old")
     x = rng.standard_normal((3, 5))
@@ -264,8 +281,12 @@ def test_an_mlp_bucket_without_examples_takes_the_nearest_fitted_one():
     w = {8: rng.standard_normal(6), 16: rng.standard_normal(6)}
     fit, choose = synthetic(20, [8, 16], 8, w, seed=1), synthetic(6, [8, 16], 8, w, seed=2, first=100)
     head, chosen = fit_mlp_buckets(fit, choose, [8, 16, 32], ["mse", "bt"], 8, 3, 0, False)
-    assert head.w1.shape == (4, 6, 8) and [b.get("copied_from") for b in chosen["buckets"]] == [None, None,
-                                                                                                 "9-16", "9-16"]
+    assert head.w1.shape == (4, 6, 8) and [b.get("copied_from") for b in chosen["buckets"]] == [
+        None,
+        None,
+        "9-16",
+        "9-16",
+    ]
     assert all(b["loss"] in ("mse", "bt") and b["epochs"] >= 1 for b in chosen["buckets"][:2])
     x = rng.standard_normal((2, 6))
     assert head(x, [16, 16]) == pytest.approx(head(x, [40, 100]))

@@ -38,21 +38,35 @@ class FakeAPI:
     def __call__(self, body):
         self.bodies.append(body)
         _, a, b = body["messages"][-1]["content"].split("|")
-        return {"choices": [{"message": {"content": self.decide(a, b)}}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
+        return {
+            "choices": [{"message": {"content": self.decide(a, b)}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 1},
+        }
 
 
 def judge_with(api, refs, **params):
-    return build_llm_judge({"references": refs, "prompts": None, "template": SHORT, "system": "", **params},
-                           BuildContext(), post=api)
+    return build_llm_judge(
+        {"references": refs, "prompts": None, "template": SHORT, "system": "", **params}, BuildContext(), post=api
+    )
 
 
 def req(i: int, response: str) -> ScoreRequest:
     return ScoreRequest(f"task {i}", response, (), partial=False)
 
 
-@pytest.mark.parametrize("reply, verdict", [("A", "A"), ("b", "B"), ("**B**", "B"), ("Answer A.", "A"),
-                                            ("(A) is better", "A"), ("Both", None), ("", None), ("ABBA", None)])
+@pytest.mark.parametrize(
+    "reply, verdict",
+    [
+        ("A", "A"),
+        ("b", "B"),
+        ("**B**", "B"),
+        ("Answer A.", "A"),
+        ("(A) is better", "A"),
+        ("Both", None),
+        ("", None),
+        ("ABBA", None),
+    ],
+)
 def test_a_verdict_is_the_replys_first_letter(reply, verdict):
     assert parse_verdict(reply) == verdict
 
@@ -95,23 +109,40 @@ def test_a_bad_template_or_limit_names_its_key(refs):
         judge_with(FakeAPI(lambda a, b: "A"), refs, timeout=0)
 
 
-def test_against_rodeco_serve_on_loopback_with_a_key_that_is_sent_and_never_logged(tiny_gen, refs, monkeypatch,
-                                                                                    caplog):
+def test_against_rodeco_serve_on_loopback_with_a_key_that_is_sent_and_never_logged(tiny_gen, refs, monkeypatch, caplog):
     secret = "sk-test-9f3a1c"
     monkeypatch.setenv("RODECO_API_KEY", secret)  # the server refuses a request without it
     monkeypatch.setenv("JUDGE_KEY", secret)
     gen = tiny_gen("fast")
     caplog.set_level(logging.DEBUG)
     with running(gen, ["sampling.max_new_tokens=4"]) as (url, _):
-        judge = ["judge=llm_judge", f"judge.llm_judge.base_url={url}/v1", "judge.llm_judge.model=tiny",
-                 "judge.llm_judge.api_key_env=JUDGE_KEY", f"judge.llm_judge.references={refs}",
-                 "judge.llm_judge.prompts=null", f"judge.llm_judge.template='{SHORT}'", "judge.llm_judge.system=''",
-                 "judge.llm_judge.timeout=30", "judge.llm_judge.retries=0"]
-        out = rodeco.decode(["task 0", "task 1"], generator=gen, n=2, policy="none",
-                            overrides=["reward=logprob", "sampling.max_new_tokens=6", *judge])
+        judge = [
+            "judge=llm_judge",
+            f"judge.llm_judge.base_url={url}/v1",
+            "judge.llm_judge.model=tiny",
+            "judge.llm_judge.api_key_env=JUDGE_KEY",
+            f"judge.llm_judge.references={refs}",
+            "judge.llm_judge.prompts=null",
+            f"judge.llm_judge.template='{SHORT}'",
+            "judge.llm_judge.system=''",
+            "judge.llm_judge.timeout=30",
+            "judge.llm_judge.retries=0",
+        ]
+        out = rodeco.decode(
+            ["task 0", "task 1"],
+            generator=gen,
+            n=2,
+            policy="none",
+            overrides=["reward=logprob", "sampling.max_new_tokens=6", *judge],
+        )
         monkeypatch.setenv("JUDGE_KEY", "wrong")
-        bad = rodeco.decode(["task 2"], generator=gen, n=2, policy="none",
-                            overrides=["reward=logprob", "sampling.max_new_tokens=6", *judge])
+        bad = rodeco.decode(
+            ["task 2"],
+            generator=gen,
+            n=2,
+            policy="none",
+            overrides=["reward=logprob", "sampling.max_new_tokens=6", *judge],
+        )
     report = out.extra["judge"]["llm_judge"]["report"]
     assert report["verdicts"] == 4 and 0 <= report["unparseable"] <= 4  # each winner in both orders
     for r in out.results:

@@ -62,7 +62,9 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
 def test_pruned_cache_matches_fresh_forward(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
-    sess = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 20, 0, (0, 1), ignore_eos=True))  # no row may finish early
+    sess = gen.open_session(
+        SessionSpec(3, SamplingParams(1.0, 50, 1.0), 20, 0, (0, 1), ignore_eos=True)
+    )  # no row may finish early
     sess.prefill(prompt_ids)
     sess.decode(until=6)
     sess.select(torch.tensor([4, 0, 2]))  # a subset, across prompts, reordered
@@ -97,8 +99,9 @@ def test_each_prompt_is_prefilled_once(tiny_gen, tiny_model, engine):
     seen = []
     handle = tiny_model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     try:
-        out = run_tiny(gen, PROMPTS[:2], n=8, policy="none", overrides=["budget=unlimited",
-                                                                        "sampling.max_new_tokens=6"])
+        out = run_tiny(
+            gen, PROMPTS[:2], n=8, policy="none", overrides=["budget=unlimited", "sampling.max_new_tokens=6"]
+        )
     finally:
         handle.remove()
     L0 = max(len(gen.encode(p)) for p in PROMPTS[:2])
@@ -115,8 +118,9 @@ def test_alpha_zero_equals_best_of_n(tiny_gen):
     bon = run_tiny(gen, PROMPTS, n=6, policy="none", overrides=ov, seed=11)
     a0 = run_tiny(gen, PROMPTS, n=6, policy="fixed", overrides=[*ov, "policy.alpha=0.0"], seed=11)
     for x, y in zip(bon.results, a0.results):
-        assert [(c.candidate_id, c.token_ids) for c in x.candidates] == [(c.candidate_id, c.token_ids)
-                                                                        for c in y.candidates]
+        assert [(c.candidate_id, c.token_ids) for c in x.candidates] == [
+            (c.candidate_id, c.token_ids) for c in y.candidates
+        ]
         assert x.best.token_ids == y.best.token_ids
 
 
@@ -124,24 +128,37 @@ def test_survivors_are_the_best_of_n_samples(tiny_gen):
     """Rows sample independently, so every finished Speculative Rejection candidate is exactly the Best-of-N
     sample with the same id and seed, and rejected ones are its prefixes."""
     gen = tiny_gen()
-    bon = run_tiny(gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", "sampling.max_new_tokens=40"],
-                   seed=2)
-    sr = run_tiny(gen, PROMPTS, n=8, policy="fixed", overrides=["budget.kv_tokens=800",
-                                                                "sampling.max_new_tokens=40"], seed=2)
+    bon = run_tiny(
+        gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", "sampling.max_new_tokens=40"], seed=2
+    )
+    sr = run_tiny(
+        gen, PROMPTS, n=8, policy="fixed", overrides=["budget.kv_tokens=800", "sampling.max_new_tokens=40"], seed=2
+    )
     assert any(r.rounds for r in sr.results)
     rejected, broken = compare_survivors(bon, sr)
     assert rejected > 0 and broken == 0
 
 
 @pytest.mark.parametrize("engine", ["fast", "hf"])
-@pytest.mark.parametrize("budget,n,alpha,min_rounds", [(500, 8, 0.3, 3), (600, 8, 0.5, 1), (480, 8, 0.0, 4),
-                                                      (1500, 16, 0.7, 1), (700, 4, 0.0, 0)])
+@pytest.mark.parametrize(
+    "budget,n,alpha,min_rounds",
+    [(500, 8, 0.3, 3), (600, 8, 0.5, 1), (480, 8, 0.0, 4), (1500, 16, 0.7, 1), (700, 4, 0.0, 0)],
+)
 def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha, min_rounds, engine):
     gen = tiny_gen(engine)
     max_new = 48
-    out = run_tiny(gen, PROMPTS[:2], n=n, overrides=[f"budget.kv_tokens={budget}", f"sampling.max_new_tokens={max_new}",
-                                                     f"policy.alpha={alpha}", "budget.min_tokens_per_round=4",
-                                                     "sampling.ignore_eos=true"])  # rounds follow the formula alone
+    out = run_tiny(
+        gen,
+        PROMPTS[:2],
+        n=n,
+        overrides=[
+            f"budget.kv_tokens={budget}",
+            f"sampling.max_new_tokens={max_new}",
+            f"policy.alpha={alpha}",
+            "budget.min_tokens_per_round=4",
+            "sampling.ignore_eos=true",
+        ],
+    )  # rounds follow the formula alone
     assert 0 < out.compute.peak_kv_tokens <= budget
     L0 = max(len(gen.encode(p)) for p in PROMPTS[:2])
     own, base = (budget - 2 * L0, 0) if engine == "fast" else (budget, L0)  # fast: the prompt is stored once
@@ -161,8 +178,10 @@ def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha,
     assert got == expected and len(got) >= min_rounds
     for r in out.results:
         for rd in r.rounds:
-            assert rd.rows_before - rd.rows_kept >= max(rd.min_reject, int(np.floor(alpha * rd.rows_before))) or \
-                rd.rows_kept == 1
+            assert (
+                rd.rows_before - rd.rows_kept >= max(rd.min_reject, int(np.floor(alpha * rd.rows_before)))
+                or rd.rows_kept == 1
+            )
 
 
 def test_same_seed_same_output_and_seed_matters(tiny_gen):
@@ -191,8 +210,8 @@ def test_logprob_reward_matches_a_fresh_forward(tiny_gen, tiny_model):
     ids = gen.encode(PROMPTS[0])
     seq = torch.tensor([ids + best.token_ids + ([gen.eos_ids[0]] if best.stop_reason == "eos" else [])])
     with torch.no_grad():
-        lp = torch.log_softmax(tiny_model(seq).logits[0, len(ids) - 1: -1], -1)
-    tok_lp = lp.gather(-1, seq[0, len(ids):, None])[:, 0]
+        lp = torch.log_softmax(tiny_model(seq).logits[0, len(ids) - 1 : -1], -1)
+    tok_lp = lp.gather(-1, seq[0, len(ids) :, None])[:, 0]
     if best.stop_reason == "eos":
         tok_lp = tok_lp[:-1]  # the reward averages over the response tokens, EOS excluded
     assert best.score == pytest.approx(tok_lp.mean().item(), abs=1e-4)
@@ -202,8 +221,13 @@ def test_best_of_n_that_does_not_fit_the_budget_says_how_to_fix(tiny_gen):
     from rodeco.validation import PluginError
 
     with pytest.raises(PluginError, match="budget allows .* raise budget.kv_tokens"):
-        run_tiny(tiny_gen(), PROMPTS[:2], n=8, policy="none", overrides=["budget.kv_tokens=600",
-                                                                           "sampling.max_new_tokens=48"])
+        run_tiny(
+            tiny_gen(),
+            PROMPTS[:2],
+            n=8,
+            policy="none",
+            overrides=["budget.kv_tokens=600", "sampling.max_new_tokens=48"],
+        )
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
@@ -215,10 +239,19 @@ def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenize
 
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
     torch.manual_seed(0)
-    cfg = getattr(transformers, cls[0])(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128,
-                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=256, eos_token_id=1, pad_token_id=0,
-                                        tie_word_embeddings=False, sliding_window=None)
+    cfg = getattr(transformers, cls[0])(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        sliding_window=None,
+    )
     model = getattr(transformers, cls[1])(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)

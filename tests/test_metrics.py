@@ -39,7 +39,7 @@ def test_improvement_score_by_hand():
 def test_compute_to_match_log_interpolates():
     compute, score = [1, 2, 4, 8], [0.0, 1.0, 2.0, 3.0]
     assert compute_to_match(1.0, compute, score) == pytest.approx(2.0)
-    assert compute_to_match(1.5, compute, score) == pytest.approx(2 ** 1.5)  # halfway in log space
+    assert compute_to_match(1.5, compute, score) == pytest.approx(2**1.5)  # halfway in log space
     assert compute_to_match(-1.0, compute, score) == pytest.approx(1.0)
     assert compute_to_match(3.5, compute, score) is None  # above the curve: no extrapolation
     assert compute_to_match(1.0, [1, 2, 4], [0.0, 1.0, 0.5]) == pytest.approx(2.0)  # running max makes it monotone

@@ -25,8 +25,18 @@ def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 def test_a_prompt_file_on_the_command_line_replaces_the_demo_prompts(tiny_model_dir: Path, tmp_path: Path):
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["w1 w2", "w3"]))
-    p = cli(["data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob", "n=2",
-             "sampling.max_new_tokens=4", "budget=unlimited", "hydra.run.dir=out"], cwd=tmp_path)
+    p = cli(
+        [
+            "data.path=prompts.jsonl",
+            f"generator.model={tiny_model_dir}",
+            "reward=logprob",
+            "n=2",
+            "sampling.max_new_tokens=4",
+            "budget=unlimited",
+            "hydra.run.dir=out",
+        ],
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in recs] == ["w1 w2", "w3"]
@@ -52,11 +62,14 @@ def test_a_misspelled_key_names_the_valid_keys_and_the_likely_one():
     assert err.fix.startswith("did you mean alpha?") and "policy.alpha=0.3" in err.fix
 
 
-@pytest.mark.parametrize("override, key, hint", [
-    ("sampling.temprature=0.7", "sampling.temprature", "did you mean temperature?"),
-    ("nn=8", "nn", "did you mean n?"),
-    ("experiment=efficiency experiment_args.alpha=[0.5]", "experiment_args.alpha", "did you mean alphas?"),
-])
+@pytest.mark.parametrize(
+    "override, key, hint",
+    [
+        ("sampling.temprature=0.7", "sampling.temprature", "did you mean temperature?"),
+        ("nn=8", "nn", "did you mean n?"),
+        ("experiment=efficiency experiment_args.alpha=[0.5]", "experiment_args.alpha", "did you mean alphas?"),
+    ],
+)
 def test_misspelled_keys_in_typed_nodes_too(override, key, hint):
     with pytest.raises(ConfigError) as e:
         rodeco.load_config(override.split())
@@ -72,12 +85,15 @@ def test_a_value_of_the_wrong_type_names_its_key():
     assert e.value.key == "serve.policies" and e.value.value == {"fixed": {}}
 
 
-@pytest.mark.parametrize("overrides, key, hint", [
-    (["+policy.alfa=0.3"], "policy.alfa", "did you mean alpha? Use policy.alpha=0.3"),
-    (["policy=adaptive", "+policy.dleta=0.1"], "policy.dleta", "did you mean delta? Use policy.delta=0.1"),
-    (["+reward.batch_tokns=512"], "reward.batch_tokns", "did you mean batch_tokens? Use reward.batch_tokens=512"),
-    (["partial_reward=logprob", "+partial_reward.fom=sum"], "partial_reward.fom", "did you mean form?"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, hint",
+    [
+        (["+policy.alfa=0.3"], "policy.alfa", "did you mean alpha? Use policy.alpha=0.3"),
+        (["policy=adaptive", "+policy.dleta=0.1"], "policy.dleta", "did you mean delta? Use policy.delta=0.1"),
+        (["+reward.batch_tokns=512"], "reward.batch_tokns", "did you mean batch_tokens? Use reward.batch_tokens=512"),
+        (["partial_reward=logprob", "+partial_reward.fom=sum"], "partial_reward.fom", "did you mean form?"),
+    ],
+)
 def test_a_misspelled_plugin_parameter_fails_when_the_config_is_composed(overrides, key, hint):
     """``+`` adds a key to an open plugin node: the plugin's registered params dataclass still catches the typo."""
     with pytest.raises(ConfigError) as e:
@@ -87,16 +103,26 @@ def test_a_misspelled_plugin_parameter_fails_when_the_config_is_composed(overrid
     assert f"the keys of {name} (" in e.value.problem and "name" in e.value.problem
 
 
-@pytest.mark.parametrize("overrides, key, problem", [
-    (["policy.alpha=abc"], "policy.alpha", "must be a number, not a string"),
-    (["policy.alpha=false"], "policy.alpha", "must be a number, not a boolean"),
-    (["policy=correlation", "policy.min_candidates=2.5"], "policy.min_candidates", "must be an integer, not a float"),
-    (["policy=adaptive", "policy.horizon=rounds"], "policy.horizon", "must be remaining or round"),
-    (["reward=logprob", "reward.form=median"], "reward.form", "must be mean, perplexity or sum"),
-    (["reward.batch_tokens=big"], "reward.batch_tokens", "must be an integer, not a string"),
-    (["reward=preference_rm", "reward.model=m", "reward.chat_template=sometimes"], "reward.chat_template",
-     "must be true, false or auto"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, problem",
+    [
+        (["policy.alpha=abc"], "policy.alpha", "must be a number, not a string"),
+        (["policy.alpha=false"], "policy.alpha", "must be a number, not a boolean"),
+        (
+            ["policy=correlation", "policy.min_candidates=2.5"],
+            "policy.min_candidates",
+            "must be an integer, not a float",
+        ),
+        (["policy=adaptive", "policy.horizon=rounds"], "policy.horizon", "must be remaining or round"),
+        (["reward=logprob", "reward.form=median"], "reward.form", "must be mean, perplexity or sum"),
+        (["reward.batch_tokens=big"], "reward.batch_tokens", "must be an integer, not a string"),
+        (
+            ["reward=preference_rm", "reward.model=m", "reward.chat_template=sometimes"],
+            "reward.chat_template",
+            "must be true, false or auto",
+        ),
+    ],
+)
 def test_a_plugin_parameter_of_the_wrong_type_fails_when_the_config_is_composed(overrides, key, problem):
     with pytest.raises(ConfigError) as e:
         rodeco.load_config(overrides)
@@ -135,12 +161,16 @@ def test_a_misspelled_option_suggests_the_option():
 def test_the_cli_says_it_in_rodecos_words(tmp_path: Path):
     p = cli(["policy.alfa=0.3"], cwd=tmp_path)
     assert p.returncode == 2
-    assert p.stderr.strip() == ("rodeco: error: policy.alfa=0.3: unknown key; the keys of policy are: alpha, name. "
-                                "Fix: did you mean alpha? Use policy.alpha=0.3")
+    assert p.stderr.strip() == (
+        "rodeco: error: policy.alfa=0.3: unknown key; the keys of policy are: alpha, name. "
+        "Fix: did you mean alpha? Use policy.alpha=0.3"
+    )
     p = cli(["+policy.alfa=0.3"], cwd=tmp_path)  # added to the node: the policy's params dataclass catches it
     assert p.returncode == 2
-    assert p.stderr.strip() == ("rodeco: error: policy.alfa=0.3: unknown key; the keys of policy (fixed) are: alpha, "
-                                "name. Fix: did you mean alpha? Use policy.alpha=0.3")
+    assert p.stderr.strip() == (
+        "rodeco: error: policy.alfa=0.3: unknown key; the keys of policy (fixed) are: alpha, "
+        "name. Fix: did you mean alpha? Use policy.alpha=0.3"
+    )
     p = cli(["policy=fixd"], cwd=tmp_path)
     assert p.returncode == 2 and "did you mean policy=fixed?" in p.stderr and "Traceback" not in p.stderr
     p = cli(["n=3", "'bad"], cwd=tmp_path)  # an override Hydra cannot parse: Hydra's own message, exit 1
@@ -155,8 +185,7 @@ def test_a_prompt_file_replaces_the_experiments_prompt_set():
     assert cfg.data.path.endswith("alpaca_eval_805.jsonl") and len(cfg.data.indices) == 100
 
 
-def test_sigterm_stops_at_a_decision_point_keeps_results_and_the_rerun_completes(tiny_model_dir: Path,
-                                                                                   tmp_path: Path):
+def test_sigterm_stops_at_a_decision_point_keeps_results_and_the_rerun_completes(tiny_model_dir: Path, tmp_path: Path):
     """A scheduler's SIGTERM: the run stops at the next decision point or batch boundary, exits non-zero with the
     command that resumes it, results.jsonl parses, and that command decodes only the missing prompts."""
     import signal
@@ -164,11 +193,25 @@ def test_sigterm_stops_at_a_decision_point_keeps_results_and_the_rerun_completes
 
     prompts = [f"w{i} w{i + 1} w{i + 2}" for i in range(30)]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    args = ["data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob", "n=4",
-            "sampling.max_new_tokens=24", "budget.kv_tokens=200", "data.batch_prompts=1", "output.progress=false"]
+    args = [
+        "data.path=prompts.jsonl",
+        f"generator.model={tiny_model_dir}",
+        "reward=logprob",
+        "n=4",
+        "sampling.max_new_tokens=24",
+        "budget.kv_tokens=200",
+        "data.batch_prompts=1",
+        "output.progress=false",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([str(RODECO), *args, "hydra.run.dir=out"], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(RODECO), *args, "hydra.run.dir=out"],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     results = tmp_path / "out" / "results.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not (results.is_file() and results.read_text().strip()):

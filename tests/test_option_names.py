@@ -45,8 +45,9 @@ class Builder:
 
     def roles(self, choices: Choices) -> SimpleNamespace:
         self.asked.append(choices)
-        return SimpleNamespace(policy=self.plugins.build_policy(choices.policy.node, BuildContext(plugins=self.plugins)),
-                               choices=choices)
+        return SimpleNamespace(
+            policy=self.plugins.build_policy(choices.policy.node, BuildContext(plugins=self.plugins)), choices=choices
+        )
 
 
 def is_gentle(choices: Choices, policy) -> bool:

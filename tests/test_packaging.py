@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-IGNORE = shutil.ignore_patterns(".venv", ".git", "outputs", "multirun", "build", "*.egg-info", "__pycache__",
-                                ".pytest_cache", ".hypothesis")
+IGNORE = shutil.ignore_patterns(
+    ".venv", ".git", "outputs", "multirun", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"
+)
 
 COMPOSE = textwrap.dedent("""
     import json, rodeco, rodeco_policies, rodeco_rewards
@@ -35,9 +36,25 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src") / "rodeco"
     shutil.copytree(REPO, src, ignore=IGNORE)  # setuptools writes build/ and *.egg-info next to the sources
     out = tmp_path_factory.mktemp("dist")
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "--disable-pip-version-check", "-q", "-w", str(out), str(src)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     (whl,) = out.glob("rodeco-*.whl")
     return whl
@@ -45,22 +62,34 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_carries_configs_plugins_and_assets(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ["rodeco/conf/config.yaml", "rodeco/conf/experiment/efficiency.yaml", "rodeco/conf/budget/cpu.yaml",
-              "rodeco_rewards/conf/reward/minilm_rm.yaml", "rodeco_rewards/conf/experiment/rm_train.yaml",
-              "rodeco_policies/conf/policy/fixed.yaml", "rodeco_rewards/assets/minilm_bt_head.safetensors",
-              "rodeco/searchpath.py", "rodeco/engines/fast.py"]:
+    for f in [
+        "rodeco/conf/config.yaml",
+        "rodeco/conf/experiment/efficiency.yaml",
+        "rodeco/conf/budget/cpu.yaml",
+        "rodeco_rewards/conf/reward/minilm_rm.yaml",
+        "rodeco_rewards/conf/experiment/rm_train.yaml",
+        "rodeco_policies/conf/policy/fixed.yaml",
+        "rodeco_rewards/assets/minilm_bt_head.safetensors",
+        "rodeco/searchpath.py",
+        "rodeco/engines/fast.py",
+    ]:
         assert f in names, f
     assert not [n for n in names if n.startswith(("conf/", "plugins/", "tests/", "hydra_plugins/"))]
 
 
 def test_an_installed_wheel_composes_from_its_own_configs(wheel: Path, tmp_path: Path):
     target = tmp_path / "site"
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
-                        str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-c", COMPOSE], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", COMPOSE], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     for key in ("rodeco", "conf", "rewards", "policies"):

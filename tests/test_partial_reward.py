@@ -34,8 +34,9 @@ def settings(gen, n: int = 6) -> LoopSettings:
     """A budget that forces decision points after about 4 and 8 tokens."""
     P, rows = max(len(gen.encode(t)) for _, t in PROMPTS), len(PROMPTS) * n
     kv = len(PROMPTS) * P + rows * 4 if gen.kv.shares_prefix else rows * (P + 4)
-    return LoopSettings(n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=12, budget=Budget(kv, 2), seed=3,
-                        all_candidates=True)
+    return LoopSettings(
+        n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=12, budget=Budget(kv, 2), seed=3, all_candidates=True
+    )
 
 
 def reward(ctx_gen):
@@ -52,8 +53,14 @@ def test_hidden_state_equals_a_fresh_forward_pass(tiny_gen, engine):
     fresh forward pass over the prompt and all response tokens but the last gives at its last position."""
     gen = tiny_gen(engine)
     probe = HiddenProbe()
-    decode_batch(gen, Scorer(reward(gen), "logprob"), fixed(0.2), PROMPTS, settings(gen),
-                 partial=Scorer(probe, "probe", "partial_reward"))
+    decode_batch(
+        gen,
+        Scorer(reward(gen), "logprob"),
+        fixed(0.2),
+        PROMPTS,
+        settings(gen),
+        partial=Scorer(probe, "probe", "partial_reward"),
+    )
     lengths = {len(r.response_ids) for r in probe.seen}
     assert len(lengths) >= 2, "want several decision points, with pruning between them"
     model = gen.model
@@ -86,6 +93,7 @@ def _same_but_time(a, b) -> bool:
         d = x.to_dict()
         d["compute"].pop("time_s")
         return d
+
     return [strip(x) for x in a] == [strip(x) for x in b]
 
 
@@ -100,7 +108,9 @@ def test_another_scorer_decides_and_each_role_is_charged(tiny_gen):
     gen = tiny_gen()
     final = Scorer(reward(gen), "logprob")
     probe = HiddenProbe()
-    res, comp = decode_batch(gen, final, fixed(), PROMPTS, settings(gen), partial=Scorer(probe, "probe", "partial_reward"))
+    res, comp = decode_batch(
+        gen, final, fixed(), PROMPTS, settings(gen), partial=Scorer(probe, "probe", "partial_reward")
+    )
     assert probe.seen and all(r.partial for r in probe.seen)
     rejected = [c for p in res for c in p.candidates if c.stop_reason == "rejected"]
     assert rejected
@@ -116,11 +126,18 @@ def test_another_scorer_decides_and_each_role_is_charged(tiny_gen):
 
 # --- calibration and the calibrated policy -------------------------------------------------------------------------
 
+
 def calibration(rho: float, sd: float, **ident):
     from rodeco import Calibration
 
-    return Calibration(generator=ident.get("generator", "g"), partial_reward=ident.get("partial_reward", "r"),
-                       reward=ident.get("reward", "r"), lengths=[4, 64], slope=[rho, rho], resid_sd=[sd, sd])
+    return Calibration(
+        generator=ident.get("generator", "g"),
+        partial_reward=ident.get("partial_reward", "r"),
+        reward=ident.get("reward", "r"),
+        lengths=[4, 64],
+        slope=[rho, rho],
+        resid_sd=[sd, sd],
+    )
 
 
 def calibrated(cal, delta: float = 0.05):
@@ -133,8 +150,15 @@ def view(scores, min_reject: int, length: int = 16):
     from rodeco import PromptView, RoundView
 
     k = len(scores)
-    pv = PromptView(prompt_index=0, candidate_ids=list(range(k)), scores=np.asarray(scores, dtype=float),
-                    history=np.zeros((k, 0)), finished_scores=[], tokens_generated=length, min_reject=min_reject)
+    pv = PromptView(
+        prompt_index=0,
+        candidate_ids=list(range(k)),
+        scores=np.asarray(scores, dtype=float),
+        history=np.zeros((k, 0)),
+        finished_scores=[],
+        tokens_generated=length,
+        min_reject=min_reject,
+    )
     return RoundView(round=0, prompts=[pv], max_rows_next=k - min_reject, max_new_tokens=128)
 
 
@@ -266,8 +290,14 @@ def test_composite_works_in_either_role(tiny_gen):
     b, _ = decode_batch(gen, final, fixed(), PROMPTS, settings(gen), partial=direct)
     assert [[r.scores for r in p.rounds] for p in a] == [[r.scores for r in p.rounds] for p in b]
     assert sum(len(p.rounds) for p in a) > 0
-    c, cc = decode_batch(gen, Scorer(plugins.build_reward(comp, ctx), "composite"), fixed(), PROMPTS, settings(gen),
-                         partial=Scorer(HiddenProbe(), "probe", "partial_reward"))
+    c, cc = decode_batch(
+        gen,
+        Scorer(plugins.build_reward(comp, ctx), "composite"),
+        fixed(),
+        PROMPTS,
+        settings(gen),
+        partial=Scorer(HiddenProbe(), "probe", "partial_reward"),
+    )
     assert all(x.score <= 0 for p in c for x in p.candidates if x.finished) and cc.partial_reward_calls > 0
 
 
@@ -287,8 +317,10 @@ def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
         held |= {p.text.strip() for p in prompts_of(cfg.data)}
     hh = json.loads((SHARED_DATA / "prompts" / "specrej_hh_rlhf_100.json").read_text())
     held |= {r["prompt"].strip() for r in hh}
-    texts = [json.loads(line)["prompt"].strip()
-             for line in (SHARED_DATA / "prompts" / "alpaca_eval_805.jsonl").read_text().splitlines()]
+    texts = [
+        json.loads(line)["prompt"].strip()
+        for line in (SHARED_DATA / "prompts" / "alpaca_eval_805.jsonl").read_text().splitlines()
+    ]
     used = {}
     for f in (REPO / "plugins" / "rodeco_policies" / "calibrations").glob("*.json"):
         used[f.name] = json.loads(f.read_text())["source"]["prompts"]

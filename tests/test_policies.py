@@ -38,14 +38,25 @@ def build(plugins: Plugins, name: str, **params):
 def pv(scores, history=None, *, finished=(), tokens=16, min_reject=0, prompt_index=0) -> PromptView:
     scores = np.asarray(scores, dtype=np.float64)
     hist = np.zeros((len(scores), 0)) if history is None else np.asarray(history, dtype=np.float64)
-    return PromptView(prompt_index=prompt_index, candidate_ids=list(range(len(scores))), scores=scores,
-                      history=hist, finished_scores=list(finished), tokens_generated=tokens, min_reject=min_reject)
+    return PromptView(
+        prompt_index=prompt_index,
+        candidate_ids=list(range(len(scores))),
+        scores=scores,
+        history=hist,
+        finished_scores=list(finished),
+        tokens_generated=tokens,
+        min_reject=min_reject,
+    )
 
 
 def rview(*prompts: PromptView, max_new_tokens: int = 64, rnd: int = 0) -> RoundView:
     total = sum(p.k for p in prompts)
-    return RoundView(round=rnd, prompts=list(prompts), max_rows_next=total - sum(p.min_reject for p in prompts),
-                     max_new_tokens=max_new_tokens)
+    return RoundView(
+        round=rnd,
+        prompts=list(prompts),
+        max_rows_next=total - sum(p.min_reject for p in prompts),
+        max_new_tokens=max_new_tokens,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,13 +74,20 @@ def prompt_views(draw, index: int, allow_min_reject: bool) -> PromptView:
     for i in range(k):
         present = draw(st.integers(0, r))  # right-aligned: nan before a candidate's first decision point
         if present:
-            hist[i, r - present:] = draw(st.lists(score, min_size=present, max_size=present))
+            hist[i, r - present :] = draw(st.lists(score, min_size=present, max_size=present))
     finished = draw(st.lists(score, max_size=3))
     tokens = draw(st.integers(1, 200))
     candidate_ids = sorted(draw(st.sets(st.integers(0, 64), min_size=k, max_size=k)))
     min_reject = draw(st.integers(0, k - 1)) if allow_min_reject else 0
-    return PromptView(prompt_index=index, candidate_ids=candidate_ids, scores=scores, history=hist,
-                      finished_scores=finished, tokens_generated=tokens, min_reject=min_reject)
+    return PromptView(
+        prompt_index=index,
+        candidate_ids=candidate_ids,
+        scores=scores,
+        history=hist,
+        finished_scores=finished,
+        tokens_generated=tokens,
+        min_reject=min_reject,
+    )
 
 
 @st.composite
@@ -150,7 +168,8 @@ def test_adaptive_keeps_more_when_scores_are_noisy_between_rounds() -> None:
     # with the default horizon as well
     policy = adaptive()
     assert len(policy.select(rview(pv(SCORES, noisy_history())))[0]) > len(
-        policy.select(rview(pv(SCORES, stable_history())))[0])
+        policy.select(rview(pv(SCORES, stable_history())))[0]
+    )
 
 
 def test_adaptive_noise_estimate_ignores_a_shared_drift_and_uses_the_prior_without_history() -> None:
@@ -177,8 +196,18 @@ def test_adaptive_delta_and_min_reject() -> None:
     assert adaptive(delta=0.001).select(rview(pv(SCORES, noisy_history(), min_reject=6)))[0] == [6, 7, 8, 9]
 
 
-@pytest.mark.parametrize("key, value", [("delta", 0.0), ("delta", 1.0), ("delta", "x"), ("prior_noise", -1.0),
-                                        ("prior_weight", math.nan), ("horizon", "forever"), ("alpha", 0.5)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("delta", 0.0),
+        ("delta", 1.0),
+        ("delta", "x"),
+        ("prior_noise", -1.0),
+        ("prior_weight", math.nan),
+        ("horizon", "forever"),
+        ("alpha", 0.5),
+    ],
+)
 def test_adaptive_bad_parameters_name_the_key(key: str, value) -> None:
     with pytest.raises(ConfigError) as e:
         adaptive(**{key: value})
@@ -187,6 +216,7 @@ def test_adaptive_bad_parameters_name_the_key(key: str, value) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # correlation
+
 
 def correlation(**params) -> CorrelationPolicy:
     return build_correlation(params, BuildContext())
@@ -233,11 +263,17 @@ def test_correlation_uses_only_candidates_seen_at_both_points() -> None:
     assert rank_agreement(pv(np.array([0.0, 1.0, 2.0, -5.0, 3.0]), hist)).n == 4
 
 
-@pytest.mark.parametrize("params, key", [({"alpha": 1.0}, "policy.alpha"), ({"alpha_min": -0.1}, "policy.alpha_min"),
-                                         ({"alpha_min": 0.6, "alpha_max": 0.5}, "policy.alpha_min"),
-                                         ({"tau_low": 0.5, "tau_high": 0.5}, "policy.tau_high"),
-                                         ({"min_candidates": 1}, "policy.min_candidates"),
-                                         ({"delta": 0.1}, "policy.delta")])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"alpha": 1.0}, "policy.alpha"),
+        ({"alpha_min": -0.1}, "policy.alpha_min"),
+        ({"alpha_min": 0.6, "alpha_max": 0.5}, "policy.alpha_min"),
+        ({"tau_low": 0.5, "tau_high": 0.5}, "policy.tau_high"),
+        ({"min_candidates": 1}, "policy.min_candidates"),
+        ({"delta": 0.1}, "policy.delta"),
+    ],
+)
 def test_correlation_bad_parameters_name_the_key(params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as e:
         correlation(**params)
@@ -246,6 +282,7 @@ def test_correlation_bad_parameters_name_the_key(params: dict, key: str) -> None
 
 # ---------------------------------------------------------------------------------------------------------------
 # config options
+
 
 @pytest.mark.parametrize("name, cls", [("adaptive", AdaptivePolicy), ("correlation", CorrelationPolicy)])
 def test_config_option_builds_the_policy(builtins: Plugins, name: str, cls: type) -> None:
@@ -260,6 +297,7 @@ def test_config_option_builds_the_policy(builtins: Plugins, name: str, cls: type
 
 # ---------------------------------------------------------------------------------------------------------------
 # parameters: one dataclass per policy holds them and their defaults
+
 
 @pytest.mark.parametrize("alpha", [False, True, math.nan, 1.0, "0.5"])
 def test_fixed_rejects_booleans_and_rates_outside_the_unit_interval(builtins: Plugins, alpha) -> None:

@@ -27,12 +27,25 @@ def test_the_lab_policy_is_replayed_against_fixed_and_adaptive(tmp_path):
     lab = lab_module()
     plugins = rodeco.get_plugin_manager(extra=[lab["Lab"]()])
     prompts = ",".join(f"w{i} w{i + 1}" for i in range(0, 20, 2))
-    cfg = rodeco.load_config(["experiment=efficiency", f"pool={tmp_path / 'pool'}", "experiment_args.policies=[margin]",
-                              "experiment_args.live_check=0", "reward=logprob", "sampling.max_new_tokens=12",
-                              "budget.min_tokens_per_round=2", f"data.prompts=[{prompts}]",
-                              "experiment_args.candidates=16", "experiment_args.n=2", "experiment_args.starts=[]",
-                              "experiment_args.bootstrap=100", "experiment_args.bon_groups=2",
-                              "judge=none"], plugins)  # the docs' AlpacaFarm pool is judged; these prompts cannot be
+    cfg = rodeco.load_config(
+        [
+            "experiment=efficiency",
+            f"pool={tmp_path / 'pool'}",
+            "experiment_args.policies=[margin]",
+            "experiment_args.live_check=0",
+            "reward=logprob",
+            "sampling.max_new_tokens=12",
+            "budget.min_tokens_per_round=2",
+            f"data.prompts=[{prompts}]",
+            "experiment_args.candidates=16",
+            "experiment_args.n=2",
+            "experiment_args.starts=[]",
+            "experiment_args.bootstrap=100",
+            "experiment_args.bon_groups=2",
+            "judge=none",
+        ],
+        plugins,
+    )  # the docs' AlpacaFarm pool is judged; these prompts cannot be
     with open_dict(cfg):
         cfg.output.progress = False
     efficiency.run(cfg, plugins, tmp_path / "run", gen=tiny_generator())
@@ -52,8 +65,15 @@ def test_the_lab_policy_keeps_rows_near_the_best():
     from rodeco import PromptView, RoundView
 
     lab = lab_module()
-    pv = PromptView(prompt_index=0, candidate_ids=[0, 1, 2, 3], scores=np.array([1.0, 0.9, -3.0, 0.95]),
-                    history=np.zeros((4, 0)), finished_scores=[], tokens_generated=8, min_reject=0)
+    pv = PromptView(
+        prompt_index=0,
+        candidate_ids=[0, 1, 2, 3],
+        scores=np.array([1.0, 0.9, -3.0, 0.95]),
+        history=np.zeros((4, 0)),
+        finished_scores=[],
+        tokens_generated=8,
+        min_reject=0,
+    )
     view = RoundView(round=0, prompts=[pv], max_rows_next=4, max_new_tokens=32)
     assert lab["MarginPolicy"](0.5).select(view) == [[0, 1, 3]]  # 2 is far below the best
     pv.min_reject = 2

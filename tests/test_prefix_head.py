@@ -57,8 +57,13 @@ def test_the_lookahead_term_learns_what_predicts_the_final_reward_at_a_price_the
     assert choose_r(large, test) > 0.9  # a heavy lookahead term ranks held-out prefixes almost perfectly...
     assert pair_accuracy(large, held) < pair_accuracy(bt_only, held) - 0.05  # ...and costs the pairs
     assert pair_accuracy(small, held) >= pair_accuracy(bt_only, held) - 0.01
-    a = {"max_iter": 100, "mc_weights": [0.003, 1.0], "td_weights": [0.0], "anchor_weights": [0.0],
-         "max_accuracy_drop": 0.01}
+    a = {
+        "max_iter": 100,
+        "mc_weights": [0.003, 1.0],
+        "td_weights": [0.0],
+        "anchor_weights": [0.0],
+        "max_accuracy_drop": 0.01,
+    }
     w, rec = choose(w0, pen, PairSet(pairs, held, {}), fit, test, a, progress=False)
     assert [r["admissible"] for r in rec["grid"]] == [True, True, False]  # the anchor, mc 0.003, mc 1.0
     assert (rec["chosen"]["mc"], rec["chosen"]["td"]) == (0.003, 0.0) and np.allclose(w, small)
@@ -93,33 +98,60 @@ def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
     from rodeco_rewards.experiments import prefix_train
     from rodeco_rewards.minilm.head import load_head
 
-    prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
-                                                   "explain why the sky is blue", "name two rivers",
-                                                   "describe a cat", "say hello twice"])]
-    ov = ["sampling.max_new_tokens=12", "experiment=prefix_train", f"pool={tmp_path / 'pool'}",
-          "experiment_args.lengths=[2,4,8]", "experiment_args.verdict_lengths=[2,4]",
-          "experiment_args.exclude_data=[]", "experiment_args.choose_fraction=0.34",
-          "experiment_args.verdict_fraction=0.34", "experiment_args.mc_weights=[1.0]",
-          "experiment_args.td_weights=[0.0,1.0]", "experiment_args.anchor_weights=[0.0,10.0]", "experiment_args.pair_limit=40", "experiment_args.max_iter=20",
-          "experiment_args.bootstrap=50", "output.progress=false"]
+    prompts = [
+        Prompt(i, t)
+        for i, t in enumerate(
+            [
+                "write a haiku about autumn leaves",
+                "give three tips",
+                "explain why the sky is blue",
+                "name two rivers",
+                "describe a cat",
+                "say hello twice",
+            ]
+        )
+    ]
+    ov = [
+        "sampling.max_new_tokens=12",
+        "experiment=prefix_train",
+        f"pool={tmp_path / 'pool'}",
+        "experiment_args.lengths=[2,4,8]",
+        "experiment_args.verdict_lengths=[2,4]",
+        "experiment_args.exclude_data=[]",
+        "experiment_args.choose_fraction=0.34",
+        "experiment_args.verdict_fraction=0.34",
+        "experiment_args.mc_weights=[1.0]",
+        "experiment_args.td_weights=[0.0,1.0]",
+        "experiment_args.anchor_weights=[0.0,10.0]",
+        "experiment_args.pair_limit=40",
+        "experiment_args.max_iter=20",
+        "experiment_args.bootstrap=50",
+        "output.progress=false",
+    ]
     cfg = rodeco.load_config(ov)
     with open_dict(cfg):
         cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
     record(cfg, default_plugins(), tmp_path / "pool", prompts, 8, gen=tiny_gen())
     out = prefix_train.run(cfg, default_plugins(), tmp_path / "run")
     assert [(r["candidate"], r["mc"], r["td"], r["anchor"]) for r in out.extra["grid"]] == [
-        ("anchor", None, None, None), ("fit", 1.0, 0.0, 0.0), ("fit", 1.0, 1.0, 0.0), ("fit", 1.0, 0.0, 10.0),
-        ("fit", 1.0, 1.0, 10.0)]
+        ("anchor", None, None, None),
+        ("fit", 1.0, 0.0, 0.0),
+        ("fit", 1.0, 1.0, 0.0),
+        ("fit", 1.0, 0.0, 10.0),
+        ("fit", 1.0, 1.0, 10.0),
+    ]
     assert out.extra["pairs"]["pairs"] == 40 and out.extra["pairs"]["held_out_pairs"] > 0
     printed = capsys.readouterr().out
     assert "prefix_train_minilm_prefix_minus_same:" in printed and "prefix_train_chosen:" in printed
     head, meta = load_head(tmp_path / "run" / "minilm_prefix_head")
     assert sorted(meta["fit_prompts"] + meta["choose_prompts"] + meta["verdict_prompts"]) == list(range(6))
     assert meta["max_length"] == 256 and meta["trained_with"] == "rodeco experiment=prefix_train"
-    reward = default_plugins().build_reward({"name": "minilm_rm", "head": str(tmp_path / "run" / "minilm_prefix_head")},
-                                           BuildContext(device="cpu"))
-    got = reward.score([ScoreRequest(prompt="give three tips", response="Sleep, water", response_ids=(1, 2),
-                                     partial=True)])
+    reward = default_plugins().build_reward(
+        {"name": "minilm_rm", "head": str(tmp_path / "run" / "minilm_prefix_head")}, BuildContext(device="cpu")
+    )
+    got = reward.score(
+        [ScoreRequest(prompt="give three tips", response="Sleep, water", response_ids=(1, 2), partial=True)]
+    )
     assert np.isfinite(got[0])
     with pytest.raises(rodeco.ConfigError, match="reward"):  # it refits minilm_rm's head, on minilm_rm's scores
         prefix_train.check_args(rodeco.load_config([*ov, "reward=logprob"]))

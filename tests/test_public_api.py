@@ -40,24 +40,67 @@ def test_plugins_import_only_rodecos_public_names(path):
 
 # What each public name is, as docs/plugins.md and rodeco's docstring describe it: a function with the documented
 # leading parameters, a dataclass with the documented fields, a Protocol with its method, an exception, a class.
-FUNCTIONS = {"decode": ["prompts", "n", "reward", "policy", "generator", "overrides"], "load_config": ["overrides",
-             "plugins"], "run": ["cfg", "plugins", "out_dir"], "get_plugin_manager": ["load_entrypoints", "extra"],
-             "keep_top": ["pv", "n_reject"], "keep_best": ["pv", "n_reject"], "best_first": ["pv", "rows"], "take_params": ["node", "params",
-             "defaults"], "check_number": ["key", "value"], "check_positive_int": ["key", "value"],
-             "best_probability": [], "rejectable": [], "standardize": [], "atomic_write": ["path", "data"],
-             "required": ["help"], "load_model_and_tokenizer": ["model"], "resolve_dtype": ["dtype"], "cache_dir": [],
-             "open_pool": ["path"], "pool_served": ["plugins", "pool", "node"], "check_training_prompts": [],
-             "prompts_of": ["data"]}
-DATACLASSES = {"ScoreRequest": {"prompt", "response", "response_ids", "partial", "prompt_index", "candidate_id",
-                                "logprobs", "hidden_state", "stream"},
-               "PromptView": {"scores", "history", "candidate_ids", "finished_scores", "tokens_generated",
-                              "min_reject", "parents", "origins", "finished_ids", "max_rows", "rng"},
-               "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens", "n_start"},
-               "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
-               "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
-               "BuildContext": {"generator", "device", "plugins"}, "PromptResult": {"best", "rounds", "compute"},
-               "Candidate": {"candidate_id", "token_ids", "text", "score", "parent", "forked_round"}, "RewardCost": set(), "Compute": set(),
-               "Round": set(), "RunOutput": set(), "Calibration": set()}
+FUNCTIONS = {
+    "decode": ["prompts", "n", "reward", "policy", "generator", "overrides"],
+    "load_config": ["overrides", "plugins"],
+    "run": ["cfg", "plugins", "out_dir"],
+    "get_plugin_manager": ["load_entrypoints", "extra"],
+    "keep_top": ["pv", "n_reject"],
+    "keep_best": ["pv", "n_reject"],
+    "best_first": ["pv", "rows"],
+    "take_params": ["node", "params", "defaults"],
+    "check_number": ["key", "value"],
+    "check_positive_int": ["key", "value"],
+    "best_probability": [],
+    "rejectable": [],
+    "standardize": [],
+    "atomic_write": ["path", "data"],
+    "required": ["help"],
+    "load_model_and_tokenizer": ["model"],
+    "resolve_dtype": ["dtype"],
+    "cache_dir": [],
+    "open_pool": ["path"],
+    "pool_served": ["plugins", "pool", "node"],
+    "check_training_prompts": [],
+    "prompts_of": ["data"],
+}
+DATACLASSES = {
+    "ScoreRequest": {
+        "prompt",
+        "response",
+        "response_ids",
+        "partial",
+        "prompt_index",
+        "candidate_id",
+        "logprobs",
+        "hidden_state",
+        "stream",
+    },
+    "PromptView": {
+        "scores",
+        "history",
+        "candidate_ids",
+        "finished_scores",
+        "tokens_generated",
+        "min_reject",
+        "parents",
+        "origins",
+        "finished_ids",
+        "max_rows",
+        "rng",
+    },
+    "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens", "n_start"},
+    "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
+    "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
+    "BuildContext": {"generator", "device", "plugins"},
+    "PromptResult": {"best", "rounds", "compute"},
+    "Candidate": {"candidate_id", "token_ids", "text", "score", "parent", "forked_round"},
+    "RewardCost": set(),
+    "Compute": set(),
+    "Round": set(),
+    "RunOutput": set(),
+    "Calibration": set(),
+}
 PROTOCOLS = {"Policy": "select", "Reward": "score"}
 EXCEPTIONS = {"ConfigError", "PluginError"}
 CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward", "Counts", "Decoder"}
@@ -106,6 +149,10 @@ def test_public_names_import_as_documented():
 
 
 def test_importing_rodeco_does_not_import_torch():
-    p = subprocess.run([sys.executable, "-c", "import sys, rodeco; print('torch' in sys.modules)"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys, rodeco; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout + p.stderr

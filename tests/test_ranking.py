@@ -27,8 +27,10 @@ def old_keep_best(pv: PromptView, n_reject: int) -> list[int]:  # rodeco_policie
     return sorted(order[: pv.k - n_reject].tolist())
 
 
-FINITE = st.one_of(st.sampled_from([-1.0, 0.0, -0.0, 0.5, 1.0]),  # ties, signed zeros
-                   st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))  # what the core lets a reward give
+FINITE = st.one_of(
+    st.sampled_from([-1.0, 0.0, -0.0, 0.5, 1.0]),  # ties, signed zeros
+    st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False),
+)  # what the core lets a reward give
 SCORE = st.one_of(FINITE, st.just(-np.inf))
 
 
@@ -37,9 +39,15 @@ def prompt_views(draw, index: int = 0, score=SCORE) -> PromptView:
     k = draw(st.integers(1, 12))
     ids = draw(st.lists(st.integers(0, 10_000), min_size=k, max_size=k, unique=True))  # any order, as after rounds
     scores = np.asarray(draw(st.lists(score, min_size=k, max_size=k)), dtype=np.float64)
-    return PromptView(prompt_index=index, candidate_ids=ids, scores=scores, history=np.zeros((k, 0)),
-                      finished_scores=[], tokens_generated=draw(st.integers(1, 64)),
-                      min_reject=draw(st.integers(0, k + 2)))
+    return PromptView(
+        prompt_index=index,
+        candidate_ids=ids,
+        scores=scores,
+        history=np.zeros((k, 0)),
+        finished_scores=[],
+        tokens_generated=draw(st.integers(1, 64)),
+        min_reject=draw(st.integers(0, k + 2)),
+    )
 
 
 @settings(max_examples=400, deadline=None)
@@ -56,8 +64,9 @@ def test_keep_top_and_keep_best_keep_what_their_old_copies_kept(pv, data):
 
 
 def calibration() -> Calibration:
-    return Calibration(generator="g", partial_reward="r", reward="r", lengths=[4, 64], slope=[0.8, 0.8],
-                       resid_sd=[0.6, 0.6])
+    return Calibration(
+        generator="g", partial_reward="r", reward="r", lengths=[4, 64], slope=[0.8, 0.8], resid_sd=[0.6, 0.6]
+    )
 
 
 @settings(max_examples=100, deadline=None)

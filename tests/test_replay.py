@@ -22,8 +22,11 @@ from rodeco.replay import check_replayable, open_pool, replay_prompt
 from rodeco.runner import loop_settings, run_decode
 from rodeco.validation import ConfigError
 
-PROMPTS = [Prompt(0, "write a haiku about autumn leaves"), Prompt(1, "give three tips"),
-           Prompt(2, "explain why the sky is blue in two sentences")]
+PROMPTS = [
+    Prompt(0, "write a haiku about autumn leaves"),
+    Prompt(1, "give three tips"),
+    Prompt(2, "explain why the sky is blue in two sentences"),
+]
 NEW = 16
 BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]
 
@@ -35,15 +38,28 @@ def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
     ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     tok = lambda b: torch.full((b,), 12, dtype=torch.long)  # noqa: E731
-    ops = [("prefill", (ids, mask)), ("select", (torch.arange(2).repeat_interleave(3),)), ("reserve", (9,)),
-           *[("step", None)] * 5, ("select", (torch.tensor([4, 0, 2, 5]),)), ("reserve", (13,)),
-           *[("step", None)] * 4, ("select", (torch.tensor([1, 3]),)), *[("step", None)] * 3,  # overflows
-           ("select", (torch.tensor([1]),)), ("reserve", (20,)), ("step", None)]
+    ops = [
+        ("prefill", (ids, mask)),
+        ("select", (torch.arange(2).repeat_interleave(3),)),
+        ("reserve", (9,)),
+        *[("step", None)] * 5,
+        ("select", (torch.tensor([4, 0, 2, 5]),)),
+        ("reserve", (13,)),
+        *[("step", None)] * 4,
+        ("select", (torch.tensor([1, 3]),)),
+        *[("step", None)] * 3,  # overflows
+        ("select", (torch.tensor([1]),)),
+        ("reserve", (20,)),
+        ("step", None),
+    ]
     for i, (op, args) in enumerate(ops):
         for e in (real, layout):
             getattr(e, op)(*(args if args is not None else (tok(e.rows),)))
         assert (layout.rows, layout.length, layout.allocated_tokens) == (
-            real.rows, real.length, real.allocated_tokens), f"after op {i} ({op})"
+            real.rows,
+            real.length,
+            real.allocated_tokens,
+        ), f"after op {i} ({op})"
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +76,39 @@ def pools(tmp_path_factory, tiny_model, tiny_tokenizer):
     return out
 
 
-CASES = [("none", {}, None), ("fixed", {"alpha": 0.3}, 70), ("fixed", {"alpha": 0.5}, 70),
-         ("fixed", {"alpha": 0.8}, 110), ("fixed", {"alpha": 0.5}, 110), ("adaptive", {}, 70),
-         ("adaptive", {"delta": 0.2}, 110), ("correlation", {}, 70), ("correlation", {}, 110)]
+CASES = [
+    ("none", {}, None),
+    ("fixed", {"alpha": 0.3}, 70),
+    ("fixed", {"alpha": 0.5}, 70),
+    ("fixed", {"alpha": 0.8}, 110),
+    ("fixed", {"alpha": 0.5}, 110),
+    ("adaptive", {}, 70),
+    ("adaptive", {"delta": 0.2}, 110),
+    ("correlation", {}, 70),
+    ("correlation", {}, 110),
+]
 
 
-def live_and_replay(gen, path: Path, policy: str, params: dict, kv: int | None, n: int | str = 8,
-                    extra: tuple[str, ...] = (), with_gen: bool = False):
-    ov = [*BASE, *extra, f"policy={policy}", *[f"policy.{k}={v}" for k, v in params.items()],
-          "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}", f"n={n}", "output.all_candidates=true",
-          "data.batch_prompts=1"]
+def live_and_replay(
+    gen,
+    path: Path,
+    policy: str,
+    params: dict,
+    kv: int | None,
+    n: int | str = 8,
+    extra: tuple[str, ...] = (),
+    with_gen: bool = False,
+):
+    ov = [
+        *BASE,
+        *extra,
+        f"policy={policy}",
+        *[f"policy.{k}={v}" for k, v in params.items()],
+        "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}",
+        f"n={n}",
+        "output.all_candidates=true",
+        "data.batch_prompts=1",
+    ]
     cfg = rodeco.load_config(ov)
     with open_dict(cfg):
         cfg.data.path, cfg.data.prompts, cfg.output.progress = None, [p.text for p in PROMPTS], False
@@ -95,24 +134,37 @@ def test_replay_equals_live(pools, engine, policy, params, kv):
     for lv, (rp, comp, _) in zip(live, replayed):
         assert rp.best.candidate_id == lv.best.candidate_id and rp.best.text == lv.best.text
         assert rp.best.score == pytest.approx(lv.best.score, abs=1e-5)
-        assert [(r.round, r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.rejected_ids, r.min_reject)
-                for r in rp.rounds] == [(r.round, r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids,
-                                         r.rejected_ids, r.min_reject) for r in lv.rounds]
+        assert [
+            (r.round, r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.rejected_ids, r.min_reject)
+            for r in rp.rounds
+        ] == [
+            (r.round, r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.rejected_ids, r.min_reject)
+            for r in lv.rounds
+        ]
         for a, b in zip(rp.rounds, lv.rounds):
             assert a.scores == pytest.approx(b.scores, abs=1e-5)
         assert [(c.candidate_id, c.token_ids, c.stop_reason, c.rejected_at_round) for c in rp.candidates] == [
-            (c.candidate_id, c.token_ids, c.stop_reason, c.rejected_at_round) for c in lv.candidates]
+            (c.candidate_id, c.token_ids, c.stop_reason, c.rejected_at_round) for c in lv.candidates
+        ]
         lc = lv.compute
         assert (comp.gen_prefill_tokens, comp.gen_decode_tokens, comp.decode_steps, comp.peak_kv_tokens) == (
-            lc.gen_prefill_tokens, lc.gen_decode_tokens, lc.decode_steps, lc.peak_kv_tokens)
+            lc.gen_prefill_tokens,
+            lc.gen_decode_tokens,
+            lc.decode_steps,
+            lc.peak_kv_tokens,
+        )
         assert comp.gen_flops == pytest.approx(lc.gen_flops, rel=1e-12)
         decided += len(lv.rounds)
     assert decided > 0 or policy == "none"
 
 
-SEARCH = [("particle_filter", {"decision_tokens": 4}, None), ("particle_filter", {"resampling": "systematic", "decision_tokens": 4}, 110),
-          ("beam", {"beam_width": 2, "decision_tokens": 4}, 70), ("beam", {"beam_width": 4, "decision_tokens": 5}, None),
-          ("dvts", {"beam_width": 2, "decision_tokens": 3}, 110)]
+SEARCH = [
+    ("particle_filter", {"decision_tokens": 4}, None),
+    ("particle_filter", {"resampling": "systematic", "decision_tokens": 4}, 110),
+    ("beam", {"beam_width": 2, "decision_tokens": 4}, 70),
+    ("beam", {"beam_width": 4, "decision_tokens": 5}, None),
+    ("dvts", {"beam_width": 2, "decision_tokens": 3}, 110),
+]
 
 
 @pytest.mark.parametrize("policy, params, kv", SEARCH)
@@ -128,12 +180,17 @@ def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params,
         for lv, (rp, comp, _) in zip(live, replayed):
             assert (rp.best.candidate_id, rp.best.text) == (lv.best.candidate_id, lv.best.text)
             assert [(r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.copies) for r in rp.rounds] == [
-                (r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.copies) for r in lv.rounds]
+                (r.tokens_generated, r.rows_before, r.rows_kept, r.kept_ids, r.copies) for r in lv.rounds
+            ]
             assert [(c.candidate_id, c.token_ids, c.stop_reason, c.parent, c.forked_round) for c in rp.candidates] == [
-                (c.candidate_id, c.token_ids, c.stop_reason, c.parent, c.forked_round) for c in lv.candidates]
+                (c.candidate_id, c.token_ids, c.stop_reason, c.parent, c.forked_round) for c in lv.candidates
+            ]
             lc = lv.compute
             assert (comp.gen_decode_tokens, comp.decode_steps, comp.peak_kv_tokens) == (
-                lc.gen_decode_tokens, lc.decode_steps, lc.peak_kv_tokens)
+                lc.gen_decode_tokens,
+                lc.decode_steps,
+                lc.peak_kv_tokens,
+            )
             copies += sum(c.parent is not None for c in lv.candidates)
         assert copies > 0
         assert (rgen.continued > 0) == (attempt == "decoded")  # the second replay decodes nothing
@@ -141,8 +198,9 @@ def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params,
 
 def test_replay_starts_from_auto_as_live(pools):
     gen, path = pools["fast"]
-    live, replayed = live_and_replay(gen, path, "fixed", {"alpha": 0.5}, 70, n="auto",
-                                     extra=("budget.min_tokens_per_round=8",))  # auto: fewer rows than the pool
+    live, replayed = live_and_replay(
+        gen, path, "fixed", {"alpha": 0.5}, 70, n="auto", extra=("budget.min_tokens_per_round=8",)
+    )  # auto: fewer rows than the pool
     for lv, (rp, comp, _) in zip(live, replayed):
         assert 1 < rp.n_start == lv.n_start <= 12 and rp.best.candidate_id == lv.best.candidate_id
         assert comp.gen_decode_tokens == lv.compute.gen_decode_tokens
@@ -182,8 +240,12 @@ def test_a_pool_recorded_before_step_costs_were_renamed_still_loads(pools, tmp_p
 def test_replay_refuses_settings_the_pool_was_not_recorded_with(pools):
     _, path = pools["fast"]
     pool, rgen = open_pool(path)
-    for ov, key in [("seed=3", "seed"), ("sampling.temperature=0.7", "sampling.temperature"),
-                    (f"sampling.max_new_tokens={NEW + 1}", "sampling.max_new_tokens"), ("n=13", "n")]:
+    for ov, key in [
+        ("seed=3", "seed"),
+        ("sampling.temperature=0.7", "sampling.temperature"),
+        (f"sampling.max_new_tokens={NEW + 1}", "sampling.max_new_tokens"),
+        ("n=13", "n"),
+    ]:
         s = loop_settings(rodeco.load_config([*BASE, ov]), rgen)
         with pytest.raises(ConfigError) as e:
             check_replayable(pool, s, s.n)
@@ -232,8 +294,15 @@ def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     decided = 0
     for p in PROMPTS:
         final = reward.score(pool.prompt(p.index).final_requests())[:8]
-        res, comp, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s,
-                                     partial=Scorer(OracleReward(reward), "oracle", "partial_reward"))
+        res, comp, _ = replay_prompt(
+            pool,
+            rgen,
+            Scorer(reward, "logprob"),
+            pol,
+            p.index,
+            s,
+            partial=Scorer(OracleReward(reward), "oracle", "partial_reward"),
+        )
         same, comp_same, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s)
         if all(r.min_reject <= r.rows_before // 2 for r in res.rounds):
             assert res.best.score == pytest.approx(max(final)) and res.best.score >= same.best.score - 1e-9
@@ -270,10 +339,17 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
     s = loop_settings(cfg, rgen, "fixed", "logprob")
     live, replayed = Probe(), Probe()
     for p in PROMPTS:
-        (lv,), _ = decode_batch(gen, Scorer(reward, "logprob"), pol, [(p.index, p.text)], loop_settings(cfg, gen),
-                                partial=Scorer(live, "probe", "partial_reward"))
-        rp, _, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, p.index, s,
-                                 partial=Scorer(replayed, "probe", "partial_reward"))
+        (lv,), _ = decode_batch(
+            gen,
+            Scorer(reward, "logprob"),
+            pol,
+            [(p.index, p.text)],
+            loop_settings(cfg, gen),
+            partial=Scorer(live, "probe", "partial_reward"),
+        )
+        rp, _, _ = replay_prompt(
+            pool, rgen, Scorer(reward, "logprob"), pol, p.index, s, partial=Scorer(replayed, "probe", "partial_reward")
+        )
         assert [r.kept_ids for r in rp.rounds] == [r.kept_ids for r in lv.rounds]
     assert live.seen and live.seen.keys() == replayed.seen.keys()
     for k, h in live.seen.items():  # float16 in the pool

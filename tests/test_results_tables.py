@@ -21,9 +21,17 @@ rt = load_script("results_tables")
 SCRIPT = [sys.executable, str(REPO / "scripts" / "results_tables.py")]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 REF = "fixed_alpha_0.5"
-ARGS = {"n": 2, "bootstrap": 40, "scales": [1, 2], "alphas": [0.3, 0.5, 0.9], "adaptive_deltas": [0.1],
-        "policies": ["correlation"], "starts": [16, 64], "calibrated_deltas": [0.1],
-        "partial_rewards": ["same", "oracle", "text_value"]}
+ARGS = {
+    "n": 2,
+    "bootstrap": 40,
+    "scales": [1, 2],
+    "alphas": [0.3, 0.5, 0.9],
+    "adaptive_deltas": [0.1],
+    "policies": ["correlation"],
+    "starts": [16, 64],
+    "calibrated_deltas": [0.1],
+    "partial_rewards": ["same", "oracle", "text_value"],
+}
 
 
 def quantile(x: float):
@@ -57,8 +65,7 @@ def run_json(args: dict[str, Any] = ARGS, prompts: int = 24) -> dict[str, Any]:
     labels = [m.label for m in efficiency.methods(args)]
     recs = records({k: behaviour(k, i) for i, k in enumerate(labels)}, n_prompts=prompts, scales=(1, 2))
     summary = analysis.summarize(recs, args, TM, 20, labels)
-    return json.loads(json.dumps({"args": args, **summary, "headline": analysis.headline(summary),
-                                  "per_prompt": recs}))
+    return json.loads(json.dumps({"args": args, **summary, "headline": analysis.headline(summary), "per_prompt": recs}))
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +83,17 @@ def test_budget_table_has_one_row_per_method_and_a_column_per_partial_reward(run
     rows = table_rows(rt.render(run, "budget-1"))
     head = rows.pop("method")
     assert head[:3] == ["partial_reward=same", "partial_reward=oracle", "partial_reward=text_value"]
-    bases = ["fixed_alpha_0.3", "fixed_alpha_0.5", "fixed_alpha_0.9", "adaptive_delta_0.1", "correlation",
-             "fixed_alpha_0.5_start_16", "fixed_alpha_0.5_start_64", "calibrated_delta_0.1",
-             "calibrated_delta_0.1_start_calibrated"]
+    bases = [
+        "fixed_alpha_0.3",
+        "fixed_alpha_0.5",
+        "fixed_alpha_0.9",
+        "adaptive_delta_0.1",
+        "correlation",
+        "fixed_alpha_0.5_start_16",
+        "fixed_alpha_0.5_start_64",
+        "calibrated_delta_0.1",
+        "calibrated_delta_0.1_start_calibrated",
+    ]
     assert list(rows) == bases and all(len(r) == len(head) for r in rows.values())
     t = run["methods"]
     for base, cells in rows.items():
@@ -89,8 +104,11 @@ def test_budget_table_has_one_row_per_method_and_a_column_per_partial_reward(run
     r = t[f"{REF}@1"]["report"]
     pair = t["correlation@1"]["report"][f"vs_{REF}"]
     assert rows["correlation"][3] == f"{pair['ratio']:.2f} [{pair['ci'][0]:.2f}, {pair['ci'][1]:.2f}]"
-    assert rows[REF][3:] == ["1.00 [1.00, 1.00]", f"{r['relative_compute_memory_bound_model']:.2f}",
-                             f"{t[f'{REF}@1']['selection']['speedup_flops']:.2f}"]
+    assert rows[REF][3:] == [
+        "1.00 [1.00, 1.00]",
+        f"{r['relative_compute_memory_bound_model']:.2f}",
+        f"{t[f'{REF}@1']['selection']['speedup_flops']:.2f}",
+    ]
     assert "Best-of-4's memory" in rt.render(run, "budget-2") and "report half (12 prompts)" in rt.render(run, "curve")
 
 
@@ -123,11 +141,14 @@ def test_curve_and_headline_are_what_the_run_printed(run):
 
 def test_perplexity_snapshot_renders_its_table_and_headline(run, tmp_path):
     selection, report = perplexity.table(run, "selection"), perplexity.table(run, "report")
-    ppl = {**run, "table": report, "table_selection": selection, "headline": perplexity.headline(run, selection,
-                                                                                                  report)}
+    ppl = {
+        **run,
+        "table": report,
+        "table_selection": selection,
+        "headline": perplexity.headline(run, selection, report),
+    }
     snap = json.loads(json.dumps(ppl, sort_keys=True))  # as a snapshot holds it: keys sorted
-    assert rt.render(snap, "perplexity-2") == perplexity.markdown(
-        [r for r in report if r.get("scale", 2) == 2], 12)
+    assert rt.render(snap, "perplexity-2") == perplexity.markdown([r for r in report if r.get("scale", 2) == 2], 12)
     assert rt.render(snap, "headline").splitlines()[1:-1] == render.headline_lines(ppl["headline"])
     assert "perplexity-1" not in rt.tables(run)
     with pytest.raises(rt.TableError, match="one of curve, headline, .*budget-1"):
@@ -137,8 +158,10 @@ def test_perplexity_snapshot_renders_its_table_and_headline(run, tmp_path):
 def test_snapshot_drops_the_per_prompt_records_and_is_deterministic(run, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "efficiency.json").write_text(json.dumps(run, indent=2))
-    a, b = rt.snapshot(tmp_path / "run", tmp_path / "a.json"), rt.snapshot(tmp_path / "run" / "efficiency.json",
-                                                                          tmp_path / "data" / "b.json")
+    a, b = (
+        rt.snapshot(tmp_path / "run", tmp_path / "a.json"),
+        rt.snapshot(tmp_path / "run" / "efficiency.json", tmp_path / "data" / "b.json"),
+    )
     got = json.loads(a.read_text())
     want = {**{k: v for k, v in run.items() if k != "per_prompt"}, "starts": rt.starts_of(run["per_prompt"])}
     assert "per_prompt" not in got and got == want
@@ -165,8 +188,10 @@ def test_check_finds_a_hand_edited_cell_and_write_fixes_it(run, tmp_path):
     p = cli("render", str(snap), "budget-1")
     assert p.returncode == 0 and p.stdout == rt.render(run, "budget-1")
     doc = tmp_path / "results.md"
-    text = (f"# Results\n\nProse.\n\n<!-- table: {snap} budget-1 -->\nold\n<!-- /table -->\n\nMore prose.\n\n"
-            f"Printed last:\n<!-- table: {snap} headline -->\n<!-- /table -->\n")
+    text = (
+        f"# Results\n\nProse.\n\n<!-- table: {snap} budget-1 -->\nold\n<!-- /table -->\n\nMore prose.\n\n"
+        f"Printed last:\n<!-- table: {snap} headline -->\n<!-- /table -->\n"
+    )
     doc.write_text(text)
     p = cli("check", str(doc))
     assert p.returncode == 1 and "-old" in p.stdout and "+```" in p.stdout
@@ -207,15 +232,26 @@ def test_excerpt_live_and_starts_tables(run, tmp_path):
     full = render.markdown(run).splitlines()
     got = rt.render(run, f"methods:correlation@2,{REF}@1").splitlines()
     assert got[:4] == full[:4] and got[-2:] == [x for x in full if x.startswith("| SR correlation (budget x2) |")] + [
-        x for x in full if x.startswith(f"| SR {REF} (budget x1) |")]
+        x for x in full if x.startswith(f"| SR {REF} (budget x1) |")
+    ]
     with pytest.raises(rt.TableError, match="no method"):
         rt.render(run, "methods:nothing@1")
-    lc = {"same_winner": 5, "same_tokens": 6, "n": 6, "live_over_model_seconds": 0.91234,
-          "live_over_model_seconds_by_method": {REF: 0.9, "best_of_4": 1.1}}
+    lc = {
+        "same_winner": 5,
+        "same_tokens": 6,
+        "n": 6,
+        "live_over_model_seconds": 0.91234,
+        "live_over_model_seconds_by_method": {REF: 0.9, "best_of_4": 1.1},
+    }
     assert rt.render({**run, "live_check": lc}, "live").splitlines() == [
-        "```", "live_vs_replay_same_winner: 5/6", "live_vs_replay_same_decode_tokens: 6/6",
-        "live_seconds_over_time_model: 0.912", f"live_seconds_over_time_model_{REF}: 0.900",
-        "live_seconds_over_time_model_best_of_4: 1.100", "```"]
+        "```",
+        "live_vs_replay_same_winner: 5/6",
+        "live_vs_replay_same_decode_tokens: 6/6",
+        "live_seconds_over_time_model: 0.912",
+        f"live_seconds_over_time_model_{REF}: 0.900",
+        "live_seconds_over_time_model_best_of_4: 1.100",
+        "```",
+    ]
     run = json.loads(json.dumps(run))  # the module's run stays as it is
     for p in run["per_prompt"]:  # the records carry no n_start: give each prompt one
         p["methods"][REF]["1"]["n_start"] = 8 if p["prompt_index"] % 3 else 16
@@ -232,8 +268,9 @@ def test_the_rows_nothing_chose_are_also_given_over_all_prompts(run):
     r = run["methods"][f"{REF}@1"]
     cells = [x for x in rt.render(run, "all").splitlines() if x.startswith(f"| {REF} | x1 |")][0].split(" | ")
     assert cells[2] == rt.speedup_cell(r)
-    assert cells[3].rstrip(" |") == render.with_ci(r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"],
-                                                     r["all"]["bound"])
+    assert cells[3].rstrip(" |") == render.with_ci(
+        r["all"]["speedup_flops"], r["all"]["speedup_flops_ci"], r["all"]["bound"]
+    )
 
 
 def test_a_correlation_run_renders_its_table(tmp_path):
@@ -243,18 +280,32 @@ def test_a_correlation_run_renders_its_table(tmp_path):
     rows = []
     for p in range(6):
         f = rng.normal(size=8)
-        rows.append({"prompt_index": p, "lengths": {str(L): {"partial": (f + rng.normal(size=8) * 8 / L).tolist(),
-                                                             "final": f.tolist()} for L in (8, 32)}})
+        rows.append(
+            {
+                "prompt_index": p,
+                "lengths": {
+                    str(L): {"partial": (f + rng.normal(size=8) * 8 / L).tolist(), "final": f.tolist()} for L in (8, 32)
+                },
+            }
+        )
     summary = {"minilm_rm": corr_summary(rows, [8, 32], 50)}
-    run = {"lengths": [8, 32], "candidates": 8, "prompts": 6, "final": "each reward's own", "summary": summary,
-           "per_prompt": {"minilm_rm": rows}}
+    run = {
+        "lengths": [8, 32],
+        "candidates": 8,
+        "prompts": 6,
+        "final": "each reward's own",
+        "summary": summary,
+        "per_prompt": {"minilm_rm": rows},
+    }
     (tmp_path / "correlation.json").write_text(json.dumps(run))
     snap = json.loads(rt.snapshot(tmp_path, tmp_path / "c.json").read_text())
     assert "per_prompt" not in snap and list(rt.tables(snap)) == ["correlation"]
     lines = rt.render(snap, "correlation").splitlines()
     s8 = summary["minilm_rm"]["8"]
-    assert lines[4] == (f"| 8 | {s8['pearson']:.3f} [{s8['pearson_ci'][0]:.3f}, {s8['pearson_ci'][1]:.3f}] | "
-                        f"{s8['kendall']:.3f} [{s8['kendall_ci'][0]:.3f}, {s8['kendall_ci'][1]:.3f}] | 6 |")
+    assert lines[4] == (
+        f"| 8 | {s8['pearson']:.3f} [{s8['pearson_ci'][0]:.3f}, {s8['pearson_ci'][1]:.3f}] | "
+        f"{s8['kendall']:.3f} [{s8['kendall_ci'][0]:.3f}, {s8['kendall_ci'][1]:.3f}] | 6 |"
+    )
     assert len(lines) == 6
 
 

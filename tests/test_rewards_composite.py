@@ -52,8 +52,11 @@ def ctx(plugins):
     return BuildContext(plugins=plugins)
 
 
-REQS = [ScoreRequest("p", "one two three", (), partial=True), ScoreRequest("p", "four", (), partial=False),
-        ScoreRequest("q", "", (), partial=True)]
+REQS = [
+    ScoreRequest("p", "one two three", (), partial=True),
+    ScoreRequest("p", "four", (), partial=False),
+    ScoreRequest("q", "", (), partial=True),
+]
 
 
 def test_value_functions_plain_and_batched(plugins, ctx):
@@ -76,19 +79,28 @@ def test_value_function_signature_is_checked_at_registration():
 
 
 def test_composite_weighted_sum(ctx):
-    r = build_composite({"components": {"c": {"name": "chars"}, "w": {"name": "words"}},
-                         "weights": {"c": 2.0, "w": -0.5}}, ctx)
+    r = build_composite(
+        {"components": {"c": {"name": "chars"}, "w": {"name": "words"}}, "weights": {"c": 2.0, "w": -0.5}}, ctx
+    )
     assert r.score(REQS) == pytest.approx([2 * 13 - 0.5 * 3, 2 * 4 - 0.5 * 1, 0.0])
     default_weight = build_composite({"components": {"c": {"name": "chars"}, "w": "words"}}, ctx)
     assert default_weight.score(REQS) == pytest.approx([16.0, 5.0, 0.0])
 
 
 def test_composite_component_params_and_standardization(ctx):
-    r = build_composite({"components": {"c": {"name": "chars", "scale": 2.0}, "s": {"name": "stats"}},
-                         "weights": {"c": 1.0, "s": 3.0},
-                         "standardize": {"c": {"mean": 1.0, "std": 0.5}, "s": "auto"}}, ctx)
-    want = [(13 / 2 - 1.0) / 0.5 + 3 * (13 - 10.0) / 4.0, (4 / 2 - 1.0) / 0.5 + 3 * (4 - 10.0) / 4.0,
-            (0 - 1.0) / 0.5 + 3 * (0 - 10.0) / 4.0]
+    r = build_composite(
+        {
+            "components": {"c": {"name": "chars", "scale": 2.0}, "s": {"name": "stats"}},
+            "weights": {"c": 1.0, "s": 3.0},
+            "standardize": {"c": {"mean": 1.0, "std": 0.5}, "s": "auto"},
+        },
+        ctx,
+    )
+    want = [
+        (13 / 2 - 1.0) / 0.5 + 3 * (13 - 10.0) / 4.0,
+        (4 / 2 - 1.0) / 0.5 + 3 * (4 - 10.0) / 4.0,
+        (0 - 1.0) / 0.5 + 3 * (0 - 10.0) / 4.0,
+    ]
     assert r.score(REQS) == pytest.approx(want)
 
 
@@ -107,21 +119,24 @@ def test_composite_needs_logprobs_and_cost(ctx):
     assert not build_composite({"components": {"c": "chars"}}, ctx).needs_logprobs
 
 
-@pytest.mark.parametrize("params, key", [
-    ({"components": {}}, "reward.components"),
-    ({"components": None}, "reward.components"),
-    ({"components": {"c": "chars"}, "weights": {"x": 1.0}}, "reward.weights.x"),
-    ({"components": {"c": "chars"}, "weights": {"c": "heavy"}}, "reward.weights.c"),
-    ({"components": {"c": "chars"}, "weights": {"c": math.inf}}, "reward.weights.c"),
-    ({"components": {"c": "chars"}, "weights": [1.0]}, "reward.weights"),
-    ({"components": {"c": "chars"}, "standardize": {"c": "auto"}}, "reward.standardize.c"),  # no score_stats
-    ({"components": {"c": "chars"}, "standardize": {"c": {"mean": 0.0, "std": 0.0}}}, "reward.standardize.c.std"),
-    ({"components": {"c": "chars"}, "standardize": {"c": {"mean": 0.0}}}, "reward.standardize.c"),
-    ({"components": {"c": "chars"}, "standardize": {"x": "auto"}}, "reward.standardize.x"),
-    ({"components": {"c": {"name": "nope"}}}, "reward.components.c.name"),
-    ({"components": {"c": {"name": "chars", "scael": 1}}}, "reward.components.c.scael"),
-    ({"components": {"c": "chars"}, "beta": 1.0}, "reward.beta"),
-])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"components": {}}, "reward.components"),
+        ({"components": None}, "reward.components"),
+        ({"components": {"c": "chars"}, "weights": {"x": 1.0}}, "reward.weights.x"),
+        ({"components": {"c": "chars"}, "weights": {"c": "heavy"}}, "reward.weights.c"),
+        ({"components": {"c": "chars"}, "weights": {"c": math.inf}}, "reward.weights.c"),
+        ({"components": {"c": "chars"}, "weights": [1.0]}, "reward.weights"),
+        ({"components": {"c": "chars"}, "standardize": {"c": "auto"}}, "reward.standardize.c"),  # no score_stats
+        ({"components": {"c": "chars"}, "standardize": {"c": {"mean": 0.0, "std": 0.0}}}, "reward.standardize.c.std"),
+        ({"components": {"c": "chars"}, "standardize": {"c": {"mean": 0.0}}}, "reward.standardize.c"),
+        ({"components": {"c": "chars"}, "standardize": {"x": "auto"}}, "reward.standardize.x"),
+        ({"components": {"c": {"name": "nope"}}}, "reward.components.c.name"),
+        ({"components": {"c": {"name": "chars", "scael": 1}}}, "reward.components.c.scael"),
+        ({"components": {"c": "chars"}, "beta": 1.0}, "reward.beta"),
+    ],
+)
 def test_composite_config_errors(params, key, ctx):
     with pytest.raises(ConfigError) as e:
         build_composite(params, ctx)
@@ -138,8 +153,15 @@ def test_contract_breaks_name_the_plugin(name, match, plugins, ctx):
         comp.score(REQS)
 
 
-@pytest.mark.parametrize("out, match", [([1.0, math.inf, 0.0], "non-finite"), ([1.0, 2.0], "2 scores"),
-                                        (["a", "b", "c"], "not a list of floats"), (None, "not a list of floats")])
+@pytest.mark.parametrize(
+    "out, match",
+    [
+        ([1.0, math.inf, 0.0], "non-finite"),
+        ([1.0, 2.0], "2 scores"),
+        (["a", "b", "c"], "not a list of floats"),
+        (None, "not a list of floats"),
+    ],
+)
 def test_scorer_rejects_bad_output(out, match):
     class Bad:
         def score(self, requests):
@@ -152,9 +174,20 @@ def test_scorer_rejects_bad_output(out, match):
 def test_custom_reward_selected_by_config_end_to_end(plugins, tiny_gen):
     import rodeco
 
-    out = rodeco.decode(["write a haiku about autumn leaves"], generator=tiny_gen(), n=4, policy="fixed",
-                        plugins=plugins, overrides=["reward=custom", "reward.function=chars", "+reward.scale=10",
-                                                    "sampling.max_new_tokens=16", "output.all_candidates=true"])
+    out = rodeco.decode(
+        ["write a haiku about autumn leaves"],
+        generator=tiny_gen(),
+        n=4,
+        policy="fixed",
+        plugins=plugins,
+        overrides=[
+            "reward=custom",
+            "reward.function=chars",
+            "+reward.scale=10",
+            "sampling.max_new_tokens=16",
+            "output.all_candidates=true",
+        ],
+    )
     (res,) = out.results
     finished = [c for c in res.candidates if c.finished]
     assert finished and all(c.score == pytest.approx(len(c.text) / 10) for c in finished)

@@ -25,17 +25,32 @@ def test_value_function_example_runs(tiny_gen):
     with contextlib.redirect_stdout(buf):
         exec(compile(_example(), "docs/rewards.md", "exec"), ns)  # noqa: S102 - our own documentation
     assert buf.getvalue().strip() == "[1.975]"
-    out = rodeco.decode(["Write a haiku about autumn."], generator=tiny_gen(), n=4, plugins=ns["plugins"],
-                        overrides=["reward=custom", "reward.function=keyword", "+reward.word=leaves",
-                                   "sampling.max_new_tokens=16", "output.all_candidates=true"])
+    out = rodeco.decode(
+        ["Write a haiku about autumn."],
+        generator=tiny_gen(),
+        n=4,
+        plugins=ns["plugins"],
+        overrides=[
+            "reward=custom",
+            "reward.function=keyword",
+            "+reward.word=leaves",
+            "sampling.max_new_tokens=16",
+            "output.all_candidates=true",
+        ],
+    )
     (res,) = out.results
     for c in (c for c in res.candidates if c.finished):  # the example's formula, with word=leaves from the config
         assert c.score == pytest.approx(c.text.lower().count("leaves") - 0.001 * len(c.text))
     assert res.best.score == max(c.score for c in res.candidates if c.finished)
     lp = ns["plugins"].rewards.get("mean_lp").factory({}, None)
     assert lp.needs_logprobs
-    out = rodeco.decode(["Write a haiku about autumn."], generator=tiny_gen(), n=4, plugins=ns["plugins"],
-                        overrides=["reward=custom", "reward.function=mean_lp", "sampling.max_new_tokens=16"])
+    out = rodeco.decode(
+        ["Write a haiku about autumn."],
+        generator=tiny_gen(),
+        n=4,
+        plugins=ns["plugins"],
+        overrides=["reward=custom", "reward.function=mean_lp", "sampling.max_new_tokens=16"],
+    )
     assert -20.0 <= out.results[0].best.score <= 0.0
 
 

@@ -36,9 +36,15 @@ def test_perplexity_stays_finite():
     assert math.isfinite(aggregate([-5000.0], "perplexity", -1e3))
 
 
-@pytest.mark.parametrize("params, key", [({"form": "median"}, "reward.form"), ({"beta": 1}, "reward.beta"),
-                                         ({"model": "/no/such/model"}, "reward.model"),
-                                         ({"model": "x", "batch_tokens": 0}, "reward.batch_tokens")])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"form": "median"}, "reward.form"),
+        ({"beta": 1}, "reward.beta"),
+        ({"model": "/no/such/model"}, "reward.model"),
+        ({"model": "x", "batch_tokens": 0}, "reward.batch_tokens"),
+    ],
+)
 def test_config_errors(params, key):
     with pytest.raises(ConfigError) as e:
         build_logprob(params, BuildContext())
@@ -57,9 +63,11 @@ def test_separate_lm_matches_a_manual_forward_and_ignores_batch(scoring_lm_dir):
     r = build_logprob({"model": scoring_lm_dir, "device": "cpu", "form": "sum", "batch_tokens": 48}, BuildContext())
     assert not r.needs_logprobs  # the loop need not collect the generator's
     lm = r.lm
-    reqs = [ScoreRequest("give three tips", "sleep and water", (), True),
-            ScoreRequest("why is the sky blue", "light scatters in the air, mostly blue light", (), False),
-            ScoreRequest("give three tips", "", (), True)]
+    reqs = [
+        ScoreRequest("give three tips", "sleep and water", (), True),
+        ScoreRequest("why is the sky blue", "light scatters in the air, mostly blue light", (), False),
+        ScoreRequest("give three tips", "", (), True),
+    ]
     scores = r.score(reqs)
     for q, s in zip(reqs[:2], scores):
         p_ids, r_ids = lm.prompt_ids(q.prompt), lm.response_ids(q.response)
@@ -84,10 +92,14 @@ def test_separate_lm_equal_to_the_generator_reproduces_its_logprobs(tiny_gen, ti
         def rodeco_register_rewards(self, register):
             register("record", value_function(record, batched=True, needs_logprobs=True))
 
-    rodeco.decode(["write a haiku about autumn leaves"], generator=tiny_gen(engine="hf"), n=6, policy="none",
-                  plugins=get_plugin_manager(extra=[Recorder()]),
-                  overrides=["reward=custom", "reward.function=record", "sampling.max_new_tokens=12",
-                             "budget=unlimited"])
+    rodeco.decode(
+        ["write a haiku about autumn leaves"],
+        generator=tiny_gen(engine="hf"),
+        n=6,
+        policy="none",
+        plugins=get_plugin_manager(extra=[Recorder()]),
+        overrides=["reward=custom", "reward.function=record", "sampling.max_new_tokens=12", "budget=unlimited"],
+    )
     lm = LMScorer(tiny_model, tiny_tokenizer)
     gen = tiny_gen(engine="hf")
     seen = [q for q in seen if q.response_ids]
@@ -103,9 +115,18 @@ def test_decode_with_perplexity_form(tiny_gen, tiny_model, tiny_tokenizer):
     from rodeco_rewards.lm_scorer import LMScorer
 
     prompt, gen = "give three tips for staying healthy", tiny_gen(engine="hf")
-    out = rodeco.decode([prompt], generator=gen, n=4, policy="fixed",
-                        overrides=["reward=logprob", "reward.form=perplexity", "sampling.max_new_tokens=16",
-                                   "output.all_candidates=true"])
+    out = rodeco.decode(
+        [prompt],
+        generator=gen,
+        n=4,
+        policy="fixed",
+        overrides=[
+            "reward=logprob",
+            "reward.form=perplexity",
+            "sampling.max_new_tokens=16",
+            "output.all_candidates=true",
+        ],
+    )
     (res,) = out.results
     done = [c for c in res.candidates if c.finished and c.token_ids]
     assert done

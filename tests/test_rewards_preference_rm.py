@@ -14,10 +14,14 @@ from rodeco.validation import ConfigError
 from rodeco_rewards.preference_rm import build_preference_rm
 from rodeco_rewards.rm_format import FALLBACK_TEMPLATE
 
-WORDS = ("the a sky is blue because light scatters haiku autumn leaves fall tips healthy sleep water walk "
-         "explain why two sentences write give three hello world answer question").split()
-LLAMA_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}<eot>{% endfor %}"
-                  "{% if add_generation_prompt %}[assistant]{% endif %}")
+WORDS = (
+    "the a sky is blue because light scatters haiku autumn leaves fall tips healthy sleep water walk "
+    "explain why two sentences write give three hello world answer question"
+).split()
+LLAMA_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}<eot>{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 
 
 def _bert_tokenizer():
@@ -30,10 +34,13 @@ def _bert_tokenizer():
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()])
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]")
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    )
 
 
 def _llama_tokenizer():
@@ -43,8 +50,12 @@ def _llama_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<eot>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "<eot>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([" ".join(WORDS)] * 3, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<eot>")  # no pad token
     fast.chat_template = LLAMA_TEMPLATE
@@ -59,13 +70,31 @@ def rm_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rms")
     torch.manual_seed(0)
     bt = _bert_tokenizer()
-    bert = BertForSequenceClassification(BertConfig(
-        vocab_size=len(bt), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=256, num_labels=1)).eval()
+    bert = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(bt),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=256,
+            num_labels=1,
+        )
+    ).eval()
     lt = _llama_tokenizer()
-    llama = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=len(lt), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, num_labels=1, pad_token_id=None)).eval()
+    llama = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=len(lt),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            num_labels=1,
+            pad_token_id=None,
+        )
+    ).eval()
     out = {}
     for name, model, tok in (("bert", bert, bt), ("llama", llama, lt)):
         model.save_pretrained(root / name)
@@ -131,16 +160,19 @@ def test_chat_template_path(rm_dirs):
     rm = _build(rm_dirs["llama"])
     assert rm.fmt.use_chat_template
     tok = rm.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}],
-                                   tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}], tokenize=False
+    )
     assert text == "[user]hello<eot>[assistant]world<eot>"
-    assert rm.token_ids([ScoreRequest("hello", "world", (), False)])[0] == tok(text, add_special_tokens=False)[
-        "input_ids"]
+    assert (
+        rm.token_ids([ScoreRequest("hello", "world", (), False)])[0] == tok(text, add_special_tokens=False)["input_ids"]
+    )
     off = _build(rm_dirs["llama"], chat_template=False)
     want = tok(FALLBACK_TEMPLATE.format(prompt="hello", response="world"))["input_ids"]
     assert off.token_ids([ScoreRequest("hello", "world", (), False)])[0] == want
-    assert rm.score([ScoreRequest("hello", "world", (), False)]) != off.score([ScoreRequest("hello", "world", (),
-                                                                                            False)])
+    assert rm.score([ScoreRequest("hello", "world", (), False)]) != off.score(
+        [ScoreRequest("hello", "world", (), False)]
+    )
 
 
 def test_fallback_template_and_pair_encoding(rm_dirs):
@@ -162,23 +194,26 @@ def test_long_inputs_are_truncated_to_max_length(rm_dirs):
     assert left.token_ids([req])[0][-1] == rm.tokenizer.sep_token_id
 
 
-@pytest.mark.parametrize("params, key", [
-    ({"model": None}, "reward.model"),
-    ({"model": "/no/such/dir"}, "reward.model"),
-    ({"colour": "red"}, "reward.colour"),
-    ({"chat_template": True}, "reward.chat_template"),  # the BERT tokenizer has none
-    ({"chat_template": "sometimes"}, "reward.chat_template"),
-    ({"template": "{prompt} only"}, "reward.template"),
-    ({"template": "{prompt} {response} {oops}"}, "reward.template"),
-    ({"truncation_side": "middle"}, "reward.truncation_side"),
-    ({"max_length": 2}, "reward.max_length"),
-    ({"batch_tokens": 0}, "reward.batch_tokens"),
-    ({"max_batch_size": -1}, "reward.max_batch_size"),
-    ({"dtype": "float8"}, "reward.dtype"),
-    ({"device": "cuda:7"}, "reward.device"),
-    ({"trust_remote_code": "yes"}, "reward.trust_remote_code"),
-    ({"label": 3}, "reward.label"),
-])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"model": None}, "reward.model"),
+        ({"model": "/no/such/dir"}, "reward.model"),
+        ({"colour": "red"}, "reward.colour"),
+        ({"chat_template": True}, "reward.chat_template"),  # the BERT tokenizer has none
+        ({"chat_template": "sometimes"}, "reward.chat_template"),
+        ({"template": "{prompt} only"}, "reward.template"),
+        ({"template": "{prompt} {response} {oops}"}, "reward.template"),
+        ({"truncation_side": "middle"}, "reward.truncation_side"),
+        ({"max_length": 2}, "reward.max_length"),
+        ({"batch_tokens": 0}, "reward.batch_tokens"),
+        ({"max_batch_size": -1}, "reward.max_batch_size"),
+        ({"dtype": "float8"}, "reward.dtype"),
+        ({"device": "cuda:7"}, "reward.device"),
+        ({"trust_remote_code": "yes"}, "reward.trust_remote_code"),
+        ({"label": 3}, "reward.label"),
+    ],
+)
 def test_config_errors_name_the_key(params, key, rm_dirs):
     if key == "reward.device" and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
@@ -191,9 +226,16 @@ def test_multi_logit_model_needs_an_explicit_label(tmp_path, rm_dirs):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(
-        vocab_size=len(_bert_tokenizer()), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-        intermediate_size=64, num_labels=3)).save_pretrained(tmp_path)
+    BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(_bert_tokenizer()),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=3,
+        )
+    ).save_pretrained(tmp_path)
     _bert_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="reward.label"):
         _build(str(tmp_path))
@@ -206,12 +248,23 @@ def test_multi_logit_model_needs_an_explicit_label(tmp_path, rm_dirs):
 def test_decoding_end_to_end_with_a_preference_rm(rm_dirs, tiny_gen):
     import rodeco
 
-    out = rodeco.decode(["explain why the sky is blue"], generator=tiny_gen(), n=4, policy="fixed",
-                        overrides=["reward=preference_rm", f"reward.model={rm_dirs['llama']}", "reward.device=cpu",
-                                   "sampling.max_new_tokens=24", "budget=unlimited"])
+    out = rodeco.decode(
+        ["explain why the sky is blue"],
+        generator=tiny_gen(),
+        n=4,
+        policy="fixed",
+        overrides=[
+            "reward=preference_rm",
+            f"reward.model={rm_dirs['llama']}",
+            "reward.device=cpu",
+            "sampling.max_new_tokens=24",
+            "budget=unlimited",
+        ],
+    )
     (res,) = out.results
-    rescored = _build(rm_dirs["llama"]).score([ScoreRequest("explain why the sky is blue", res.best.text, (),
-                                                             partial=False)])
+    rescored = _build(rm_dirs["llama"]).score(
+        [ScoreRequest("explain why the sky is blue", res.best.text, (), partial=False)]
+    )
     assert res.best.score == pytest.approx(rescored[0], abs=1e-4)  # the winner's score is the RM's, recomputed
     assert out.compute.reward_tokens > 0 and out.compute.reward_flops > 0
 
@@ -228,7 +281,8 @@ def test_a_hub_sequence_classifier_judges_the_winners_and_changes_nothing(rm_dir
     judge = ["judge=preference_rm", f"judge.preference_rm.model={rm_dirs['llama']}", "judge.preference_rm.device=cpu"]
     judged = rodeco.decode(prompts, overrides=[*base, *judge], **args)
     assert [(r.best.candidate_id, r.best.text) for r in judged.results] == [
-        (r.best.candidate_id, r.best.text) for r in plain.results]
+        (r.best.candidate_id, r.best.text) for r in plain.results
+    ]
     rm = _build(rm_dirs["llama"])
     for r in judged.results:
         (entry,) = r.judge

@@ -24,8 +24,9 @@ from rodeco_rewards.minilm.head import BTHead, HeadShape, load_head, save_head
 from rodeco_rewards.minilm.reward import ASSET_STEM, MiniLMReward, build_minilm_rm
 from rodeco_rewards.minilm.train import TrainConfig, accuracy, fit_bt
 
-needs_data = pytest.mark.skipif(not (SHARED_DATA / "prefs").is_dir(),
-                                reason=f"shared preference data not found at {SHARED_DATA} (../shared/data)")
+needs_data = pytest.mark.skipif(
+    not (SHARED_DATA / "prefs").is_dir(), reason=f"shared preference data not found at {SHARED_DATA} (../shared/data)"
+)
 
 
 @given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 1000), st.one_of(st.none(), st.integers(1, 8)))
@@ -53,8 +54,14 @@ def tiny_encoder_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("enc")
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(_bert_tokenizer()), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=len(_bert_tokenizer()),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=128,
+    )
     BertModel(cfg).save_pretrained(path)
     _bert_tokenizer().save_pretrained(path)
     return path
@@ -66,14 +73,23 @@ def tiny_rm(tiny_encoder_dir, tmp_path):
     head = BTHead(HeadShape(in_dim=feature_dim(16)))
     torch.nn.init.normal_(head.net.weight)
     save_head(head, tmp_path / "head", {"max_length": 32, "score_stats": {"mean": 0.5, "std": 2.0}})
-    return build_minilm_rm({"head": str(tmp_path / "head.json"), "encoder": str(tiny_encoder_dir), "device": "cpu",
-                            "batch_tokens": 40}, BuildContext())
+    return build_minilm_rm(
+        {"head": str(tmp_path / "head.json"), "encoder": str(tiny_encoder_dir), "device": "cpu", "batch_tokens": 40},
+        BuildContext(),
+    )
 
 
 def _reqs(n, seed=0):
     rng = random.Random(seed)
-    return [ScoreRequest(" ".join(rng.choices(WORDS, k=rng.randint(1, 5))), " ".join(rng.choices(WORDS, k=k)), (),
-                         partial=bool(k % 2)) for k in (rng.randint(0, 50) for _ in range(n))]
+    return [
+        ScoreRequest(
+            " ".join(rng.choices(WORDS, k=rng.randint(1, 5))),
+            " ".join(rng.choices(WORDS, k=k)),
+            (),
+            partial=bool(k % 2),
+        )
+        for k in (rng.randint(0, 50) for _ in range(n))
+    ]
 
 
 def test_encoder_matches_unbatched_mean_pooling(tiny_encoder_dir):
@@ -105,7 +121,7 @@ def test_minilm_parts_sum_to_the_score_and_split_surface_from_embedding(tiny_rm)
     total = np.array(parts["embedding"]) + np.array(parts["surface"]) + np.array(parts["bias"])
     assert total == pytest.approx(tiny_rm.score(reqs), abs=1e-4)
     with torch.no_grad():  # no surface weights: the surface part is zero and the embedding part is the score's
-        tiny_rm.head.net.weight[0, -len(STAT_NAMES):] = 0.0
+        tiny_rm.head.net.weight[0, -len(STAT_NAMES) :] = 0.0
     assert tiny_rm.parts(reqs)["surface"] == pytest.approx([0.0] * 6)
     assert np.abs(tiny_rm.parts(reqs)["embedding"]).max() > 0
 
@@ -139,12 +155,15 @@ def test_an_embedding_only_head_holds_the_statistics_at_zero():
     assert accuracy(fit_bt(xc, xr, TrainConfig(steps=200, surface=False), n_embedding=2), xc, xr) > 0.7
 
 
-@pytest.mark.parametrize("params, key", [
-    ({"head": "/no/such/head"}, "reward.head"),
-    ({"encoder": "/no/such/dir"}, "reward.encoder"),
-    ({"batch_tokens": 0}, "reward.batch_tokens"),
-    ({"max_length": 8}, "reward.max_length"),
-])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"head": "/no/such/head"}, "reward.head"),
+        ({"encoder": "/no/such/dir"}, "reward.encoder"),
+        ({"batch_tokens": 0}, "reward.batch_tokens"),
+        ({"max_length": 8}, "reward.max_length"),
+    ],
+)
 def test_minilm_config_errors(params, key):
     with pytest.raises(ConfigError) as e:
         build_minilm_rm(params, BuildContext())

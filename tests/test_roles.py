@@ -48,8 +48,12 @@ def test_a_live_run_looks_up_and_builds_each_role_once(tiny_gen, monkeypatch):
 
     monkeypatch.setattr(Registry, "get", counting_get)
     monkeypatch.setattr(runner, "run_decode", spy)
-    out = run_tiny(tiny_gen(), ["write a haiku"], n=4, overrides=["sampling.max_new_tokens=8", "budget=unlimited",
-                                                                  "partial_reward=logprob"])
+    out = run_tiny(
+        tiny_gen(),
+        ["write a haiku"],
+        n=4,
+        overrides=["sampling.max_new_tokens=8", "budget=unlimited", "partial_reward=logprob"],
+    )
     assert out.results[0].best.text is not None
     assert sorted(looked_up) == [("policy", "fixed"), ("reward", "logprob"), ("reward", "logprob")]  # reward, partial
     assert sorted(built) == ["policy:fixed", "reward:logprob", "reward:logprob"]

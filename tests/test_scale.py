@@ -20,8 +20,14 @@ import rodeco
 from rodeco.validation import ConfigError
 
 RODECO = Path(sys.executable).with_name("rodeco")
-SETTINGS = ["data.path=prompts.jsonl", "reward=logprob", "n=4", "sampling.max_new_tokens=24",
-            "budget.kv_tokens=300", "output.progress=false"]
+SETTINGS = [
+    "data.path=prompts.jsonl",
+    "reward=logprob",
+    "n=4",
+    "sampling.max_new_tokens=24",
+    "budget.kv_tokens=300",
+    "output.progress=false",
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
 
 
@@ -30,8 +36,9 @@ def rodeco_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Com
 
 
 def write_prompts(where: Path, n: int) -> None:
-    (where / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n"
-                                                 for i in range(n)))
+    (where / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n" for i in range(n))
+    )
 
 
 def records(path: Path) -> list[dict]:
@@ -59,8 +66,18 @@ def test_two_joblib_shards_merged_equal_one_unsharded_run(tiny_model_dir: Path, 
     the budget) the merged shards are the unsharded run: winners, texts, scores, rounds, and the compute."""
     launcher_installed("joblib")
     args, single = unsharded(tmp_path, tiny_model_dir, 8, "data.batch_prompts=2", "budget.kv_tokens=120")
-    p = rodeco_cli(["--multirun", *args, "data.num_shards=2", "data.shard=range(2)", "hydra/launcher=joblib",
-                    "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    p = rodeco_cli(
+        [
+            "--multirun",
+            *args,
+            "data.num_shards=2",
+            "data.shard=range(2)",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert "1 thread(s) of" in (tmp_path / "sweep/0/cli.log").read_text() or os.cpu_count() > 2
     m = rodeco_cli(["task=merge", "merge.dir=sweep", "output.alpaca_eval=tiny"], cwd=tmp_path)
@@ -106,14 +123,24 @@ def test_a_shard_killed_mid_run_is_completed_by_rerunning_the_multirun(tiny_mode
     decodes only the prompts missing from each shard, and the merge equals the unsharded run."""
     launcher_installed("joblib")
     args, single = unsharded(tmp_path, tiny_model_dir, 30, "data.batch_prompts=1")
-    multirun = [str(RODECO), "--multirun", *args, "data.num_shards=2", "data.shard=range(2)",
-                "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"]
-    proc = subprocess.Popen(multirun, cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    multirun = [
+        str(RODECO),
+        "--multirun",
+        *args,
+        "data.num_shards=2",
+        "data.shard=range(2)",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweep.dir=sweep",
+    ]
+    proc = subprocess.Popen(multirun, cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.kill(pid_after_first_result(proc, tmp_path / "sweep/1"), signal.SIGKILL)
     proc.communicate(timeout=240)
-    before = {d: records(tmp_path / f"sweep/{d}/results.jsonl") for d in (0, 1)
-              if (tmp_path / f"sweep/{d}/results.jsonl").is_file()}
+    before = {
+        d: records(tmp_path / f"sweep/{d}/results.jsonl")
+        for d in (0, 1)
+        if (tmp_path / f"sweep/{d}/results.jsonl").is_file()
+    }
     n_before = sum(map(len, before.values()))
     assert 1 <= len(before[1]) < 15, "shard 1 was not killed mid-run"
     m = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
@@ -132,8 +159,17 @@ def test_a_shard_killed_mid_run_is_completed_by_rerunning_the_multirun(tiny_mode
 def test_submitit_local_runs_a_shard(tiny_model_dir: Path, tmp_path: Path):
     launcher_installed("submitit")
     args, single = unsharded(tmp_path, tiny_model_dir, 6, "data.batch_prompts=1")
-    p = rodeco_cli(["--multirun", *args, "data.num_shards=3", "data.shard=1", "hydra/launcher=submitit_local",
-                    "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    p = rodeco_cli(
+        [
+            "--multirun",
+            *args,
+            "data.num_shards=3",
+            "data.shard=1",
+            "hydra/launcher=submitit_local",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     got = records(tmp_path / "sweep/0/results.jsonl")
     assert [r["prompt_index"] for r in got] == [1, 4]
@@ -141,15 +177,19 @@ def test_submitit_local_runs_a_shard(tiny_model_dir: Path, tmp_path: Path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the shard's process through /proc")
-def test_submitit_requeues_a_preempted_shard_which_resumes_after_its_last_prompt(tiny_model_dir: Path,
-                                                                                 tmp_path: Path):
+def test_submitit_requeues_a_preempted_shard_which_resumes_after_its_last_prompt(tiny_model_dir: Path, tmp_path: Path):
     """SLURM's preemption warning is SIGUSR2 to the job: submitit checkpoints and requeues it (its local executor
     does what SLURM would), and the requeued job resumes from its results: complete, equal to one run."""
     launcher_installed("submitit")
     args, single = unsharded(tmp_path, tiny_model_dir, 30, "data.batch_prompts=1")
-    proc = subprocess.Popen([str(RODECO), "--multirun", *args, "hydra/launcher=submitit_local",
-                             "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(RODECO), "--multirun", *args, "hydra/launcher=submitit_local", "hydra.sweep.dir=sweep"],
+        cwd=tmp_path,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     results, log = tmp_path / "sweep/0/results.jsonl", tmp_path / "sweep/0/cli.log"
     os.kill(pid_after_first_result(proc, tmp_path / "sweep/0"), signal.SIGUSR2)
     _, err = proc.communicate(timeout=300)
@@ -163,8 +203,19 @@ def test_submitit_requeues_a_preempted_shard_which_resumes_after_its_last_prompt
 def test_ray_runs_two_shards_on_a_local_instance(tiny_model_dir: Path, tmp_path: Path):
     launcher_installed("ray")
     args, single = unsharded(tmp_path, tiny_model_dir, 6, "data.batch_prompts=2")
-    p = rodeco_cli(["--multirun", *args, "data.num_shards=2", "data.shard=range(2)", "hydra/launcher=ray",
-                    "+hydra.launcher.ray.init.num_cpus=2", "hydra.sweep.dir=sweep"], cwd=tmp_path, timeout=600)
+    p = rodeco_cli(
+        [
+            "--multirun",
+            *args,
+            "data.num_shards=2",
+            "data.shard=range(2)",
+            "hydra/launcher=ray",
+            "+hydra.launcher.ray.init.num_cpus=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     m = rodeco_cli(["task=merge", "merge.dir=sweep"], cwd=tmp_path)
     assert m.returncode == 0, m.stderr
@@ -175,8 +226,7 @@ def test_ray_runs_two_shards_on_a_local_instance(tiny_model_dir: Path, tmp_path:
 def test_the_shipped_cluster_launcher_configs_compose(launcher: str, tmp_path: Path):
     """The SLURM and Ray-cluster configs (they need a cluster to run): they compose over the plugins' own."""
     launcher_installed("submitit" if "slurm" in launcher else "ray")
-    p = rodeco_cli([f"hydra/launcher={launcher}", "--cfg", "hydra", "--package", "hydra.launcher"],
-                   cwd=tmp_path)
+    p = rodeco_cli([f"hydra/launcher={launcher}", "--cfg", "hydra", "--package", "hydra.launcher"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     if launcher == "rodeco_slurm":
         assert "gpus_per_task: 1" in p.stdout and "timeout_min: 240" in p.stdout and "partition:" in p.stdout
@@ -190,8 +240,9 @@ def fake_shard(root: Path, name: str, overrides: dict, prompts: list[int]) -> No
     d = root / name
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra/config.yaml").write_text(__import__("omegaconf").OmegaConf.to_yaml(cfg))
-    (d / "results.jsonl").write_text("".join(json.dumps({"prompt_index": i, "prompt": f"p{i}",
-                                                         "best": {"text": f"r{i}"}}) + "\n" for i in prompts))
+    (d / "results.jsonl").write_text(
+        "".join(json.dumps({"prompt_index": i, "prompt": f"p{i}", "best": {"text": f"r{i}"}}) + "\n" for i in prompts)
+    )
 
 
 def test_merge_refuses_shards_run_with_different_settings_and_names_the_keys(tmp_path: Path):
@@ -213,8 +264,11 @@ def test_merge_lists_missing_prompts_and_fails_until_none_are_missing(tmp_path: 
     assert p.returncode == 1 and "2 of 5 prompts are in no shard's results: prompt_index 2, 3" in p.stderr
     summary = json.loads((tmp_path / "sweep/summary.json").read_text())
     assert summary["missing"] == [2, 3] and not summary["complete"]
-    assert [json.loads(x)["prompt_index"] for x in (tmp_path / "sweep/results.jsonl").read_text().splitlines()] \
-        == [0, 1, 4]
+    assert [json.loads(x)["prompt_index"] for x in (tmp_path / "sweep/results.jsonl").read_text().splitlines()] == [
+        0,
+        1,
+        4,
+    ]
     p = rodeco_cli(["task=merge"], cwd=tmp_path)
     assert p.returncode == 2 and "merge.dir" in p.stderr
 
@@ -236,8 +290,16 @@ def test_device_map_auto_runs_with_the_hf_engine(tiny_model_dir: Path):
 
     from rodeco.loading import load_generator
 
-    base = {"model": str(tiny_model_dir), "gguf_file": None, "dtype": "float32", "device": "cpu", "engine": "hf",
-            "chat_template": True, "system_prompt": None, "trust_remote_code": False}
+    base = {
+        "model": str(tiny_model_dir),
+        "gguf_file": None,
+        "dtype": "float32",
+        "device": "cpu",
+        "engine": "hf",
+        "chat_template": True,
+        "system_prompt": None,
+        "trust_remote_code": False,
+    }
     spread = load_generator(OmegaConf.create({**base, "engine": "auto", "device_map": "auto"}))
     assert spread.engine_kind == "hf" and set(spread.layer_devices()) == {"cpu"}
     one = load_generator(OmegaConf.create({**base, "device_map": None}))
@@ -252,10 +314,27 @@ def test_scale_bench_script_prints_the_ratio(tiny_model_dir: Path, tmp_path: Pat
     """docs/scale.md's throughput command, on the tiny model: both sides run, merge, and agree."""
     write_prompts(tmp_path, 8)
     script = Path(__file__).resolve().parents[1] / "scripts/scale_bench.py"
-    p = subprocess.run([sys.executable, str(script), "--out", "bench", "--threads", "2", "--",
-                        "data.path=prompts.jsonl", f"generator.model={tiny_model_dir}", "reward=logprob",
-                        "budget.kv_tokens=300", "sampling.max_new_tokens=16"], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--out",
+            "bench",
+            "--threads",
+            "2",
+            "--",
+            "data.path=prompts.jsonl",
+            f"generator.model={tiny_model_dir}",
+            "reward=logprob",
+            "budget.kv_tokens=300",
+            "sampling.max_new_tokens=16",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr + p.stdout
     res = json.loads((tmp_path / "bench/scale_bench.json").read_text())
     assert res["same_choices"] and res["tokens_single"] == res["tokens_sharded"] > 0
@@ -265,8 +344,12 @@ def test_scale_bench_script_prints_the_ratio(tiny_model_dir: Path, tmp_path: Pat
 
 def test_cost_model_script_prints_the_table(tmp_path: Path):
     script = Path(__file__).resolve().parents[1] / "scripts/cost_model.py"
-    p = subprocess.run([sys.executable, str(script), "--prompt-tokens", "67", "--json", str(tmp_path / "c.json")],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(script), "--prompt-tokens", "67", "--json", str(tmp_path / "c.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     rows = json.loads((tmp_path / "c.json").read_text())["rows"]
     bon = {r["gpus"]: r for r in rows if r["method"] == "Best-of-N"}
@@ -285,8 +368,10 @@ def test_shard_i_runs_on_gpu_i_mod_device_count(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     devices = [shard_device(rodeco.load_config(["data.num_shards=6", f"data.shard={i}"])).device for i in range(6)]
     assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
-    assert shard_device(rodeco.load_config(["data.num_shards=6", "data.shard=5", "generator.device=cuda:3"])).device \
-        == "cuda:3"  # an explicit device is kept
+    assert (
+        shard_device(rodeco.load_config(["data.num_shards=6", "data.shard=5", "generator.device=cuda:3"])).device
+        == "cuda:3"
+    )  # an explicit device is kept
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert shard_device(rodeco.load_config(["data.num_shards=6", "data.shard=5"])).device == "auto"
 
@@ -294,8 +379,18 @@ def test_shard_i_runs_on_gpu_i_mod_device_count(monkeypatch):
 def test_a_failing_job_of_a_multirun_is_reported_after_the_others_ran(tiny_model_dir: Path, tmp_path: Path):
     """Shard 2 of 2 does not exist: that job fails with the key named, the other jobs complete, the exit is 2."""
     write_prompts(tmp_path, 4)
-    p = rodeco_cli(["--multirun", *SETTINGS, f"generator.model={tiny_model_dir}", "data.num_shards=2",
-                    "data.batch_prompts=1", "data.shard=2,0,1", "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    p = rodeco_cli(
+        [
+            "--multirun",
+            *SETTINGS,
+            f"generator.model={tiny_model_dir}",
+            "data.num_shards=2",
+            "data.batch_prompts=1",
+            "data.shard=2,0,1",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+    )
     assert p.returncode == 2
     assert re.search(r"rodeco: error: job 0 \(.*data.shard=2\): data.shard=2: must be in 0..1", p.stderr), p.stderr
     for d in ("1", "2"):  # jobs 1 and 2 ran shards 0 and 1

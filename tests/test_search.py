@@ -32,16 +32,18 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("engine", ["hf", "fast"])
-def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_stream(tiny_gen, tiny_model,
-                                                                                        engine):
+def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_stream(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     ids = [gen.encode(p) for p in PROMPTS[:2]]
     sess = gen.open_session(SessionSpec(3, SAMPLING, 20, 0, (0, 1), needs_logprobs=True, ignore_eos=True))
     sess.prefill(ids)
     sess.decode(until=6)
     parents = [1, 1, 4]  # two copies of row 1 (prompt 0), one of row 4 (prompt 1)
-    streams = [copy_stream(int(sess.stream[1]), 6, 0), copy_stream(int(sess.stream[1]), 6, 1),
-               copy_stream(int(sess.stream[4]), 6, 0)]
+    streams = [
+        copy_stream(int(sess.stream[1]), 6, 0),
+        copy_stream(int(sess.stream[1]), 6, 1),
+        copy_stream(int(sess.stream[4]), 6, 0),
+    ]
     sess.fork(parents, [3, 4, 3], streams)
     assert sess.prompt_of.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]  # copies next to their parents
     assert sess.cand.tolist() == [0, 1, 3, 4, 2, 0, 1, 3, 2]
@@ -50,8 +52,9 @@ def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_
         seq = ids[sess.prompt_of[row]] + sess.out[row, : sess.t - 1].tolist()
         torch.testing.assert_close(sess.logits[row], _fresh_last_logits(tiny_model, seq), atol=1e-4, rtol=1e-4)
     for row in (2, 3, 7):  # the same tokens as a solo session forced through the parent's tokens, with its stream
-        solo = gen.open_session(SessionSpec(1, SAMPLING, 20, 0, (int(sess.prompt_of[row]),), needs_logprobs=True,
-                                            ignore_eos=True))
+        solo = gen.open_session(
+            SessionSpec(1, SAMPLING, 20, 0, (int(sess.prompt_of[row]),), needs_logprobs=True, ignore_eos=True)
+        )
         solo.prefill([ids[sess.prompt_of[row]]])
         solo.stream[:] = sess.stream[row]
         solo.force(sess.out[row : row + 1, :6].cpu())
@@ -97,8 +100,15 @@ def _run_with(gen, policy, n=4, overrides=(), prompts=PROMPTS[:2], seed=0):
         def rodeco_register_policies(self, register):
             register("mine", lambda params, ctx: policy)
 
-    return run_tiny(gen, prompts, n=n, policy="fixed", plugins=get_plugin_manager(extra=[Plugin()]), seed=seed,
-                    overrides=["policy.name=mine", "sampling.max_new_tokens=24", *overrides])
+    return run_tiny(
+        gen,
+        prompts,
+        n=n,
+        policy="fixed",
+        plugins=get_plugin_manager(extra=[Plugin()]),
+        seed=seed,
+        overrides=["policy.name=mine", "sampling.max_new_tokens=24", *overrides],
+    )
 
 
 @pytest.mark.parametrize("engine", ["hf", "fast"])
@@ -121,8 +131,9 @@ def test_copies_are_new_candidates_with_their_lineage_in_the_results(tiny_gen, e
     # charged in full: every row's every token is decoded and counted
     tokens = sum(len(c.token_ids) for r in out.results for c in r.candidates)
     starts = sum(4 for _ in out.results)  # the first token of each starting row is sampled from the prefill
-    copied = sum(r.rounds[c.forked_round].tokens_generated for r in out.results for c in r.candidates
-                 if c.parent is not None)
+    copied = sum(
+        r.rounds[c.forked_round].tokens_generated for r in out.results for c in r.candidates if c.parent is not None
+    )
     assert out.compute.gen_decode_tokens == tokens - copied - starts
 
 
@@ -140,8 +151,14 @@ def test_counts_of_0_and_1_are_todays_keep_lists(tiny_gen):
 
     ov = ["budget.kv_tokens=900", "sampling.max_new_tokens=40"]
     a = run_tiny(tiny_gen("fast"), PROMPTS, n=8, overrides=[*ov, "policy.alpha=0.5"], seed=3)
-    b = _run_with(tiny_gen("fast"), AsCounts(FixedPolicy(0.5)), n=8, overrides=[*ov, "sampling.max_new_tokens=40"],
-                  prompts=PROMPTS, seed=3)
+    b = _run_with(
+        tiny_gen("fast"),
+        AsCounts(FixedPolicy(0.5)),
+        n=8,
+        overrides=[*ov, "sampling.max_new_tokens=40"],
+        prompts=PROMPTS,
+        seed=3,
+    )
     assert any(r.rounds for r in a.results)
     assert [r.to_dict()["candidates"] for r in a.results] == [r.to_dict()["candidates"] for r in b.results]
     assert [r.to_dict()["rounds"] for r in a.results] == [r.to_dict()["rounds"] for r in b.results]
@@ -161,17 +178,31 @@ def test_copies_stay_within_the_budget(tiny_gen):
                 out.append(Counts(c))
             return out
 
-    out = _run_with(tiny_gen("fast"), Filler(), n=2, overrides=["budget.kv_tokens=700", "sampling.max_new_tokens=40",
-                                                                 "sampling.ignore_eos=true"])
+    out = _run_with(
+        tiny_gen("fast"),
+        Filler(),
+        n=2,
+        overrides=["budget.kv_tokens=700", "sampling.max_new_tokens=40", "sampling.ignore_eos=true"],
+    )
     assert max(x.rows_kept for r in out.results for x in r.rounds) > 2  # the batch grew
     assert 0 < out.compute.peak_kv_tokens <= 700
 
 
 def _view(k=4, max_rows=8, finished=()):
-    pv = PromptView(prompt_index=0, candidate_ids=list(range(k)), scores=np.arange(k, dtype=float),
-                    history=np.zeros((k, 0)), finished_scores=list(finished), tokens_generated=4, min_reject=0,
-                    parents=[None] * k, origins=list(range(k)), finished_ids=list(range(10, 10 + len(finished))),
-                    max_rows=max_rows, rng=np.random.default_rng(0))
+    pv = PromptView(
+        prompt_index=0,
+        candidate_ids=list(range(k)),
+        scores=np.arange(k, dtype=float),
+        history=np.zeros((k, 0)),
+        finished_scores=list(finished),
+        tokens_generated=4,
+        min_reject=0,
+        parents=[None] * k,
+        origins=list(range(k)),
+        finished_ids=list(range(10, 10 + len(finished))),
+        max_rows=max_rows,
+        rng=np.random.default_rng(0),
+    )
     return RoundView(round=0, prompts=[pv], max_rows_next=max_rows, max_new_tokens=16, n_start=k)
 
 
@@ -183,14 +214,17 @@ class Fixed:
         return self.answer
 
 
-@pytest.mark.parametrize("answer, match", [
-    ([Counts([1, -1, 1, 1])], "negative counts"),
-    ([Counts([1, 1])], "2 counts for prompt 0, which has 4 rows"),
-    ([Counts([3, 3, 3, 0])], "kept 9 rows .copies included. but the budget allows 8"),
-    ([Counts([0, 0, 0, 0])], "kept no row of prompt 0, which has no finished candidate"),
-    ([[0, 0, 1]], "duplicate or out-of-range rows"),
-    ([[0], [1]], "2 answers for 1 prompts"),
-])
+@pytest.mark.parametrize(
+    "answer, match",
+    [
+        ([Counts([1, -1, 1, 1])], "negative counts"),
+        ([Counts([1, 1])], "2 counts for prompt 0, which has 4 rows"),
+        ([Counts([3, 3, 3, 0])], "kept 9 rows .copies included. but the budget allows 8"),
+        ([Counts([0, 0, 0, 0])], "kept no row of prompt 0, which has no finished candidate"),
+        ([[0, 0, 1]], "duplicate or out-of-range rows"),
+        ([[0], [1]], "2 answers for 1 prompts"),
+    ],
+)
 def test_each_bad_answer_is_a_plugin_error_naming_the_policy(answer, match):
     with pytest.raises(PluginError, match=match) as e:
         select_checked(Fixed(answer), "mine", _view())
@@ -258,8 +292,12 @@ def _cand(i, text, score):
 
 
 def test_winner_rules_choose_by_reward_majority_or_weighted_vote():
-    cands = [_cand(0, "so \\boxed{12}", 0.1), _cand(1, "\\boxed{12.0}", 0.2), _cand(2, "it is \\boxed{7}", 3.0),
-             _cand(3, "no answer", 9.0)]
+    cands = [
+        _cand(0, "so \\boxed{12}", 0.1),
+        _cand(1, "\\boxed{12.0}", 0.2),
+        _cand(2, "it is \\boxed{7}", 3.0),
+        _cand(3, "no answer", 9.0),
+    ]
     assert WinnerRule().choose(cands).best.candidate_id == 3
     maj = WinnerRule(rule="majority").choose(cands)
     assert (maj.best.candidate_id, maj.rule, maj.answer) == (1, "majority", "12")

@@ -12,12 +12,22 @@ def fake_run(calls: list):
     def run(i: int, node: dict, n: int, kv: int, first: int) -> dict:
         calls.append((i, dict(node), first))
         return {"best": -abs(node.get("temperature", 1.0) - 0.5) + i / 100}  # 0.5 is the best temperature
+
     return run
 
 
 def args(tmp_path, **kw) -> argparse.Namespace:
-    base = dict(run_dir=tmp_path, pool="pool", compile=False, report_only=True, methods=["particle_filter_start_16"],
-                firsts=[0], pf_grid=[0.25, 0.5, 1.0], pf_temperature=None, alternatives=False)
+    base = dict(
+        run_dir=tmp_path,
+        pool="pool",
+        compile=False,
+        report_only=True,
+        methods=["particle_filter_start_16"],
+        firsts=[0],
+        pf_grid=[0.25, 0.5, 1.0],
+        pf_temperature=None,
+        alternatives=False,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 

@@ -27,15 +27,20 @@ from rodeco.plugins import BuildContext, default_plugins
 from rodeco.sampling import SamplingParams
 from rodeco.state import PromptRef
 
-PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying healthy",
-           "explain why the sky is blue in two sentences", "the quick brown fox jumps over the lazy dog"]
+PROMPTS = [
+    "write a haiku about autumn leaves",
+    "give three tips for staying healthy",
+    "explain why the sky is blue in two sentences",
+    "the quick brown fox jumps over the lazy dog",
+]
 RODECO = Path(sys.executable).with_name("rodeco")
 
 
 def chat(c, prompt: str, **kw):
     extra = {k: kw.pop(k) for k in ("best_of", "rodeco") if k in kw}
-    return c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], extra_body=extra,
-                                     **kw)
+    return c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], extra_body=extra, **kw
+    )
 
 
 def test_chat_and_completions_with_n_and_best_of(tiny_gen):
@@ -53,8 +58,14 @@ def test_chat_and_completions_with_n_and_best_of(tiny_gen):
         assert x["flops"] > 0 and x["bon_flops_modelled"] > 0 and x["decode_tokens"] > 0
         # Speculative Rejection (the server's default policy, fixed alpha 0.5) rejected some, and kept n to the end
         assert x["candidates_rejected"] > 0 and x["rounds"] > 0
-        r2 = c.completions.create(model="tiny", prompt=PROMPTS[1], n=2, max_tokens=8, seed=2,
-                                  extra_body={"best_of": 4, "rodeco": {"policy": "none"}})
+        r2 = c.completions.create(
+            model="tiny",
+            prompt=PROMPTS[1],
+            n=2,
+            max_tokens=8,
+            seed=2,
+            extra_body={"best_of": 4, "rodeco": {"policy": "none"}},
+        )
         assert len(r2.choices) == 2 and r2.object == "text_completion"
         assert r2.model_extra["rodeco"]["candidates_rejected"] == 0 and r2.model_extra["rodeco"]["rounds"] == 0
         models = c.models.list()
@@ -69,8 +80,12 @@ def test_a_seeded_request_gives_the_python_apis_answer(tiny_gen, policy):
     with running(gen) as (url, state):
         r = chat(client(url), PROMPTS[2], n=2, best_of=8, seed=7, max_tokens=14, rodeco=policy)
     x = r.model_extra["rodeco"]
-    ov = ["reward=logprob", "sampling.max_new_tokens=14", f"budget.kv_tokens={x['kv_tokens']}",
-          "output.all_candidates=true"] + ([f"policy.alpha={policy['params']['alpha']}"] if "params" in policy else [])
+    ov = [
+        "reward=logprob",
+        "sampling.max_new_tokens=14",
+        f"budget.kv_tokens={x['kv_tokens']}",
+        "output.all_candidates=true",
+    ] + ([f"policy.alpha={policy['params']['alpha']}"] if "params" in policy else [])
     out = rodeco.decode([PROMPTS[2]], generator=gen, n=8, policy=policy["policy"], overrides=ov, seed=7).results[0]
     assert r.choices[0].message.content == out.best.text
     assert x["choices"][0]["candidate_id"] == out.best.candidate_id
@@ -81,16 +96,43 @@ def test_a_seeded_request_gives_the_clis_answer(tiny_model, tiny_tokenizer, tmp_
     """The same with the real ``rodeco`` command and ``rodeco task=serve`` in their own processes, over the tiny model
     saved as a model directory."""
     d = tiny_model_dir(tmp_path, tiny_model, tiny_tokenizer)
-    common = ["generator=hf", f"generator.model={d}", "reward=logprob", "sampling.max_new_tokens=12",
-              "budget.kv_tokens=20000"]
+    common = [
+        "generator=hf",
+        f"generator.model={d}",
+        "reward=logprob",
+        "sampling.max_new_tokens=12",
+        "budget.kv_tokens=20000",
+    ]
     with spawn(common) as (proc, url):
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": str(d), "messages": [{"role": "user", "content": PROMPTS[0]}], "seed": 11, "best_of": 8,
-            "max_tokens": 12, "rodeco": {"policy": "fixed", "params": {"alpha": 0.5}}}).json()
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": str(d),
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "seed": 11,
+                "best_of": 8,
+                "max_tokens": 12,
+                "rodeco": {"policy": "fixed", "params": {"alpha": 0.5}},
+            },
+        ).json()
     kv = r["rodeco"]["kv_tokens"]
-    cli = subprocess.run([str(RODECO), *common, f"data.prompts=[{PROMPTS[0]}]", "n=8", "policy=fixed",
-                          "policy.alpha=0.5", f"budget.kv_tokens={kv}", "seed=11", f"hydra.run.dir={tmp_path / 'cli'}"],
-                         capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [
+            str(RODECO),
+            *common,
+            f"data.prompts=[{PROMPTS[0]}]",
+            "n=8",
+            "policy=fixed",
+            "policy.alpha=0.5",
+            f"budget.kv_tokens={kv}",
+            "seed=11",
+            f"hydra.run.dir={tmp_path / 'cli'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode == 0, cli.stderr
     rec = json.loads((tmp_path / "cli" / "results.jsonl").read_text().splitlines()[0])
     assert r["choices"][0]["message"]["content"] == rec["best"]["text"]
@@ -114,8 +156,9 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
         alone = [ask(q, {"policy": "none"}) for q in reqs]
         text = httpx.get(f"{url}/metrics").text
     assert [r.choices[0].message.content for r in together] == [r.choices[0].message.content for r in alone]
-    assert [r.model_extra["rodeco"]["choices"][0]["candidate_id"] for r in together] == \
-        [r.model_extra["rodeco"]["choices"][0]["candidate_id"] for r in alone]
+    assert [r.model_extra["rodeco"]["choices"][0]["candidate_id"] for r in together] == [
+        r.model_extra["rodeco"]["choices"][0]["candidate_id"] for r in alone
+    ]
     assert max(r.model_extra["rodeco"]["batch_requests"] for r in together) > 1  # they did share batches
     assert max(r.model_extra["rodeco"]["batch_requests"] for r in sr) > 1
     assert all(r.model_extra["rodeco"]["batch_requests"] == 1 for r in alone)
@@ -123,22 +166,39 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
     everything = together + sr + alone
     assert metric(text, "rodeco_requests_total", 'endpoint="chat",status="200"') == 48
     assert metric(text, "rodeco_started_candidates_total") == 48 * 6
-    assert metric(text, "rodeco_decode_tokens_total") == sum(r.model_extra["rodeco"]["decode_tokens"]
-                                                             for r in everything)
-    assert metric(text, "rodeco_rejected_candidates_total") == sum(r.model_extra["rodeco"]["candidates_rejected"]
-                                                                   for r in everything) > 0
+    assert metric(text, "rodeco_decode_tokens_total") == sum(
+        r.model_extra["rodeco"]["decode_tokens"] for r in everything
+    )
+    assert (
+        metric(text, "rodeco_rejected_candidates_total")
+        == sum(r.model_extra["rodeco"]["candidates_rejected"] for r in everything)
+        > 0
+    )
     assert 0 < metric(text, "rodeco_kv_peak_tokens") <= metric(text, "rodeco_kv_budget_tokens") == 3000
     assert metric(text, "rodeco_queue_depth") == 0 and metric(text, "rodeco_batch_rows") == 0
 
 
 def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen):
     gen = SlowGen(tiny_gen("fast"), delay=0.05)
-    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 8, "max_tokens": 100,
-            "seed": 3, "rodeco": {"policy": "none"}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "best_of": 8,
+        "max_tokens": 100,
+        "seed": 3,
+        "rodeco": {"policy": "none"},
+    }
     with running(gen, ["serve.check_tokens=4", "serve.batch_wait_s=0.2"]) as (url, state):
         other = {}
-        t = threading.Thread(target=lambda: other.update(r=httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-            **body, "seed": 4, "messages": [{"role": "user", "content": PROMPTS[1]}]})))
+        t = threading.Thread(
+            target=lambda: other.update(
+                r=httpx.post(
+                    f"{url}/v1/chat/completions",
+                    timeout=120,
+                    json={**body, "seed": 4, "messages": [{"role": "user", "content": PROMPTS[1]}]},
+                )
+            )
+        )
         t.start()
         with pytest.raises(httpx.TimeoutException):  # the client gives up mid-decode and closes its connection
             httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.0)
@@ -166,8 +226,15 @@ def test_a_cancelled_prompt_leaves_within_check_tokens_and_changes_no_other_answ
     pm = default_plugins()
     scorer = Scorer(pm.build_reward({"name": "logprob"}, BuildContext(generator=gen, plugins=pm)), "logprob")
     policy = pm.build_policy({"name": "none"}, BuildContext(plugins=pm))
-    s = LoopSettings(n=4, sampling=SamplingParams(), max_new_tokens=40, budget=Budget(None), seed=0, check_tokens=5,
-                     all_candidates=True)
+    s = LoopSettings(
+        n=4,
+        sampling=SamplingParams(),
+        max_new_tokens=40,
+        budget=Budget(None),
+        seed=0,
+        check_tokens=5,
+        all_candidates=True,
+    )
     refs = [PromptRef(0, PROMPTS[0], stream=0, seed=1), PromptRef(1, PROMPTS[1], stream=0, seed=2)]
     seen = []
 
@@ -195,12 +262,14 @@ def test_stop_strings_end_a_candidate_as_eos_does(tiny_gen, engine):
         for ch in set(t[2:]):
             counts[ch] = counts.get(ch, 0) + 1
     stop = max((ch for ch in counts if ch.strip() and ch.isascii()), key=lambda ch: counts[ch])
-    cut = rodeco.decode(PROMPTS[:2], generator=gen, n=6, policy="none",
-                        overrides=[*ov, f"sampling.stop=['{stop}']"]).results
+    cut = rodeco.decode(
+        PROMPTS[:2], generator=gen, n=6, policy="none", overrides=[*ov, f"sampling.stop=['{stop}']"]
+    ).results
     hits = 0
     for a, b in zip(free, cut):
-        for ca, cb in zip(sorted(a.candidates, key=lambda c: c.candidate_id),
-                          sorted(b.candidates, key=lambda c: c.candidate_id)):
+        for ca, cb in zip(
+            sorted(a.candidates, key=lambda c: c.candidate_id), sorted(b.candidates, key=lambda c: c.candidate_id)
+        ):
             assert stop not in cb.text
             assert cb.text == ca.text.split(stop)[0]
             if stop in ca.text:
@@ -208,16 +277,19 @@ def test_stop_strings_end_a_candidate_as_eos_does(tiny_gen, engine):
                 assert cb.stop_reason == "stop" and len(cb.token_ids) <= len(ca.token_ids)
     assert hits > 0
     with running(gen) as (url, state):
-        r = chat(client(url), PROMPTS[0], n=1, best_of=6, max_tokens=24, seed=0, stop=[stop],
-                 rodeco={"policy": "none"})
+        r = chat(client(url), PROMPTS[0], n=1, best_of=6, max_tokens=24, seed=0, stop=[stop], rodeco={"policy": "none"})
     assert stop not in r.choices[0].message.content
     assert r.choices[0].message.content == cut[0].best.text
 
 
 def test_a_conversation_goes_through_the_chat_template_and_the_reward_reads_it(tiny_gen, tiny_tokenizer):
     gen = tiny_gen("fast")
-    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "give three tips"},
-            {"role": "assistant", "content": "eat"}, {"role": "user", "content": "why"}]
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "give three tips"},
+        {"role": "assistant", "content": "eat"},
+        {"role": "user", "content": "why"},
+    ]
     want = tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if not isinstance(want, list) else want
     assert gen.encode(msgs) == list(want)
@@ -225,8 +297,11 @@ def test_a_conversation_goes_through_the_chat_template_and_the_reward_reads_it(t
         c = client(url)
         r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, seed=0, extra_body={"best_of": 2})
         assert r.usage.prompt_tokens == len(want)
-        job = state.planner.plan(__import__("rodeco.serve.schema", fromlist=["x"]).ChatRequest.model_validate(
-            {"model": "tiny", "messages": msgs}))
+        job = state.planner.plan(
+            __import__("rodeco.serve.schema", fromlist=["x"]).ChatRequest.model_validate(
+                {"model": "tiny", "messages": msgs}
+            )
+        )
         assert all(m["content"] in job.ref.text for m in msgs)  # what the rewards score the response against
 
 
@@ -235,30 +310,63 @@ def test_streaming_is_parsed_unchanged_by_the_openai_client(tiny_gen):
     with running(gen) as (url, state):
         c = client(url)
         plain = chat(c, PROMPTS[0], n=2, best_of=8, max_tokens=16, seed=5)
-        chunks = list(chat(c, PROMPTS[0], n=2, best_of=8, max_tokens=16, seed=5, stream=True,
-                           stream_options={"include_usage": True}))
-        raw = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 8, "max_tokens": 16,
-            "seed": 5, "stream": True}).text
+        chunks = list(
+            chat(
+                c,
+                PROMPTS[0],
+                n=2,
+                best_of=8,
+                max_tokens=16,
+                seed=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        raw = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "best_of": 8,
+                "max_tokens": 16,
+                "seed": 5,
+                "stream": True,
+            },
+        ).text
     text = {0: "", 1: ""}
     for ch in chunks:
         for cc in ch.choices:
             text[cc.index] += cc.delta.content or ""
     assert [text[0], text[1]] == [ch.message.content for ch in plain.choices]
     assert chunks[-1].usage is not None and chunks[-1].model_extra["rodeco"]["rounds"] > 0
-    assert ": rodeco {\"round\": 0" in raw  # round-by-round progress as SSE comments
+    assert ': rodeco {"round": 0' in raw  # round-by-round progress as SSE comments
     assert raw.rstrip().endswith("data: [DONE]")
 
 
 def test_sigterm_drains_in_flight_requests_and_exits(tiny_model, tiny_tokenizer, tmp_path):
     d = tiny_model_dir(tmp_path, tiny_model, tiny_tokenizer)
-    body = {"model": str(d), "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 32,
-            "max_tokens": 200, "seed": 1, "rodeco": {"policy": "none"}}
-    with spawn(["generator=hf", f"generator.model={d}", "generator.engine=hf", "serve.drain_timeout_s=60",
-                "budget.kv_tokens=200000"]) as (proc, url):
+    body = {
+        "model": str(d),
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "best_of": 32,
+        "max_tokens": 200,
+        "seed": 1,
+        "rodeco": {"policy": "none"},
+    }
+    with spawn(
+        [
+            "generator=hf",
+            f"generator.model={d}",
+            "generator.engine=hf",
+            "serve.drain_timeout_s=60",
+            "budget.kv_tokens=200000",
+        ]
+    ) as (proc, url):
         got = {}
-        t = threading.Thread(target=lambda: got.update(r=httpx.post(f"{url}/v1/chat/completions", json=body,
-                                                                        timeout=120)))
+        t = threading.Thread(
+            target=lambda: got.update(r=httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120))
+        )
         t.start()
         end = time.monotonic() + 30
         while metric(httpx.get(f"{url}/metrics").text, "rodeco_batch_requests") < 1:
@@ -286,8 +394,12 @@ def test_the_curl_and_openai_examples_of_the_docs_work(tiny_gen, capsys):
     import shlex
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text(encoding="utf-8")
-    curls = [line for block in re.findall(r"```bash\n(.*?)```", doc, re.S) for line in block.splitlines()
-             if line.startswith("curl ")]
+    curls = [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", doc, re.S)
+        for line in block.splitlines()
+        if line.startswith("curl ")
+    ]
     code = re.findall(r"```python\n(.*?)```", doc, re.S)
     assert len(curls) >= 4 and len(code) == 1
     with running(tiny_gen("fast"), ["serve.max_tokens=64"]) as (url, state):
@@ -304,9 +416,17 @@ def test_the_curl_and_openai_examples_of_the_docs_work(tiny_gen, capsys):
 
 def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(tiny_gen):
     with running(SlowGen(tiny_gen("fast"), 0.05), ["serve.request_timeout_s=0.5", "serve.check_tokens=4"]) as (url, _):
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 4, "max_tokens": 100,
-            "rodeco": {"policy": "none"}})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "best_of": 4,
+                "max_tokens": 100,
+                "rodeco": {"policy": "none"},
+            },
+        )
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         end = time.monotonic() + 30
         text = httpx.get(f"{url}/metrics").text
@@ -319,8 +439,9 @@ def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(tiny_gen):
 def test_a_decoder_from_a_composed_config_decodes_batches_not_calls(tiny_gen):
     from rodeco.validation import ConfigError
 
-    dec = rodeco.Decoder.from_config(rodeco.load_config(["reward=logprob", "sampling.max_new_tokens=8"]),
-                                     generator=tiny_gen("fast"))
+    dec = rodeco.Decoder.from_config(
+        rodeco.load_config(["reward=logprob", "sampling.max_new_tokens=8"]), generator=tiny_gen("fast")
+    )
     res, comp = dec.batch([PromptRef(0, PROMPTS[0])], n=2, policy={"name": "none"})
     assert res[0].best.text is not None and comp.gen_decode_tokens > 0
     with pytest.raises(ConfigError, match="call batch"):
@@ -331,8 +452,13 @@ def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
     with running(tiny_gen("fast"), ["serve.max_batch_rows=8", "serve.batch_wait_s=0.5"]) as (url, _):
         c = client(url)
         with ThreadPoolExecutor(3) as pool:  # three requests of 4 rows, queued together: 8 rows fit one batch
-            rs = list(pool.map(lambda i: chat(c, PROMPTS[i], best_of=4, max_tokens=6, seed=i,
-                                                rodeco={"policy": "none"}), range(3), timeout=120))
+            rs = list(
+                pool.map(
+                    lambda i: chat(c, PROMPTS[i], best_of=4, max_tokens=6, seed=i, rodeco={"policy": "none"}),
+                    range(3),
+                    timeout=120,
+                )
+            )
         with pytest.raises(Exception, match="serve.max_batch_rows"):
             chat(c, PROMPTS[0], best_of=9, max_tokens=4)
     assert sorted(r.model_extra["rodeco"]["batch_requests"] for r in rs) == [1, 2, 2]
@@ -341,17 +467,31 @@ def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
 def test_search_policies_serve_n_choices_and_their_parameters_are_checked(tiny_gen):
     """particle_filter, beam and dvts behind the server, batched together by policy: each request gets its n
     choices (copies within the budget); a parameter the policy refuses is a 400 naming the request's field."""
-    ov = ["serve.policies=[{name: particle_filter}, {name: beam, beam_width: [1, 8]}, {name: dvts}]",
-          "serve.batch_wait_s=0.3"]
+    ov = [
+        "serve.policies=[{name: particle_filter}, {name: beam, beam_width: [1, 8]}, {name: dvts}]",
+        "serve.batch_wait_s=0.3",
+    ]
     pols = [{"policy": "particle_filter"}, {"policy": "beam", "params": {"beam_width": 2}}, {"policy": "dvts"}]
     with running(tiny_gen("fast"), ov) as (url, _):
         c = client(url)
         with ThreadPoolExecutor(6) as pool:
-            rs = list(pool.map(lambda i: chat(c, PROMPTS[i % 4], n=3, best_of=8, max_tokens=24, seed=i,
-                                                rodeco=pols[i % 3]), range(6), timeout=120))
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-            "rodeco": {"policy": "beam", "params": {"beam_width": 2.5}}})
+            rs = list(
+                pool.map(
+                    lambda i: chat(c, PROMPTS[i % 4], n=3, best_of=8, max_tokens=24, seed=i, rodeco=pols[i % 3]),
+                    range(6),
+                    timeout=120,
+                )
+            )
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 4,
+                "rodeco": {"policy": "beam", "params": {"beam_width": 2.5}},
+            },
+        )
     assert all(len(x.choices) == 3 and x.model_extra["rodeco"]["rounds"] > 0 for x in rs)
     assert max(x.model_extra["rodeco"]["batch_requests"] for x in rs) > 1
     assert r.status_code == 400 and r.json()["error"]["param"] == "rodeco.params.beam_width"

@@ -18,8 +18,9 @@ def test_each_server_is_judged_and_sr_is_paired_with_the_others():
     sbj = load_script("serve_bench_judged")
     texts = {"sr": ["aaaa", "bb", "cccccc"], "bon": ["a", "bbb", "cc"], "vllm": ["aa", None, "c"]}  # vLLM failed once
     doc = {"servers": {s: {"records": [record(i, t) for i, t in enumerate(ts)]} for s, ts in texts.items()}}
-    judged = sbj.judge_servers(doc, {10 + i: f"prompt {i}" for i in range(3)},
-                               judges_by_name(["custom"], "logprob"), resamples=200)  # custom: the length
+    judged = sbj.judge_servers(
+        doc, {10 + i: f"prompt {i}" for i in range(3)}, judges_by_name(["custom"], "logprob"), resamples=200
+    )  # custom: the length
     assert judged["paired_requests"] == 2 and judged["scores"]["custom"]["vllm"] == [2.0, None, 1.0]
     fig = judged["figures"]["custom"]
     assert fig["sr"]["mean"] == pytest.approx(np.mean([4, 6])) and fig["vllm"]["mean"] == pytest.approx(1.5)

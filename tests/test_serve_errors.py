@@ -25,8 +25,12 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = {"role": "user", "content": "write a haiku"}
 # the main server's limits, small so that the table tests them (and the fuzz's valid requests decode fast)
 MAX_BEST_OF, MAX_TOKENS = 8, 64
-LIMITS = ["serve.best_of=4", f"serve.max_best_of={MAX_BEST_OF}", f"serve.max_tokens={MAX_TOKENS}",
-          "sampling.max_new_tokens=4"]
+LIMITS = [
+    "serve.best_of=4",
+    f"serve.max_best_of={MAX_BEST_OF}",
+    f"serve.max_tokens={MAX_TOKENS}",
+    "sampling.max_new_tokens=4",
+]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -86,8 +90,15 @@ TABLE: list[tuple[str, str, str, Any, int, str | None, str | None]] = [
     ("messages-not-list", "POST", CHAT, {"model": "tiny", "messages": "hi"}, 400, "messages", "invalid_value"),
     ("max_tokens-float", "POST", COMPLETIONS, completion(max_tokens=4.5), 400, "max_tokens", "invalid_value"),
     ("stream-string", "POST", CHAT, chat(stream="yes"), 400, "stream", "invalid_value"),
-    ("role-unknown", "POST", CHAT, {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}, 400,
-     "messages.0.role", "invalid_value"),
+    (
+        "role-unknown",
+        "POST",
+        CHAT,
+        {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "messages.0.role",
+        "invalid_value",
+    ),
     # out of range
     ("temperature-3", "POST", CHAT, chat(temperature=3), 400, "temperature", "invalid_value"),
     ("top_p-0", "POST", CHAT, chat(top_p=0), 400, "top_p", "invalid_value"),
@@ -97,37 +108,86 @@ TABLE: list[tuple[str, str, str, Any, int, str | None, str | None]] = [
     ("n-above-max-no-best_of", "POST", CHAT, chat(n=MAX_BEST_OF + 1), 400, "n", "invalid_value"),
     ("n-above-best_of", "POST", CHAT, chat(n=4, best_of=2), 400, "n", "invalid_value"),
     ("max_tokens-huge", "POST", CHAT, chat(max_tokens=MAX_TOKENS + 1), 400, "max_tokens", "invalid_value"),
-    ("max_completion_tokens-huge", "POST", CHAT, chat(max_completion_tokens=10 ** 9), 400, "max_completion_tokens",
-     "invalid_value"),
-    ("seed-past-64-bits", "POST", CHAT, chat(seed=2 ** 70), 400, "seed", "invalid_value"),
+    (
+        "max_completion_tokens-huge",
+        "POST",
+        CHAT,
+        chat(max_completion_tokens=10**9),
+        400,
+        "max_completion_tokens",
+        "invalid_value",
+    ),
+    ("seed-past-64-bits", "POST", CHAT, chat(seed=2**70), 400, "seed", "invalid_value"),
     ("too-many-stops", "POST", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop", "invalid_value"),
     ("empty-stop", "POST", COMPLETIONS, completion(stop=[""]), 400, "stop", "invalid_value"),
     # rodeco's own object
     ("policy-unknown", "POST", CHAT, chat(rodeco={"policy": "beam"}), 400, "rodeco.policy", "unknown_policy"),
     ("policy-path", "POST", CHAT, chat(rodeco={"policy": "../../x.yaml"}), 400, "rodeco.policy", "unknown_policy"),
-    ("alpha-out-of-range", "POST", CHAT, chat(rodeco={"policy": "fixed", "params": {"alpha": 0.99}}), 400,
-     "rodeco.params.alpha", "invalid_value"),
-    ("param-not-offered", "POST", CHAT, chat(rodeco={"policy": "fixed", "params": {"beta": 0.5}}), 400,
-     "rodeco.params.beta", "unknown_parameter"),
+    (
+        "alpha-out-of-range",
+        "POST",
+        CHAT,
+        chat(rodeco={"policy": "fixed", "params": {"alpha": 0.99}}),
+        400,
+        "rodeco.params.alpha",
+        "invalid_value",
+    ),
+    (
+        "param-not-offered",
+        "POST",
+        CHAT,
+        chat(rodeco={"policy": "fixed", "params": {"beta": 0.5}}),
+        400,
+        "rodeco.params.beta",
+        "unknown_parameter",
+    ),
     ("kv_tokens-too-small", "POST", CHAT, chat(rodeco={"kv_tokens": 1}), 400, "rodeco.kv_tokens", "invalid_value"),
-    ("kv_tokens-above-budget", "POST", CHAT, chat(rodeco={"kv_tokens": 10 ** 9}), 400, "rodeco.kv_tokens",
-     "invalid_value"),
+    (
+        "kv_tokens-above-budget",
+        "POST",
+        CHAT,
+        chat(rodeco={"kv_tokens": 10**9}),
+        400,
+        "rodeco.kv_tokens",
+        "invalid_value",
+    ),
     ("rodeco-unknown-key", "POST", CHAT, chat(rodeco={"polcy": "none"}), 400, "rodeco.polcy", "unknown_parameter"),
     # the body itself
     ("bad-json", "POST", CHAT, b'{"model": "tiny", "messages": [', 400, None, "invalid_json"),
     ("json-array", "POST", CHAT, b'[{"model": "tiny"}]', 400, None, "invalid_json"),
     ("json-nested-too-deep", "POST", COMPLETIONS, b"[" * 5000 + b"]" * 5000, 400, None, "invalid_json"),
     ("not-utf8", "POST", CHAT, b"\xff\xfe\xfd", 400, None, "invalid_json"),
-    ("lone-surrogate", "POST", CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}',
-     400, "messages.0.content", "invalid_value"),
+    (
+        "lone-surrogate",
+        "POST",
+        CHAT,
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}',
+        400,
+        "messages.0.content",
+        "invalid_value",
+    ),
     # prompts
     ("prompt-past-context", "POST", COMPLETIONS, completion(prompt=LONG), 400, "prompt", "context_length_exceeded"),
-    ("messages-past-context", "POST", CHAT, chat(messages=[{"role": "user", "content": LONG}]), 400, "messages",
-     "context_length_exceeded"),
+    (
+        "messages-past-context",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "user", "content": LONG}]),
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
     ("empty-prompt", "POST", COMPLETIONS, completion(prompt="  "), 400, "prompt", "invalid_value"),
     ("two-prompts", "POST", COMPLETIONS, completion(prompt=["a", "b"]), 400, "prompt", "invalid_value"),
-    ("ends-with-assistant", "POST", CHAT, chat(messages=[USER, {"role": "assistant", "content": "ok"}]), 400,
-     "messages.1.role", "invalid_value"),
+    (
+        "ends-with-assistant",
+        "POST",
+        CHAT,
+        chat(messages=[USER, {"role": "assistant", "content": "ok"}]),
+        400,
+        "messages.1.role",
+        "invalid_value",
+    ),
     ("no-messages", "POST", CHAT, chat(messages=[]), 400, "messages", "invalid_value"),
     ("missing-messages", "POST", CHAT, {"model": "tiny"}, 400, "messages", "missing_parameter"),
     ("missing-prompt", "POST", COMPLETIONS, {"model": "tiny"}, 400, "prompt", "missing_parameter"),
@@ -136,10 +196,24 @@ TABLE: list[tuple[str, str, str, Any, int, str | None, str | None]] = [
     ("model-path", "POST", COMPLETIONS, completion(model="/etc/passwd"), 404, "model", "model_not_found"),
     # OpenAI fields rodeco does not implement, and fields nobody defined
     ("logprobs", "POST", CHAT, chat(logprobs=True), 400, "logprobs", "unsupported_parameter"),
-    ("tools", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
-     "unsupported_parameter"),
-    ("response_format-json", "POST", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format",
-     "unsupported_parameter"),
+    (
+        "tools",
+        "POST",
+        CHAT,
+        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        400,
+        "tools",
+        "unsupported_parameter",
+    ),
+    (
+        "response_format-json",
+        "POST",
+        CHAT,
+        chat(response_format={"type": "json_object"}),
+        400,
+        "response_format",
+        "unsupported_parameter",
+    ),
     ("echo", "POST", COMPLETIONS, completion(echo=True), 400, "echo", "unsupported_parameter"),
     ("unknown-field", "POST", CHAT, chat(frobnicate=1), 400, "frobnicate", "unknown_parameter"),
     # routes
@@ -210,9 +284,16 @@ def small(tiny_model, tiny_tokenizer):
     waits 0.5 s for arrivals, so a request stays queued long enough for the next ones to find the queue full."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("RODECO_API_KEY", raising=False)
-        with running(build_gen(tiny_model, tiny_tokenizer),
-                     [f"serve.max_body_bytes={SMALL_BODY}", "serve.max_queue=1", "serve.batch_requests=1",
-                      "serve.batch_wait_s=0.5", "serve.retry_after_s=2"]) as (url, state):
+        with running(
+            build_gen(tiny_model, tiny_tokenizer),
+            [
+                f"serve.max_body_bytes={SMALL_BODY}",
+                "serve.max_queue=1",
+                "serve.batch_requests=1",
+                "serve.batch_wait_s=0.5",
+                "serve.retry_after_s=2",
+            ],
+        ) as (url, state):
             yield url, state
 
 
@@ -228,7 +309,7 @@ def test_oversize_body_is_413(small):
         def chunks():  # no Content-Length (chunked): refused once the bytes read pass the limit
             data = json.dumps(big).encode()
             for i in range(0, len(data), 512):
-                yield data[i:i + 512]
+                yield data[i : i + 512]
 
         r = c.post(CHAT, content=chunks(), headers={"Content-Type": "application/json"})
         assert r.status_code == 413, r.text
@@ -280,51 +361,98 @@ def test_full_queue_is_429_with_retry_after(small):
 
 # -- the fuzz ----------------------------------------------------------------------------------------------------------
 def json_values(max_leaves: int = 6) -> Any:
-    scalars = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=True)
-               | st.text(max_size=12))
-    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.text(max_size=6), inner, max_size=3), max_leaves=max_leaves)
+    scalars = (
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=12)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        max_leaves=max_leaves,
+    )
 
 
 # text that may carry a lone surrogate (sent as JSON's \udXXX escape) or control characters
-ODD_TEXT = st.builds(lambda a, s, b: a + s + b, st.text(max_size=8),
-                     st.sampled_from(["", "\ud800", "\udfff", "\x00", "\u202e", "<|user|>", "</s>"]),
-                     st.text(max_size=8))
+ODD_TEXT = st.builds(
+    lambda a, s, b: a + s + b,
+    st.text(max_size=8),
+    st.sampled_from(["", "\ud800", "\udfff", "\x00", "\u202e", "<|user|>", "</s>"]),
+    st.text(max_size=8),
+)
 
 VALID = {
-    "max_tokens": st.integers(1, 4), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
-    "seed": st.integers(0, 2 ** 31), "stop": st.none() | st.text(min_size=1, max_size=3)
-    | st.lists(st.text(min_size=1, max_size=3), max_size=4), "n": st.integers(1, 2),
-    "best_of": st.integers(2, 4), "stream": st.booleans(), "user": st.text(max_size=8),
-    "rodeco": st.fixed_dictionaries({}, optional={
-        "policy": st.sampled_from(["fixed", "none"]), "params": st.just({}),
-    }),
+    "max_tokens": st.integers(1, 4),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.05, 1),
+    "seed": st.integers(0, 2**31),
+    "stop": st.none() | st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=4),
+    "n": st.integers(1, 2),
+    "best_of": st.integers(2, 4),
+    "stream": st.booleans(),
+    "user": st.text(max_size=8),
+    "rodeco": st.fixed_dictionaries(
+        {},
+        optional={
+            "policy": st.sampled_from(["fixed", "none"]),
+            "params": st.just({}),
+        },
+    ),
 }
 INVALID = {
     "model": st.sampled_from(["", "gpt-4", "/etc/passwd", "../tiny", "TINY"]) | json_values(2),
-    "messages": st.sampled_from([[], "hi", [{}], [{"role": "assistant", "content": "x"}],
-                                 [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]])
-    | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]), "content": ODD_TEXT}),
-               min_size=1, max_size=3) | json_values(3),
+    "messages": st.sampled_from(
+        [
+            [],
+            "hi",
+            [{}],
+            [{"role": "assistant", "content": "x"}],
+            [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+        ]
+    )
+    | st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]), "content": ODD_TEXT}),
+        min_size=1,
+        max_size=3,
+    )
+    | json_values(3),
     "prompt": ODD_TEXT | st.lists(st.text(max_size=4), max_size=3) | json_values(3),
-    "max_tokens": st.integers(-3, 0) | st.integers(MAX_TOKENS + 1, 2 ** 64) | st.floats() | st.text(max_size=3),
-    "max_completion_tokens": st.integers(-3, 0) | st.integers(MAX_TOKENS + 1, 10 ** 6) | st.booleans(),
-    "temperature": st.floats(2.0001, 1e300) | st.floats(max_value=-0.0001) | st.just(float("nan")) | st.text(max_size=3),
+    "max_tokens": st.integers(-3, 0) | st.integers(MAX_TOKENS + 1, 2**64) | st.floats() | st.text(max_size=3),
+    "max_completion_tokens": st.integers(-3, 0) | st.integers(MAX_TOKENS + 1, 10**6) | st.booleans(),
+    "temperature": st.floats(2.0001, 1e300)
+    | st.floats(max_value=-0.0001)
+    | st.just(float("nan"))
+    | st.text(max_size=3),
     "top_p": st.floats(max_value=0) | st.floats(1.0001, 10) | st.just(float("inf")) | st.booleans(),
-    "seed": st.integers(2 ** 63, 2 ** 80) | st.floats() | st.text(max_size=3),
+    "seed": st.integers(2**63, 2**80) | st.floats() | st.text(max_size=3),
     "stop": st.lists(st.text(max_size=3), min_size=5, max_size=7) | st.just([""]) | st.integers(),
     "n": st.integers(-3, 0) | st.integers(5, 100) | st.text(max_size=2),
-    "best_of": st.integers(-3, 0) | st.integers(MAX_BEST_OF + 1, 10 ** 9) | st.floats(),
+    "best_of": st.integers(-3, 0) | st.integers(MAX_BEST_OF + 1, 10**9) | st.floats(),
     "stream": st.text(max_size=3) | st.integers(),
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": json_values(1), "x": st.none()}),
-    "rodeco": st.fixed_dictionaries({}, optional={
-        "policy": st.sampled_from(["beam", "../../x.yaml", "", "fixed", "none"]) | json_values(1),
-        "params": st.dictionaries(st.sampled_from(["alpha", "beta", "k"]), json_values(1), max_size=2),
-        "kv_tokens": st.integers(-10, 10 ** 12) | json_values(1),
-        "extra": json_values(1)}) | json_values(2),
+    "rodeco": st.fixed_dictionaries(
+        {},
+        optional={
+            "policy": st.sampled_from(["beam", "../../x.yaml", "", "fixed", "none"]) | json_values(1),
+            "params": st.dictionaries(st.sampled_from(["alpha", "beta", "k"]), json_values(1), max_size=2),
+            "kv_tokens": st.integers(-10, 10**12) | json_values(1),
+            "extra": json_values(1),
+        },
+    )
+    | json_values(2),
 }
-UNSUPPORTED_VALUES = st.sampled_from(["logprobs", "top_logprobs", "tools", "tool_choice", "response_format",
-                                      "logit_bias", "presence_penalty", "echo", "suffix", "functions"])
+UNSUPPORTED_VALUES = st.sampled_from(
+    [
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "logit_bias",
+        "presence_penalty",
+        "echo",
+        "suffix",
+        "functions",
+    ]
+)
 
 
 @st.composite
@@ -342,14 +470,19 @@ def requests(draw: Any) -> tuple[str, dict[str, Any]]:
         body["n"] = body["best_of"]
     for k in draw(st.lists(st.sampled_from(sorted(INVALID)), max_size=3, unique=True)):
         body[k] = draw(INVALID[k])
-    extras = draw(st.dictionaries(UNSUPPORTED_VALUES | st.text(min_size=1, max_size=6) | ODD_TEXT, json_values(2),
-                                  max_size=2))
+    extras = draw(
+        st.dictionaries(UNSUPPORTED_VALUES | st.text(min_size=1, max_size=6) | ODD_TEXT, json_values(2), max_size=2)
+    )
     body.update(extras)
     return (CHAT if is_chat else COMPLETIONS), body
 
 
-@settings(max_examples=60, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(req=requests())
 def test_fuzz_requests_never_5xx(http, req):
     path, body = req
@@ -382,8 +515,13 @@ def test_health_after_the_fuzz(http):
 def check_key(url: str, key: str) -> None:
     with httpx.Client(base_url=url, timeout=60) as c:
         body = chat(max_tokens=2, best_of=2)
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key},  # no "Bearer "
-                        {"Authorization": f"Bearer {key}x"}, {"Authorization": "Basic " + key}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": key},  # no "Bearer "
+            {"Authorization": f"Bearer {key}x"},
+            {"Authorization": "Basic " + key},
+        ):
             r = c.post(CHAT, json=body, headers=headers)
             assert r.status_code == 401, (headers, r.text)
             err = error_of(r)

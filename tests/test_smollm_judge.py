@@ -18,8 +18,10 @@ from rodeco import BuildContext, ScoreRequest, get_plugin_manager
 from rodeco_rewards.experiments import judge_train as jt
 from rodeco_rewards.smollm_judge import ASSET_STEM, POOLINGS, HiddenStateFeatures, JudgeHead, SmolLMJudge
 
-LONG = ("Autumn is the season between summer and winter. Leaves turn red and gold, and the days grow shorter. "
-        "Many trees drop their leaves to save water through the cold months. ")
+LONG = (
+    "Autumn is the season between summer and winter. Leaves turn red and gold, and the days grow shorter. "
+    "Many trees drop their leaves to save water through the cold months. "
+)
 
 
 def committed() -> JudgeHead:
@@ -41,9 +43,14 @@ def test_the_committed_head_is_what_its_json_says_and_was_validated():
 def test_the_committed_judge_scores_through_the_registry(smollm2):
     reward = get_plugin_manager().build_reward({"name": "smollm_judge"}, BuildContext(generator=smollm2))
     assert isinstance(reward, SmolLMJudge)
-    reqs = [ScoreRequest("Write a haiku about autumn.", r, (), partial=False)
-            for r in ("Red leaves drift and fall,\ncool wind hums through empty trees,\nthe year exhales slow.",
-                      "", "autumn autumn autumn")]
+    reqs = [
+        ScoreRequest("Write a haiku about autumn.", r, (), partial=False)
+        for r in (
+            "Red leaves drift and fall,\ncool wind hums through empty trees,\nthe year exhales slow.",
+            "",
+            "autumn autumn autumn",
+        )
+    ]
     batch = reward.score(reqs)
     assert len(batch) == 3 and all(isinstance(s, float) and np.isfinite(s) for s in batch)
     assert reward.cost.calls == 1 and reward.cost.tokens > 0
@@ -55,12 +62,23 @@ def test_the_committed_judge_scores_through_the_registry(smollm2):
 @pytest.fixture()
 def tiny_judge(tiny_model, tiny_tokenizer):
     """A judge on the tiny Llama with a random head: the scoring path without SmolLM2."""
-    feats = HiddenStateFeatures(tiny_model, tiny_tokenizer, max_prompt_tokens=32, max_response_tokens=24,
-                                batch_tokens=256)
+    feats = HiddenStateFeatures(
+        tiny_model, tiny_tokenizer, max_prompt_tokens=32, max_response_tokens=24, batch_tokens=256
+    )
     rng = np.random.default_rng(0)
-    head = JudgeHead(np.zeros(2 * feats.dim), np.ones(2 * feats.dim), rng.normal(size=2 * feats.dim),
-                     {"poolings": ["mean", "last"], "model": "tiny", "dtype": "float32", "max_prompt_tokens": 32,
-                      "max_response_tokens": 24, "length_nuisance_beta": 0.5})
+    head = JudgeHead(
+        np.zeros(2 * feats.dim),
+        np.ones(2 * feats.dim),
+        rng.normal(size=2 * feats.dim),
+        {
+            "poolings": ["mean", "last"],
+            "model": "tiny",
+            "dtype": "float32",
+            "max_prompt_tokens": 32,
+            "max_response_tokens": 24,
+            "length_nuisance_beta": 0.5,
+        },
+    )
     return SmolLMJudge(feats, head)
 
 
@@ -71,8 +89,10 @@ def test_the_scoring_path_has_no_length_input(tiny_judge):
     prompt = "write a haiku about autumn leaves"
     base = "the quick brown fox jumps over the lazy dog " * 4  # longer than the 24-token window
     assert len(tiny_judge.features.response_ids(base)) == 24
-    reqs = [ScoreRequest(prompt, base, (), partial=False),
-            ScoreRequest(prompt, base + "numbers 0 1 2 3 4 5 6 7 8 9 " * 30, (), partial=False)]
+    reqs = [
+        ScoreRequest(prompt, base, (), partial=False),
+        ScoreRequest(prompt, base + "numbers 0 1 2 3 4 5 6 7 8 9 " * 30, (), partial=False),
+    ]
     s = tiny_judge.score(reqs)
     assert s[0] == s[1]  # 300 more words past the window: the same score
     before = tiny_judge.score(reqs[:1])
@@ -93,8 +113,12 @@ def test_the_tiny_judge_scores_independently_of_the_batch_and_reads_empty_respon
 
 def test_a_head_with_other_poolings_is_an_error_naming_the_key(tmp_path):
     stem = tmp_path / "h"
-    JudgeHead(np.zeros(3), np.ones(3), np.ones(3), {"poolings": ["max"], "model": "m", "dtype": "float32",
-                                                     "max_prompt_tokens": 1, "max_response_tokens": 1}).save(stem)
+    JudgeHead(
+        np.zeros(3),
+        np.ones(3),
+        np.ones(3),
+        {"poolings": ["max"], "model": "m", "dtype": "float32", "max_prompt_tokens": 1, "max_response_tokens": 1},
+    ).save(stem)
     with pytest.raises(Exception, match=r"judge.smollm_judge.head=.*poolings"):
         JudgeHead.load(stem)
     with pytest.raises(Exception, match=r"judge.smollm_judge.head=.*experiment=judge_train"):
@@ -135,8 +159,14 @@ def test_cross_validation_picks_by_the_shorter_chosen_pairs():
     dim = 5
     x = np.zeros((2 * len(u), len(POOLINGS), dim))
     x[0::2, 0], x[1::2, 0] = d / 2, -d / 2  # chosen and rejected texts: their difference is d
-    prob = jt.Problem(x=x, chosen=np.arange(0, 2 * len(u), 2), rejected=np.arange(1, 2 * len(u), 2), u=u,
-                      shorter=u < 0, groups=[str(i // 4) for i in range(len(u))])
+    prob = jt.Problem(
+        x=x,
+        chosen=np.arange(0, 2 * len(u), 2),
+        rejected=np.arange(1, 2 * len(u), 2),
+        u=u,
+        shorter=u < 0,
+        groups=[str(i // 4) for i in range(len(u))],
+    )
     table = jt.cross_validate(prob, [["mean"]], ["none", "nuisance"], [1e-3], k=3, seed=0)
     by = {r["length_control"]: r for r in table}
     assert by["nuisance"]["cv_accuracy_shorter_chosen"] > by["none"]["cv_accuracy_shorter_chosen"] + 0.05
@@ -202,10 +232,26 @@ def test_synthetic_pairs_teach_their_direction_without_a_length_term():
 
 
 def test_selection_prefers_settings_that_pass_the_corruption_check():
-    table = [{"poolings": ["mean"], "length_control": "nuisance", "l2": 1.0, "augment_weight": 0.0,
-              "cv_accuracy": 0.62, "cv_accuracy_shorter_chosen": 0.62, "cv_corruptions_lower": {"truncated": 0.2}},
-             {"poolings": ["mean"], "length_control": "nuisance", "l2": 1.0, "augment_weight": 0.3,
-              "cv_accuracy": 0.60, "cv_accuracy_shorter_chosen": 0.58, "cv_corruptions_lower": {"truncated": 0.9}}]
+    table = [
+        {
+            "poolings": ["mean"],
+            "length_control": "nuisance",
+            "l2": 1.0,
+            "augment_weight": 0.0,
+            "cv_accuracy": 0.62,
+            "cv_accuracy_shorter_chosen": 0.62,
+            "cv_corruptions_lower": {"truncated": 0.2},
+        },
+        {
+            "poolings": ["mean"],
+            "length_control": "nuisance",
+            "l2": 1.0,
+            "augment_weight": 0.3,
+            "cv_accuracy": 0.60,
+            "cv_accuracy_shorter_chosen": 0.58,
+            "cv_corruptions_lower": {"truncated": 0.9},
+        },
+    ]
     assert jt.best_of(table, min_corruption_rate=0.8)["augment_weight"] == 0.3
     assert jt.best_of(table, min_corruption_rate=0.0)["augment_weight"] == 0.0
     assert jt.best_of(table, augment_weights=[0.0], min_corruption_rate=0.8)["augment_weight"] == 0.0

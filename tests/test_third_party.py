@@ -30,6 +30,7 @@ RODECO = Path(sys.executable).with_name("rodeco")
 # ---------------------------------------------------------------------------------------------------------------
 # RODECO_DISABLE_PLUGIN_AUTOLOAD / RODECO_LOAD_PLUGINS, with fake installed entry points
 
+
 def fake_plugin_module(name: str, reward: str) -> types.ModuleType:
     mod = types.ModuleType(name)
 
@@ -55,17 +56,21 @@ def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RODECO_LOAD_PLUGINS", raising=False)
 
 
-@pytest.mark.parametrize("env, rewards", [
-    ({}, ["alpha_reward", "beta_reward", "logprob"]),
-    ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "1"}, ["logprob"]),
-    ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "true"}, ["logprob"]),
-    ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "0"}, ["alpha_reward", "beta_reward", "logprob"]),
-    ({"RODECO_LOAD_PLUGINS": "beta"}, ["beta_reward", "logprob"]),
-    ({"RODECO_LOAD_PLUGINS": " alpha , beta "}, ["alpha_reward", "beta_reward", "logprob"]),
-    ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "1", "RODECO_LOAD_PLUGINS": "alpha"}, ["alpha_reward", "logprob"]),
-])
-def test_autoload_switches(fake_entry_points: None, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                           rewards: list[str]) -> None:
+@pytest.mark.parametrize(
+    "env, rewards",
+    [
+        ({}, ["alpha_reward", "beta_reward", "logprob"]),
+        ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "1"}, ["logprob"]),
+        ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "true"}, ["logprob"]),
+        ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "0"}, ["alpha_reward", "beta_reward", "logprob"]),
+        ({"RODECO_LOAD_PLUGINS": "beta"}, ["beta_reward", "logprob"]),
+        ({"RODECO_LOAD_PLUGINS": " alpha , beta "}, ["alpha_reward", "beta_reward", "logprob"]),
+        ({"RODECO_DISABLE_PLUGIN_AUTOLOAD": "1", "RODECO_LOAD_PLUGINS": "alpha"}, ["alpha_reward", "logprob"]),
+    ],
+)
+def test_autoload_switches(
+    fake_entry_points: None, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], rewards: list[str]
+) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     plugins = get_plugin_manager()
@@ -82,6 +87,7 @@ def test_load_plugins_names_an_unknown_entry_point(fake_entry_points: None, monk
 
 # ---------------------------------------------------------------------------------------------------------------
 # The example package, installed with pip
+
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
@@ -132,10 +138,22 @@ def test_example_package_entry_points_load(installed_example: None) -> None:
 
 
 def test_example_package_runs_from_the_cli(installed_example: None, tiny_model_dir: Path, tmp_path: Path) -> None:
-    args = [str(RODECO), "reward=example_length", "policy=example_keep", "reward.target_words=6", "policy.keep=3",
-            f"generator.model={tiny_model_dir}", "data.prompts=[w1 w2 w3,w4 w5]", "n=6",
-            "sampling.max_new_tokens=24", "budget.kv_tokens=160", "budget.min_tokens_per_round=4",
-            f"output.dir={tmp_path / 'out'}", "output.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    args = [
+        str(RODECO),
+        "reward=example_length",
+        "policy=example_keep",
+        "reward.target_words=6",
+        "policy.keep=3",
+        f"generator.model={tiny_model_dir}",
+        "data.prompts=[w1 w2 w3,w4 w5]",
+        "n=6",
+        "sampling.max_new_tokens=24",
+        "budget.kv_tokens=160",
+        "budget.min_tokens_per_round=4",
+        f"output.dir={tmp_path / 'out'}",
+        "output.progress=false",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
     p = run(args)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
@@ -152,12 +170,25 @@ def test_example_package_runs_from_the_cli(installed_example: None, tiny_model_d
     assert "rodeco: error: policy='example_keep': no such policy option" in p.stderr
 
 
-def test_example_package_experiment_runs_from_the_cli(installed_example: None, tiny_model_dir: Path,
-                                                      tmp_path: Path) -> None:
-    p = run([str(RODECO), "experiment=example_sweep", "reward=logprob", f"generator.model={tiny_model_dir}",
-             "data.prompts=[w1 w2 w3]", "n=8", "sampling.max_new_tokens=16", "sampling.ignore_eos=true",
-             "budget.kv_tokens=80", "budget.min_tokens_per_round=2", "experiment_args.alphas=[0.0,0.5]",
-             f"hydra.run.dir={tmp_path}"])
+def test_example_package_experiment_runs_from_the_cli(
+    installed_example: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    p = run(
+        [
+            str(RODECO),
+            "experiment=example_sweep",
+            "reward=logprob",
+            f"generator.model={tiny_model_dir}",
+            "data.prompts=[w1 w2 w3]",
+            "n=8",
+            "sampling.max_new_tokens=16",
+            "sampling.ignore_eos=true",
+            "budget.kv_tokens=80",
+            "budget.min_tokens_per_round=2",
+            "experiment_args.alphas=[0.0,0.5]",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [x for x in p.stdout.splitlines() if x.startswith("alpha ")]
     assert [x.split(":")[0] for x in lines] == ["alpha 0", "alpha 0.5"]
@@ -171,6 +202,7 @@ def test_example_package_experiment_runs_from_the_cli(installed_example: None, t
 
 # ---------------------------------------------------------------------------------------------------------------
 # Plugin parameters: checked when the config is composed if the plugin registers a params dataclass
+
 
 @dataclasses.dataclass
 class KeepParams:
@@ -188,8 +220,11 @@ class KeepPlugin:
         from rodeco import take_params
         from rodeco_policies.basic import NonePolicy
 
-        register("typed_keep", lambda params, ctx: take_params("policy", params, KeepParams) and NonePolicy(),
-                 params=KeepParams)
+        register(
+            "typed_keep",
+            lambda params, ctx: take_params("policy", params, KeepParams) and NonePolicy(),
+            params=KeepParams,
+        )
         register("loose_keep", lambda params, ctx: take_params("policy", params, {"keep": 2}) and NonePolicy())
 
     @hookimpl
@@ -204,7 +239,8 @@ def keep_plugins(tmp_path: Path):
 
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "typed_keep.yaml").write_text(  # its defaults come from KeepParams
-        "defaults:\n  - /policy_params/typed_keep@_here_\n  - _self_\nname: typed_keep\n")
+        "defaults:\n  - /policy_params/typed_keep@_here_\n  - _self_\nname: typed_keep\n"
+    )
     (tmp_path / "policy" / "loose_keep.yaml").write_text("name: loose_keep\nkeep: 2\n")
     return get_plugin_manager(load_entrypoints=False, extra=[rodeco_rewards, rodeco_policies, KeepPlugin(tmp_path)])
 
@@ -238,14 +274,16 @@ def test_params_must_be_a_dataclass() -> None:
     class NotADataclass:
         keep: int = 2
 
-    plugin = types.SimpleNamespace(rodeco_register_policies=lambda register: register(
-        "bad", lambda params, ctx: None, params=NotADataclass))
+    plugin = types.SimpleNamespace(
+        rodeco_register_policies=lambda register: register("bad", lambda params, ctx: None, params=NotADataclass)
+    )
     with pytest.raises(ValueError, match="params must be a dataclass"):
         get_plugin_manager(load_entrypoints=False, extra=[plugin])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # How plugin config dirs reach Hydra's search path: rodeco's SearchPathPlugin, for rodeco's app only
+
 
 def test_plugin_config_dirs_are_on_the_search_path_of_rodeco_only(tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir, initialize_config_module

@@ -45,15 +45,34 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     from rodeco_rewards.experiments import learned_heads_train
     from rodeco_rewards.learned_heads import Head, ValueHead
 
-    prompts = [Prompt(i, t) for i, t in enumerate(["write a haiku about autumn leaves", "give three tips",
-                                                   "explain why the sky is blue", "name two rivers",
-                                                   "describe a cat", "say hello twice"])]
-    ov = ["reward=logprob", "sampling.max_new_tokens=16", "experiment=value_train", f"pool={tmp_path / 'pool'}",
-          "experiment_args.lengths=[2,4,8]", "experiment_args.kinds=[value_head,text_value]",
-          "experiment_args.exclude_data=[]", "experiment_args.choose_fraction=0.34",
-          "experiment_args.verdict_fraction=0.34", "experiment_args.verdict_lengths=[2,4]",
-          "experiment_args.length_buckets=[2,4]",
-          "experiment_args.bootstrap=50", "output.progress=false"]
+    prompts = [
+        Prompt(i, t)
+        for i, t in enumerate(
+            [
+                "write a haiku about autumn leaves",
+                "give three tips",
+                "explain why the sky is blue",
+                "name two rivers",
+                "describe a cat",
+                "say hello twice",
+            ]
+        )
+    ]
+    ov = [
+        "reward=logprob",
+        "sampling.max_new_tokens=16",
+        "experiment=value_train",
+        f"pool={tmp_path / 'pool'}",
+        "experiment_args.lengths=[2,4,8]",
+        "experiment_args.kinds=[value_head,text_value]",
+        "experiment_args.exclude_data=[]",
+        "experiment_args.choose_fraction=0.34",
+        "experiment_args.verdict_fraction=0.34",
+        "experiment_args.verdict_lengths=[2,4]",
+        "experiment_args.length_buckets=[2,4]",
+        "experiment_args.bootstrap=50",
+        "output.progress=false",
+    ]
     cfg = rodeco.load_config(ov)
     with open_dict(cfg):
         cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
@@ -68,7 +87,8 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     assert head.meta["verdict"]["beats_same"] == verdict["beats_same"] and head.buckets == 3
     assert [len(head.meta[f"{s}_prompts"]) for s in ("fit", "choose", "verdict")] == [2, 2, 2]
     assert sorted(head.meta["fit_prompts"] + head.meta["choose_prompts"] + head.meta["verdict_prompts"]) == list(
-        range(6))
+        range(6)
+    )
     assert [b["lengths"] for b in head.meta["chosen"]["buckets"]] == ["<=2", "3-4", "5+"]
     tv = Head.load(tmp_path / "run" / "text_value")  # anchored on the committed minilm_rm head
     assert tv.buckets == 3 and tv.meta["chosen"]["anchor"].startswith("minilm_rm:")
@@ -82,8 +102,13 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     assert d["x"].shape[1] == hs.shape[-1] + 2 and (d["length"] > 0).all()  # the hidden state, two position features
     row = int(np.flatnonzero(d["length"] == 4)[0])  # an example at length 4: candidate c, hidden state after 4 tokens
     c = int(d["candidate"][row])
-    req = ScoreRequestT(prompt="p", response="r", response_ids=(1, 2, 3, 4), partial=True,
-                        hidden_state=np.asarray(hs[c, 3], dtype=np.float32))
+    req = ScoreRequestT(
+        prompt="p",
+        response="r",
+        response_ids=(1, 2, 3, 4),
+        partial=True,
+        hidden_state=np.asarray(hs[c, 3], dtype=np.float32),
+    )
     got = ValueHead(head).score([req])[0]
     # by hand from the head's weights: [hidden state, log(1 + L), L / T] standardized, then the line of the bucket
     # of length 4 (3-4: the second)

@@ -39,8 +39,12 @@ RODECO = Path(sys.executable).with_name("rodeco")
 
 
 def gen_overrides(pool: int = POOL, dtype: str = "float32") -> list[str]:
-    return ["generator.engine=vllm", "generator.enforce_eager=true", f"generator.kv_cache_tokens={pool}",
-            f"generator.dtype={dtype}"]
+    return [
+        "generator.engine=vllm",
+        "generator.enforce_eager=true",
+        f"generator.kv_cache_tokens={pool}",
+        f"generator.dtype={dtype}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +62,13 @@ def solo(gen, ids: list[int], seed: int) -> list[int]:
     from vllm.inputs import TokensPrompt
 
     rid = f"solo-{seed}"
-    gen.llm.add_request(rid, TokensPrompt(prompt_token_ids=ids),
-                        SamplingParams(temperature=1.0, top_k=50, seed=seed, max_tokens=NEW, detokenize=False,
-                                       stop_token_ids=list(gen.eos_ids)))
+    gen.llm.add_request(
+        rid,
+        TokensPrompt(prompt_token_ids=ids),
+        SamplingParams(
+            temperature=1.0, top_k=50, seed=seed, max_tokens=NEW, detokenize=False, stop_token_ids=list(gen.eos_ids)
+        ),
+    )
     out: list[int] = []
     while gen.llm.has_unfinished_requests():
         for o in gen.llm.step():
@@ -127,8 +135,10 @@ def test_a_copy_is_a_solo_request_of_prompt_and_prefix_with_its_seed(vgen):
 def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions_reported(vgen, caplog):
     """Best-of-32 at 100 tokens needs twice the 4096-token pool: vLLM's scheduler preempts, and rodeco reports it
     (what a vLLM user's Best-of-N does today, counted)."""
-    out = decode(vgen, ["policy=none", "n=32", "budget.kv_tokens=100000", "sampling.ignore_eos=true",
-                        "sampling.max_new_tokens=100"])
+    out = decode(
+        vgen,
+        ["policy=none", "n=32", "budget.kv_tokens=100000", "sampling.ignore_eos=true", "sampling.max_new_tokens=100"],
+    )
     assert "exceeds vLLM's KV pool" in caplog.text
     assert out.compute.preemptions > 0
     assert out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
@@ -168,8 +178,14 @@ def test_a_pool_too_small_for_one_row_names_the_key():
 @pytest.fixture(scope="module")
 def vpool(vgen, tmp_path_factory):
     path = tmp_path_factory.mktemp("vllm-pool") / "pool"
-    record(rodeco.load_config([*gen_overrides(), *BASE]), default_plugins(), path,
-           [Prompt(i, p) for i, p in enumerate(PROMPTS)], 16, gen=vgen)
+    record(
+        rodeco.load_config([*gen_overrides(), *BASE]),
+        default_plugins(),
+        path,
+        [Prompt(i, p) for i, p in enumerate(PROMPTS)],
+        16,
+        gen=vgen,
+    )
     return path
 
 
@@ -190,9 +206,11 @@ def test_a_pool_recorded_through_vllm_replays_to_the_live_run(vgen, vpool, polic
         rp, comp, _ = replay_prompt(pool, rgen, Scorer(reward, "logprob"), pol, i, s)
         assert lv.rounds and rp.best.candidate_id == lv.best.candidate_id and rp.best.text == lv.best.text
         assert [(r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in rp.rounds] == [
-            (r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in lv.rounds]
+            (r.tokens_generated, r.rows_before, r.kept_ids, r.rejected_ids) for r in lv.rounds
+        ]
         assert [(c.candidate_id, c.token_ids, c.stop_reason) for c in rp.candidates] == [
-            (c.candidate_id, c.token_ids, c.stop_reason) for c in lv.candidates]
+            (c.candidate_id, c.token_ids, c.stop_reason) for c in lv.candidates
+        ]
         assert comp.gen_decode_tokens == lv.compute.gen_decode_tokens
         assert comp.peak_kv_tokens <= 800 and lv.compute.peak_kv_tokens <= 800
 
@@ -217,10 +235,20 @@ def engine_processes(pid: int) -> list[str]:
 def test_a_stopped_or_killed_run_resumes_and_leaves_no_engine_process(tmp_path, sig):
     prompts = [f"Give one fact about the number {i}." for i in range(12)]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    args = [*gen_overrides(), *BASE, "data.path=p.jsonl", "n=8", "budget.kv_tokens=1024", "data.batch_prompts=1",
-            "output.progress=false", "sampling.max_new_tokens=24", "hydra.run.dir=out"]
-    proc = subprocess.Popen([str(RODECO), *args], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    args = [
+        *gen_overrides(),
+        *BASE,
+        "data.path=p.jsonl",
+        "n=8",
+        "budget.kv_tokens=1024",
+        "data.batch_prompts=1",
+        "output.progress=false",
+        "sampling.max_new_tokens=24",
+        "hydra.run.dir=out",
+    ]
+    proc = subprocess.Popen(
+        [str(RODECO), *args], cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     results = tmp_path / "out" / "results.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not (results.is_file() and results.read_text().strip()):
@@ -265,30 +293,61 @@ def load_bytes_fp32(gen) -> int:
 
 def test_the_vllm_bench_script_prints_the_speedup(tmp_path):
     """``scripts/vllm_bench.py`` as documented, on 2 prompts: SR and Best-of-8 in one pool, the ratio printed."""
-    p = subprocess.run([sys.executable, "scripts/vllm_bench.py", "--prompts", "2", "--new-tokens", "24", "--bon", "8",
-                        "--eager", "--bootstrap", "50", "--reward", "logprob", "--out", str(tmp_path)],
-                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_bench.py",
+            "--prompts",
+            "2",
+            "--new-tokens",
+            "24",
+            "--bon",
+            "8",
+            "--eager",
+            "--bootstrap",
+            "50",
+            "--reward",
+            "logprob",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wall-time speedup of SR over it" in p.stdout
     res = json.loads((tmp_path / "vllm_bench.json").read_text())
     assert res["summary"]["prompts"] == 2 and res["summary"]["methods"]["sr"]["preemptions"] == 0
-    assert len(res["rows"]) == 2 and all(r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"])
+    assert len(res["rows"]) == 2 and all(
+        r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"]
+    )
 
 
 def test_engine_bench_pairs_the_fast_engine_with_vllm_run_by_run(tmp_path):
     """``experiment=engine_bench`` with ``[fast, vllm]``: each side timed, the ratio of medians and the paired runs'
     geometric mean with its CI printed and recorded."""
-    cfg = rodeco.load_config(["experiment=engine_bench", "experiment_args.batch=4", "experiment_args.new_tokens=4",
-                              "experiment_args.repeats=2", "experiment_args.matmul_size=256",
-                              "experiment_args.engines=[fast,vllm]", "generator.enforce_eager=true",
-                              f"generator.kv_cache_tokens={POOL}"])
+    cfg = rodeco.load_config(
+        [
+            "experiment=engine_bench",
+            "experiment_args.batch=4",
+            "experiment_args.new_tokens=4",
+            "experiment_args.repeats=2",
+            "experiment_args.matmul_size=256",
+            "experiment_args.engines=[fast,vllm]",
+            "generator.enforce_eager=true",
+            f"generator.kv_cache_tokens={POOL}",
+        ]
+    )
     with open_dict(cfg):
         cfg.experiment_args.prompts = PROMPTS[:1]
     out = rodeco.run(cfg, out_dir=tmp_path).extra
     p = out["fast_over_vllm_paired"]
     assert len(p["ratios"]) == 2 and p["ci"][0] <= p["geomean"] <= p["ci"][1]
-    assert out["fast_over_vllm"] == pytest.approx(out["engines"]["fast"]["tokens_per_s"]
-                                                  / out["engines"]["vllm"]["tokens_per_s"])
+    assert out["fast_over_vllm"] == pytest.approx(
+        out["engines"]["fast"]["tokens_per_s"] / out["engines"]["vllm"]["tokens_per_s"]
+    )
     assert json.loads((tmp_path / "engine_bench.json").read_text())["fast_over_vllm_paired"] == p
 
 
@@ -305,17 +364,32 @@ def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen)
     ov = [*gen_overrides(), f"budget.kv_tokens={POOL}", "serve.batch_wait_s=0.3", "serve.check_tokens=4"]
     with running(SlowGen(vgen, 0.02), ov) as (url, state):
         c = client(url)
-        r = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": PROMPTS[0]}], n=2,
-                                      max_tokens=12, seed=1, extra_body={"best_of": 6})
+        r = c.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            n=2,
+            max_tokens=12,
+            seed=1,
+            extra_body={"best_of": 6},
+        )
         assert len(r.choices) == 2 and r.model_extra["rodeco"]["candidates_started"] == 6
-        r = c.completions.create(model="smollm2", prompt=PROMPTS[1], max_tokens=8, seed=2,
-                                 extra_body={"best_of": 4, "rodeco": {"policy": "none"}})
+        r = c.completions.create(
+            model="smollm2",
+            prompt=PROMPTS[1],
+            max_tokens=8,
+            seed=2,
+            extra_body={"best_of": 4, "rodeco": {"policy": "none"}},
+        )
         assert r.choices[0].text is not None
 
         def ask(i):
-            return c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": PROMPTS[i % 2]}],
-                                             max_tokens=10, seed=20 + i,
-                                             extra_body={"best_of": 4, "rodeco": {"policy": "none"}})
+            return c.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": PROMPTS[i % 2]}],
+                max_tokens=10,
+                seed=20 + i,
+                extra_body={"best_of": 4, "rodeco": {"policy": "none"}},
+            )
 
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(ask, range(4), timeout=300))
@@ -323,11 +397,20 @@ def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen)
         assert [x.choices[0].message.content for x in together] == [x.choices[0].message.content for x in alone]
         assert max(x.model_extra["rodeco"]["batch_requests"] for x in together) > 1
 
-        body = {"model": "smollm2", "messages": [{"role": "user", "content": PROMPTS[0]}], "best_of": 4,
-                "max_tokens": 60, "seed": 3, "rodeco": {"policy": "none"}}
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "best_of": 4,
+            "max_tokens": 60,
+            "seed": 3,
+            "rodeco": {"policy": "none"},
+        }
         other = {}
-        t = threading.Thread(target=lambda: other.update(r=httpx.post(f"{url}/v1/chat/completions", timeout=300,
-                                                                          json={**body, "seed": 4})))
+        t = threading.Thread(
+            target=lambda: other.update(
+                r=httpx.post(f"{url}/v1/chat/completions", timeout=300, json={**body, "seed": 4})
+            )
+        )
         t.start()
         with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.5)

@@ -20,8 +20,10 @@ from rodeco.validation import ConfigError
 from rodeco.working import working_memory
 
 LOW, HIGH = 0.8, 1.25  # the formula's total over the measured peak must lie in this range
-HELD = {"session": ("out", "lp", "n_tok", "finished", "pending", "logits", "hidden"),
-        "engine": ("pos", "grp", "pbias", "last_hidden")}  # what a session holds between steps, besides its cache
+HELD = {
+    "session": ("out", "lp", "n_tok", "finished", "pending", "logits", "hidden"),
+    "engine": ("pos", "grp", "pbias", "last_hidden"),
+}  # what a session holds between steps, besides its cache
 
 
 def _storage(t: torch.Tensor) -> int | None:
@@ -70,9 +72,19 @@ def _model(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=None, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
@@ -85,24 +97,38 @@ def gens(tiny_tokenizer):
     return {v: TorchGenerator(_model(v), tiny_tokenizer, engine="fast", chat_template=False) for v in (4096, 256)}
 
 
-def measure(gen, rows: int, sampling: SamplingParams, logprobs: bool, hidden: bool, prompt: int = 10,
-            steps: int = 6, max_new: int = 32) -> tuple[int, object]:
+def measure(
+    gen,
+    rows: int,
+    sampling: SamplingParams,
+    logprobs: bool,
+    hidden: bool,
+    prompt: int = 10,
+    steps: int = 6,
+    max_new: int = 32,
+) -> tuple[int, object]:
     """(bytes alive at the peak of ``steps`` decode steps of ``rows`` rows of one prompt, beyond the KV cache; the
     formula's ``WorkingMemory`` for them). The cache is allocated once up front, so a step allocates none."""
-    spec = SessionSpec(rows, sampling, max_new, 0, (0,), ignore_eos=True, needs_logprobs=logprobs,
-                       needs_hidden=hidden)
+    spec = SessionSpec(rows, sampling, max_new, 0, (0,), ignore_eos=True, needs_logprobs=logprobs, needs_hidden=hidden)
     sess = gen.open_session(spec)
     sess.prefill([[2 + i % 200 for i in range(prompt)]])
     sess.engine.reserve(sess.prompt_len + max_new)
     sess.engine.reserve = lambda capacity: None  # decode would resize the cache to each round's length
     sess.decode(until=2)  # the first token comes from prefill's logits; measure steady steps
     objs = {"session": sess, "engine": sess.engine}
-    live = LiveBytes([x for k, names in HELD.items() for n in names
-                      if isinstance(x := getattr(objs[k], n, None), torch.Tensor)])
+    live = LiveBytes(
+        [x for k, names in HELD.items() for n in names if isinstance(x := getattr(objs[k], n, None), torch.Tensor)]
+    )
     with live:
         sess.decode(until=2 + steps)
-    wm = working_memory(gen.shape, context=sess.prompt_len + 2 + steps, max_new_tokens=max_new, sampling=sampling,
-                        needs_logprobs=logprobs, needs_hidden=hidden)
+    wm = working_memory(
+        gen.shape,
+        context=sess.prompt_len + 2 + steps,
+        max_new_tokens=max_new,
+        sampling=sampling,
+        needs_logprobs=logprobs,
+        needs_hidden=hidden,
+    )
     return live.peak, wm
 
 
@@ -114,8 +140,10 @@ TOP_K, NUCLEUS = SamplingParams(1.0, 50, 1.0), SamplingParams(0.7, 0, 0.9)
 def test_the_formula_is_the_peak_a_decode_step_allocates_and_scales_with_rows(gens, logprobs, sampling):
     gen = gens[4096]
     (few, wm), (many, _) = (measure(gen, r, sampling, logprobs, hidden=True) for r in (8, 32))
-    print(f"\nfp32 V=4096 {sampling} logprobs={logprobs}: measured {few / 8:.0f} B/row at 8 rows, "
-          f"{many / 32:.0f} at 32; formula {wm.total} ({wm.to_dict()})")
+    print(
+        f"\nfp32 V=4096 {sampling} logprobs={logprobs}: measured {few / 8:.0f} B/row at 8 rows, "
+        f"{many / 32:.0f} at 32; formula {wm.total} ({wm.to_dict()})"
+    )
     assert wm.phase == "logits"
     for rows, peak in ((8, few), (32, many)):
         assert LOW <= wm.total * rows / peak <= HIGH, (rows, peak / rows, wm.to_dict())
@@ -126,8 +154,10 @@ def test_the_formula_is_the_peak_a_decode_step_allocates_and_scales_with_rows(ge
 def test_the_formula_counts_attention_where_it_dominates(gens):
     wm_rows = [measure(gens[256], r, TOP_K, logprobs=False, hidden=False, prompt=200) for r in (8, 32)]
     for rows, (peak, wm) in zip((8, 32), wm_rows):
-        print(f"\nfp32 V=256, 200-token prompt, {rows} rows: measured {peak / rows:.0f} B/row, formula {wm.total} "
-              f"({wm.to_dict()})")
+        print(
+            f"\nfp32 V=256, 200-token prompt, {rows} rows: measured {peak / rows:.0f} B/row, formula {wm.total} "
+            f"({wm.to_dict()})"
+        )
         assert wm.phase == "attention" and LOW <= wm.total * rows / peak <= HIGH
 
 
@@ -151,23 +181,44 @@ def test_scaling_in_place_is_bit_identical_and_leaves_the_logits_alone(dtype, te
 def test_working_memory_by_hand():
     from rodeco.shape import ModelShape
 
-    shape = ModelShape(n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, n_matmul_params=1, dtype_bytes=2,
-                       vocab_size=49152, hidden_size=576)  # SmolLM2-135M in bf16
-    wm = working_memory(shape, context=1000, max_new_tokens=512, sampling=SamplingParams(), needs_logprobs=False,
-                        needs_hidden=False)
+    shape = ModelShape(
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        n_matmul_params=1,
+        dtype_bytes=2,
+        vocab_size=49152,
+        hidden_size=576,
+    )  # SmolLM2-135M in bf16
+    wm = working_memory(
+        shape, context=1000, max_new_tokens=512, sampling=SamplingParams(), needs_logprobs=False, needs_hidden=False
+    )
     V = 49152
     assert wm.terms["logits"] == 2 * V and wm.terms["sampling"] == 4 * V + 12 * 50 and wm.phase == "logits"
     assert wm.total == 8 * 512 + 64 + 2 * V + 4 * V + 600
     assert wm.tokens(shape.kv_bytes_per_token) == -(-wm.total // 23040) == 14  # 13.01 rounded up
     with pytest.raises(ConfigError) as e:
-        working_memory(ModelShape(1, 1, 1, 1, 1, 2), context=10, max_new_tokens=5, sampling=SamplingParams(),
-                       needs_logprobs=False, needs_hidden=False)
+        working_memory(
+            ModelShape(1, 1, 1, 1, 1, 2),
+            context=10,
+            max_new_tokens=5,
+            sampling=SamplingParams(),
+            needs_logprobs=False,
+            needs_hidden=False,
+        )
     assert "vocab_size" in e.value.problem and "row_overhead=0" in e.value.fix
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=4), st.integers(1, 64), st.sampled_from([1, 16, 32]),
-       st.integers(500, 20000), st.integers(0, 300), st.integers(1, 16))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=4),
+    st.integers(1, 64),
+    st.sampled_from([1, 16, 32]),
+    st.integers(500, 20000),
+    st.integers(0, 300),
+    st.integers(1, 16),
+)
 def test_with_working_memory_the_rows_never_overfill_the_budget(prompt_lens, rows, b, kv, w, m):
     """Rows each holding ``w`` tokens of working memory besides their cache: decoding to the decision point, and the
     rows the next round keeps, hold at most the budget; with ``w = 0`` every figure is the one without it."""
@@ -185,8 +236,11 @@ def test_with_working_memory_the_rows_never_overfill_the_budget(prompt_lens, row
     if n > 1:
         assert n * len(prompt_lens) * (B.held(base + m) + w) <= B.kv_tokens
     plain, _ = Budget(kv, m).for_batch(prompt_lens, KVSpec(shares_prefix=True, block=b))
-    assert (B.capacity(r, L_max) <= plain.capacity(r, L_max) and keep <= plain.max_rows(L, L_max)
-            and n <= plain.auto_n(len(prompt_lens), base, L_max))
+    assert (
+        B.capacity(r, L_max) <= plain.capacity(r, L_max)
+        and keep <= plain.max_rows(L, L_max)
+        and n <= plain.auto_n(len(prompt_lens), base, L_max)
+    )
     if w == 0:  # exactly today's arithmetic
         assert plain.capacity(r, L_max) == min(L_max, plain.kv_tokens // b // r * b)
         assert B.capacity(r, L_max) == plain.capacity(r, L_max)
@@ -204,8 +258,9 @@ def test_row_overhead_in_the_start_checks():
     assert e.value.key == "budget.row_overhead" and "WorkingMemory.tokens" in e.value.fix
 
 
-def test_a_run_charges_it_where_the_budget_is_device_memory_and_reports_it_in_every_mode(tiny_gen, tmp_path,
-                                                                                        monkeypatch):
+def test_a_run_charges_it_where_the_budget_is_device_memory_and_reports_it_in_every_mode(
+    tiny_gen, tmp_path, monkeypatch
+):
     """``budget=cuda``: the rows' budget charges each row its working memory in tokens; ``budget=cpu``: nothing is
     charged; both runs say in ``summary.json`` what a row holds and what the run's rows held at most."""
     import json
@@ -218,10 +273,21 @@ def test_a_run_charges_it_where_the_budget_is_device_memory_and_reports_it_in_ev
 
     plugins, gen = default_plugins(), tiny_gen()
     texts = ["write a haiku about autumn", "name three colours"]
-    over = ["reward=logprob", "sampling.max_new_tokens=6", "output.progress=false", "n=4",
-            "data.prompts=[" + ",".join(texts) + "]"]
-    expect = working_memory(gen.shape, context=max(len(gen.encode(t)) for t in texts) + 6, max_new_tokens=6,
-                            sampling=SamplingParams(1.0, 50, 1.0), needs_logprobs=True, needs_hidden=False)
+    over = [
+        "reward=logprob",
+        "sampling.max_new_tokens=6",
+        "output.progress=false",
+        "n=4",
+        "data.prompts=[" + ",".join(texts) + "]",
+    ]
+    expect = working_memory(
+        gen.shape,
+        context=max(len(gen.encode(t)) for t in texts) + 6,
+        max_new_tokens=6,
+        sampling=SamplingParams(1.0, 50, 1.0),
+        needs_logprobs=True,
+        needs_hidden=False,
+    )
     cfg = rodeco.load_config(over)
     run_decode(cfg, plugins, tmp_path / "cpu", gen=gen)
     wm = json.loads((tmp_path / "cpu" / "summary.json").read_text())["working_memory"]

@@ -26,29 +26,57 @@ CONF_DIR = Path(__file__).parent / "conf"
 
 @hookimpl
 def rodeco_register_policies(register: Callable[..., None]) -> None:
-    register("none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)",
-             params=NoneParams)
-    register("fixed", build_fixed, "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt",
-             params=FixedParams)
-    register("adaptive", build_adaptive,
-             "per prompt, keep rows whose estimated chance to finish above the best exceeds delta",
-             params=AdaptiveParams)
-    register("correlation", build_correlation,
-             "rejection rate from the Kendall tau between consecutive decision points' scores",
-             params=CorrelationParams)
-    register("calibrated", build_calibrated,
-             "reject rows unlikely to be the eventual best under a calibration of partial scores by decision length",
-             params=CalibratedParams)
-    register("allocate", build_allocate,
-             "calibrated, with a batch's forced rejections taken from the prompts whose leader is clearest",
-             params=AllocateParams)
-    register("particle_filter", build_particle_filter,
-             "particle filtering: resample rows in proportion to softmax(score / temperature), copies included",
-             params=ParticleFilterParams)
-    register("beam", build_beam, "reward-guided beam search: the top beam_width rows, each expanded into "
-             "n / beam_width rows", params=BeamParams)
-    register("dvts", build_dvts, "diverse verifier tree search: n / beam_width independent beams of width 1",
-             params=DVTSParams)
+    register(
+        "none", build_none, "Best-of-N: never reject (the budget must hold every row to the end)", params=NoneParams
+    )
+    register(
+        "fixed",
+        build_fixed,
+        "Speculative Rejection: reject the lowest-scoring alpha fraction per prompt",
+        params=FixedParams,
+    )
+    register(
+        "adaptive",
+        build_adaptive,
+        "per prompt, keep rows whose estimated chance to finish above the best exceeds delta",
+        params=AdaptiveParams,
+    )
+    register(
+        "correlation",
+        build_correlation,
+        "rejection rate from the Kendall tau between consecutive decision points' scores",
+        params=CorrelationParams,
+    )
+    register(
+        "calibrated",
+        build_calibrated,
+        "reject rows unlikely to be the eventual best under a calibration of partial scores by decision length",
+        params=CalibratedParams,
+    )
+    register(
+        "allocate",
+        build_allocate,
+        "calibrated, with a batch's forced rejections taken from the prompts whose leader is clearest",
+        params=AllocateParams,
+    )
+    register(
+        "particle_filter",
+        build_particle_filter,
+        "particle filtering: resample rows in proportion to softmax(score / temperature), copies included",
+        params=ParticleFilterParams,
+    )
+    register(
+        "beam",
+        build_beam,
+        "reward-guided beam search: the top beam_width rows, each expanded into n / beam_width rows",
+        params=BeamParams,
+    )
+    register(
+        "dvts",
+        build_dvts,
+        "diverse verifier tree search: n / beam_width independent beams of width 1",
+        params=DVTSParams,
+    )
 
 
 @hookimpl

@@ -28,14 +28,21 @@ Horizon = Literal["remaining", "round"]  # remaining: a random walk to the end; 
 
 @dataclass
 class AdaptiveParams:
-    delta: float = field(default=0.05, metadata={"help": "keep a row while its chance of finishing above the best "
-                                                          "exceeds this (lower keeps more)"})
-    prior_noise: float = field(default=1.0, metadata={"help": "prior per-round noise scale, as a multiple of the std "
-                                                               "of this round's scores"})
-    prior_weight: float = field(default=2.0, metadata={"help": "pseudo degrees of freedom of the prior (0: data only "
-                                                                "once two decision points exist)"})
-    horizon: Horizon = field(default="remaining", metadata={"help": "remaining: noise grows with the tokens still "
-                                                                     "to come (random walk); round: one round ahead"})
+    delta: float = field(
+        default=0.05,
+        metadata={"help": "keep a row while its chance of finishing above the best exceeds this (lower keeps more)"},
+    )
+    prior_noise: float = field(
+        default=1.0, metadata={"help": "prior per-round noise scale, as a multiple of the std of this round's scores"}
+    )
+    prior_weight: float = field(
+        default=2.0,
+        metadata={"help": "pseudo degrees of freedom of the prior (0: data only once two decision points exist)"},
+    )
+    horizon: Horizon = field(
+        default="remaining",
+        metadata={"help": "remaining: noise grows with the tokens still to come (random walk); round: one round ahead"},
+    )
 
 
 @dataclass(frozen=True)
@@ -122,10 +129,29 @@ class AdaptivePolicy:
 
 def build_adaptive(params: dict[str, Any], ctx: BuildContext) -> AdaptivePolicy:
     p = take_params("policy", params, AdaptiveParams)
-    delta = check_number("policy.delta", p["delta"], 0.0, 1.0, lo_open=True, hi_open=True,
-                         fix="set policy.delta to a small probability such as 0.05 (lower keeps more)")
-    prior_noise = check_number("policy.prior_noise", p["prior_noise"], 0.0, math.inf, hi_open=True,
-                               fix="set policy.prior_noise >= 0, e.g. 0.5 (a multiple of the spread of the scores)")
-    prior_weight = check_number("policy.prior_weight", p["prior_weight"], 0.0, math.inf, hi_open=True,
-                                fix="set policy.prior_weight >= 0, e.g. 2 (pseudo-observations of the prior)")
+    delta = check_number(
+        "policy.delta",
+        p["delta"],
+        0.0,
+        1.0,
+        lo_open=True,
+        hi_open=True,
+        fix="set policy.delta to a small probability such as 0.05 (lower keeps more)",
+    )
+    prior_noise = check_number(
+        "policy.prior_noise",
+        p["prior_noise"],
+        0.0,
+        math.inf,
+        hi_open=True,
+        fix="set policy.prior_noise >= 0, e.g. 0.5 (a multiple of the spread of the scores)",
+    )
+    prior_weight = check_number(
+        "policy.prior_weight",
+        p["prior_weight"],
+        0.0,
+        math.inf,
+        hi_open=True,
+        fix="set policy.prior_weight >= 0, e.g. 2 (pseudo-observations of the prior)",
+    )
     return AdaptivePolicy(delta, prior_noise, prior_weight, p["horizon"])

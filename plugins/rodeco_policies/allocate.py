@@ -29,8 +29,12 @@ class AllocatePolicy(CalibratedPolicy):
         """Each row's modelled chance to be the prompt's eventual best."""
         scale = self.references.scale(pv)
         L = pv.tokens_generated
-        return np.asarray(best_probability(predicted(self.cal.rho(L), scale.z(pv.scores)), self.cal.sd(L),
-                                           self.finished_best(pv, scale)), dtype=np.float64)
+        return np.asarray(
+            best_probability(
+                predicted(self.cal.rho(L), scale.z(pv.scores)), self.cal.sd(L), self.finished_best(pv, scale)
+            ),
+            dtype=np.float64,
+        )
 
     def select(self, view: RoundView) -> list[list[int]]:
         if len(view.prompts) == 1:

@@ -16,8 +16,13 @@ class NoneParams:
 
 @dataclass
 class FixedParams:
-    alpha: float = field(default=0.5, metadata={"help": "the share of each prompt's rows rejected at a decision "
-                                                         "point, in [0, 1) (0: only what the budget forces)"})
+    alpha: float = field(
+        default=0.5,
+        metadata={
+            "help": "the share of each prompt's rows rejected at a decision "
+            "point, in [0, 1) (0: only what the budget forces)"
+        },
+    )
 
 
 class NonePolicy:
@@ -32,8 +37,14 @@ class FixedPolicy:
     budget's minimum for that prompt, always keeping one."""
 
     def __init__(self, alpha: float) -> None:
-        self.alpha = check_number("policy.alpha", alpha, 0.0, 1.0, hi_open=True,
-                                  fix="set policy.alpha to e.g. 0.5 (0 rejects only what the budget forces)")
+        self.alpha = check_number(
+            "policy.alpha",
+            alpha,
+            0.0,
+            1.0,
+            hi_open=True,
+            fix="set policy.alpha to e.g. 0.5 (0 rejects only what the budget forces)",
+        )
 
     def select(self, view: RoundView) -> list[list[int]]:
         return [keep_top(pv, math.floor(self.alpha * pv.k)) for pv in view.prompts]

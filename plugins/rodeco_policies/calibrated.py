@@ -63,11 +63,21 @@ def predicted(rho: float, z: np.ndarray) -> np.ndarray:
 
 @dataclass
 class CalibratedParams:
-    delta: float = field(default=0.05, metadata={"help": "reject the least likely rows while the modelled chance that "
-                                                          "the eventual best is among them stays at most this"})
-    calibration: Optional[str] = field(default=None, metadata={"help": "a calibration file (rodeco "
-                                                                        "experiment=calibrate); null: the committed "
-                                                                        "one of the run's generator and reward"})
+    delta: float = field(
+        default=0.05,
+        metadata={
+            "help": "reject the least likely rows while the modelled chance that "
+            "the eventual best is among them stays at most this"
+        },
+    )
+    calibration: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "a calibration file (rodeco "
+            "experiment=calibrate); null: the committed "
+            "one of the run's generator and reward"
+        },
+    )
     simulations: int = field(default=400, metadata={"help": "simulated prompts per start, for n=calibrated"})
 
 
@@ -98,8 +108,10 @@ class CalibratedPolicy:
         if link is None:
             if not self._said_unlinked:
                 self._said_unlinked = True
-                log.info("calibrated: the calibration has no final_offset/final_spread, so finished candidates are "
-                         "left out of the decisions (measure it again with rodeco experiment=calibrate)")
+                log.info(
+                    "calibrated: the calibration has no final_offset/final_spread, so finished candidates are "
+                    "left out of the decisions (measure it again with rodeco experiment=calibrate)"
+                )
             return -math.inf
         offset, spread = link
         finals = Scale(scale.location + offset * scale.spread, spread * scale.spread)
@@ -114,8 +126,9 @@ class CalibratedPolicy:
         return [self.keep(pv) for pv in view.prompts]
 
     def choose_start(self, view: StartView) -> int:
-        return best_start(self, view.kv_tokens, view.base, view.max_rows, view.max_new_tokens,
-                          view.min_tokens_per_round)
+        return best_start(
+            self, view.kv_tokens, view.base, view.max_rows, view.max_new_tokens, view.min_tokens_per_round
+        )
 
 
 def starts(max_rows: int, full: int) -> list[int]:
@@ -145,8 +158,9 @@ def equivalent_best_of(e_best: float) -> float:
     return float(np.exp(np.interp(e_best, e, np.log(ns))))
 
 
-def simulate(policy: CalibratedPolicy, n: int, kv: int, base: int, new: int, min_tok: int,
-             rng: np.random.Generator) -> tuple[float, float]:
+def simulate(
+    policy: CalibratedPolicy, n: int, kv: int, base: int, new: int, min_tok: int, rng: np.random.Generator
+) -> tuple[float, float]:
     """(expected standardized best, decode tokens) of one prompt started with ``n`` rows, under the calibration
     model: finals ~ N(0, 1), partial scores at each decision length correlated ``rho(L)`` with them and drawn on the
     population's scale (what ``select`` reads them on), the budget's decision points (the cache full), the policy's
@@ -173,8 +187,9 @@ def simulate(policy: CalibratedPolicy, n: int, kv: int, base: int, new: int, min
     return float(np.where(alive, f, -np.inf).max(axis=1).mean()), tokens / S
 
 
-def _decide(policy: CalibratedPolicy, f: np.ndarray, alive: np.ndarray, L: int, fit: int,
-            rng: np.random.Generator) -> np.ndarray:
+def _decide(
+    policy: CalibratedPolicy, f: np.ndarray, alive: np.ndarray, L: int, fit: int, rng: np.random.Generator
+) -> np.ndarray:
     """One decision point of simulated prompts with the same number ``c`` of rows alive: their new ``alive``."""
     G, c = len(f), int(alive[0].sum())
     cols = np.nonzero(alive)[1].reshape(G, c)  # [G, c] each prompt's alive rows
@@ -224,6 +239,9 @@ def build_calibrated(params: dict[str, Any], ctx: BuildContext) -> CalibratedPol
     if ctx.identities:
         cal.check(ctx.identities)
     else:  # built outside a run (Plugins.build_policy without identities): nothing to check the file against
-        log.warning("policy=calibrated built without the identities of what its scores come from: calibration %s "
-                    "is not checked against the run's generator and reward (a run's roles pass them)", path)
+        log.warning(
+            "policy=calibrated built without the identities of what its scores come from: calibration %s "
+            "is not checked against the run's generator and reward (a run's roles pass them)",
+            path,
+        )
     return CalibratedPolicy(cal, float(p["delta"]), int(p["simulations"]))

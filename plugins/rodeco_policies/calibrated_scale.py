@@ -107,8 +107,10 @@ class References:
         last = pv.history[:, -1]
         for p in reversed(ref.points):
             if p.tokens < pv.tokens_generated:
-                same = all(c in p.scores and math.isclose(p.scores[c], float(s), rel_tol=1e-12, abs_tol=1e-12)
-                           for c, s in zip(pv.candidate_ids, last))
+                same = all(
+                    c in p.scores and math.isclose(p.scores[c], float(s), rel_tol=1e-12, abs_tol=1e-12)
+                    for c, s in zip(pv.candidate_ids, last)
+                )
                 return p if same else None
         return None
 
@@ -121,6 +123,9 @@ class References:
     def _warn(self, pv: PromptView) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("calibrated: prompt %d is at a later decision point (%d tokens) whose first this policy did "
-                        "not see; its scores are read on its active rows' own mean and spread", pv.prompt_index,
-                        pv.tokens_generated)
+            log.warning(
+                "calibrated: prompt %d is at a later decision point (%d tokens) whose first this policy did "
+                "not see; its scores are read on its active rows' own mean and spread",
+                pv.prompt_index,
+                pv.tokens_generated,
+            )

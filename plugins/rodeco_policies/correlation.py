@@ -35,8 +35,9 @@ class CorrelationParams:
     alpha_max: float = field(default=0.8, metadata={"help": "the rate at tau >= tau_high (linear in between)"})
     tau_low: float = 0.0
     tau_high: float = 0.8
-    min_candidates: int = field(default=4, metadata={"help": "a prompt needs this many candidates at both decision "
-                                                              "points to use its own tau"})
+    min_candidates: int = field(
+        default=4, metadata={"help": "a prompt needs this many candidates at both decision points to use its own tau"}
+    )
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ def pooled_tau(agreements: list[RankAgreement]) -> float:
 class CorrelationPolicy:
     """Maps each prompt's rank correlation between consecutive decision points to a rejection rate."""
 
-    def __init__(self, alpha: float, alpha_min: float, alpha_max: float, tau_low: float, tau_high: float,
-                 min_candidates: int) -> None:
+    def __init__(
+        self, alpha: float, alpha_min: float, alpha_max: float, tau_low: float, tau_high: float, min_candidates: int
+    ) -> None:
         self.alpha, self.alpha_min, self.alpha_max = alpha, alpha_min, alpha_max
         self.tau_low, self.tau_high, self.min_candidates = tau_low, tau_high, min_candidates
 
@@ -119,17 +121,31 @@ def build_correlation(params: dict[str, Any], ctx: BuildContext) -> CorrelationP
     alpha_min = check_number("policy.alpha_min", p["alpha_min"], 0.0, 1.0, hi_open=True, fix=rate_fix)
     alpha_max = check_number("policy.alpha_max", p["alpha_max"], 0.0, 1.0, hi_open=True, fix=rate_fix)
     if alpha_min > alpha_max:
-        raise ConfigError("policy.alpha_min", alpha_min, f"is above policy.alpha_max={alpha_max}",
-                          "set policy.alpha_min <= policy.alpha_max (high tau must not reject less)")
-    tau_low = check_number("policy.tau_low", p["tau_low"], -1.0, 1.0, hi_open=True,
-                           fix="set policy.tau_low in [-1, 1), e.g. 0")
-    tau_high = check_number("policy.tau_high", p["tau_high"], -1.0, 1.0, lo_open=True,
-                            fix="set policy.tau_high in (-1, 1], e.g. 0.8")
+        raise ConfigError(
+            "policy.alpha_min",
+            alpha_min,
+            f"is above policy.alpha_max={alpha_max}",
+            "set policy.alpha_min <= policy.alpha_max (high tau must not reject less)",
+        )
+    tau_low = check_number(
+        "policy.tau_low", p["tau_low"], -1.0, 1.0, hi_open=True, fix="set policy.tau_low in [-1, 1), e.g. 0"
+    )
+    tau_high = check_number(
+        "policy.tau_high", p["tau_high"], -1.0, 1.0, lo_open=True, fix="set policy.tau_high in (-1, 1], e.g. 0.8"
+    )
     if tau_low >= tau_high:
-        raise ConfigError("policy.tau_high", tau_high, f"must be above policy.tau_low={tau_low}",
-                          "set e.g. policy.tau_low=0 policy.tau_high=0.8")
+        raise ConfigError(
+            "policy.tau_high",
+            tau_high,
+            f"must be above policy.tau_low={tau_low}",
+            "set e.g. policy.tau_low=0 policy.tau_high=0.8",
+        )
     m = p["min_candidates"]  # an integer (CorrelationParams)
     if m < 2:
-        raise ConfigError("policy.min_candidates", m, "must be an integer >= 2",
-                          "set e.g. policy.min_candidates=4 (prompts with fewer use the pooled tau)")
+        raise ConfigError(
+            "policy.min_candidates",
+            m,
+            "must be an integer >= 2",
+            "set e.g. policy.min_candidates=4 (prompts with fewer use the pooled tau)",
+        )
     return CorrelationPolicy(alpha, alpha_min, alpha_max, tau_low, tau_high, m)

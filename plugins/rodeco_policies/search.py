@@ -45,14 +45,16 @@ class ParticleFilterParams:
     temperature: float = field(default=1.0, metadata={"help": "weights are softmax(score / temperature); > 0"})
     resampling: str = field(default="multinomial", metadata={"help": "multinomial or systematic"})
     decision_tokens: int = field(default=16, metadata={"help": EVERY_HELP})
-    finished_weight: bool = field(default=True, metadata={
-        "help": "finished candidates stay in the population with their final reward's weight"})
+    finished_weight: bool = field(
+        default=True, metadata={"help": "finished candidates stay in the population with their final reward's weight"}
+    )
 
 
 @dataclass
 class BeamParams:
-    beam_width: int = field(default=4, metadata={"help": "rows kept at a decision point; each is expanded into "
-                                                         "n / beam_width rows"})
+    beam_width: int = field(
+        default=4, metadata={"help": "rows kept at a decision point; each is expanded into n / beam_width rows"}
+    )
     decision_tokens: int = field(default=16, metadata={"help": EVERY_HELP})
 
 
@@ -102,11 +104,18 @@ def population(view: RoundView, pv: PromptView) -> int:
 
 class ParticleFilterPolicy:
     def __init__(self, temperature: float, resampling: str, decision_tokens: int, finished_weight: bool) -> None:
-        self.temperature = check_number("policy.temperature", temperature, 0.0, float("inf"), lo_open=True,
-                                        fix="set policy.temperature above 0, e.g. 1.0")
+        self.temperature = check_number(
+            "policy.temperature",
+            temperature,
+            0.0,
+            float("inf"),
+            lo_open=True,
+            fix="set policy.temperature above 0, e.g. 1.0",
+        )
         if resampling not in RESAMPLING:
-            raise ConfigError("policy.resampling", resampling, "unknown resampling",
-                              f"use one of {', '.join(RESAMPLING)}")
+            raise ConfigError(
+                "policy.resampling", resampling, "unknown resampling", f"use one of {', '.join(RESAMPLING)}"
+            )
         self.resampling, self.finished_weight = resampling, bool(finished_weight)
         self.decision_tokens = every(decision_tokens)
 
@@ -115,8 +124,7 @@ class ParticleFilterPolicy:
         for pv in view.prompts:
             finals = np.asarray(pv.finished_scores if self.finished_weight else [], dtype=np.float64)
             scores = np.concatenate([np.asarray(pv.scores, dtype=np.float64), finals])
-            drawn = resample(softmax_weights(scores, self.temperature), population(view, pv), pv.rng,
-                             self.resampling)
+            drawn = resample(softmax_weights(scores, self.temperature), population(view, pv), pv.rng, self.resampling)
             active = drawn[: pv.k]  # the draws on finished candidates are spent on them
             out.append(Counts(trim(active, pv.max_rows or pv.k, pv.scores, keep_one=not pv.finished_scores)))
         return out

@@ -26,41 +26,92 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     from rodeco_rewards.minilm.reward import MiniLMParams, build_minilm_rm
     from rodeco_rewards.preference_rm import PreferenceRMParams, build_preference_rm
 
-    register("logprob", build_logprob, "log-probability of the response (mean, sum or -perplexity), generator's own",
-             params=LogProbParams)
-    register("minilm_rm", build_minilm_rm,
-             "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs", params=MiniLMParams)
-    register("preference_rm", build_preference_rm, "any AutoModelForSequenceClassification reward model (hub name "
-             "or local dir)", params=PreferenceRMParams)
-    register("composite", build_composite, "a weighted sum of named rewards, optionally standardized",
-             params=CompositeParams)
-    register("length", value_function(response_length, params=LengthParams),
-             "characters of the response / scale (a value function; the length-only baseline)", params=LengthParams)
-    register("custom", build_custom, "any registered reward or value function, named by reward.function",
-             params=CustomParams)
+    register(
+        "logprob",
+        build_logprob,
+        "log-probability of the response (mean, sum or -perplexity), generator's own",
+        params=LogProbParams,
+    )
+    register(
+        "minilm_rm",
+        build_minilm_rm,
+        "the embedded default: MiniLM embeddings + a head trained on AlpacaEval prefs",
+        params=MiniLMParams,
+    )
+    register(
+        "preference_rm",
+        build_preference_rm,
+        "any AutoModelForSequenceClassification reward model (hub name or local dir)",
+        params=PreferenceRMParams,
+    )
+    register(
+        "composite", build_composite, "a weighted sum of named rewards, optionally standardized", params=CompositeParams
+    )
+    register(
+        "length",
+        value_function(response_length, params=LengthParams),
+        "characters of the response / scale (a value function; the length-only baseline)",
+        params=LengthParams,
+    )
+    register(
+        "custom", build_custom, "any registered reward or value function, named by reward.function", params=CustomParams
+    )
     from rodeco_rewards.learned_heads import build_text_value, build_value_head
 
-    register("value_head", build_value_head, "learned partial scorer: a head on the generator's hidden state "
-             "(partial_reward only; rodeco experiment=value_train)", params=HeadParams)
-    register("text_value", build_text_value, "learned partial scorer: a head on the embedded RM's features of the "
-             "partial text (rodeco experiment=value_train)", params=HeadParams)
+    register(
+        "value_head",
+        build_value_head,
+        "learned partial scorer: a head on the generator's hidden state "
+        "(partial_reward only; rodeco experiment=value_train)",
+        params=HeadParams,
+    )
+    register(
+        "text_value",
+        build_text_value,
+        "learned partial scorer: a head on the embedded RM's features of the "
+        "partial text (rodeco experiment=value_train)",
+        params=HeadParams,
+    )
     from rodeco_rewards.gold import ArithGoldParams, build_arith_gold
     from rodeco_rewards.reference import ReferenceParams, RefSimParams, build_chrf, build_ref_sim
 
-    register("chrf", build_chrf, "a judge: chrF2 (0-100) against AlpacaEval's GPT-4-Turbo reference answer "
-             "(AlpacaEval prompts only)", params=ReferenceParams)
-    register("ref_sim", build_ref_sim, "a judge: cosine of SmolLM2-135M mean hidden states, response vs AlpacaEval's "
-             "reference answer (AlpacaEval prompts only)", params=RefSimParams)
-    register("arith_gold", build_arith_gold, "a judge: 1 if the last number is the exact answer of a "
-             "scripts/arith_bench.py problem, else 0", params=ArithGoldParams)
+    register(
+        "chrf",
+        build_chrf,
+        "a judge: chrF2 (0-100) against AlpacaEval's GPT-4-Turbo reference answer (AlpacaEval prompts only)",
+        params=ReferenceParams,
+    )
+    register(
+        "ref_sim",
+        build_ref_sim,
+        "a judge: cosine of SmolLM2-135M mean hidden states, response vs AlpacaEval's "
+        "reference answer (AlpacaEval prompts only)",
+        params=RefSimParams,
+    )
+    register(
+        "arith_gold",
+        build_arith_gold,
+        "a judge: 1 if the last number is the exact answer of a scripts/arith_bench.py problem, else 0",
+        params=ArithGoldParams,
+    )
     from rodeco_rewards.llm_judge import LLMJudgeParams, build_llm_judge
 
-    register("llm_judge", build_llm_judge, "a judge: an LLM behind an OpenAI-compatible API prefers the response or "
-             "AlpacaEval's reference, both orders, temperature 0 (AlpacaEval prompts only)", params=LLMJudgeParams)
+    register(
+        "llm_judge",
+        build_llm_judge,
+        "a judge: an LLM behind an OpenAI-compatible API prefers the response or "
+        "AlpacaEval's reference, both orders, temperature 0 (AlpacaEval prompts only)",
+        params=LLMJudgeParams,
+    )
     from rodeco_rewards.smollm_judge import JudgeParams, build_smollm_judge
 
-    register("smollm_judge", build_smollm_judge, "a judge: a length-controlled Bradley-Terry head on SmolLM2-135M "
-             "hidden states, trained on AlpacaEval prefs (rodeco experiment=judge_train)", params=JudgeParams)
+    register(
+        "smollm_judge",
+        build_smollm_judge,
+        "a judge: a length-controlled Bradley-Terry head on SmolLM2-135M "
+        "hidden states, trained on AlpacaEval prefs (rodeco experiment=judge_train)",
+        params=JudgeParams,
+    )
 
 
 @hookimpl
@@ -78,20 +129,41 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
         rm_train,
     )
 
-    register("rm_train", rm_train.run, "train the embedded RM's Bradley-Terry head on AlpacaEval preferences",
-             args=RMTrainArgs)
-    register("rm_eval", rm_eval.run, "a reward's held-out pairwise accuracy next to the length-only baseline",
-             args=RMEvalArgs)
+    register(
+        "rm_train",
+        rm_train.run,
+        "train the embedded RM's Bradley-Terry head on AlpacaEval preferences",
+        args=RMTrainArgs,
+    )
+    register(
+        "rm_eval",
+        rm_eval.run,
+        "a reward's held-out pairwise accuracy next to the length-only baseline",
+        args=RMEvalArgs,
+    )
     register("rm_bench", rm_bench.run, "a reward's scoring throughput at typical partial lengths", args=RMBenchArgs)
-    register("value_train", learned_heads_train.run, "train the learned partial scorers (value_head, text_value) on a "
-             "training pool; do they beat same?", args=ValueTrainArgs)
-    register("prefix_train", prefix_train.run, "refit the embedded RM's head on prefixes too (TCRM's lookahead and "
-             "smoothness terms): partial_reward=minilm_prefix", args=PrefixTrainArgs)
+    register(
+        "value_train",
+        learned_heads_train.run,
+        "train the learned partial scorers (value_head, text_value) on a training pool; do they beat same?",
+        args=ValueTrainArgs,
+    )
+    register(
+        "prefix_train",
+        prefix_train.run,
+        "refit the embedded RM's head on prefixes too (TCRM's lookahead and "
+        "smoothness terms): partial_reward=minilm_prefix",
+        args=PrefixTrainArgs,
+    )
     from rodeco_rewards.experiments import judge_train
 
-    register("judge_train", judge_train.run, "train and validate the smollm_judge judge (length-controlled, on "
-             "SmolLM2-135M hidden states): held-out accuracy, length correlation, corruption check",
-             args=judge_train.JudgeTrainArgs)
+    register(
+        "judge_train",
+        judge_train.run,
+        "train and validate the smollm_judge judge (length-controlled, on "
+        "SmolLM2-135M hidden states): held-out accuracy, length correlation, corruption check",
+        args=judge_train.JudgeTrainArgs,
+    )
 
 
 @hookimpl

@@ -32,8 +32,15 @@ from rodeco import BuildContext, ConfigError, PluginError, Plugins, RewardCost, 
 class FunctionReward:
     """Wraps a callable; the loop's ``Scorer`` checks its output (count, finiteness) like any reward's."""
 
-    def __init__(self, fn: Callable[..., Any], *, batched: bool = False, needs_logprobs: bool = False,
-                 params: Mapping[str, Any] | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batched: bool = False,
+        needs_logprobs: bool = False,
+        params: Mapping[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
         self.fn, self.batched, self.params = fn, batched, dict(params or {})
         self.name = name or getattr(fn, "__name__", "value_function")
         self.needs_logprobs = needs_logprobs
@@ -46,14 +53,19 @@ class FunctionReward:
             try:
                 return list(out)
             except TypeError:
-                raise PluginError(f"value function {self.name!r} (batched) returned {type(out).__name__}, "
-                                  "not a sequence of floats") from None
+                raise PluginError(
+                    f"value function {self.name!r} (batched) returned {type(out).__name__}, not a sequence of floats"
+                ) from None
         return [self.fn(r.prompt, r.response, r.partial, **self.params) for r in requests]
 
 
-def value_function(fn: Callable[..., Any], *, batched: bool = False, needs_logprobs: bool = False,
-                   params: Mapping[str, Any] | type | None = None
-                   ) -> Callable[[dict[str, Any], BuildContext], FunctionReward]:
+def value_function(
+    fn: Callable[..., Any],
+    *,
+    batched: bool = False,
+    needs_logprobs: bool = False,
+    params: Mapping[str, Any] | type | None = None,
+) -> Callable[[dict[str, Any], BuildContext], FunctionReward]:
     """A reward factory for ``register(name, factory)`` made from a plain callable.
 
     ``fn(prompt, response, partial, **params) -> float``, or with ``batched=True``
@@ -69,8 +81,12 @@ def value_function(fn: Callable[..., Any], *, batched: bool = False, needs_logpr
     _check_signature(fn, batched, defaults)
 
     def factory(cfg_params: dict[str, Any], ctx: BuildContext) -> FunctionReward:
-        return FunctionReward(fn, batched=batched, needs_logprobs=needs_logprobs,
-                              params=take_params("reward", cfg_params, schema or defaults))
+        return FunctionReward(
+            fn,
+            batched=batched,
+            needs_logprobs=needs_logprobs,
+            params=take_params("reward", cfg_params, schema or defaults),
+        )
 
     factory.__doc__ = f"reward factory wrapping {getattr(fn, '__qualname__', fn)!r}"
     return factory
@@ -87,8 +103,10 @@ def _check_signature(fn: Callable[..., Any], batched: bool, params: Mapping[str,
         sig.bind(*args, **params)
     except TypeError as e:
         shape = "fn(requests, **params)" if batched else "fn(prompt, response, partial, **params)"
-        raise TypeError(f"value function {getattr(fn, '__qualname__', fn)!r} cannot be called as {shape} "
-                        f"with params {sorted(params)}: {e}") from None
+        raise TypeError(
+            f"value function {getattr(fn, '__qualname__', fn)!r} cannot be called as {shape} "
+            f"with params {sorted(params)}: {e}"
+        ) from None
 
 
 @dataclass
@@ -114,8 +132,10 @@ class CustomParams:
 def registries(ctx: BuildContext, who: str) -> Plugins:
     """The plugin registries a reward built from other rewards looks them up in (``ctx.plugins``)."""
     if ctx.plugins is None:
-        raise ValueError(f"{who} builds other rewards by name and needs BuildContext.plugins; build it with "
-                         "Plugins.build_reward (as runs do), or pass plugins=... in its BuildContext")
+        raise ValueError(
+            f"{who} builds other rewards by name and needs BuildContext.plugins; build it with "
+            "Plugins.build_reward (as runs do), or pass plugins=... in its BuildContext"
+        )
     return ctx.plugins
 
 
@@ -126,7 +146,11 @@ def build_custom(params: dict[str, Any], ctx: BuildContext) -> Any:
     name = params.pop("function", None)
     plugins = registries(ctx, "custom")
     if not isinstance(name, str) or name not in plugins.rewards or name == "custom":
-        raise ConfigError("reward.function", name, "not a registered reward or value function",
-                          f"use one of {[n for n in plugins.rewards.names() if n != 'custom']}, or register yours "
-                          "in a plugin (docs/rewards.md)")
+        raise ConfigError(
+            "reward.function",
+            name,
+            "not a registered reward or value function",
+            f"use one of {[n for n in plugins.rewards.names() if n != 'custom']}, or register yours "
+            "in a plugin (docs/rewards.md)",
+        )
     return plugins.rewards.get(name).factory(params, ctx)

@@ -33,15 +33,20 @@ class CompositeParams:
 
     components: Optional[dict[str, Any]] = field(default=None, metadata={"help": "key -> a reward config node"})
     weights: Optional[dict[str, Any]] = field(default_factory=dict, metadata={"help": "key -> weight (default 1.0)"})
-    standardize: Optional[dict[str, Any]] = field(default_factory=dict, metadata={
-        "help": "key -> auto or {mean, std}: (score - mean) / std before weighting"})
+    standardize: Optional[dict[str, Any]] = field(
+        default_factory=dict, metadata={"help": "key -> auto or {mean, std}: (score - mean) / std before weighting"}
+    )
 
 
 class CompositeReward:
     """``sum_k weight_k * (score_k - mean_k) / std_k`` over named component rewards."""
 
-    def __init__(self, components: dict[str, Reward], weights: dict[str, float],
-                 stats: dict[str, tuple[float, float]] | None = None) -> None:
+    def __init__(
+        self,
+        components: dict[str, Reward],
+        weights: dict[str, float],
+        stats: dict[str, tuple[float, float]] | None = None,
+    ) -> None:
         self.components = components
         self.scorers = {k: Scorer(r, f"composite.{k}") for k, r in components.items()}  # checks count/finiteness
         self.weights = {k: float(weights.get(k, 1.0)) for k in components}
@@ -76,8 +81,12 @@ def _stats_of(key: str, spec: Any, reward: Reward) -> tuple[float, float]:
     if spec == "auto":
         stats = getattr(reward, "score_stats", None)
         if stats is None:
-            raise ConfigError(key, spec, "this component declares no score_stats",
-                              f"give constants instead: {key}={{mean: 0.0, std: 1.0}}")
+            raise ConfigError(
+                key,
+                spec,
+                "this component declares no score_stats",
+                f"give constants instead: {key}={{mean: 0.0, std: 1.0}}",
+            )
         mean, std = stats
     elif isinstance(spec, dict) and set(spec) == {"mean", "std"}:
         mean, std = _number(f"{key}.mean", spec["mean"]), _number(f"{key}.std", spec["std"])
@@ -92,24 +101,37 @@ def build_composite(params: dict[str, Any], ctx: BuildContext) -> CompositeRewar
     p = take_params("reward", params, CompositeParams)
     comps, weights, standardize = p["components"], p["weights"] or {}, p["standardize"] or {}
     if not isinstance(comps, dict) or not comps:
-        raise ConfigError("reward.components", comps, "needs at least one named component",
-                          "e.g. reward.components={rm: {name: minilm_rm}, lp: {name: logprob}}")
+        raise ConfigError(
+            "reward.components",
+            comps,
+            "needs at least one named component",
+            "e.g. reward.components={rm: {name: minilm_rm}, lp: {name: logprob}}",
+        )
     for what, table in (("weights", weights), ("standardize", standardize)):
         if not isinstance(table, dict):
-            raise ConfigError(f"reward.{what}", table, "must be a mapping from component name",
-                              f"e.g. reward.{what}={{{next(iter(comps))}: ...}}")
+            raise ConfigError(
+                f"reward.{what}",
+                table,
+                "must be a mapping from component name",
+                f"e.g. reward.{what}={{{next(iter(comps))}: ...}}",
+            )
         extra = sorted(set(table) - set(comps))
         if extra:
-            raise ConfigError(f"reward.{what}.{extra[0]}", table[extra[0]], "names no component",
-                              f"use one of the component names {sorted(comps)}")
+            raise ConfigError(
+                f"reward.{what}.{extra[0]}",
+                table[extra[0]],
+                "names no component",
+                f"use one of the component names {sorted(comps)}",
+            )
     plugins = registries(ctx, "composite")
     built: dict[str, Reward] = {}
     for k, node in comps.items():
         node = dict(node) if isinstance(node, dict) else {"name": node}  # `lp: logprob` is short for {name: ...}
         name = node.pop("name", None)
         if not isinstance(name, str) or name not in plugins.rewards:
-            raise ConfigError(f"reward.components.{k}.name", name, "not a registered reward",
-                              f"use one of {plugins.rewards.names()}")
+            raise ConfigError(
+                f"reward.components.{k}.name", name, "not a registered reward", f"use one of {plugins.rewards.names()}"
+            )
         try:
             built[k] = plugins.rewards.get(name).factory(node, ctx)
         except ConfigError as e:  # the component speaks of reward.*: say which component

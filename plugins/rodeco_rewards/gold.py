@@ -30,9 +30,13 @@ def answer_of(prompt: str) -> int:
         shown = " ".join(prompt.split())
         shown = shown if len(shown) <= SHOWN else shown[:SHOWN] + "..."
         problem = "no arithmetic problem" if not found else f"{len(found)} arithmetic problems, not one"
-        raise ConfigError(NODE, shown, f"{problem} (a + b, a - b or a * b with integers) in this prompt",
-                          "use arith_gold only on the problems of scripts/arith_bench.py ('What is 23 + 7? Answer "
-                          "with the number.'); judge other prompts with another reward")
+        raise ConfigError(
+            NODE,
+            shown,
+            f"{problem} (a + b, a - b or a * b with integers) in this prompt",
+            "use arith_gold only on the problems of scripts/arith_bench.py ('What is 23 + 7? Answer "
+            "with the number.'); judge other prompts with another reward",
+        )
     a, op, b = found[0]
     x, y = int(a), int(b)
     return x + y if op == "+" else x - y if op == "-" else x * y

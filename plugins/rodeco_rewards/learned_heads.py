@@ -76,12 +76,15 @@ class Head:
         self.b1 = b1[None] if b1.ndim == 1 else b1
         self.edges = np.asarray(self.edges, dtype=np.int64).reshape(-1)
         if len(self.edges) != n - 1 or len(self.w1) != n or len(self.b1) != n:
-            raise ValueError(f"a head with {n} buckets needs {n - 1} edges and {n} of w1, b1 "
-                             f"(got {len(self.edges)}, {len(self.w1)}, {len(self.b1)})")
+            raise ValueError(
+                f"a head with {n} buckets needs {n - 1} edges and {n} of w1, b1 "
+                f"(got {len(self.edges)}, {len(self.w1)}, {len(self.b1)})"
+            )
 
     @classmethod
-    def linear(cls, mean: np.ndarray, std: np.ndarray, w: np.ndarray, b: Any, meta: dict[str, Any],
-               edges: Sequence[int] = ()) -> Head:
+    def linear(
+        cls, mean: np.ndarray, std: np.ndarray, w: np.ndarray, b: Any, meta: dict[str, Any], edges: Sequence[int] = ()
+    ) -> Head:
         """A linear head: ``w [B, F]`` (or ``[F]``), ``b [B]`` (or a float)."""
         n = len(np.atleast_2d(w))
         return cls(mean, std, np.zeros((n, 0, 0)), np.zeros((n, 0)), w, b, meta, np.asarray(edges, dtype=np.int64))
@@ -124,15 +127,21 @@ class Head:
         return h.hexdigest()[:16]
 
     def save(self, stem: Path) -> None:
-        atomic_write(stem.with_suffix(".npz"), npz_bytes(mean=self.mean, std=self.std, w1=self.w1, b1=self.b1,
-                                                         w2=self.w2, b2=self.b2, edges=self.edges))
+        atomic_write(
+            stem.with_suffix(".npz"),
+            npz_bytes(mean=self.mean, std=self.std, w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2, edges=self.edges),
+        )
         atomic_write(stem.with_suffix(".json"), json.dumps({**self.meta, "identity": self.identity}, indent=1) + "\n")
 
     @classmethod
     def load(cls, stem: Path, key: str = "reward.head") -> Head:
         if not stem.with_suffix(".npz").is_file() or not stem.with_suffix(".json").is_file():
-            raise ConfigError(key, str(stem), "no head there (.npz and .json)",
-                              "train one: rodeco experiment=value_train pool=TRAINING_POOL")
+            raise ConfigError(
+                key,
+                str(stem),
+                "no head there (.npz and .json)",
+                "train one: rodeco experiment=value_train pool=TRAINING_POOL",
+            )
         d = np.load(stem.with_suffix(".npz"))
         meta = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
         edges = d["edges"] if "edges" in d.files else np.zeros(0, dtype=np.int64)  # before buckets: one bucket
@@ -162,8 +171,12 @@ class ValueHead:
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
         if any(r.hidden_state is None for r in requests):
-            raise ConfigError("partial_reward", "value_head", "a request carries no hidden state (a finished "
-                              "response, or a pool recorded without them)", "use it as partial_reward only")
+            raise ConfigError(
+                "partial_reward",
+                "value_head",
+                "a request carries no hidden state (a finished response, or a pool recorded without them)",
+                "use it as partial_reward only",
+            )
         h = np.stack([np.asarray(r.hidden_state, dtype=np.float64) for r in requests])
         lengths = [len(r.response_ids) for r in requests]
         x = np.concatenate([h, position_features(lengths, self.max_new)], axis=1)
@@ -199,15 +212,24 @@ def text_value_anchor(rm_head, max_new: int) -> Head:
     from rodeco_rewards.minilm.head import head_identity
 
     if rm_head.shape.hidden:
-        raise ConfigError("reward.head", f"hidden={rm_head.shape.hidden}", "text_value anchors on a linear reward "
-                          "head, this one has a hidden layer", "use the committed minilm_rm head (hidden 0)")
+        raise ConfigError(
+            "reward.head",
+            f"hidden={rm_head.shape.hidden}",
+            "text_value anchors on a linear reward head, this one has a hidden layer",
+            "use the committed minilm_rm head (hidden 0)",
+        )
     w = rm_head.net.weight.detach().double().numpy()[0]
     b = float(rm_head.net.bias.detach().double().numpy()[0])
     pad = np.zeros(N_POSITION)
     mean = np.concatenate([rm_head.mu.double().numpy(), pad])
     std = np.concatenate([rm_head.sigma.double().numpy(), pad + 1.0])
-    return Head.linear(mean, std, np.concatenate([w, pad]), b, {"kind": "text_value", "max_new_tokens": max_new,
-                                                                 "anchor": f"minilm_rm:{head_identity(rm_head)}"})
+    return Head.linear(
+        mean,
+        std,
+        np.concatenate([w, pad]),
+        b,
+        {"kind": "text_value", "max_new_tokens": max_new, "anchor": f"minilm_rm:{head_identity(rm_head)}"},
+    )
 
 
 def text_features(encoder, requests: Sequence[ScoreRequest], max_new: int) -> np.ndarray:
@@ -215,8 +237,9 @@ def text_features(encoder, requests: Sequence[ScoreRequest], max_new: int) -> np
     from rodeco_rewards.minilm.reward import features
 
     x = features(encoder, [r.prompt for r in requests], [r.response for r in requests])
-    return np.concatenate([x.astype(np.float64),
-                           position_features([len(r.response_ids) for r in requests], max_new)], axis=1)
+    return np.concatenate(
+        [x.astype(np.float64), position_features([len(r.response_ids) for r in requests], max_new)], axis=1
+    )
 
 
 def minilm_encoder(device: str = "cpu"):
@@ -238,8 +261,10 @@ def _head_stem(kind: str, given: Any) -> Path:
 
 @dataclass
 class HeadParams:
-    head: Optional[str] = field(default=None, metadata={"help": "null: the committed head (rodeco "
-                                                                 "experiment=value_train); or a path to another"})
+    head: Optional[str] = field(
+        default=None,
+        metadata={"help": "null: the committed head (rodeco experiment=value_train); or a path to another"},
+    )
 
 
 def build_value_head(params: dict[str, Any], ctx: BuildContext) -> ValueHead:

@@ -106,7 +106,7 @@ def http_post(base_url: str, api_key_env: str, timeout: float, retries: int) -> 
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 if attempt == retries:
                     raise RuntimeError(f"{url} unreachable after {retries + 1} tries: {e}") from None
-            time.sleep(min(2.0 ** attempt, 10.0))
+            time.sleep(min(2.0**attempt, 10.0))
         raise AssertionError("unreachable")
 
     return post
@@ -115,8 +115,16 @@ def http_post(base_url: str, api_key_env: str, timeout: float, retries: int) -> 
 class LLMJudge:
     """``llm_judge`` (module docstring)."""
 
-    def __init__(self, refs: References, post: Post, model: str, max_tokens: int, base_url: str,
-                 system: str = SYSTEM, template: str = TEMPLATE) -> None:
+    def __init__(
+        self,
+        refs: References,
+        post: Post,
+        model: str,
+        max_tokens: int,
+        base_url: str,
+        system: str = SYSTEM,
+        template: str = TEMPLATE,
+    ) -> None:
         self.refs, self.post, self.model, self.max_tokens = refs, post, model, max_tokens
         self.system, self.template = system, template
         self.cost = RewardCost()  # tokens as the server counts them; FLOPs unknown behind an API
@@ -128,9 +136,15 @@ class LLMJudge:
         self.scores: list[float] = []
 
     def _ask(self, instruction: str, a: str, b: str) -> str | None:
-        body = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                "messages": [*([{"role": "system", "content": self.system}] if self.system else []),
-                             {"role": "user", "content": self.template.format(instruction=instruction, a=a, b=b)}]}
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": self.max_tokens,
+            "messages": [
+                *([{"role": "system", "content": self.system}] if self.system else []),
+                {"role": "user", "content": self.template.format(instruction=instruction, a=a, b=b)},
+            ],
+        }
         out = self.post(body)
         usage = out.get("usage") or {}
         self.cost.tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
@@ -152,8 +166,7 @@ class LLMJudge:
             ref = self.refs.answer(r.prompt)
             first = self._ask(r.prompt, r.response, ref)  # the response as A
             second = self._ask(r.prompt, ref, r.response)  # the response as B
-            won = [v for v in ((first == "A") if first else None, (second == "B") if second else None)
-                   if v is not None]
+            won = [v for v in ((first == "A") if first else None, (second == "B") if second else None) if v is not None]
             for v in won:
                 self.wins.append(float(v))
                 self.diffs.append(float(len(r.response) - len(ref)))
@@ -165,30 +178,50 @@ class LLMJudge:
     def report(self) -> dict[str, float]:
         """What this judge saw in this process: verdicts asked and unparseable, the responses' win rate against the
         reference and the length-controlled one."""
-        return {"verdicts": self.verdicts, "unparseable": self.unparseable,
-                "win_rate": float(np.mean(self.scores)) if self.scores else math.nan,
-                "lc_win_rate": length_controlled_win_rate(self.wins, self.diffs)}
+        return {
+            "verdicts": self.verdicts,
+            "unparseable": self.unparseable,
+            "win_rate": float(np.mean(self.scores)) if self.scores else math.nan,
+            "lc_win_rate": length_controlled_win_rate(self.wins, self.diffs),
+        }
 
 
 @dataclass
 class LLMJudgeParams:
-    base_url: str = field(default="https://api.openai.com/v1", metadata={
-        "help": "an OpenAI-compatible API's base URL (its /chat/completions is called)"})
+    base_url: str = field(
+        default="https://api.openai.com/v1",
+        metadata={"help": "an OpenAI-compatible API's base URL (its /chat/completions is called)"},
+    )
     model: str = field(default="gpt-4o-mini", metadata={"help": "the judging model's name at that API"})
-    api_key_env: str = field(default="OPENAI_API_KEY", metadata={
-        "help": "the environment variable holding the API key (empty or unset: no key is sent)"})
+    api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "the environment variable holding the API key (empty or unset: no key is sent)"},
+    )
     max_tokens: int = field(default=4, metadata={"help": "tokens of the verdict the judge may write"})
     timeout: float = field(default=60.0, metadata={"help": "seconds per request"})
     retries: int = field(default=2, metadata={"help": "more tries after a connection error, 429 or 5xx"})
-    system: Optional[str] = field(default=None, metadata={
-        "help": "the system message (null: the built-in; empty: none)"})
-    template: Optional[str] = field(default=None, metadata={
-        "help": "the user message, with {instruction}, {a} and {b} (null: the built-in); the verdict is the reply's "
-                "first A or B"})
-    references: str = field(default=DEFAULT_REFERENCES, metadata={
-        "help": "AlpacaEval's reference outputs (JSON list of {instruction, output}); relative: to the current dir"})
-    prompts: Optional[str] = field(default=DEFAULT_PROMPTS, metadata={
-        "help": "alpaca_eval_805.jsonl, in the references' order; null: match the references' instructions only"})
+    system: Optional[str] = field(
+        default=None, metadata={"help": "the system message (null: the built-in; empty: none)"}
+    )
+    template: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "the user message, with {instruction}, {a} and {b} (null: the built-in); the verdict is the reply's "
+            "first A or B"
+        },
+    )
+    references: str = field(
+        default=DEFAULT_REFERENCES,
+        metadata={
+            "help": "AlpacaEval's reference outputs (JSON list of {instruction, output}); relative: to the current dir"
+        },
+    )
+    prompts: Optional[str] = field(
+        default=DEFAULT_PROMPTS,
+        metadata={
+            "help": "alpaca_eval_805.jsonl, in the references' order; null: match the references' instructions only"
+        },
+    )
 
 
 def build_llm_judge(params: dict[str, Any], ctx: BuildContext, post: Post | None = None) -> LLMJudge:
@@ -202,11 +235,19 @@ def build_llm_judge(params: dict[str, Any], ctx: BuildContext, post: Post | None
     try:
         template.format(instruction="", a="", b="")
     except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"{NODE}.template", template[:60], f"is not a format string of {{instruction}}, {{a}} and "
-                          f"{{b}} ({type(e).__name__}: {e})", "use those three fields; write other braces as {{ }}") from None
+        raise ConfigError(
+            f"{NODE}.template",
+            template[:60],
+            f"is not a format string of {{instruction}}, {{a}} and {{b}} ({type(e).__name__}: {e})",
+            "use those three fields; write other braces as {{ }}",
+        ) from None
     if not all(f"{{{k}}}" in template for k in ("instruction", "a", "b")):
-        raise ConfigError(f"{NODE}.template", template[:60], "must show the judge {instruction}, {a} and {b}",
-                          "put all three fields in it")
+        raise ConfigError(
+            f"{NODE}.template",
+            template[:60],
+            "must show the judge {instruction}, {a} and {b}",
+            "put all three fields in it",
+        )
     refs = References.load(str(p["references"]), p["prompts"], NODE)
     post = post or http_post(str(p["base_url"]), str(p["api_key_env"]), float(p["timeout"]), int(p["retries"]))
     system = SYSTEM if p["system"] is None else str(p["system"])

@@ -14,8 +14,15 @@ from rodeco_rewards.batching import token_batches
 
 
 class LMScorer:
-    def __init__(self, model: torch.nn.Module, tokenizer, *, chat_template: bool = True,
-                 batch_tokens: int = 16384, max_batch_size: int | None = 64) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        chat_template: bool = True,
+        batch_tokens: int = 16384,
+        max_batch_size: int | None = 64,
+    ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.use_chat = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
@@ -28,8 +35,9 @@ class LMScorer:
 
     def prompt_ids(self, prompt: str) -> list[int]:
         if self.use_chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
             return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
         return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
 
@@ -68,6 +76,6 @@ class LMScorer:
             lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, x[:, 1:, None].to(self.device))[..., 0]  # [b, L-1]
             for row, i in enumerate(batch):
                 n, k = len(seqs[i]), n_resp[i]
-                out[i] = lp[row, n - 1 - k: n - 1].tolist() if k else []
+                out[i] = lp[row, n - 1 - k : n - 1].tolist() if k else []
             self.tokens += int(mask.sum())
         return out

@@ -61,8 +61,10 @@ class LogProbReward:
 @dataclass
 class LogProbParams:
     form: Form = field(default="mean", metadata={"help": "mean, perplexity (-exp(mean cross-entropy)) or sum"})
-    model: Optional[str] = field(default=None, metadata={"help": "null: the generator's own log-probs; or a causal "
-                                                                  "LM (hub name, local dir, .gguf, smollm2)"})
+    model: Optional[str] = field(
+        default=None,
+        metadata={"help": "null: the generator's own log-probs; or a causal LM (hub name, local dir, .gguf, smollm2)"},
+    )
     empty_score: float = field(default=-1e3, metadata={"help": "the score of an empty response"})
     gguf_file: Optional[str] = None  # with model: the GGUF file inside it
     dtype: str = "auto"  # with model: its dtype (as generator.dtype)
@@ -87,8 +89,7 @@ def _load_lm(p: dict[str, Any], ctx: BuildContext) -> LMScorer:
     if device == "auto" and ctx.generator is not None:
         device = str(ctx.generator.device)
     try:
-        lm, tok = load_model_and_tokenizer(str(p["model"]), p["gguf_file"], dtype=str(p["dtype"]),
-                                           device=str(device))
+        lm, tok = load_model_and_tokenizer(str(p["model"]), p["gguf_file"], dtype=str(p["dtype"]), device=str(device))
     except ConfigError as e:  # the loader speaks of generator.*; these values came from reward.*
         raise ConfigError(e.key.replace("generator.", "reward."), e.value, e.problem, e.fix) from e
     return LMScorer(lm, tok, chat_template=bool(p["chat_template"]), batch_tokens=p["batch_tokens"])

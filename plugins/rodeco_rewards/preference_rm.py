@@ -25,25 +25,32 @@ from rodeco_rewards.rm_format import RMFormat, encode, make_format
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class PreferenceRMParams:
     model: Optional[str] = field(default=None, metadata={"help": "hub name or local directory of the reward model"})
     dtype: str = field(default="auto", metadata={"help": "auto: bf16 on CUDA, fp32 on CPU"})
     device: str = field(default="auto", metadata={"help": "auto: the generator's device"})
-    device_map: Optional[Union[str, dict[str, Any]]] = field(default=None, metadata={
-        "help": "e.g. auto to shard a large RM over several GPUs"})
+    device_map: Optional[Union[str, dict[str, Any]]] = field(
+        default=None, metadata={"help": "e.g. auto to shard a large RM over several GPUs"}
+    )
     trust_remote_code: bool = field(default=False, metadata={"help": "run the model repository's own code (ArmoRM)"})
-    chat_template: Union[bool, Literal["auto"]] = field(default="auto", metadata={
-        "help": "auto: the RM's own chat template when its tokenizer has one, else `template`"})
-    template: Optional[str] = field(default=None, metadata={
-        "help": 'null: "\\n\\nHuman: {prompt}\\n\\nAssistant: {response}"; or "pair" (sentence-pair encoding)'})
+    chat_template: Union[bool, Literal["auto"]] = field(
+        default="auto",
+        metadata={"help": "auto: the RM's own chat template when its tokenizer has one, else `template`"},
+    )
+    template: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": 'null: "\\n\\nHuman: {prompt}\\n\\nAssistant: {response}"; or "pair" (sentence-pair encoding)'
+        },
+    )
     max_length: Optional[int] = field(default=None, metadata={"help": "null: the RM's own limit"})
     truncation_side: Literal["right", "left"] = "right"
     batch_tokens: int = field(default=16384, metadata={"help": "padded tokens per forward pass"})
     max_batch_size: int = 64
-    label: Optional[int] = field(default=None, metadata={"help": "which logit is the reward when the model has "
-                                                                  "several"})
+    label: Optional[int] = field(
+        default=None, metadata={"help": "which logit is the reward when the model has several"}
+    )
 
 
 def resolve_device(device: str, ctx: BuildContext, key: str = "reward.device") -> torch.device:
@@ -69,13 +76,21 @@ def resolve_dtype(dtype: str, device: torch.device, key: str = "reward.dtype") -
 def locate_model(model: Any, key: str = "reward.model") -> str:
     """A local directory (checked) or a hub name (left to ``from_pretrained``)."""
     if not model or not isinstance(model, str):
-        raise ConfigError(key, model, "missing", "give a hub name (e.g. Skywork/Skywork-Reward-Llama-3.1-8B-v0.2) "
-                          "or a local directory with config.json")
+        raise ConfigError(
+            key,
+            model,
+            "missing",
+            "give a hub name (e.g. Skywork/Skywork-Reward-Llama-3.1-8B-v0.2) or a local directory with config.json",
+        )
     if model.startswith(("/", "./", "../", "~")) or os.path.exists(model):
         path = Path(model).expanduser()
         if not (path / "config.json").is_file():
-            raise ConfigError(key, model, "no config.json in that directory",
-                              "give a directory saved with save_pretrained(), or a hub name")
+            raise ConfigError(
+                key,
+                model,
+                "no config.json in that directory",
+                "give a directory saved with save_pretrained(), or a hub name",
+            )
         return str(path)
     return model
 
@@ -83,16 +98,29 @@ def locate_model(model: Any, key: str = "reward.model") -> str:
 class PreferenceRM:
     """Scores text with a sequence classifier: the logit of ``label`` (the only one for a 1-logit RM)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, fmt: RMFormat, *, batch_tokens: int = 16384,
-                 max_batch_size: int | None = 64, label: int | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        fmt: RMFormat,
+        *,
+        batch_tokens: int = 16384,
+        max_batch_size: int | None = 64,
+        label: int | None = None,
+        name: str = "",
+    ) -> None:
         self.model, self.tokenizer, self.fmt, self.name = model.eval(), tokenizer, fmt, name
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         check_positive_int("reward.batch_tokens", batch_tokens, 16384)
         check_positive_int("reward.max_batch_size", max_batch_size, 64, allow_none=True)
         n_labels = int(getattr(model.config, "num_labels", 1) or 1)
         if label is None and n_labels > 1 and not _has_custom_score(model):
-            raise ConfigError("reward.label", None, f"the model has {n_labels} output logits",
-                              f"pick the one that is the reward: reward.label=0..{n_labels - 1}")
+            raise ConfigError(
+                "reward.label",
+                None,
+                f"the model has {n_labels} output logits",
+                f"pick the one that is the reward: reward.label=0..{n_labels - 1}",
+            )
         if label is not None and not (isinstance(label, int) and 0 <= label < n_labels):
             raise ConfigError("reward.label", label, f"must be an integer in [0, {n_labels})", "use 0")
         self.label = label or 0
@@ -156,9 +184,12 @@ def _pad_id(model: torch.nn.Module, tokenizer) -> int:
         pad = eos[0] if isinstance(eos, list) else eos
         log.info("reward model tokenizer has no pad token: padding with EOS id %s", pad)
     if pad is None:
-        raise ConfigError("reward.model", getattr(model.config, "_name_or_path", "?"),
-                          "the reward model's tokenizer has neither a pad nor an EOS token",
-                          "save the tokenizer with a pad_token set")
+        raise ConfigError(
+            "reward.model",
+            getattr(model.config, "_name_or_path", "?"),
+            "the reward model's tokenizer has neither a pad nor an EOS token",
+            "save the tokenizer with a pad_token set",
+        )
     model.config.pad_token_id = int(pad)
     return int(pad)
 
@@ -176,22 +207,51 @@ def build_preference_rm(params: dict[str, Any], ctx: BuildContext) -> Preference
         mkw = dict(kw, dtype=dtype, **({"device_map": p["device_map"]} if p["device_map"] else {}))
         model = AutoModelForSequenceClassification.from_pretrained(src, **mkw)
     except OSError as e:
-        raise ConfigError("reward.model", p["model"], f"could not load it ({type(e).__name__}: {e})",
-                          "check the name; without internet use a local directory") from e
+        raise ConfigError(
+            "reward.model",
+            p["model"],
+            f"could not load it ({type(e).__name__}: {e})",
+            "check the name; without internet use a local directory",
+        ) from e
     except ValueError as e:
         if "trust_remote_code" in str(e):
-            raise ConfigError("reward.trust_remote_code", False, "this model ships its own code",
-                              "set reward.trust_remote_code=true if you trust the repository") from e
-        raise ConfigError("reward.model", p["model"], f"not a sequence classifier ({e})",
-                          "use a model that loads with AutoModelForSequenceClassification") from e
+            raise ConfigError(
+                "reward.trust_remote_code",
+                False,
+                "this model ships its own code",
+                "set reward.trust_remote_code=true if you trust the repository",
+            ) from e
+        raise ConfigError(
+            "reward.model",
+            p["model"],
+            f"not a sequence classifier ({e})",
+            "use a model that loads with AutoModelForSequenceClassification",
+        ) from e
     if not p["device_map"]:
         model = model.to(device)
-    fmt = make_format(tok, p["chat_template"], p["template"], p["max_length"], p["truncation_side"],
-                      getattr(model.config, "max_position_embeddings", None))
-    log.info("preference_rm %s: %.0fM parameters, chat template %s", p["model"],
-             sum(x.numel() for x in model.parameters()) / 1e6, "on" if fmt.use_chat_template else "off")
-    return PreferenceRM(model, tok, fmt, batch_tokens=p["batch_tokens"],
-                        max_batch_size=p["max_batch_size"], label=p["label"], name=str(p["model"]))
+    fmt = make_format(
+        tok,
+        p["chat_template"],
+        p["template"],
+        p["max_length"],
+        p["truncation_side"],
+        getattr(model.config, "max_position_embeddings", None),
+    )
+    log.info(
+        "preference_rm %s: %.0fM parameters, chat template %s",
+        p["model"],
+        sum(x.numel() for x in model.parameters()) / 1e6,
+        "on" if fmt.use_chat_template else "off",
+    )
+    return PreferenceRM(
+        model,
+        tok,
+        fmt,
+        batch_tokens=p["batch_tokens"],
+        max_batch_size=p["max_batch_size"],
+        label=p["label"],
+        name=str(p["model"]),
+    )
 
 
 build_preference_rm.needs_network = True  # type: ignore[attr-defined]  # its config option has no default model

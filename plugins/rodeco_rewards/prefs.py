@@ -12,8 +12,11 @@ from pathlib import Path
 
 from rodeco import ConfigError
 
-SPLITS = {"alpaca_train": "alpaca_eval_prefs_train", "alpaca_test": "alpaca_eval_prefs_test",
-          "hh_harmless_test": "hh_rlhf_harmless_test"}
+SPLITS = {
+    "alpaca_train": "alpaca_eval_prefs_train",
+    "alpaca_test": "alpaca_eval_prefs_test",
+    "hh_harmless_test": "hh_rlhf_harmless_test",
+}
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,12 @@ def data_dir(path: str | Path | None = None, key: str = "experiment_args.data_di
 
     root = data_root(None if path is None else str(path), key)
     if not (root / "prefs").is_dir():
-        raise ConfigError(key, str(root), "no prefs/ folder there",
-                          f"point {key} (or RODECO_DATA) at the folder that holds prefs/ and prompts/")
+        raise ConfigError(
+            key,
+            str(root),
+            "no prefs/ folder there",
+            f"point {key} (or RODECO_DATA) at the folder that holds prefs/ and prompts/",
+        )
     return root
 
 
@@ -63,8 +70,13 @@ def _norm(text: str) -> str:
     return " ".join(str(text).lower().split())
 
 
-def held_out(pairs: Sequence[Pair], files: Sequence[str], prompts: Sequence[str], root: Path,
-             key: str = "experiment_args.exclude_files") -> tuple[list[Pair], dict]:
+def held_out(
+    pairs: Sequence[Pair],
+    files: Sequence[str],
+    prompts: Sequence[str],
+    root: Path,
+    key: str = "experiment_args.exclude_files",
+) -> tuple[list[Pair], dict]:
     """``pairs`` without those whose instruction is an evaluation prompt: one of ``files``' records (JSON list or
     JSONL, relative to ``root``; matched by AlpacaEval index ``af_eval_idx``/``alpaca_eval_idx`` and by text) or one
     of ``prompts`` (by text). Returns the kept pairs and what was removed."""
@@ -82,8 +94,12 @@ def held_out(pairs: Sequence[Pair], files: Sequence[str], prompts: Sequence[str]
             texts.update(_norm(r[k]) for k in ("prompt", "instruction") if r.get(k))
     kept = [p for p in pairs if p.group not in idx and _norm(p.prompt) not in texts]
     removed = {p.group for p in pairs} - {p.group for p in kept}
-    return kept, {"files": list(files), "prompts": list(prompts), "pairs_removed": len(pairs) - len(kept),
-                  "instructions_removed": len(removed)}
+    return kept, {
+        "files": list(files),
+        "prompts": list(prompts),
+        "pairs_removed": len(pairs) - len(kept),
+        "instructions_removed": len(removed),
+    }
 
 
 def similar_length(p: Pair, tolerance: float = 0.2) -> bool:

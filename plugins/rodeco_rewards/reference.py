@@ -74,17 +74,24 @@ class References:
             outputs = [str(r["output"]) for r in records]
             instructions = [str(r["instruction"]) for r in records]
         except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"{node}.references", references, f"not a JSON list of {{instruction, output}} "
-                              f"records ({type(e).__name__}: {e})",
-                              "point it at AlpacaEval's alpaca_eval_gpt4_1106_preview_outputs.json") from e
+            raise ConfigError(
+                f"{node}.references",
+                references,
+                f"not a JSON list of {{instruction, output}} records ({type(e).__name__}: {e})",
+                "point it at AlpacaEval's alpaca_eval_gpt4_1106_preview_outputs.json",
+            ) from e
         keys: dict[str, int] = {}
         if prompts is not None:
             listed = _read_prompts(prompts, f"{node}.prompts")
             if len(listed) != len(outputs):
-                raise ConfigError(f"{node}.prompts", prompts, f"has {len(listed)} prompts for {len(outputs)} "
-                                  "references; they must be the same list in the same order",
-                                  f"use the references' own prompt file ({DEFAULT_PROMPTS}), or {node}.prompts=null "
-                                  "to match by the references' instructions only")
+                raise ConfigError(
+                    f"{node}.prompts",
+                    prompts,
+                    f"has {len(listed)} prompts for {len(outputs)} "
+                    "references; they must be the same list in the same order",
+                    f"use the references' own prompt file ({DEFAULT_PROMPTS}), or {node}.prompts=null "
+                    "to match by the references' instructions only",
+                )
             for i, prompt in enumerate(listed):
                 keys.setdefault(normalize_text(prompt), i)
         for i, instruction in enumerate(instructions):
@@ -96,9 +103,13 @@ class References:
         """The position of the prompt's reference answer; a prompt without one is a ``ConfigError``."""
         i = self.keys.get(normalize_text(prompt))
         if i is None:
-            raise ConfigError(self.node, _short(prompt), "no AlpacaEval reference answer for this prompt (matched "
-                              "by its text, whitespace collapsed)", "use a reference judge only on AlpacaEval "
-                              f"prompts (data.path={DEFAULT_PROMPTS}); judge other prompts with another reward")
+            raise ConfigError(
+                self.node,
+                _short(prompt),
+                "no AlpacaEval reference answer for this prompt (matched by its text, whitespace collapsed)",
+                "use a reference judge only on AlpacaEval "
+                f"prompts (data.path={DEFAULT_PROMPTS}); judge other prompts with another reward",
+            )
         return i
 
     def answer(self, prompt: str) -> str:
@@ -124,18 +135,22 @@ def _read_prompts(path: str, key: str) -> list[str]:
         try:
             out.append(str(json.loads(line)["prompt"]))
         except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(key, path, f"line {line_no} is not a JSON record with a 'prompt' "
-                              f"({type(e).__name__}: {e})", f"use {DEFAULT_PROMPTS}, or {key}=null to match by "
-                              "the references' instructions only") from e
+            raise ConfigError(
+                key,
+                path,
+                f"line {line_no} is not a JSON record with a 'prompt' ({type(e).__name__}: {e})",
+                f"use {DEFAULT_PROMPTS}, or {key}=null to match by the references' instructions only",
+            ) from e
     return out
 
 
 # --- chrF ---------------------------------------------------------------------------------------------------------
 
+
 def char_ngrams(text: str, n: int) -> Counter[str]:
     """The character n-grams of ``text`` with its whitespace removed, counted."""
     t = "".join(text.split())
-    return Counter(t[i: i + n] for i in range(len(t) - n + 1))
+    return Counter(t[i : i + n] for i in range(len(t) - n + 1))
 
 
 def chrf_from_ngrams(hyp: Sequence[Counter[str]], ref: Sequence[Counter[str]], beta: float = CHRF_BETA) -> float:
@@ -164,8 +179,11 @@ def chrf(hypothesis: str, reference: str, order: int = CHRF_ORDER, beta: float =
     """The chrF score (0-100) of ``hypothesis`` against ``reference``: character n-grams of n = 1..``order``,
     whitespace removed, precision and recall averaged over n, then their F-score with recall ``beta`` times as
     important (Popović 2015; chrF2 with the defaults)."""
-    return chrf_from_ngrams([char_ngrams(hypothesis, n) for n in range(1, order + 1)],
-                            [char_ngrams(reference, n) for n in range(1, order + 1)], beta)
+    return chrf_from_ngrams(
+        [char_ngrams(hypothesis, n) for n in range(1, order + 1)],
+        [char_ngrams(reference, n) for n in range(1, order + 1)],
+        beta,
+    )
 
 
 class ChrfReward:
@@ -185,18 +203,27 @@ class ChrfReward:
             i = self.refs.index(r.prompt)
             if i not in self._ref_ngrams:
                 self._ref_ngrams[i] = [char_ngrams(self.refs.outputs[i], n) for n in range(1, CHRF_ORDER + 1)]
-            out.append(chrf_from_ngrams([char_ngrams(r.response, n) for n in range(1, CHRF_ORDER + 1)],
-                                        self._ref_ngrams[i]))
+            out.append(
+                chrf_from_ngrams([char_ngrams(r.response, n) for n in range(1, CHRF_ORDER + 1)], self._ref_ngrams[i])
+            )
         return out
 
 
 @dataclass
 class ReferenceParams:
-    references: str = field(default=DEFAULT_REFERENCES, metadata={
-        "help": "AlpacaEval's reference outputs (JSON list of {instruction, output}); relative: to the current dir"})
-    prompts: Optional[str] = field(default=DEFAULT_PROMPTS, metadata={
-        "help": "alpaca_eval_805.jsonl, in the references' order (its 'prompt' is matched too); null: instructions "
-                "only"})
+    references: str = field(
+        default=DEFAULT_REFERENCES,
+        metadata={
+            "help": "AlpacaEval's reference outputs (JSON list of {instruction, output}); relative: to the current dir"
+        },
+    )
+    prompts: Optional[str] = field(
+        default=DEFAULT_PROMPTS,
+        metadata={
+            "help": "alpaca_eval_805.jsonl, in the references' order (its 'prompt' is matched too); null: instructions "
+            "only"
+        },
+    )
 
 
 def _node(name: str) -> str:
@@ -209,6 +236,7 @@ def build_chrf(params: dict[str, Any], ctx: BuildContext) -> ChrfReward:
 
 
 # --- ref_sim ------------------------------------------------------------------------------------------------------
+
 
 class HiddenStateEncoder:
     """Mean final-layer hidden state (after the final norm) of a causal LM's base model over a text's first
@@ -288,8 +316,13 @@ class RefSimReward:
 
 @dataclass
 class RefSimParams(ReferenceParams):
-    model: str = field(default="smollm2", metadata={"help": "the LM whose hidden states compare the texts (smollm2: "
-                                                             "the embedded SmolLM2-135M; a hub name, dir or .gguf)"})
+    model: str = field(
+        default="smollm2",
+        metadata={
+            "help": "the LM whose hidden states compare the texts (smollm2: "
+            "the embedded SmolLM2-135M; a hub name, dir or .gguf)"
+        },
+    )
     max_tokens: int = field(default=256, metadata={"help": "tokens of each text encoded (its first ones)"})
     dtype: str = "auto"  # the LM's dtype (as generator.dtype)
     device: str = "auto"  # the LM's device (auto: the generator's)

@@ -47,8 +47,16 @@ class HiddenStateFeatures:
     Batches are length-sorted and right-padded with attention masks, so a text's features do not depend on its batch
     neighbours beyond floating-point rounding."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_prompt_tokens: int, max_response_tokens: int,
-                 batch_tokens: int = 8192, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_prompt_tokens: int,
+        max_response_tokens: int,
+        batch_tokens: int = 8192,
+        max_batch_size: int = 64,
+    ) -> None:
         import torch
 
         self.lm, self.tokenizer = model.eval(), tokenizer
@@ -71,12 +79,13 @@ class HiddenStateFeatures:
         ``max_prompt_tokens`` tokens (the turn's start stays next to the response)."""
         if prompt not in self._prompts:
             if self.use_chat:
-                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                          add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+                )
                 ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             else:
                 ids = self.tokenizer(prompt)["input_ids"]
-            self._prompts[prompt] = [int(i) for i in ids][-self.max_prompt_tokens:]
+            self._prompts[prompt] = [int(i) for i in ids][-self.max_prompt_tokens :]
         return self._prompts[prompt]
 
     def response_ids(self, response: str) -> list[int]:
@@ -106,15 +115,22 @@ class HiddenStateFeatures:
                     p, r = pairs[i]
                     x[row, : lengths[i]] = torch.tensor(p + r)
                     mask[row, : lengths[i]] = 1
-                    resp[row, len(p): lengths[i]] = 1.0
+                    resp[row, len(p) : lengths[i]] = 1.0
                     last[row] = lengths[i] - 1
-                o = self.base(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
-                              output_hidden_states=True, use_cache=False)
+                o = self.base(
+                    input_ids=x.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    output_hidden_states=True,
+                    use_cache=False,
+                )
                 final, middle = o.last_hidden_state.float(), o.hidden_states[mid].float()
                 w = resp.to(self.device)[..., None]
                 n = w.sum(1)
-                pooled = {"mean": (final * w).sum(1) / n, "mean_mid": (middle * w).sum(1) / n,
-                          "last": final[torch.arange(len(batch), device=self.device), last.to(self.device)]}
+                pooled = {
+                    "mean": (final * w).sum(1) / n,
+                    "mean_mid": (middle * w).sum(1) / n,
+                    "last": final[torch.arange(len(batch), device=self.device), last.to(self.device)],
+                }
                 for k, v in pooled.items():
                     out[k][batch] = v.cpu().numpy()
                 self.tokens += int(mask.sum())
@@ -139,11 +155,13 @@ class JudgeHead:
     meta: dict[str, Any]
 
     def __post_init__(self) -> None:
-        self.mean, self.std, self.w = (np.asarray(a, dtype=np.float64).reshape(-1)
-                                       for a in (self.mean, self.std, self.w))
+        self.mean, self.std, self.w = (
+            np.asarray(a, dtype=np.float64).reshape(-1) for a in (self.mean, self.std, self.w)
+        )
         if not len(self.mean) == len(self.std) == len(self.w):
-            raise ValueError(f"mean, std and w must have one length (got {len(self.mean)}, {len(self.std)}, "
-                             f"{len(self.w)})")
+            raise ValueError(
+                f"mean, std and w must have one length (got {len(self.mean)}, {len(self.std)}, {len(self.w)})"
+            )
 
     @property
     def poolings(self) -> list[str]:
@@ -157,8 +175,12 @@ class JudgeHead:
         h = hashlib.sha256()
         for a in (self.mean, self.std, self.w):
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
-        h.update(json.dumps({k: self.meta[k] for k in ("model", "dtype", "poolings", "max_prompt_tokens",
-                                                      "max_response_tokens")}, sort_keys=True).encode())
+        h.update(
+            json.dumps(
+                {k: self.meta[k] for k in ("model", "dtype", "poolings", "max_prompt_tokens", "max_response_tokens")},
+                sort_keys=True,
+            ).encode()
+        )
         return h.hexdigest()[:16]
 
     def save(self, stem: Path) -> None:
@@ -174,8 +196,9 @@ class JudgeHead:
         meta = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
         bad = [p for p in meta.get("poolings", []) if p not in POOLINGS]
         if not meta.get("poolings") or bad:
-            raise ConfigError(key, str(stem), f"its poolings {meta.get('poolings')} are not among {POOLINGS}",
-                              TRAIN_FIX)
+            raise ConfigError(
+                key, str(stem), f"its poolings {meta.get('poolings')} are not among {POOLINGS}", TRAIN_FIX
+            )
         with np.load(stem.with_suffix(".npz")) as d:
             return cls(d["mean"], d["std"], d["w"], meta)
 
@@ -186,8 +209,12 @@ class SmolLMJudge:
     def __init__(self, features: HiddenStateFeatures, head: JudgeHead) -> None:
         want = len(head.poolings) * features.dim
         if len(head.w) != want:
-            raise ConfigError(f"{NODE}.head", head.meta.get("path", "?"), f"the head has {len(head.w)} weights, "
-                              f"this model's {head.poolings} give {want} features", TRAIN_FIX)
+            raise ConfigError(
+                f"{NODE}.head",
+                head.meta.get("path", "?"),
+                f"the head has {len(head.w)} weights, this model's {head.poolings} give {want} features",
+                TRAIN_FIX,
+            )
         self.features, self.head = features, head
         self.cost = RewardCost()
         self.identity = head.identity  # what the scores depend on beyond the config node
@@ -207,11 +234,17 @@ class SmolLMJudge:
 
 @dataclass
 class JudgeParams:
-    head: Optional[str] = field(default=None, metadata={"help": "null: the committed head (rodeco_rewards/assets/"
-                                                                 "smollm_judge); or a path to another (.npz/.json)"})
+    head: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "null: the committed head (rodeco_rewards/assets/smollm_judge); or a path to another (.npz/.json)"
+        },
+    )
     device: str = field(default="auto", metadata={"help": "auto: the generator's device, else CUDA when present"})
-    dtype: Optional[str] = field(default=None, metadata={"help": "null: the dtype the head's features were "
-                                                                  "extracted in (its .json); or float32, bfloat16"})
+    dtype: Optional[str] = field(
+        default=None,
+        metadata={"help": "null: the dtype the head's features were extracted in (its .json); or float32, bfloat16"},
+    )
     batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per forward pass"})
 
 
@@ -222,8 +255,16 @@ def head_stem(given: Any) -> Path:
     return p.with_suffix("") if p.suffix in (".npz", ".json") else p
 
 
-def load_features(model: str, *, dtype: str, device: str, max_prompt_tokens: int, max_response_tokens: int,
-                  batch_tokens: int = 8192, key: str = NODE) -> HiddenStateFeatures:
+def load_features(
+    model: str,
+    *,
+    dtype: str,
+    device: str,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+    batch_tokens: int = 8192,
+    key: str = NODE,
+) -> HiddenStateFeatures:
     """The scoring LM (``smollm2`` is the embedded one) wrapped as a feature extractor."""
     from rodeco import load_model_and_tokenizer
 
@@ -231,8 +272,9 @@ def load_features(model: str, *, dtype: str, device: str, max_prompt_tokens: int
         lm, tok = load_model_and_tokenizer(model, None, dtype=dtype, device=device)
     except ConfigError as e:  # the loader speaks of generator.*; these values came from the judge's node
         raise ConfigError(e.key.replace("generator.", f"{key}."), e.value, e.problem, e.fix) from e
-    return HiddenStateFeatures(lm, tok, max_prompt_tokens=max_prompt_tokens, max_response_tokens=max_response_tokens,
-                               batch_tokens=batch_tokens)
+    return HiddenStateFeatures(
+        lm, tok, max_prompt_tokens=max_prompt_tokens, max_response_tokens=max_response_tokens, batch_tokens=batch_tokens
+    )
 
 
 def build_smollm_judge(params: dict[str, Any], ctx: BuildContext) -> SmolLMJudge:
@@ -244,8 +286,12 @@ def build_smollm_judge(params: dict[str, Any], ctx: BuildContext) -> SmolLMJudge
     device = p["device"]
     if device == "auto" and ctx.generator is not None:
         device = str(ctx.generator.device)
-    feats = load_features(str(head.meta["model"]), dtype=str(p["dtype"] or head.meta["dtype"]), device=str(device),
-                          max_prompt_tokens=int(head.meta["max_prompt_tokens"]),
-                          max_response_tokens=int(head.meta["max_response_tokens"]),
-                          batch_tokens=int(p["batch_tokens"]))
+    feats = load_features(
+        str(head.meta["model"]),
+        dtype=str(p["dtype"] or head.meta["dtype"]),
+        device=str(device),
+        max_prompt_tokens=int(head.meta["max_prompt_tokens"]),
+        max_response_tokens=int(head.meta["max_response_tokens"]),
+        batch_tokens=int(p["batch_tokens"]),
+    )
     return SmolLMJudge(feats, head)

@@ -54,8 +54,12 @@ def engine_class(kind: str, model: torch.nn.Module) -> type:
         if why is None:
             return FastLlamaEngine
         if kind == "fast":
-            raise ConfigError("generator.engine", kind, f"the fast engine cannot run this model: {why}",
-                              "use generator.engine=hf (any causal LM) or auto")
+            raise ConfigError(
+                "generator.engine",
+                kind,
+                f"the fast engine cannot run this model: {why}",
+                "use generator.engine=hf (any causal LM) or auto",
+            )
     elif kind != "hf":
         raise ConfigError("generator.engine", kind, "unknown engine", f"use one of {', '.join(ENGINES)}")
     return HFEngine

@@ -17,8 +17,15 @@ class ModelGenerator:
     provides_hidden = True  # the engine can hand rewards the final-layer hidden states
     kv_pool_tokens: int | None = None  # the engine's own KV capacity, when it has one (vLLM's pool)
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, chat_template: bool = True,
-                 system_prompt: str | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        chat_template: bool = True,
+        system_prompt: str | None = None,
+        name: str = "",
+    ) -> None:
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.use_chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.system_prompt = system_prompt

@@ -71,14 +71,19 @@ from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
 
+
 def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
     """``generator.compile`` as a bool for a model on ``device`` run by ``engine`` (an engine class): ``auto`` is
     True on CUDA with the fast engine, else False; ``true`` needs the fast engine."""
     v = check_compile(value)
     fast = getattr(engine, "compilable", False)
     if v == "true" and not fast:
-        raise ConfigError("generator.compile", value, f"only the fast engine's step is compiled, and this model runs "
-                          f"on {engine.__name__}", "use generator.compile=auto or false, or generator.engine=fast")
+        raise ConfigError(
+            "generator.compile",
+            value,
+            f"only the fast engine's step is compiled, and this model runs on {engine.__name__}",
+            "use generator.compile=auto or false, or generator.engine=fast",
+        )
     return fast and (device.type == "cuda" if v == "auto" else v == "true")
 
 
@@ -148,8 +153,16 @@ class _Weights(torch.nn.Module):
         self.norm, self.head = params([model.model.norm.weight, fused.lm_head.w])
 
 
-def _attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
-               bias: torch.Tensor, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
+def _attention(
+    q: torch.Tensor,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    ks: torch.Tensor,
+    vs: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    own: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Decode attention as products and sums inductor fuses into loops that read each key and value once, in fp32:
     q [B, Hkv, g, D], the rows' prompt keys/values kp, vp [B, Hkv, P, D] and own ks, vs [B, Hkv, S, D], bias
     [B, 1, 1, P], ``own`` [S] which own slots hold tokens (None: all) -> [B, Hkv, g, D] in q's dtype."""
@@ -170,11 +183,21 @@ class _Step(torch.nn.Module):
     plain weights, folded by freezing. ``kernel``: attention by rodeco's kernel (``rodeco.engines.kernels``: keys
     by column), else by ``_attention``."""
 
-    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True, kernel: bool = False, graphs: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        fused: FastWeights,
+        h: int,
+        hkv: int,
+        d: int,
+        eps: float,
+        packed: bool = True,
+        kernel: bool = False,
+        graphs: bool = False,
+    ) -> None:
         super().__init__()
         self.w = _Weights(model, fused)
-        self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d ** -0.5
+        self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d**-0.5
         self.kernel, self.graphs = kernel, graphs
         lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
         lins["head"] = [fused.lm_head]
@@ -191,9 +214,19 @@ class _Step(torch.nn.Module):
         b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
         return F.linear(x, w, b)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pbias: torch.Tensor, grp: torch.Tensor,
-                s: int | torch.Tensor, kp: list[torch.Tensor], vp: list[torch.Tensor], k: list[torch.Tensor],
-                v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        pbias: torch.Tensor,
+        grp: torch.Tensor,
+        s: int | torch.Tensor,
+        kp: list[torch.Tensor],
+        vp: list[torch.Tensor],
+        k: list[torch.Tensor],
+        v: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden] embedded tokens, cos/sin [B, 1, D], pbias [G, P] the prompts' bias, grp [B] each row's
         prompt, ``s`` the own slot written this step (with ``graphs``: a tensor [1] on the device, and attention reads
         the round's whole own capacity, masked past ``s``) -> (logits [B, V], the final normed hidden state [B,
@@ -253,8 +286,18 @@ class CompiledStep:
     its caches as static inputs (``torch._dynamo.mark_static_address``), zeroes their unwritten slots, and copies the
     outputs out of the graph's memory. Each new round (new caches, rows or capacity) records a graph again."""
 
-    def __init__(self, model: torch.nn.Module, fused: FastWeights, h: int, hkv: int, d: int, eps: float,
-                 packed: bool = True, kernel: bool | None = None, graphs: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        fused: FastWeights,
+        h: int,
+        hkv: int,
+        d: int,
+        eps: float,
+        packed: bool = True,
+        kernel: bool | None = None,
+        graphs: bool | None = None,
+    ) -> None:
         p = next(model.parameters())
         self.cuda = p.device.type == "cuda"
         self.graphs = self.cuda if graphs is None else graphs
@@ -272,8 +315,9 @@ class CompiledStep:
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its
         # own, so another model's or dtype's step never evicts this one's graphs nor exhausts its limit
         fwd = _Step.forward
-        own = types.FunctionType(fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__,
-                                 fwd.__closure__)
+        own = types.FunctionType(
+            fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__
+        )
         self.fn = torch.compile(types.MethodType(own, self.module), dynamic=True, backend=self._backend)
 
     @property
@@ -297,12 +341,22 @@ class CompiledStep:
         the Intel Xeon of issue 29's ninth session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows
         (docs/results.md); on AMD EPYC MKL's GEMM measured 3 to 4 times oneDNN's there, and oneDNN stays."""
         p = next(model.parameters())
-        return (p.device.type == "cpu" and p.dtype == torch.float32 and cpu_vendor() == "GenuineIntel"
-                and kernels.mkl_linear_available())
+        return (
+            p.device.type == "cpu"
+            and p.dtype == torch.float32
+            and cpu_vendor() == "GenuineIntel"
+            and kernels.mkl_linear_available()
+        )
 
     @classmethod
-    def of(cls, model: torch.nn.Module, fused: FastWeights, packed: bool = True,
-           kernel: bool | None = None, graphs: bool | None = None) -> CompiledStep:
+    def of(
+        cls,
+        model: torch.nn.Module,
+        fused: FastWeights,
+        packed: bool = True,
+        kernel: bool | None = None,
+        graphs: bool | None = None,
+    ) -> CompiledStep:
         """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
         weights its engines use (``packed``: as ``_Step``'s; ``kernel``: rodeco's attention kernel, by default
         where ``uses_kernel``; ``graphs``: one graph a round, by default on CUDA)."""

@@ -62,7 +62,11 @@ class _Linear:
         self.w, self.b, self.packed, self.mkl = w, b, None, None
         if mkl:
             self.mkl = torch.ops.rodeco.mkl_pack(w.detach())
-        elif w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+        elif (
+            w.device.type == "cpu"
+            and w.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available()
+        ):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
                 x = torch.zeros(1, w.shape[1], dtype=w.dtype)
@@ -95,8 +99,11 @@ class _Layer:
     def __init__(self, layer: torch.nn.Module, mkl: bool = False) -> None:
         a, m = layer.self_attn, layer.mlp
         b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-        self.qkv = _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
-                           torch.cat(b).contiguous() if all(x is not None for x in b) else None, mkl=mkl)
+        self.qkv = _Linear(
+            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+            torch.cat(b).contiguous() if all(x is not None for x in b) else None,
+            mkl=mkl,
+        )
         self.o = _Linear(a.o_proj.weight, a.o_proj.bias, mkl=mkl)
         self.gate_up = _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), mkl=mkl)
         self.down = _Linear(m.down_proj.weight, mkl=mkl)
@@ -114,8 +121,10 @@ class FastWeights:
         self.lm_head = _Linear(model.lm_head.weight, mkl=mkl)
         self.mkl = mkl
         if mkl and not all(row_invariant(x) for x in {(x.w.shape, x.b is None): x for x in self.linears()}.values()):
-            log.warning("MKL's packed GEMM gave a row other products at another batch size on this CPU, so Speculative "
-                        "Rejection's survivors would not be Best-of-N's samples; the weights are prepacked for oneDNN")
+            log.warning(
+                "MKL's packed GEMM gave a row other products at another batch size on this CPU, so Speculative "
+                "Rejection's survivors would not be Best-of-N's samples; the weights are prepacked for oneDNN"
+            )
             self.__init__(model)
 
     def linears(self) -> list[_Linear]:
@@ -138,8 +147,12 @@ class FastLlamaEngine:
     shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
     compilable = True  # generator.compile applies (rodeco.engines.compiled)
 
-    def __init__(self, model: torch.nn.Module, compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 weights: FastWeights | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+        weights: FastWeights | None = None,
+    ) -> None:
         cfg = model.config
         self.model = model
         self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
@@ -157,7 +170,7 @@ class FastLlamaEngine:
         self.eps = cfg.rms_norm_eps
         self.h, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scale = self.d ** -0.5
+        self.scale = self.d**-0.5
         self.kp: list[torch.Tensor] = []  # per layer: prompt keys [G, kv_heads, P, head_dim], one per prompt
         self.vp: list[torch.Tensor] = []
         self.pbias = torch.empty(0, 0)  # [G, P]: 0, or -inf at left padding
@@ -376,8 +389,13 @@ def _take(cache: torch.Tensor, rows: torch.Tensor, transposed: bool) -> torch.Te
 def _even(segs: list[tuple[int, slice | torch.Tensor]], rows: int) -> bool:
     """Whether the segments are prefixes 0, 1, ... in order, each a range of the same number of rows."""
     k = rows // max(len(segs), 1)
-    return all(isinstance(r, slice) and j == i and r.start == i * k and r.stop == (i + 1) * k
-               for i, (j, r) in enumerate(segs)) and k * len(segs) == rows
+    return (
+        all(
+            isinstance(r, slice) and j == i and r.start == i * k and r.stop == (i + 1) * k
+            for i, (j, r) in enumerate(segs)
+        )
+        and k * len(segs) == rows
+    )
 
 
 def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:

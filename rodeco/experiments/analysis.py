@@ -62,8 +62,13 @@ class TimeModel:
 
     def seconds(self, run: dict[str, float], prefill_s: float) -> float:
         """A run's wall time: measured prefill, modelled decode steps, reward seconds as measured when computed."""
-        return (prefill_s + self.a * run["steps"] + self.b * run["decode_tokens"] + self.c * run["rows_x_context"]
-                + run["reward_s"])
+        return (
+            prefill_s
+            + self.a * run["steps"]
+            + self.b * run["decode_tokens"]
+            + self.c * run["rows_x_context"]
+            + run["reward_s"]
+        )
 
 
 class Measurements:
@@ -111,10 +116,13 @@ class Measurements:
         def arr(f) -> np.ndarray:
             return np.array([[f(r, p) for r, p in zip(rs, self.prompts)] for rs in zip(*runs)])  # [R, P]
 
-        return {"best": arr(lambda r, p: r["best"]), "flops": arr(lambda r, p: r["flops"]),
-                "secs": arr(lambda r, p: self.tm.seconds(r, p["prefill_s"])),
-                "mb": arr(lambda r, p: r["steps"]) * s_ref + arr(lambda r, p: r["reward_s"]),
-                "mb_bon": np.array([b["steps"] for b in bon]) * s_ref + np.array([b["reward_s"] for b in bon])}
+        return {
+            "best": arr(lambda r, p: r["best"]),
+            "flops": arr(lambda r, p: r["flops"]),
+            "secs": arr(lambda r, p: self.tm.seconds(r, p["prefill_s"])),
+            "mb": arr(lambda r, p: r["steps"]) * s_ref + arr(lambda r, p: r["reward_s"]),
+            "mb_bon": np.array([b["steps"] for b in bon]) * s_ref + np.array([b["reward_s"] for b in bon]),
+        }
 
 
 def pick(run: dict[str, np.ndarray], S: np.ndarray, rep: np.ndarray | None) -> dict[str, np.ndarray]:
@@ -131,12 +139,22 @@ def pick(run: dict[str, np.ndarray], S: np.ndarray, rep: np.ndarray | None) -> d
 
 def curve_of(m: Measurements, S: np.ndarray) -> dict[str, list[float]]:
     imp = [improvement_score(m.bon_best[S, j], m.hi[S], m.lo[S]) for j in range(len(m.Ns))]
-    return {"N": list(map(float, m.Ns)), "improvement": imp, "flops": m.bon_flops[S].sum(0).tolist(),
-            "reward": m.bon_best[S].mean(0).tolist()}
+    return {
+        "N": list(map(float, m.Ns)),
+        "improvement": imp,
+        "flops": m.bon_flops[S].sum(0).tolist(),
+        "reward": m.bon_best[S].mean(0).tolist(),
+    }
 
 
-def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int,
-          curve: dict[str, list[float]], rep: np.ndarray | None = None) -> dict[str, Any]:
+def stats(
+    m: Measurements,
+    S: np.ndarray,
+    run: dict[str, np.ndarray],
+    scale: int,
+    curve: dict[str, list[float]],
+    rep: np.ndarray | None = None,
+) -> dict[str, Any]:
     """A method's figures over the prompts ``S`` (indices into ``m``, repeats allowed; ``rep``: the replicate of
     each, None for the mean over replicates). ``bound``: ``"lower"`` above Best-of-M's curve (the speedups are
     charged Best-of-M's cost: the true ones are at least these; ``beyond_curve`` says the same), ``"upper"`` below
@@ -144,12 +162,20 @@ def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int
     sel = pick(run, S, rep)
     imp = improvement_score(sel["best"], m.hi[S], m.lo[S])
     flops, secs = float(sel["flops"].sum()), float(sel["secs"].sum())
-    out: dict[str, Any] = {"improvement": imp, "flops": flops, "seconds_model": secs, "beyond_curve": False,
-                           "reward": float(sel["best"].mean())}
+    out: dict[str, Any] = {
+        "improvement": imp,
+        "flops": flops,
+        "seconds_model": secs,
+        "beyond_curve": False,
+        "reward": float(sel["best"].mean()),
+    }
     bon_t = m.bon_time(scale)[S].sum(0).tolist()
     ends = set()
-    for key, xs, cost in (("speedup_flops", curve["flops"], flops), ("speedup_time_model", bon_t, secs),
-                          ("n_match", curve["N"], None)):
+    for key, xs, cost in (
+        ("speedup_flops", curve["flops"], flops),
+        ("speedup_time_model", bon_t, secs),
+        ("n_match", curve["N"], None),
+    ):
         ends.add(curve_end(imp, xs, curve["improvement"]))
         x = compute_to_match(imp, xs, curve["improvement"])
         if x is None:  # better than Best-of-M: a lower bound
@@ -157,8 +183,9 @@ def stats(m: Measurements, S: np.ndarray, run: dict[str, np.ndarray], scale: int
         out[key] = x / cost if cost else x
     out["bound"] = "lower" if "lower" in ends else "upper" if "upper" in ends else None
     n1 = scale * m.n
-    out["relative_compute_memory_bound_model"] = out["n_match"] / n1 * float(sel["mb_bon"].sum()) / float(
-        sel["mb"].sum())
+    out["relative_compute_memory_bound_model"] = (
+        out["n_match"] / n1 * float(sel["mb_bon"].sum()) / float(sel["mb"].sum())
+    )
     return out
 
 
@@ -183,8 +210,9 @@ class Half:
             reps.append(rng.integers(m.replicates, size=len(S)) if m.replicates > 1 else None)
         return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots], reps)
 
-    def stats(self, m: Measurements, run: dict[str, np.ndarray], scale: int,
-              keys: tuple[str, ...]) -> tuple[dict[str, Any], np.ndarray]:
+    def stats(
+        self, m: Measurements, run: dict[str, np.ndarray], scale: int, keys: tuple[str, ...]
+    ) -> tuple[dict[str, Any], np.ndarray]:
         """``stats`` on ``S`` (the mean over replicates) with a 95% CI (``{key}_ci``) of each of ``keys`` over the
         resamples, and the per-resample speedups in FLOPs."""
         out = stats(m, self.S, run, scale, self.curve)
@@ -198,8 +226,15 @@ REF = "fixed_alpha_0.5"  # the reference every method is paired with, and the ga
 REPORT_CI = ("improvement", "speedup_flops", "speedup_time_model", "relative_compute_memory_bound_model")
 
 
-def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, max_new: int, labels: list[str],
-              seed: int = 0, ref: str = REF) -> dict[str, Any]:
+def summarize(
+    prompts: list[dict[str, Any]],
+    a: dict[str, Any],
+    tm: TimeModel,
+    max_new: int,
+    labels: list[str],
+    seed: int = 0,
+    ref: str = REF,
+) -> dict[str, Any]:
     """Both halves' figures of every method at every scale, bootstrap CIs on the report half (paired with ``ref``
     on the same resamples), the best method chosen on the selection half. ``ref`` and the oracle rows, which
     nothing chooses, also get their figures over all prompts (``all``, with CIs from resamples of all prompts)."""
@@ -207,8 +242,10 @@ def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, m
     sel_idx, rep_idx = split_halves(m.index)
     pos = {i: k for k, i in enumerate(m.index)}
     rng = np.random.default_rng(seed)
-    halves = {"selection": Half.of(m, np.array([pos[i] for i in sel_idx]), rng, 0),
-              "report": Half.of(m, np.array([pos[i] for i in rep_idx]), rng, a["bootstrap"])}
+    halves = {
+        "selection": Half.of(m, np.array([pos[i] for i in sel_idx]), rng, 0),
+        "report": Half.of(m, np.array([pos[i] for i in rep_idx]), rng, a["bootstrap"]),
+    }
     every = Half.of(m, np.arange(len(m.index)), rng, a["bootstrap"])  # drawn after the report's: those unchanged
     table: dict[str, dict[str, Any]] = {}
     boot: dict[str, np.ndarray] = {}  # per-resample speedups in FLOPs on the report half
@@ -223,17 +260,27 @@ def summarize(prompts: list[dict[str, Any]], a: dict[str, Any], tm: TimeModel, m
             if label == ref or is_oracle(label):  # chosen by nothing: all prompts are fair to report on
                 table[key]["all"] = every.stats(m, run, scale, ("speedup_flops",))[0]
     pair_with(table, boot, ref)
-    at1 = {k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v
-           and not is_oracle(k[:-2])}  # the oracle is a ceiling, not a method one can run
+    at1 = {
+        k[:-2]: v for k, v in table.items() if k.endswith("@1") and "infeasible" not in v and not is_oracle(k[:-2])
+    }  # the oracle is a ceiling, not a method one can run
     best = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     cal = [k for k in at1 if k.startswith("calibrated_")]
     gap = [boot.get(f"{x}@1") for x in (best, ref, f"{ref}_oracle")]  # per resample: the gap closed's CI
     gap_boot = None if any(g is None for g in gap) else bootstrap.gap_closed_ci(*gap)
-    return {"n": a["n"], "M": m.M, "halves": {"selection": sel_idx, "report": rep_idx},
-            "curve": {**{h: v.curve for h, v in halves.items()}, "all": every.curve},
-            "methods": table, "best_policy": best, "time_model": tm.__dict__, "bootstrap": a["bootstrap"],
-            "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None,
-            "reference": ref, "gap_closed_bootstrap": gap_boot, "replicates": m.replicates}
+    return {
+        "n": a["n"],
+        "M": m.M,
+        "halves": {"selection": sel_idx, "report": rep_idx},
+        "curve": {**{h: v.curve for h, v in halves.items()}, "all": every.curve},
+        "methods": table,
+        "best_policy": best,
+        "time_model": tm.__dict__,
+        "bootstrap": a["bootstrap"],
+        "best_calibrated": max(cal, key=lambda k: at1[k]["selection"]["speedup_flops"]) if cal else None,
+        "reference": ref,
+        "gap_closed_bootstrap": gap_boot,
+        "replicates": m.replicates,
+    }
 
 
 def pair_with(table: dict[str, dict[str, Any]], boot: dict[str, np.ndarray], ref: str) -> None:
@@ -244,8 +291,9 @@ def pair_with(table: dict[str, dict[str, Any]], boot: dict[str, np.ndarray], ref
         if base not in boot or key not in boot:
             continue
         r, b = row["report"], table[base]["report"]
-        pair = bootstrap.paired_ratio(r["speedup_flops"], b["speedup_flops"], boot[key], boot[base], r["bound"],
-                                      b["bound"])
+        pair = bootstrap.paired_ratio(
+            r["speedup_flops"], b["speedup_flops"], boot[key], boot[base], r["bound"], b["bound"]
+        )
         r[f"vs_{ref}"] = {**pair, "bound": None} if key == base else pair  # a figure over itself: exactly 1
 
 
@@ -273,10 +321,14 @@ def headline(summary: dict[str, Any], ref: str | None = None) -> dict[str, Any]:
     t, best = summary["methods"], summary["best_policy"]
     r, b = t[f"{ref}@1"]["report"], t[f"{best}@1"]["report"]
     out: dict[str, Any] = {
-        f"speedup_{ref}": r["speedup_flops"], f"relative_compute_{ref}": r["relative_compute_memory_bound_model"],
-        f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0], f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1],
+        f"speedup_{ref}": r["speedup_flops"],
+        f"relative_compute_{ref}": r["relative_compute_memory_bound_model"],
+        f"speedup_{ref}_ci_low": r["speedup_flops_ci"][0],
+        f"speedup_{ref}_ci_high": r["speedup_flops_ci"][1],
         "relative_compute_best_policy": b["relative_compute_memory_bound_model"],
-        "speedup_best_policy_ci_low": b["speedup_flops_ci"][0], "speedup_best_policy_ci_high": b["speedup_flops_ci"][1]}
+        "speedup_best_policy_ci_low": b["speedup_flops_ci"][0],
+        "speedup_best_policy_ci_high": b["speedup_flops_ci"][1],
+    }
     rows = {f"speedup_{ref}": r, "speedup_best_policy": b}  # every printed speedup's row, for its bound
     for label in (oracle_row(best, t), oracle_row(ref, t)):  # the ceilings: the same policy and schedule, perfect
         if label and "infeasible" not in t[f"{label}@1"]:  # scores
@@ -303,14 +355,24 @@ def checks(summary: dict[str, Any], ref: str, rows: dict[str, dict[str, Any]], g
     out: dict[str, Any] = {f"{k}_bound": row["bound"] for k, row in rows.items()}
     pair = t[f"{best}@1"]["report"].get(f"vs_{ref}")
     if pair:
-        out.update({f"speedup_best_policy_vs_{ref}": pair["ratio"], f"speedup_best_policy_vs_{ref}_ci_low":
-                    pair["ci"][0], f"speedup_best_policy_vs_{ref}_ci_high": pair["ci"][1],
-                    f"speedup_best_policy_vs_{ref}_bound": pair["bound"]})
+        out.update(
+            {
+                f"speedup_best_policy_vs_{ref}": pair["ratio"],
+                f"speedup_best_policy_vs_{ref}_ci_low": pair["ci"][0],
+                f"speedup_best_policy_vs_{ref}_ci_high": pair["ci"][1],
+                f"speedup_best_policy_vs_{ref}_bound": pair["bound"],
+            }
+        )
     every = t[f"{ref}@1"].get("all")
     if every:
-        out.update({f"speedup_{ref}_all": every["speedup_flops"], f"speedup_{ref}_all_ci_low":
-                    every["speedup_flops_ci"][0], f"speedup_{ref}_all_ci_high": every["speedup_flops_ci"][1],
-                    f"speedup_{ref}_all_bound": every["bound"]})
+        out.update(
+            {
+                f"speedup_{ref}_all": every["speedup_flops"],
+                f"speedup_{ref}_all_ci_low": every["speedup_flops_ci"][0],
+                f"speedup_{ref}_all_ci_high": every["speedup_flops_ci"][1],
+                f"speedup_{ref}_all_bound": every["bound"],
+            }
+        )
     if gap:
         g = summary.get("gap_closed_bootstrap") if summary.get("reference", REF) == ref else None
         lo, hi = g["ci"] if g else (float("nan"), float("nan"))

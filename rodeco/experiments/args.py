@@ -16,8 +16,10 @@ class EngineBenchArgs:
     repeats: int = required("timed runs of each side, alternating")
     prompts: list[str] = required("the prompts")
     matmul_size: int = required("n of the n x n matmul (generator dtype) that measures the peak")
-    engines: list[str] = required("engines rodeco's loop is timed on, alternating ([]: generator.engine; the first "
-                                  "gives rodeco_tokens_per_s; fast-compiled: fast with generator.compile=true)")
+    engines: list[str] = required(
+        "engines rodeco's loop is timed on, alternating ([]: generator.engine; the first "
+        "gives rodeco_tokens_per_s; fast-compiled: fast with generator.compile=true)"
+    )
 
 
 @dataclass
@@ -45,18 +47,24 @@ class EfficiencyArgs:
     candidates: int = required("M: pool candidates per prompt; Best-of-N's curve goes up to N = M")
     alphas: list[float] = required("policy=fixed at each alpha")
     adaptive_deltas: list[float] = required("policy=adaptive at each delta")
-    policies: list[str] = required("other policies, with their config options' defaults: name (from n=auto) or "
-                                   "name@start (from that many rows, e.g. particle_filter@4)")
+    policies: list[str] = required(
+        "other policies, with their config options' defaults: name (from n=auto) or "
+        "name@start (from that many rows, e.g. particle_filter@4)"
+    )
     calibrated_deltas: list[float] = required("policy=calibrated at each delta, from n=auto and n=calibrated")
     partial_rewards: list[str] = required("what decides: same, oracle (the ceiling), reward options (learned heads)")
     starts: list[int] = required("fixed alpha 0.5 started from each of these many rows (the others start at auto)")
     scales: list[int] = required("budgets as multiples of Best-of-n's (1 must be there: the headline figures)")
-    bon_groups: int = required("Best-of-N's cost: the mean over this many disjoint groups of N candidates "
-                                "(fewer where the pool holds fewer: M // N)")
+    bon_groups: int = required(
+        "Best-of-N's cost: the mean over this many disjoint groups of N candidates "
+        "(fewer where the pool holds fewer: M // N)"
+    )
     bootstrap: int = required("bootstrap resamples of the report half's prompts, for the 95% CIs")
-    replicates: int = required("each Speculative Rejection method replayed from this many sets of pool candidates "
-                               "(offsets r * M / replicates, wrapping round); figures average them, and each "
-                               "bootstrap resample draws one per prompt (candidate-sampling variance in the CIs)")
+    replicates: int = required(
+        "each Speculative Rejection method replayed from this many sets of pool candidates "
+        "(offsets r * M / replicates, wrapping round); figures average them, and each "
+        "bootstrap resample draws one per prompt (candidate-sampling variance in the CIs)"
+    )
     live_check: int = required("report-half prompts on which three policies also run live, to check replay")
 
 

@@ -36,12 +36,16 @@ def ratio_bound(num: str | None, den: str | None) -> str | None:
     return ways.pop() if len(ways) == 1 else UNKNOWN
 
 
-def paired_ratio(num: float, den: float, boot_num: np.ndarray, boot_den: np.ndarray, num_bound: str | None,
-                 den_bound: str | None) -> dict[str, object]:
+def paired_ratio(
+    num: float, den: float, boot_num: np.ndarray, boot_den: np.ndarray, num_bound: str | None, den_bound: str | None
+) -> dict[str, object]:
     """``num / den`` and its 95% CI from the ratios on the same resamples (paired: what both methods share, the
     prompts drawn, cancels), with the ratio's bound."""
-    return {"ratio": float(num / den), "ci": ci(np.asarray(boot_num) / np.asarray(boot_den)),
-            "bound": ratio_bound(num_bound, den_bound)}
+    return {
+        "ratio": float(num / den),
+        "ci": ci(np.asarray(boot_num) / np.asarray(boot_den)),
+        "bound": ratio_bound(num_bound, den_bound),
+    }
 
 
 def gap_closed(best: np.ndarray | float, base: np.ndarray | float, ceiling: np.ndarray | float) -> np.ndarray:

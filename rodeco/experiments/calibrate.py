@@ -43,12 +43,24 @@ def check_training_prompts(prompts, exclude: list[str], plugins: Plugins) -> Non
         if f is None:
             raise ConfigError("experiment_args.exclude_data", name, "no such data option", "e.g. [alpacafarm100]")
         d = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
-        held = load_prompts(d.get("path"), d.get("prompts"), d.get("field", "prompt"), d.get("offset", 0), None,
-                            d.get("indices"), d.get("root"), HubSource.of(d))
+        held = load_prompts(
+            d.get("path"),
+            d.get("prompts"),
+            d.get("field", "prompt"),
+            d.get("offset", 0),
+            None,
+            d.get("indices"),
+            d.get("root"),
+            HubSource.of(d),
+        )
         clash = [texts[h.text.strip()] for h in held if h.text.strip() in texts]
         if clash:
-            raise ConfigError("data", f"prompts {clash[:5]}", f"also in the evaluation set data={name} "
-                              f"({len(clash)} in all)", "calibrate on training prompts only (data=alpaca_train)")
+            raise ConfigError(
+                "data",
+                f"prompts {clash[:5]}",
+                f"also in the evaluation set data={name} ({len(clash)} in all)",
+                "calibrate on training prompts only (data=alpaca_train)",
+            )
 
 
 def final_link(partial: np.ndarray, final: np.ndarray) -> tuple[float, float]:
@@ -58,15 +70,24 @@ def final_link(partial: np.ndarray, final: np.ndarray) -> tuple[float, float]:
     return float(final.mean() - partial.mean()) / sd, float(final.std()) / sd
 
 
-def calibration_stats(rows: list[dict[str, Any]], lengths: list[int], top_k: list[int], bootstrap: int,
-                      seed: int) -> dict[str, Any]:
+def calibration_stats(
+    rows: list[dict[str, Any]], lengths: list[int], top_k: list[int], bootstrap: int, seed: int
+) -> dict[str, Any]:
     """Per length: pooled slope and residual spread of standardized finals on standardized partials, per-prompt
     Pearson/Kendall means (Pearson with a bootstrap CI), top-k hit rates of the eventual best, and where the finals
     sit against the partials (``final_link``)."""
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"slope": [], "resid_sd": [], "pearson": [], "pearson_ci": [], "kendall": [],
-                           "n_prompts": [], "top_k": {str(k): [] for k in top_k}, "final_offset": [],
-                           "final_spread": []}
+    out: dict[str, Any] = {
+        "slope": [],
+        "resid_sd": [],
+        "pearson": [],
+        "pearson_ci": [],
+        "kendall": [],
+        "n_prompts": [],
+        "top_k": {str(k): [] for k in top_k},
+        "final_offset": [],
+        "final_spread": [],
+    }
     for L in lengths:
         zp_all, zf_all, rs, taus, hits, links = [], [], [], [], {k: [] for k in top_k}, []
         for row in rows:
@@ -84,8 +105,12 @@ def calibration_stats(rows: list[dict[str, Any]], lengths: list[int], top_k: lis
             for k in top_k:
                 hits[k].append(rank < k)
         if len(rs) < 2:
-            raise ConfigError("experiment_args.lengths", L, f"only {len(rs)} prompts have {MIN_CANDIDATES}+ "
-                              "candidates still active there", "drop the length, or use more prompts")
+            raise ConfigError(
+                "experiment_args.lengths",
+                L,
+                f"only {len(rs)} prompts have {MIN_CANDIDATES}+ candidates still active there",
+                "drop the length, or use more prompts",
+            )
         zp, zf = np.concatenate(zp_all), np.concatenate(zf_all)
         slope = float(zp @ zf / (zp @ zp))
         out["slope"].append(slope)
@@ -112,8 +137,12 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     choices = choose_roles(cfg, plugins, live=False)
     p_name = choices.partial.name
     if p_name == ORACLE:
-        raise ConfigError("partial_reward", ORACLE, "the oracle is perfectly predictive by construction",
-                          "calibrate a real scorer: partial_reward=same, or a reward option")
+        raise ConfigError(
+            "partial_reward",
+            ORACLE,
+            "the oracle is perfectly predictive by construction",
+            "calibrate a real scorer: partial_reward=same, or a reward option",
+        )
     prompts = prompts_of(cfg.data)
     check_training_prompts(prompts, a["exclude_data"], plugins)
     path = pool_dir(cfg, Path(out_dir) if out_dir is not None else None)
@@ -132,10 +161,18 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         for r in {id(final): final, id(partial): partial}.values():
             r.save()
     stats = calibration_stats(rows, lengths, sorted(set(a["top_k"])), a["bootstrap"], cfg.seed)
-    cal = Calibration(**ident, lengths=lengths, **stats,
-                      source={"pool": str(path), "prompts": [p.index for p in prompts], "candidates": pool.candidates,
-                              "data": OmegaConf.to_container(cfg.data, resolve=True).get("path"),
-                              "command": f"rodeco experiment=calibrate partial_reward={p_name}"})
+    cal = Calibration(
+        **ident,
+        lengths=lengths,
+        **stats,
+        source={
+            "pool": str(path),
+            "prompts": [p.index for p in prompts],
+            "candidates": pool.candidates,
+            "data": OmegaConf.to_container(cfg.data, resolve=True).get("path"),
+            "command": f"rodeco experiment=calibrate partial_reward={p_name}",
+        },
+    )
     target = Path(a["output"]) if a["output"] else (Path(out_dir) / "calibration.json" if out_dir else None)
     if target is not None:
         cal.save(target)
@@ -144,9 +181,15 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     for i, L in enumerate(lengths):
         ci = stats["pearson_ci"][i]
         tops = " ".join(f"top{k}={stats['top_k'][str(k)][i]:.2f}" for k in sorted(set(a["top_k"])))
-        print(f"calibration_len{L}: pearson {stats['pearson'][i]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] kendall "
-              f"{stats['kendall'][i]:.3f} slope {stats['slope'][i]:.3f} resid_sd {stats['resid_sd'][i]:.3f} "
-              f"{tops} final_offset {stats['final_offset'][i]:.2f} final_spread {stats['final_spread'][i]:.2f} "
-              f"(prompts {stats['n_prompts'][i]})")
-    return RunOutput([], Compute(), Path(out_dir) if out_dir else None,
-                     extra={"calibration": str(target) if target else None, **stats})
+        print(
+            f"calibration_len{L}: pearson {stats['pearson'][i]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] kendall "
+            f"{stats['kendall'][i]:.3f} slope {stats['slope'][i]:.3f} resid_sd {stats['resid_sd'][i]:.3f} "
+            f"{tops} final_offset {stats['final_offset'][i]:.2f} final_spread {stats['final_spread'][i]:.2f} "
+            f"(prompts {stats['n_prompts'][i]})"
+        )
+    return RunOutput(
+        [],
+        Compute(),
+        Path(out_dir) if out_dir else None,
+        extra={"calibration": str(target) if target else None, **stats},
+    )

@@ -44,11 +44,16 @@ def _args(cfg: DictConfig) -> dict[str, Any]:
     for key in ("candidates", "bootstrap"):
         check_positive_int(f"experiment_args.{key}", a[key], 32)
     if not a["lengths"] or any(not isinstance(x, int) or x < 1 for x in a["lengths"]):
-        raise ConfigError("experiment_args.lengths", a["lengths"], "must be a non-empty list of positive integers",
-                          "e.g. [8, 16, 32, 64]")
+        raise ConfigError(
+            "experiment_args.lengths",
+            a["lengths"],
+            "must be a non-empty list of positive integers",
+            "e.g. [8, 16, 32, 64]",
+        )
     if not a["rewards"]:
-        raise ConfigError("experiment_args.rewards", a["rewards"], "must name at least one reward",
-                          "e.g. [minilm_rm, logprob]")
+        raise ConfigError(
+            "experiment_args.rewards", a["rewards"], "must name at least one reward", "e.g. [minilm_rm, logprob]"
+        )
     return a
 
 
@@ -56,8 +61,7 @@ def check_reward(name: str, plugins: Plugins) -> None:
     try:
         plugins.rewards.get(name)
     except ConfigError as e:
-        raise ConfigError("experiment_args.rewards", name, e.problem,
-                          "use a registered reward, e.g. logprob") from None
+        raise ConfigError("experiment_args.rewards", name, e.problem, "use a registered reward, e.g. logprob") from None
 
 
 def pool_reward_named(name: str, plugins: Plugins, pool: Pool) -> PoolReward:
@@ -66,8 +70,14 @@ def pool_reward_named(name: str, plugins: Plugins, pool: Pool) -> PoolReward:
     return pool_served(plugins, pool, option_node("reward", name, plugins))
 
 
-def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: int,
-                 lengths: Sequence[int], final_reward: PoolReward | None = None) -> dict[str, Any]:
+def score_prompt(
+    reward: PoolReward,
+    gen: ReplayGenerator,
+    pool: Pool,
+    index: int,
+    lengths: Sequence[int],
+    final_reward: PoolReward | None = None,
+) -> dict[str, Any]:
     """Partial scores (by ``reward``) at each length (candidates longer than L) and final scores (by
     ``final_reward``, default ``reward``) of one prompt's candidates. A reward that needs hidden states gets the
     pool's."""
@@ -75,8 +85,12 @@ def score_prompt(reward: PoolReward, gen: ReplayGenerator, pool: Pool, index: in
     hidden = pool.hidden(index) if reward.needs_hidden_states else None
 
     def req(i: int, L: int) -> ScoreRequest:
-        return p.request(i, L, gen.decode_text(p.candidates[i].token_ids[:L]),
-                         hidden=None if hidden is None else np.asarray(hidden[i, L - 1], dtype=np.float32))
+        return p.request(
+            i,
+            L,
+            gen.decode_text(p.candidates[i].token_ids[:L]),
+            hidden=None if hidden is None else np.asarray(hidden[i, L - 1], dtype=np.float32),
+        )
 
     final = [float(x) for x in (final_reward or reward).score(p.final_requests())]
     per_len = {}
@@ -98,8 +112,9 @@ def correlations(partial: Sequence[float], final: Sequence[float]) -> tuple[floa
     return (r, tau) if math.isfinite(r) and math.isfinite(tau) else None
 
 
-def summarize(prompts: list[dict[str, Any]], lengths: Sequence[int], bootstrap: int = 1000,
-              seed: int = 0) -> dict[str, dict[str, Any]]:
+def summarize(
+    prompts: list[dict[str, Any]], lengths: Sequence[int], bootstrap: int = 1000, seed: int = 0
+) -> dict[str, dict[str, Any]]:
     """Per length: each prompt's (r, tau) in place, and the mean over the prompts that have one with a bootstrap
     95% CI over those prompts."""
     rng = np.random.default_rng(seed)
@@ -109,13 +124,16 @@ def summarize(prompts: list[dict[str, Any]], lengths: Sequence[int], bootstrap: 
         for p in prompts:
             cell = p["lengths"][str(L)]
             c = correlations(cell["partial"], cell["final"])
-            cell["pearson"], cell["kendall"] = (c if c else (None, None))
+            cell["pearson"], cell["kendall"] = c if c else (None, None)
             if c:
                 rs.append(c[0])
                 taus.append(c[1])
-        out[str(L)] = {"pearson": float(np.mean(rs)) if rs else None,
-                       "kendall": float(np.mean(taus)) if taus else None, "prompts_used": len(rs),
-                       "prompts": len(prompts)}
+        out[str(L)] = {
+            "pearson": float(np.mean(rs)) if rs else None,
+            "kendall": float(np.mean(taus)) if taus else None,
+            "prompts_used": len(rs),
+            "prompts": len(prompts),
+        }
         for key, xs in (("pearson", rs), ("kendall", taus)):
             means = [np.mean(rng.choice(xs, size=len(xs))) for _ in range(bootstrap)] if xs else []
             out[str(L)][f"{key}_ci"] = [float(np.percentile(means, q)) for q in (2.5, 97.5)] if xs else None
@@ -166,14 +184,19 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         reward.save()
         per_reward[name] = rows
         summary[name] = summarize(rows, lengths, a["bootstrap"], cfg.seed)
-        log.info("scored %d prompts with %s (%d requests computed, the rest cached)", len(rows), name,
-                 reward.computed)
-    res = {"lengths": lengths, "candidates": pool.candidates, "prompts": len(prompts), "pool": str(path),
-           "final": a["final"] or "each reward's own",
-           "max_new_tokens": pool.settings["max_new_tokens"],
-           "note": "at length L only candidates with more than L response tokens count; prompts with fewer than "
-                   f"{MIN_CANDIDATES} such candidates or constant scores are skipped (prompts_used)",
-           "summary": summary, "per_prompt": per_reward}
+        log.info("scored %d prompts with %s (%d requests computed, the rest cached)", len(rows), name, reward.computed)
+    res = {
+        "lengths": lengths,
+        "candidates": pool.candidates,
+        "prompts": len(prompts),
+        "pool": str(path),
+        "final": a["final"] or "each reward's own",
+        "max_new_tokens": pool.settings["max_new_tokens"],
+        "note": "at length L only candidates with more than L response tokens count; prompts with fewer than "
+        f"{MIN_CANDIDATES} such candidates or constant scores are skipped (prompts_used)",
+        "summary": summary,
+        "per_prompt": per_reward,
+    }
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("correlation.json", res)
         plot(summary, lengths, Path(out_dir) / "correlation.png")
@@ -183,6 +206,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             print(f"correlation_{name}_prompts_used_len{L}: {s['prompts_used']}/{s['prompts']}")
             for stat in ("pearson", "kendall"):
                 v, ci = s[stat], s[f"{stat}_ci"]
-                print(f"correlation_{name}_{stat}_len{L}: {'nan' if v is None else f'{v:.3f}'}"
-                      + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"))
+                print(
+                    f"correlation_{name}_{stat}_len{L}: {'nan' if v is None else f'{v:.3f}'}"
+                    + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
+                )
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)

@@ -71,12 +71,20 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
     for key, example in (("n", 4), ("candidates", 128), ("bon_groups", 4), ("bootstrap", 1000), ("replicates", 2)):
         check_positive_int(f"experiment_args.{key}", a[key], example)
     if a["candidates"] < a["n"]:
-        raise ConfigError("experiment_args.candidates", a["candidates"], f"fewer than Best-of-n's n={a['n']}",
-                          "record at least n candidates per prompt, e.g. 32 * n")
+        raise ConfigError(
+            "experiment_args.candidates",
+            a["candidates"],
+            f"fewer than Best-of-n's n={a['n']}",
+            "record at least n candidates per prompt, e.g. 32 * n",
+        )
     if a["replicates"] > a["candidates"]:
-        raise ConfigError("experiment_args.replicates", a["replicates"], f"more than the pool's {a['candidates']} "
-                          "candidates per prompt: replicates start at offsets r * M / replicates",
-                          "e.g. experiment_args.replicates=2")
+        raise ConfigError(
+            "experiment_args.replicates",
+            a["replicates"],
+            f"more than the pool's {a['candidates']} "
+            "candidates per prompt: replicates start at offsets r * M / replicates",
+            "e.g. experiment_args.replicates=2",
+        )
     for x in a["alphas"]:
         check_number("experiment_args.alphas", x, 0.0, 1.0, hi_open=True, fix="rates in [0, 1), e.g. [0.5]")
     for key in ("adaptive_deltas", "calibrated_deltas"):
@@ -85,15 +93,27 @@ def parse_args(cfg: DictConfig) -> dict[str, Any]:
     for x in a["starts"]:
         check_positive_int("experiment_args.starts", x, 64)
     if not a["scales"] or any(not isinstance(s, int) or s < 1 for s in a["scales"]) or 1 not in a["scales"]:
-        raise ConfigError("experiment_args.scales", a["scales"], "must be positive integers including 1",
-                          "e.g. [1, 2]: budgets of Best-of-n and Best-of-2n")
+        raise ConfigError(
+            "experiment_args.scales",
+            a["scales"],
+            "must be positive integers including 1",
+            "e.g. [1, 2]: budgets of Best-of-n and Best-of-2n",
+        )
     if 0.5 not in a["alphas"]:
-        raise ConfigError("experiment_args.alphas", a["alphas"], "fixed alpha 0.5 is missing: it is the reference the "
-                          "headline, gap_closed, the timings and the live check compare every method with",
-                          f"keep 0.5 among the rates, e.g. experiment_args.alphas={sorted({*a['alphas'], 0.5})}")
+        raise ConfigError(
+            "experiment_args.alphas",
+            a["alphas"],
+            "fixed alpha 0.5 is missing: it is the reference the "
+            "headline, gap_closed, the timings and the live check compare every method with",
+            f"keep 0.5 among the rates, e.g. experiment_args.alphas={sorted({*a['alphas'], 0.5})}",
+        )
     if not (a["alphas"] or a["adaptive_deltas"] or a["policies"]):
-        raise ConfigError("experiment_args.alphas", a["alphas"], "no Speculative Rejection method to run",
-                          "give alphas, adaptive_deltas or policies")
+        raise ConfigError(
+            "experiment_args.alphas",
+            a["alphas"],
+            "no Speculative Rejection method to run",
+            "give alphas, adaptive_deltas or policies",
+        )
     for p in a["policies"]:
         policy_start(p)
     if a["live_check"] < 0:
@@ -107,8 +127,12 @@ def policy_start(entry: str) -> tuple[str, int | str]:
     if not start:
         return name, "auto"
     if not (start.isdigit() and int(start) > 0):
-        raise ConfigError("experiment_args.policies", entry, "the start after @ must be a positive number of rows",
-                          "e.g. particle_filter@16, or particle_filter (from n=auto)")
+        raise ConfigError(
+            "experiment_args.policies",
+            entry,
+            "the start after @ must be a positive number of rows",
+            "e.g. particle_filter@16, or particle_filter (from n=auto)",
+        )
     return name, int(start)
 
 
@@ -129,16 +153,25 @@ def methods(a: dict[str, Any]) -> list[Method]:
     for part in a["partial_rewards"]:
         sfx = "" if part == SAME else f"_{part}"
         out += [Method(f"fixed_alpha_{x:g}{sfx}", "fixed", {"alpha": float(x)}, partial=part) for x in a["alphas"]]
-        out += [Method(f"adaptive_delta_{d:g}{sfx}", "adaptive", {"delta": float(d)}, partial=part)
-                for d in a["adaptive_deltas"]]
+        out += [
+            Method(f"adaptive_delta_{d:g}{sfx}", "adaptive", {"delta": float(d)}, partial=part)
+            for d in a["adaptive_deltas"]
+        ]
         for p in a["policies"]:
             name, start = policy_start(p)
             out.append(Method(f"{name}{'' if start == 'auto' else f'_start_{start}'}{sfx}", name, {}, start, part))
         if part in (SAME, ORACLE):
             out += [Method(f"fixed_alpha_0.5_start_{k}{sfx}", "fixed", {"alpha": 0.5}, k, part) for k in a["starts"]]
     for d in a["calibrated_deltas"]:
-        out += [Method(f"calibrated_delta_{d:g}" + ("" if st == "auto" else "_start_calibrated"), "calibrated",
-                       {"delta": float(d)}, st) for st in ("auto", "calibrated")]
+        out += [
+            Method(
+                f"calibrated_delta_{d:g}" + ("" if st == "auto" else "_start_calibrated"),
+                "calibrated",
+                {"delta": float(d)},
+                st,
+            )
+            for st in ("auto", "calibrated")
+        ]
     return out
 
 
@@ -146,8 +179,15 @@ class Measurer:
     """Replays one prompt's methods on the pool, as the loop would run them live. Every method's roles are built
     once, by one ``RoleBuilder`` (each distinct reward node once: the methods share the pool's score caches)."""
 
-    def __init__(self, cfg: DictConfig, plugins: Plugins, pool: Pool, gen: ReplayGenerator, builder: RoleBuilder,
-                 a: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        plugins: Plugins,
+        pool: Pool,
+        gen: ReplayGenerator,
+        builder: RoleBuilder,
+        a: dict[str, Any],
+    ) -> None:
         self.pool, self.gen, self.a, self.builder = pool, gen, a, builder
         self.choices = choose_roles(cfg, plugins, live=False)
         none = builder.roles(self.choices.with_(plugins, partial={"name": SAME}, policy={"name": "none"}))
@@ -184,20 +224,43 @@ class Measurer:
         return self.choices.with_(plugins, partial=part, policy=node)
 
     def settings(self, policy: str, n: int | str, kv: int | None, partial: str = SAME) -> LoopSettings:
-        return dataclasses.replace(self.base, n=n, policy_name=policy, all_candidates=False,
-                                   budget=Budget(kv, self.base.budget.min_tokens_per_round))
+        return dataclasses.replace(
+            self.base,
+            n=n,
+            policy_name=policy,
+            all_candidates=False,
+            budget=Budget(kv, self.base.budget.min_tokens_per_round),
+        )
 
-    def run(self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0,
-            partial: str = SAME) -> dict:
+    def run(
+        self, index: int, policy: Policy, name: str, n: int | str, kv: int | None, first: int = 0, partial: str = SAME
+    ) -> dict:
         """One replayed run and what it cost (the time model needs the steps' rows and rows x context)."""
-        res, c, reward_s = replay_prompt(self.pool, self.gen, self.scorer, policy, index,
-                                         self.settings(name, n, kv, partial), first,
-                                         partial=self.partials.get(partial))
-        return {"best": float(res.best.score), "best_id": res.best.candidate_id, "n_start": res.n_start,
-                "partial_flops": c.partial_reward_flops,
-                "gen_flops": c.gen_flops, "reward_flops": c.reward_flops, "flops": c.total_flops,
-                "decode_tokens": c.gen_decode_tokens, "steps": c.decode_steps, "peak_kv_tokens": c.peak_kv_tokens,
-                "rows_x_context": rows_x_context(c, self.gen.shape), "reward_s": reward_s, "rounds": len(res.rounds)}
+        res, c, reward_s = replay_prompt(
+            self.pool,
+            self.gen,
+            self.scorer,
+            policy,
+            index,
+            self.settings(name, n, kv, partial),
+            first,
+            partial=self.partials.get(partial),
+        )
+        return {
+            "best": float(res.best.score),
+            "best_id": res.best.candidate_id,
+            "n_start": res.n_start,
+            "partial_flops": c.partial_reward_flops,
+            "gen_flops": c.gen_flops,
+            "reward_flops": c.reward_flops,
+            "flops": c.total_flops,
+            "decode_tokens": c.gen_decode_tokens,
+            "steps": c.decode_steps,
+            "peak_kv_tokens": c.peak_kv_tokens,
+            "rows_x_context": rows_x_context(c, self.gen.shape),
+            "reward_s": reward_s,
+            "rounds": len(res.rounds),
+        }
 
     def finals(self, index: int) -> list[float]:
         """Every candidate's final reward (computed on first use, like any reward request)."""
@@ -208,8 +271,15 @@ class Measurer:
         p = self.pool.prompt(index)
         L0 = len(p.prompt_ids)
         final = self.finals(index)
-        rec: dict[str, Any] = {"prompt_index": index, "settings": settings, "L0": L0,
-                               "prefill_s": p.prefill_seconds, "budget": {}, "bon": {}, "methods": {}}
+        rec: dict[str, Any] = {
+            "prompt_index": index,
+            "settings": settings,
+            "L0": L0,
+            "prefill_s": p.prefill_seconds,
+            "budget": {},
+            "bon": {},
+            "methods": {},
+        }
         bon = {}
         for N in bon_sizes(M):
             groups = [self.run(index, self.none, "none", N, None, g * N) for g in range(min(a["bon_groups"], M // N))]
@@ -256,15 +326,31 @@ def rows_x_context(c: Compute, shape) -> float:
 def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measurer) -> dict[str, Any]:
     """What a prompt's measurements depend on: a resumed record must have been measured with the same (including
     what the policies and partial rewards were built from: a calibration file's, a learned head's identity)."""
-    keep = ("n", "candidates", "alphas", "adaptive_deltas", "policies", "starts", "scales", "bon_groups",
-            "partial_rewards", "calibrated_deltas", "replicates")
-    built = {**{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
-             **{f"partial_{k}": getattr(r.reward, "identity", None) for k, r in measurer.partials.items()
-                if r is not None}}
-    return {**{k: a[k] for k in keep}, "pool": pool.settings,
-            "identities": {k: v for k, v in built.items() if v is not None},
-            "reward": OmegaConf.to_container(cfg.reward, resolve=True), "max_new_tokens": cfg.sampling.max_new_tokens,
-            "min_tokens_per_round": cfg.budget.min_tokens_per_round}
+    keep = (
+        "n",
+        "candidates",
+        "alphas",
+        "adaptive_deltas",
+        "policies",
+        "starts",
+        "scales",
+        "bon_groups",
+        "partial_rewards",
+        "calibrated_deltas",
+        "replicates",
+    )
+    built = {
+        **{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
+        **{f"partial_{k}": getattr(r.reward, "identity", None) for k, r in measurer.partials.items() if r is not None},
+    }
+    return {
+        **{k: a[k] for k in keep},
+        "pool": pool.settings,
+        "identities": {k: v for k, v in built.items() if v is not None},
+        "reward": OmegaConf.to_container(cfg.reward, resolve=True),
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+        "min_tokens_per_round": cfg.budget.min_tokens_per_round,
+    }
 
 
 def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], builder: RoleBuilder) -> dict[str, Any]:
@@ -282,8 +368,9 @@ def check_calibrated(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], build
     return a
 
 
-def collect(cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None,
-            gen=None) -> tuple[list[dict[str, Any]], Measurer]:
+def collect(
+    cfg: DictConfig, plugins: Plugins, a: dict[str, Any], out_dir: Path | None, gen=None
+) -> tuple[list[dict[str, Any]], Measurer]:
     """The pool (recorded where prompts are missing) and each prompt's measurements, written as they finish; the
     ``Measurer`` that took them (its ``a``: the arguments as run)."""
     from tqdm.auto import tqdm
@@ -318,8 +405,12 @@ def _resumable(writer: ResultsWriter | None, settings: dict[str, Any]) -> dict[i
         return {}
     for rec in writer.records.values():
         if rec.get("settings") != settings:
-            raise ConfigError("output.resume", True, f"{writer.path} holds prompt {rec['prompt_index']} measured "
-                              "with other settings", "use a new hydra.run.dir, or output.resume=false to start over")
+            raise ConfigError(
+                "output.resume",
+                True,
+                f"{writer.path} holds prompt {rec['prompt_index']} measured with other settings",
+                "use a new hydra.run.dir, or output.resume=false to start over",
+            )
     if writer.records:
         log.info("resuming: %d prompts already measured in %s", len(writer.records), writer.path)
     return dict(writer.records)
@@ -329,14 +420,24 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     a = parse_args(cfg)
     out_dir = Path(out_dir) if out_dir is not None else None
     prompts, measurer = collect(cfg, plugins, a, out_dir, gen=gen)
-    judges = judges_of(cfg.get("judge"), plugins, measurer.builder, measurer.choices.reward, measurer.pool,
-                       prompts[0]["prompt_index"])  # a judge that cannot apply stops here
+    judges = judges_of(
+        cfg.get("judge"), plugins, measurer.builder, measurer.choices.reward, measurer.pool, prompts[0]["prompt_index"]
+    )  # a judge that cannot apply stops here
     judged = None
     if judges:
         records = {p["prompt_index"]: p for p in prompts}
         report_half = analysis.split_halves(list(records))[1]
-        judged = judge_efficiency(measurer.pool, judges, records, report_half, [m.label for m in measurer.methods],
-                                  a["n"], a["replicates"], a["bootstrap"], cfg.seed)
+        judged = judge_efficiency(
+            measurer.pool,
+            judges,
+            records,
+            report_half,
+            [m.label for m in measurer.methods],
+            a["n"],
+            a["replicates"],
+            a["bootstrap"],
+            cfg.seed,
+        )
     res = report(cfg, plugins, prompts, measurer, out_dir, gen=gen, judged=judged)
     return RunOutput([], Compute(), out_dir, extra=res)
 
@@ -350,13 +451,23 @@ def timings(measurer: Measurer, records: dict[int, dict[str, Any]]) -> dict[str,
         measurer.run(index, measurer.policies["fixed_alpha_0.5"], "fixed_alpha_0.5", "auto", rec["budget"]["1"])
     replay_s = time.perf_counter() - t0
     pool_s = sum(pool.prompt(i).record_seconds for i in records)
-    return {"pool_seconds": pool_s, "replay_seconds_per_policy": replay_s,
-            "replay_fraction_of_pool": replay_s / max(pool_s, 1e-9)}
+    return {
+        "pool_seconds": pool_s,
+        "replay_seconds_per_policy": replay_s,
+        "replay_fraction_of_pool": replay_s / max(pool_s, 1e-9),
+    }
 
 
-def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], measurer: Measurer,
-           out_dir: Path | None, gen=None, name: str = "efficiency", judged: dict[str, Any] | None = None
-           ) -> dict[str, Any]:
+def report(
+    cfg: DictConfig,
+    plugins: Plugins,
+    prompts: list[dict[str, Any]],
+    measurer: Measurer,
+    out_dir: Path | None,
+    gen=None,
+    name: str = "efficiency",
+    judged: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Summary (both halves, CIs), timings, the live check, the judges' figures (``judged``: its ``judge_*`` lines
     printed before the headline), table, plot and headline lines (printed last)."""
     a, pool = measurer.a, measurer.pool
@@ -364,13 +475,20 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
     tm = analysis.TimeModel.fit(pool, list(records))
     labels = [m.label for m in measurer.methods]
     summary = analysis.summarize(prompts, a, tm, cfg.sampling.max_new_tokens, labels, seed=cfg.seed)
-    res: dict[str, Any] = {"args": a, "reward": measurer.reward_name, "pool": str(pool.path),
-                           "skipped": measurer.skipped,
-                           "max_new_tokens": cfg.sampling.max_new_tokens, **summary, **timings(measurer, records)}
+    res: dict[str, Any] = {
+        "args": a,
+        "reward": measurer.reward_name,
+        "pool": str(pool.path),
+        "skipped": measurer.skipped,
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+        **summary,
+        **timings(measurer, records),
+    }
     if a["live_check"]:
         bon_ns = sorted({*(s * a["n"] for s in a["scales"]), matched_bon(summary, summary["M"])})
-        res["live_check"] = live_check(cfg, plugins, pool, measurer, records,
-                                       summary["halves"]["report"][: a["live_check"]], tm, bon_ns, gen)
+        res["live_check"] = live_check(
+            cfg, plugins, pool, measurer, records, summary["halves"]["report"][: a["live_check"]], tm, bon_ns, gen
+        )
     lines = judged.pop("lines") if judged else []
     if judged:
         res["judged"] = judged
@@ -380,12 +498,18 @@ def report(cfg: DictConfig, plugins: Plugins, prompts: list[dict[str, Any]], mea
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json(f"{name}.json", res)
         (out_dir / f"{name}.md").write_text(render.markdown(summary), encoding="utf-8")
-        render.plot(summary, out_dir / f"{name}.png", title=f"{len(summary['halves']['report'])} report prompts, "
-                      f"reward {res['reward']}, {res['max_new_tokens']} new tokens, pool of {summary['M']}")
+        render.plot(
+            summary,
+            out_dir / f"{name}.png",
+            title=f"{len(summary['halves']['report'])} report prompts, "
+            f"reward {res['reward']}, {res['max_new_tokens']} new tokens, pool of {summary['M']}",
+        )
     print(render.markdown(summary), end="")
     t = summary["time_model"]
-    print(f"time model (per decode step, fitted to {t['steps']} measured steps): {t['a'] * 1e3:.2f} ms + "
-          f"{t['b'] * 1e3:.3f} ms x rows + {t['c'] * 1e6:.4f} us x rows x context (R^2 {t['r2']:.3f})")
+    print(
+        f"time model (per decode step, fitted to {t['steps']} measured steps): {t['a'] * 1e3:.2f} ms + "
+        f"{t['b'] * 1e3:.3f} ms x rows + {t['c'] * 1e6:.4f} us x rows x context (R^2 {t['r2']:.3f})"
+    )
     for key in ("pool_seconds", "replay_seconds_per_policy", "replay_fraction_of_pool"):
         print(f"{key}: {res[key]:.4g}")
     if "live_check" in res:

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 FIXED = "fixed_alpha_0.5"
 
 
-def judges_of(judge: Any, plugins: Plugins, builder: RoleBuilder, guide: Choice | None, pool: Pool,
-              index: int) -> Judges:
+def judges_of(
+    judge: Any, plugins: Plugins, builder: RoleBuilder, guide: Choice | None, pool: Pool, index: int
+) -> Judges:
     """The run's judges (``judge``), built by ``builder`` (served from the pool's cache); each is tried on one
     candidate of prompt ``index``, so a judge that does not apply to these prompts (a reference judge on prompts
     without a reference) stops the run before the analysis, by name."""
@@ -45,8 +46,12 @@ def judges_of(judge: Any, plugins: Plugins, builder: RoleBuilder, guide: Choice 
         try:
             j.scorer([first.request(0)])
         except ConfigError as e:
-            raise ConfigError(e.key, e.value, f"{e.problem} (this experiment's prompts)",
-                              f"{e.fix}; or judge=none, or judge=[...] without {j.name}") from None
+            raise ConfigError(
+                e.key,
+                e.value,
+                f"{e.problem} (this experiment's prompts)",
+                f"{e.fix}; or judge=none, or judge=[...] without {j.name}",
+            ) from None
     return judges
 
 
@@ -60,8 +65,9 @@ def _runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [rec["methods"], *(x["methods"] for x in rec.get("replicates", []))]
 
 
-def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[str], M: int,
-            replicates: int) -> tuple[list[int], dict[str, np.ndarray]]:
+def winners(
+    records: dict[int, dict[str, Any]], report: list[int], labels: list[str], M: int, replicates: int
+) -> tuple[list[int], dict[str, np.ndarray]]:
     """Best-of-N's sizes in a set and ``{method: [P, S] winning candidate ids}`` (-1: none, e.g. an infeasible
     start or a copy's continuation, which the pool does not hold as a candidate) for Best-of-N (``best_of_<N>``)
     and each method at scale 1."""
@@ -75,8 +81,9 @@ def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[
         for r in range(replicates):
             first = r * size
             for n in sizes:
-                out.setdefault(f"best_of_{n}", np.full((len(report), replicates), -1))[k, r] = \
-                    first + int(np.argmax(final[first: first + n]))
+                out.setdefault(f"best_of_{n}", np.full((len(report), replicates), -1))[k, r] = first + int(
+                    np.argmax(final[first : first + n])
+                )
             for label in labels:
                 run = runs[r].get(label, {}).get("1", {})
                 cid = int(run.get("best_id", -1))
@@ -84,8 +91,17 @@ def winners(records: dict[int, dict[str, Any]], report: list[int], labels: list[
     return sizes, out
 
 
-def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, Any]], report: list[int],
-                     labels: list[str], n: int, replicates: int, resamples: int, seed: int) -> dict[str, Any]:
+def judge_efficiency(
+    pool: Pool,
+    judges: Judges,
+    records: dict[int, dict[str, Any]],
+    report: list[int],
+    labels: list[str],
+    n: int,
+    replicates: int,
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
     """Judge the winners, analyse each judge (and the guide, alike) and return the figures with ``lines``, the
     ``judge_*`` lines to print."""
     from tqdm.auto import tqdm
@@ -119,26 +135,43 @@ def judge_efficiency(pool: Pool, judges: Judges, records: dict[int, dict[str, An
     by_judge = {name: partial(_scored, s) for name, s in scores.items()}
     scorers = {"guide": guide, **by_judge}
     bon_flops = np.array([[records[i]["bon"][str(s)]["flops"] for s in sizes] for i in report])
-    curve = Curve(sizes, np.stack([grid(f"best_of_{s}", guide) for s in sizes], -1),
-                  {sc: np.stack([grid(f"best_of_{s}", f) for s in sizes], -1) for sc, f in scorers.items()},
-                  bon_flops)
+    curve = Curve(
+        sizes,
+        np.stack([grid(f"best_of_{s}", guide) for s in sizes], -1),
+        {sc: np.stack([grid(f"best_of_{s}", f) for s in sizes], -1) for sc, f in scorers.items()},
+        bon_flops,
+    )
 
     def flops(i: int, c: int, label: str) -> float:
-        return float(np.mean([r[label]["1"]["flops"] for r in _runs(records[i])
-                              if "flops" in r.get(label, {}).get("1", {})]))
+        return float(
+            np.mean([r[label]["1"]["flops"] for r in _runs(records[i]) if "flops" in r.get(label, {}).get("1", {})])
+        )
 
-    won = {m: Winners(grid(m, guide), {sc: grid(m, f) for sc, f in scorers.items()}, grid(m, flops))
-           for m in methods}
+    won = {m: Winners(grid(m, guide), {sc: grid(m, f) for sc, f in scorers.items()}, grid(m, flops)) for m in methods}
     refs = [f"best_of_{n}", f"best_of_{sizes[-1]}", *([FIXED] if FIXED in methods else [])]
     analyses = {sc: analyze(curve, won, sc, refs, resamples, seed) for sc in scorers}
     costs = judges.costs()
-    lines = [f"judge_prompts: {len(report)} report-half prompts x {replicates} candidate sets (replicates, "
-             f"{M // replicates} candidates each); 95% bootstrap CIs over prompts and sets"]
-    lines += [f"judge_cost_{name}: {c['calls']} calls, {round(c['tokens'])} tokens, {c['flops'] / 1e12:.3f} TFLOPs "
-              f"(as first computed; cached scores are charged what they cost then), {c['seconds']:.1f} s here "
-              "(not charged to any method)" for name, c in costs.items()]
-    lines += [f"judge_left_out_{label}: {k} of {ids[label].size} winner(s) not judged (an infeasible start, or a "
-              "copy's continuation, which is not a pool candidate)" for label, k in lost.items()]
+    lines = [
+        f"judge_prompts: {len(report)} report-half prompts x {replicates} candidate sets (replicates, "
+        f"{M // replicates} candidates each); 95% bootstrap CIs over prompts and sets"
+    ]
+    lines += [
+        f"judge_cost_{name}: {c['calls']} calls, {round(c['tokens'])} tokens, {c['flops'] / 1e12:.3f} TFLOPs "
+        f"(as first computed; cached scores are charged what they cost then), {c['seconds']:.1f} s here "
+        "(not charged to any method)"
+        for name, c in costs.items()
+    ]
+    lines += [
+        f"judge_left_out_{label}: {k} of {ids[label].size} winner(s) not judged (an infeasible start, or a "
+        "copy's continuation, which is not a pool candidate)"
+        for label, k in lost.items()
+    ]
     lines += analysis_lines(analyses, refs)
-    return {"judges": judges.specs(), "judge_cost": costs, "refs": refs, "analysis": analyses,
-            "winner_ids": {label: x.tolist() for label, x in ids.items()}, "lines": lines}
+    return {
+        "judges": judges.specs(),
+        "judge_cost": costs,
+        "refs": refs,
+        "analysis": analyses,
+        "winner_ids": {label: x.tolist() for label, x in ids.items()},
+        "lines": lines,
+    }

@@ -83,12 +83,20 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
     inp = torch.full((len(ids), L), gen.pad_id, dtype=torch.long)
     mask = torch.zeros_like(inp)
     for i, x in enumerate(ids):
-        inp[i, L - len(x):], mask[i, L - len(x):] = torch.tensor(x), 1
+        inp[i, L - len(x) :], mask[i, L - len(x) :] = torch.tensor(x), 1
     torch.manual_seed(seed)
     t0 = _clock(gen)
-    out = gen.model.generate(inp.to(gen.device), attention_mask=mask.to(gen.device), do_sample=not sp.greedy,
-                             temperature=sp.temperature or None, top_k=sp.top_k or None, top_p=sp.top_p,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=gen.pad_id)
+    out = gen.model.generate(
+        inp.to(gen.device),
+        attention_mask=mask.to(gen.device),
+        do_sample=not sp.greedy,
+        temperature=sp.temperature or None,
+        top_k=sp.top_k or None,
+        top_p=sp.top_p,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=gen.pad_id,
+    )
     dt = _clock(gen) - t0
     assert out.shape[1] == L + new_tokens
     return dt
@@ -99,8 +107,11 @@ def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, s
     time): the ratios, their geometric mean, and its 95% bootstrap CI over the runs."""
     r = np.log(np.asarray(ours) / np.asarray(theirs))
     idx = np.random.default_rng(seed).integers(0, len(r), size=(resamples, len(r)))
-    return {"ratios": np.exp(r).tolist(), "geomean": float(np.exp(r.mean())),
-            "ci": [float(np.exp(x)) for x in ci(r[idx].mean(axis=1))]}
+    return {
+        "ratios": np.exp(r).tolist(),
+        "geomean": float(np.exp(r.mean())),
+        "ci": [float(np.exp(x)) for x in ci(r[idx].mean(axis=1))],
+    }
 
 
 def _compiled(gen) -> tuple[int, float, int, bool] | None:
@@ -120,12 +131,19 @@ def _linears(gen) -> dict[str, str]:
     return {"linears": "mkl" if lin.mkl is not None else "onednn" if lin.packed is not None else "plain"}
 
 
-def _compile_figures(warm: tuple[int, float, int, bool] | None,
-                     end: tuple[int, float, int, bool] | None) -> dict[str, Any]:
+def _compile_figures(
+    warm: tuple[int, float, int, bool] | None, end: tuple[int, float, int, bool] | None
+) -> dict[str, Any]:
     if warm is None or end is None:
         return {}
-    return {"compiles_warm_up": warm[0], "compile_seconds": warm[1], "compiles_timed": end[0] - warm[0],
-            "compile_seconds_timed": end[1] - warm[1], "one_graph_a_round": end[3], "cudagraph_skips": end[2]}
+    return {
+        "compiles_warm_up": warm[0],
+        "compile_seconds": warm[1],
+        "compiles_timed": end[0] - warm[0],
+        "compile_seconds_timed": end[1] - warm[1],
+        "one_graph_a_round": end[3],
+        "cudagraph_skips": end[2],
+    }
 
 
 def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[TorchGenerator, dict]:
@@ -137,8 +155,9 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
     known = (*ENGINES, "fast-compiled")
     for e in engines:
         if e not in known:
-            raise ConfigError("experiment_args.engines", e, "not an engine this benchmark times",
-                              f"use some of {', '.join(known)}")
+            raise ConfigError(
+                "experiment_args.engines", e, "not an engine this benchmark times", f"use some of {', '.join(known)}"
+            )
     base = gen if isinstance(gen, TorchGenerator) else load_generator(torch_cfg)
     out = {}
     for e in engines:
@@ -151,9 +170,15 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
             out[e] = base
         else:
             compiled = e == "fast-compiled"
-            out[e] = TorchGenerator(base.model, base.tokenizer, chat_template=base.use_chat_template,
-                                    system_prompt=base.system_prompt, engine="fast" if compiled else e,
-                                    name=base.name, compile="true" if compiled else "false")
+            out[e] = TorchGenerator(
+                base.model,
+                base.tokenizer,
+                chat_template=base.use_chat_template,
+                system_prompt=base.system_prompt,
+                engine="fast" if compiled else e,
+                name=base.name,
+                compile="true" if compiled else "false",
+            )
     return base, out
 
 
@@ -166,8 +191,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     prompts = list(a.prompts)
     rows = a.batch // len(prompts)
     sp = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
-    s = LoopSettings(n=rows, sampling=sp, max_new_tokens=a.new_tokens, budget=Budget(None), seed=cfg.seed,
-                     ignore_eos=True)
+    s = LoopSettings(
+        n=rows, sampling=sp, max_new_tokens=a.new_tokens, budget=Budget(None), seed=cfg.seed, ignore_eos=True
+    )
     tokens = rows * len(prompts) * a.new_tokens
     # Scoring is not what this benchmark measures: the built-in `length` value function keeps it out of the way.
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
@@ -184,23 +210,43 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         for e, g in gens.items():
             runs[e].append(tokens / _rodeco_run(g, prompts, scorer, policy, s))
         theirs.append(tokens / _hf_run(base, prompts, rows, sp, a.new_tokens, cfg.seed))
-        log.info("run %d: %s, hf generate %.1f tok/s", i, ", ".join(f"{e} {r[-1]:.1f}" for e, r in runs.items()),
-                 theirs[-1])
+        log.info(
+            "run %d: %s, hf generate %.1f tok/s", i, ", ".join(f"{e} {r[-1]:.1f}" for e, r in runs.items()), theirs[-1]
+        )
     ours = runs[engines[0]]
     A, B = statistics.median(ours), statistics.median(theirs)
     P = matmul_peak_gflops(a.matmul_size, device=base.device.type, dtype=base.dtype)
     L0 = max(len(gen.encode(p)) for p in prompts)
     flops_tok = gen.flops_per_token(L0 + a.new_tokens // 2)  # attention at the mean context
     F = A * flops_tok / (P * 1e9)
-    res = {"rodeco_tokens_per_s": A, "hf_generate_tokens_per_s": B, "speedup_vs_hf_generate": A / B,
-           "matmul_peak_gflops": P, "matmul_peak_fraction": F, "flops_per_token": flops_tok,
-           "batch": rows * len(prompts), "new_tokens": a.new_tokens, "engine": gen.engine_name,
-           "dtype": str(gen.dtype), "device": str(gen.device), "threads": torch.get_num_threads(), "cpu": cpu_facts(),
-           "runs_rodeco": ours, "runs_hf": theirs,
-           "engines": {e: {"engine": g.engine_name, "tokens_per_s": statistics.median(runs[e]),
-                           "vs_hf_generate": statistics.median(runs[e]) / B, "runs": runs[e],
-                           **_compile_figures(warm[e], _compiled(g)), **_linears(g)}
-                       for e, g in gens.items()}}
+    res = {
+        "rodeco_tokens_per_s": A,
+        "hf_generate_tokens_per_s": B,
+        "speedup_vs_hf_generate": A / B,
+        "matmul_peak_gflops": P,
+        "matmul_peak_fraction": F,
+        "flops_per_token": flops_tok,
+        "batch": rows * len(prompts),
+        "new_tokens": a.new_tokens,
+        "engine": gen.engine_name,
+        "dtype": str(gen.dtype),
+        "device": str(gen.device),
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_facts(),
+        "runs_rodeco": ours,
+        "runs_hf": theirs,
+        "engines": {
+            e: {
+                "engine": g.engine_name,
+                "tokens_per_s": statistics.median(runs[e]),
+                "vs_hf_generate": statistics.median(runs[e]) / B,
+                "runs": runs[e],
+                **_compile_figures(warm[e], _compiled(g)),
+                **_linears(g),
+            }
+            for e, g in gens.items()
+        },
+    }
     for e in ("fast", "fast-compiled"):
         if e in gens and "vllm" in gens:
             k = f"{e.replace('-', '_')}_over_vllm"
@@ -208,21 +254,34 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             res[f"{k}_paired"] = paired_runs(runs[e], runs["vllm"], seed=cfg.seed)
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
-    for k in ("rodeco_tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "matmul_peak_gflops",
-              "matmul_peak_fraction"):
+    for k in (
+        "rodeco_tokens_per_s",
+        "hf_generate_tokens_per_s",
+        "speedup_vs_hf_generate",
+        "matmul_peak_gflops",
+        "matmul_peak_fraction",
+    ):
         print(f"{k}: {res[k]:.3f}")
     if len(engines) > 1:
         for e, r in res["engines"].items():
-            extra = (f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
-                     f"{r['compiles_timed']} while timed" if "compile_seconds" in r else "")
+            extra = (
+                f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
+                f"{r['compiles_timed']} while timed"
+                if "compile_seconds" in r
+                else ""
+            )
             extra += f"; linears {r['linears']}" if "linears" in r else ""
             print(f"engine {e}: {r['tokens_per_s']:.1f} tok/s, {r['vs_hf_generate']:.3f}x generate(){extra}")
         for k in [k for k in res if k.endswith("_over_vllm")]:
             p = res[f"{k}_paired"]
-            print(f"{k}: {res[k]:.3f} (ratio of medians); paired by run: geometric mean {p['geomean']:.3f} "
-                  f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] (95% bootstrap CI over {len(p['ratios'])} runs), "
-                  f"range {min(p['ratios']):.3f} to {max(p['ratios']):.3f}")
+            print(
+                f"{k}: {res[k]:.3f} (ratio of medians); paired by run: geometric mean {p['geomean']:.3f} "
+                f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}] (95% bootstrap CI over {len(p['ratios'])} runs), "
+                f"range {min(p['ratios']):.3f} to {max(p['ratios']):.3f}"
+            )
     c = res["cpu"]
-    print(f"cpu: {c['model']}, {c['threads']} threads, " + ", ".join(f"{k} {'yes' if v else 'no'}"
-                                                                    for k, v in c["flags"].items()))
+    print(
+        f"cpu: {c['model']}, {c['threads']} threads, "
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in c["flags"].items())
+    )
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)

@@ -51,8 +51,11 @@ class Curve:
         """Best-of-``n`` as a method (a reference to pair with)."""
         k = self.sizes.index(n)
         S = self.guide.shape[1]
-        return Winners(self.guide[:, :, k], {j: v[:, :, k] for j, v in self.judge.items()},
-                       np.repeat(self.flops[:, k:k + 1], S, axis=1))
+        return Winners(
+            self.guide[:, :, k],
+            {j: v[:, :, k] for j, v in self.judge.items()},
+            np.repeat(self.flops[:, k : k + 1], S, axis=1),
+        )
 
 
 def best_of_prefix(guide: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -126,8 +129,9 @@ def predicted_judge_gain(g: float, curve_g: np.ndarray, curve_j: np.ndarray) -> 
     return float(np.interp(g, gg, jg)), bool(g > gg[-1])
 
 
-def analyze(curve: Curve, methods: dict[str, Winners], judge: str, refs: list[str], resamples: int = 1000,
-            seed: int = 0) -> dict[str, Any]:
+def analyze(
+    curve: Curve, methods: dict[str, Winners], judge: str, refs: list[str], resamples: int = 1000, seed: int = 0
+) -> dict[str, Any]:
     """One judge's figures (see the module docstring). ``refs`` name the methods every method is paired with
     (``best_of_4`` etc. are Best-of-N's points, named ``best_of_<n>``)."""
     P, S, _ = curve.guide.shape
@@ -139,28 +143,40 @@ def analyze(curve: Curve, methods: dict[str, Winners], judge: str, refs: list[st
     visible = not (gain_ci[0] <= 0.0 <= gain_ci[1])
     all_methods = {**{f"best_of_{n}": curve.method(n) for n in curve.sizes}, **methods}
     out: dict[str, Any] = {
-        "judge": judge, "prompts": P, "sets": S, "resamples": resamples,
-        "curve": {"sizes": curve.sizes, "judge": cj[0].tolist(), "judge_ci": [_ci(cj[1:, k]) for k in
-                                                                              range(len(curve.sizes))],
-                  "guide": cg[0].tolist(), "flops": cf[0].tolist()},
+        "judge": judge,
+        "prompts": P,
+        "sets": S,
+        "resamples": resamples,
+        "curve": {
+            "sizes": curve.sizes,
+            "judge": cj[0].tolist(),
+            "judge_ci": [_ci(cj[1:, k]) for k in range(len(curve.sizes))],
+            "guide": cg[0].tolist(),
+            "flops": cf[0].tolist(),
+        },
         "gain": {"value": float(gain[0]), "ci": gain_ci, "visible": visible},
-        "methods": {}}
+        "methods": {},
+    }
     for label, m in methods.items():
         J, G, F = rs.means(m.judge[judge]), rs.means(m.guide), rs.means(m.flops)
-        row: dict[str, Any] = {"judge": Stat(float(J[0]), _ci(J[1:])).as_dict(),
-                               "guide": Stat(float(G[0]), _ci(G[1:])).as_dict(), "flops": float(F[0])}
+        row: dict[str, Any] = {
+            "judge": Stat(float(J[0]), _ci(J[1:])).as_dict(),
+            "guide": Stat(float(G[0]), _ci(G[1:])).as_dict(),
+            "flops": float(F[0]),
+        }
         for ref in refs:
             d = rs.means(m.judge[judge] - all_methods[ref].judge[judge])
             row[f"vs_{ref}"] = Stat(float(d[0]), _ci(d[1:])).as_dict()
         sp = [matched_speedup(float(J[b]), float(F[b]), cj[b], cf[b]) for b in range(len(J))]
         row["speedup_flops_at_matched_judge"] = (
             {"value": sp[0][0], "ci": _ci(np.array([s for s, _ in sp[1:]])), "bound": sp[0][1] or None}
-            if visible else None)
+            if visible
+            else None
+        )
         pred = [predicted_judge_gain(float(G[b] - cg[b, 0]), cg[b], cj[b]) for b in range(len(J))]
         res = np.array([J[b] - cj[b, 0] - pred[b][0] for b in range(len(J))])
         ci = _ci(res[1:])
-        row["residual"] = {"value": float(res[0]), "ci": ci, "below": bool(ci[1] < 0),
-                           "beyond_curve": pred[0][1]}
+        row["residual"] = {"value": float(res[0]), "ci": ci, "below": bool(ci[1] < 0), "beyond_curve": pred[0][1]}
         out["methods"][label] = row
     return out
 
@@ -183,16 +199,19 @@ def correlations(prompt: np.ndarray, judge: np.ndarray, length: np.ndarray, guid
     a decision compares)."""
     ok = np.isfinite(judge) & np.isfinite(guide)
     prompt, judge, length, guide = prompt[ok], judge[ok], length[ok], guide[ok]
-    within = [_spearman(judge[prompt == i], guide[prompt == i]) for i in np.unique(prompt)
-              if (prompt == i).sum() >= 3]
-    return {"texts": int(ok.sum()), "pearson_log_chars": float(np.corrcoef(judge, np.log(length))[0, 1]),
-            "spearman_guide": _spearman(judge, guide),
-            "spearman_guide_within_prompt": float(np.mean(within)) if within else float("nan"),
-            "prompts_within": len(within)}
+    within = [_spearman(judge[prompt == i], guide[prompt == i]) for i in np.unique(prompt) if (prompt == i).sum() >= 3]
+    return {
+        "texts": int(ok.sum()),
+        "pearson_log_chars": float(np.corrcoef(judge, np.log(length))[0, 1]),
+        "spearman_guide": _spearman(judge, guide),
+        "spearman_guide_within_prompt": float(np.mean(within)) if within else float("nan"),
+        "prompts_within": len(within),
+    }
 
 
-def diagnostics_table(per_method: dict[str, dict[str, np.ndarray]], resamples: int = 1000,
-                      seed: int = 0) -> dict[str, dict[str, dict[str, Any]]]:
+def diagnostics_table(
+    per_method: dict[str, dict[str, np.ndarray]], resamples: int = 1000, seed: int = 0
+) -> dict[str, dict[str, dict[str, Any]]]:
     """``{method: {field: [P, S] values (NaN: undefined)}}`` -> ``{method: {field: {value, ci}}}``: means over
     prompts and sets with the same bootstrap as ``analyze``."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -235,8 +254,11 @@ def analysis_lines(analyses: dict[str, dict[str, Any]], refs: list[str]) -> list
             sp_s = "undefined" if sp is None else ci_text(sp, ".2f") + bound
             res = row["residual"]
             flag = ("  BELOW the Best-of-N relation" if res["below"] else "") + (
-                "  beyond the curve" if res["beyond_curve"] else "")
+                "  beyond the curve" if res["beyond_curve"] else ""
+            )
             pairs = "; ".join(f"vs {_ref_name(r)} {ci_text(row['vs_' + r])}" for r in refs)
-            out.append(f"{tag}_{label}: {ci_text(row['judge'], '.4f')}; {pairs}; FLOPs speedup at matched score "
-                       f"{sp_s}; residual from guide gain {ci_text(res)}{flag}")
+            out.append(
+                f"{tag}_{label}: {ci_text(row['judge'], '.4f')}; {pairs}; FLOPs speedup at matched score "
+                f"{sp_s}; residual from guide gain {ci_text(res)}{flag}"
+            )
     return out

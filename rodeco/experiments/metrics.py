@@ -28,7 +28,8 @@ def expected_best_of(scores: Sequence[float], n: int) -> float:
     valid = i >= n
     logw = np.full(m, -np.inf)
     logw[valid] = (gammaln(i[valid]) - gammaln(n) - gammaln(i[valid] - n + 1)) - (
-        gammaln(m + 1) - gammaln(n + 1) - gammaln(m - n + 1))
+        gammaln(m + 1) - gammaln(n + 1) - gammaln(m - n + 1)
+    )
     return float(np.sum(np.exp(logw) * s))
 
 

@@ -30,9 +30,12 @@ from rodeco.validation import ConfigError
 def _check_reward(cfg: DictConfig) -> None:
     name, params = split_node(cfg.reward, "reward")
     if name != "logprob" or params.get("form") != "perplexity" or params.get("model"):
-        raise ConfigError("reward", f"{name} (form {params.get('form')}, model {params.get('model')})",
-                          "the perplexity experiment scores with the generator's own log-probabilities",
-                          "use reward=logprob reward.form=perplexity reward.model=null (the experiment's default)")
+        raise ConfigError(
+            "reward",
+            f"{name} (form {params.get('form')}, model {params.get('model')})",
+            "the perplexity experiment scores with the generator's own log-probabilities",
+            "use reward=logprob reward.form=perplexity reward.model=null (the experiment's default)",
+        )
 
 
 def at_compute(flops: float, curve_flops: list[float], curve_y: list[float]) -> float | None:
@@ -48,35 +51,56 @@ def table(summary: dict[str, Any], half: str) -> list[dict[str, Any]]:
     for the methods Best-of-N's perplexity at the same FLOPs."""
     c = summary["curve"][half]
     ppl = [-r for r in c["reward"]]
-    rows = [{"method": f"Best-of-{int(N)}", "flops": f, "perplexity": y, "bon_perplexity_same_flops": y}
-            for N, f, y in zip(c["N"], c["flops"], ppl)]
+    rows = [
+        {"method": f"Best-of-{int(N)}", "flops": f, "perplexity": y, "bon_perplexity_same_flops": y}
+        for N, f, y in zip(c["N"], c["flops"], ppl)
+    ]
     for key, row in summary["methods"].items():
         if "infeasible" in row:
             continue
         label, scale = key.split("@")
         r = row[half]
-        rows.append({"method": f"SR {label} (budget x{scale})", "label": label, "scale": int(scale),
-                     "flops": r["flops"], "perplexity": -r["reward"],
-                     "bon_perplexity_same_flops": at_compute(r["flops"], c["flops"], ppl)})
+        rows.append(
+            {
+                "method": f"SR {label} (budget x{scale})",
+                "label": label,
+                "scale": int(scale),
+                "flops": r["flops"],
+                "perplexity": -r["reward"],
+                "bon_perplexity_same_flops": at_compute(r["flops"], c["flops"], ppl),
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict[str, Any]], n_prompts: int) -> str:
-    out = [f"Report half: {n_prompts} prompts.", "",
-           "| method | TFLOPs | mean perplexity of chosen | Best-of-N at the same FLOPs |", "|---|---:|---:|---:|"]
+    out = [
+        f"Report half: {n_prompts} prompts.",
+        "",
+        "| method | TFLOPs | mean perplexity of chosen | Best-of-N at the same FLOPs |",
+        "|---|---:|---:|---:|",
+    ]
     for r in rows:
         same = r["bon_perplexity_same_flops"]
-        out.append(f"| {r['method']} | {r['flops'] / 1e12:.3f} | {r['perplexity']:.3f} | "
-                   f"{'-' if same is None else f'{same:.3f}'} |")
+        out.append(
+            f"| {r['method']} | {r['flops'] / 1e12:.3f} | {r['perplexity']:.3f} | "
+            f"{'-' if same is None else f'{same:.3f}'} |"
+        )
     return "\n".join(out) + "\n"
 
 
 def choose_alpha(rows: list[dict[str, Any]]) -> str:
     """The fixed-alpha method (budget x1, auto start) with the largest perplexity reduction over Best-of-N at the
     same FLOPs."""
-    cands = [r for r in rows if r.get("scale") == 1 and r["label"].startswith("fixed_alpha_")
-             and "start" not in r["label"] and not analysis.is_oracle(r["label"])
-             and r["bon_perplexity_same_flops"] is not None]
+    cands = [
+        r
+        for r in rows
+        if r.get("scale") == 1
+        and r["label"].startswith("fixed_alpha_")
+        and "start" not in r["label"]
+        and not analysis.is_oracle(r["label"])
+        and r["bon_perplexity_same_flops"] is not None
+    ]
     return max(cands, key=lambda r: r["bon_perplexity_same_flops"] - r["perplexity"])["label"]
 
 
@@ -87,10 +111,13 @@ def headline(summary: dict[str, Any], selection: list[dict[str, Any]], report: l
     chosen = choose_alpha(selection)
     row = next(r for r in report if r.get("label") == chosen and r["scale"] == 1)
     n = summary["n"]
-    return {f"perplexity_best_of_{n}": next(r["perplexity"] for r in report if r["method"] == f"Best-of-{n}"),
-            "chosen_alpha": chosen, f"perplexity_{chosen}": row["perplexity"],
-            f"perplexity_best_of_n_same_flops_{chosen}": row["bon_perplexity_same_flops"],
-            **analysis.headline(summary)}
+    return {
+        f"perplexity_best_of_{n}": next(r["perplexity"] for r in report if r["method"] == f"Best-of-{n}"),
+        "chosen_alpha": chosen,
+        f"perplexity_{chosen}": row["perplexity"],
+        f"perplexity_best_of_n_same_flops_{chosen}": row["bon_perplexity_same_flops"],
+        **analysis.headline(summary),
+    }
 
 
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
@@ -105,14 +132,26 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     selection, report = table(summary, "selection"), table(summary, "report")
     head = headline(summary, selection, report)
     P = len(summary["halves"]["report"])
-    res = {"args": a, "reward": "logprob (perplexity)", "pool": str(pool.path), **summary,
-           "table": report, "table_selection": selection, "headline": head, "per_prompt": prompts}
+    res = {
+        "args": a,
+        "reward": "logprob (perplexity)",
+        "pool": str(pool.path),
+        **summary,
+        "table": report,
+        "table_selection": selection,
+        "headline": head,
+        "per_prompt": prompts,
+    }
     if out_dir is not None:
         ResultsWriter(out_dir, resume=False).write_json("perplexity.json", res)
         (out_dir / "perplexity.md").write_text(markdown(report, P), encoding="utf-8")
-        render.plot(summary, out_dir / "perplexity.png", y="reward",
-                      ylabel="mean -perplexity of the chosen responses (higher is better)",
-                      title=f"{P} report prompts, reward logprob (perplexity), pool of {summary['M']}")
+        render.plot(
+            summary,
+            out_dir / "perplexity.png",
+            y="reward",
+            ylabel="mean -perplexity of the chosen responses (higher is better)",
+            title=f"{P} report prompts, reward logprob (perplexity), pool of {summary['M']}",
+        )
     print(markdown(report, P), end="")
     print("\n".join(render.headline_lines(head)))
     return RunOutput([], Compute(), out_dir, extra=res)

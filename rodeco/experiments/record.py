@@ -46,8 +46,9 @@ def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> Pool
     return pool_roles(cfg, plugins, pool, gen).reward(choose_roles(cfg, plugins, live=False).reward)
 
 
-def record(cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt], candidates: int,
-           gen: Generator | None = None) -> Pool:
+def record(
+    cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt], candidates: int, gen: Generator | None = None
+) -> Pool:
     """Record into the pool at ``path`` every prompt of ``prompts`` it lacks, with the run's reward's final scores."""
     from tqdm.auto import tqdm
 
@@ -93,5 +94,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     n_cands = sum(len(pool.prompt(p.index).candidates) for p in prompts)
     print(f"pool: {path} ({len(prompts)} prompts, {n_cands} candidates)")
     print(f"pool_seconds: {seconds:.1f}")
-    return RunOutput([], Compute(), out_dir, extra={"pool": str(path), "pool_seconds": seconds,
-                                                    "prompts": [p.index for p in prompts]})
+    return RunOutput(
+        [],
+        Compute(),
+        out_dir,
+        extra={"pool": str(path), "pool_seconds": seconds, "prompts": [p.index for p in prompts]},
+    )

@@ -33,13 +33,14 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
     results, total = [], Compute()
     indices, k = list(pool.indices()), cfg.data.batch_prompts
-    for batch in (indices[j: j + k] for j in range(0, len(indices), k)):  # as a live run batches its prompts
+    for batch in (indices[j : j + k] for j in range(0, len(indices), k)):  # as a live run batches its prompts
         if best_of is not None:  # per batch: the memory Best-of-n fills at full length, as the loop counts it
             lens = [len(pool.prompt(i).prompt_ids) for i in batch]
             kv = full_length_tokens(best_of, lens, s.max_new_tokens, gen.kv)
             s = dataclasses.replace(s, budget=Budget(kv, s.budget.min_tokens_per_round))
-        res, comp, _ = replay_batch(pool, gen, roles.reward, roles.policy, batch, s, on_round=plugins.round_end,
-                                    partial=roles.partial)
+        res, comp, _ = replay_batch(
+            pool, gen, roles.reward, roles.policy, batch, s, on_round=plugins.round_end, partial=roles.partial
+        )
         results += res
         total.add(comp)
         if writer is not None:
@@ -51,8 +52,10 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     seconds = time.perf_counter() - t0
     mean = sum(r.best.score for r in results) / max(1, len(results))
     computed = roles.reward.reward.computed
-    print(f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool} in batches of {k}: mean "
-          f"best reward {mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs "
-          f"charged, {computed} reward requests computed (the rest from the cache)")
+    print(
+        f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool} in batches of {k}: mean "
+        f"best reward {mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs "
+        f"charged, {computed} reward requests computed (the rest from the cache)"
+    )
     print(f"replay_seconds: {seconds:.2f}")
     return RunOutput(results, total, out_dir, extra={"replay_seconds": seconds, "computed": computed})

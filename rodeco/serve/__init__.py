@@ -50,25 +50,41 @@ def check_binding(cfg: DictConfig) -> None:
     s = cfg.serve
     if api_key(cfg) is None and not is_loopback(s.host):
         if not s.allow_public_without_key:
-            raise ConfigError("serve.host", s.host, "binding off loopback with no API key would let anyone on the "
-                              "network decode", "set serve.api_key (or RODECO_API_KEY), bind to 127.0.0.1, or set "
-                              "serve.allow_public_without_key=true")
+            raise ConfigError(
+                "serve.host",
+                s.host,
+                "binding off loopback with no API key would let anyone on the network decode",
+                "set serve.api_key (or RODECO_API_KEY), bind to 127.0.0.1, or set serve.allow_public_without_key=true",
+            )
         log.warning("serving on %s with no API key: anyone who reaches it can use it", s.host)
 
 
 def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
     """The ``serve`` node's values, each error naming its key and fix; returns the policies offered (``offered``)."""
     s = cfg.serve
-    for key in ("port", "best_of", "max_best_of", "max_tokens", "max_queue", "batch_requests", "max_batch_rows",
-                "check_tokens", "max_body_bytes"):
+    for key in (
+        "port",
+        "best_of",
+        "max_best_of",
+        "max_tokens",
+        "max_queue",
+        "batch_requests",
+        "max_batch_rows",
+        "check_tokens",
+        "max_body_bytes",
+    ):
         v = s[key]
         if not isinstance(v, int) or v < (0 if key == "port" else 1):
             raise ConfigError(f"serve.{key}", v, "must be a positive whole number", f"set serve.{key} to e.g. 16")
     if not 0 < s.request_memory <= 1:
         raise ConfigError("serve.request_memory", s.request_memory, "must be in (0, 1]", "set it to e.g. 0.25")
     if s.best_of > s.max_best_of:
-        raise ConfigError("serve.best_of", s.best_of, f"above serve.max_best_of={s.max_best_of}",
-                          "lower it or raise serve.max_best_of")
+        raise ConfigError(
+            "serve.best_of",
+            s.best_of,
+            f"above serve.max_best_of={s.max_best_of}",
+            "lower it or raise serve.max_best_of",
+        )
     return offered(s.policies, plugins)
 
 
@@ -79,25 +95,38 @@ def offered(policies: Any, plugins: Plugins) -> dict[str, dict[str, Any]]:
 
     items = OmegaConf.to_container(policies, resolve=True) if not isinstance(policies, list) else policies
     if not items:
-        raise ConfigError("serve.policies", items, "no policy offered", "offer one, e.g. 'serve.policies=[{name: "
-                          "fixed}]'")
+        raise ConfigError(
+            "serve.policies", items, "no policy offered", "offer one, e.g. 'serve.policies=[{name: fixed}]'"
+        )
     out: dict[str, dict[str, Any]] = {}
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ConfigError(f"serve.policies[{i}]", item, "each entry is {name: OPTION, PARAM: RANGE, ...}",
-                              "e.g. 'serve.policies=[{name: fixed, alpha: [0.0, 0.9]}, {name: none}]'")
+            raise ConfigError(
+                f"serve.policies[{i}]",
+                item,
+                "each entry is {name: OPTION, PARAM: RANGE, ...}",
+                "e.g. 'serve.policies=[{name: fixed, alpha: [0.0, 0.9]}, {name: none}]'",
+            )
         name = item["name"]
         if option_file("policy", name, plugins) is None and name not in plugins.policies.names():
-            raise ConfigError(f"serve.policies[{i}].name", name, "no such policy option",
-                              f"use one of {plugins.policies.names()}")
+            raise ConfigError(
+                f"serve.policies[{i}].name", name, "no such policy option", f"use one of {plugins.policies.names()}"
+            )
         ranges = {k: v for k, v in item.items() if k != "name"}
         for k, spec in ranges.items():
             ok = (isinstance(spec, dict) and isinstance(spec.get("choices"), list)) or (
-                isinstance(spec, list) and len(spec) == 2 and all(isinstance(x, (int, float)) for x in spec)
-                and spec[0] <= spec[1])
+                isinstance(spec, list)
+                and len(spec) == 2
+                and all(isinstance(x, (int, float)) for x in spec)
+                and spec[0] <= spec[1]
+            )
             if not ok:
-                raise ConfigError(f"serve.policies[{i}].{k}", spec, "a parameter's range is [lo, hi] or "
-                                  "{choices: [...]}", f"e.g. {{name: {name}, {k}: [0.0, 0.9]}}")
+                raise ConfigError(
+                    f"serve.policies[{i}].{k}",
+                    spec,
+                    "a parameter's range is [lo, hi] or {choices: [...]}",
+                    f"e.g. {{name: {name}, {k}: [0.0, 0.9]}}",
+                )
         out[name] = ranges
     return out
 
@@ -123,11 +152,22 @@ def serve(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator 
     import uvicorn
 
     state = build_state(cfg, plugins, generator)
-    config = uvicorn.Config(make_app(state), host=cfg.serve.host, port=int(cfg.serve.port), log_level="info",
-                            timeout_graceful_shutdown=5, lifespan="off")
+    config = uvicorn.Config(
+        make_app(state),
+        host=cfg.serve.host,
+        port=int(cfg.serve.port),
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+    )
     server = draining_server(config, state)
-    log.info("rodeco serves %s on http://%s:%d (policies: %s)", state.model, cfg.serve.host, cfg.serve.port,
-             ", ".join(state.planner.offered))
+    log.info(
+        "rodeco serves %s on http://%s:%d (policies: %s)",
+        state.model,
+        cfg.serve.host,
+        cfg.serve.port,
+        ", ".join(state.planner.offered),
+    )
     server.run()
     state.scheduler.stop("the server stopped")
 
@@ -144,8 +184,12 @@ def draining_server(config: Any, state: State) -> Any:
                 if sig == signal.SIGINT:
                     super().handle_exit(sig, frame)
                 return
-            log.warning("%s: draining (new requests get 503; %d in flight get %.0f s)",
-                        signal.Signals(sig).name, state.scheduler.in_flight(), state.serve.drain_timeout_s)
+            log.warning(
+                "%s: draining (new requests get 503; %d in flight get %.0f s)",
+                signal.Signals(sig).name,
+                state.scheduler.in_flight(),
+                state.serve.drain_timeout_s,
+            )
             state.draining = True
             state.scheduler.close()
             threading.Thread(target=self._drain, name="rodeco-drain", daemon=True).start()

@@ -31,8 +31,9 @@ OPEN_PATHS = ("/health",)  # answered without a key
 class State:
     """What the endpoints share: the planner, the batcher, the metrics, the limits, and whether it is draining."""
 
-    def __init__(self, planner: Planner, scheduler: Scheduler, metrics: Metrics, serve: Any, api_key: str | None,
-                 model: str) -> None:
+    def __init__(
+        self, planner: Planner, scheduler: Scheduler, metrics: Metrics, serve: Any, api_key: str | None, model: str
+    ) -> None:
         self.planner, self.scheduler, self.metrics, self.serve = planner, scheduler, metrics, serve
         self.api_key, self.model = api_key, model
         self.draining = False
@@ -61,17 +62,29 @@ class Guard:
                 given = headers.get("authorization", "")
                 token = given[7:] if given.lower().startswith("bearer ") else ""
                 if not hmac.compare_digest(token.encode(), st.api_key.encode()):
-                    raise APIError(401, "missing or wrong API key. Fix: send 'Authorization: Bearer <key>' with the "
-                                   "server's key (serve.api_key or RODECO_API_KEY)", type="authentication_error",
-                                   code="invalid_api_key")
+                    raise APIError(
+                        401,
+                        "missing or wrong API key. Fix: send 'Authorization: Bearer <key>' with the "
+                        "server's key (serve.api_key or RODECO_API_KEY)",
+                        type="authentication_error",
+                        code="invalid_api_key",
+                    )
             if st.draining and path.startswith("/v1/") and scope["method"] == "POST":
-                raise APIError(503, "the server is shutting down. Fix: retry on another instance",
-                               type="server_error", code="shutting_down")
+                raise APIError(
+                    503,
+                    "the server is shutting down. Fix: retry on another instance",
+                    type="server_error",
+                    code="shutting_down",
+                )
             limit = st.serve.max_body_bytes
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > limit):
-                raise APIError(413, f"the body ({length} bytes) is larger than serve.max_body_bytes={limit}. Fix: "
-                               "send a smaller request", code="body_too_large")
+                raise APIError(
+                    413,
+                    f"the body ({length} bytes) is larger than serve.max_body_bytes={limit}. Fix: "
+                    "send a smaller request",
+                    code="body_too_large",
+                )
         except APIError as e:
             await error_response(e)(scope, receive, send)
             return
@@ -83,8 +96,11 @@ class Guard:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
-                    raise APIError(413, f"the body is larger than serve.max_body_bytes={limit}. Fix: send a "
-                                   "smaller request", code="body_too_large")
+                    raise APIError(
+                        413,
+                        f"the body is larger than serve.max_body_bytes={limit}. Fix: send a smaller request",
+                        code="body_too_large",
+                    )
             return msg
 
         async def tracked(msg: Message) -> None:
@@ -100,8 +116,14 @@ class Guard:
         except Exception as e:  # a bug of ours: answered, logged, and the server goes on
             log.exception("unexpected error on %s", path)
             if not sent:
-                await error_response(APIError(500, f"internal error ({type(e).__name__}); the server goes on",
-                                              type="server_error", code="internal_error"))(scope, receive, send)
+                await error_response(
+                    APIError(
+                        500,
+                        f"internal error ({type(e).__name__}); the server goes on",
+                        type="server_error",
+                        code="internal_error",
+                    )
+                )(scope, receive, send)
 
 
 def watch(job: Job) -> asyncio.Future:
@@ -129,15 +151,22 @@ async def wait_for(state: State, job: Job, request: Request) -> Answer:
 def timed_out(state: State, job: Job) -> APIError:
     """A job past ``serve.request_timeout_s``: cancelled, and the 504 that says so."""
     state.scheduler.cancel(job, "timed out")
-    return APIError(504, f"the request took longer than serve.request_timeout_s={state.serve.request_timeout_s} s. "
-                    "Fix: lower best_of or max_tokens, or retry later", type="timeout_error", code="timeout")
+    return APIError(
+        504,
+        f"the request took longer than serve.request_timeout_s={state.serve.request_timeout_s} s. "
+        "Fix: lower best_of or max_tokens, or retry later",
+        type="timeout_error",
+        code="timeout",
+    )
 
 
 def choices_of(job: Job, a: Answer) -> list[Any]:
     """The job's ``n`` choices, best first: the winner, then the other finished candidates by reward."""
     r = a.result
-    rest = sorted((c for c in (r.candidates or []) if c.finished and c.candidate_id != r.best.candidate_id),
-                  key=lambda c: -(c.score if c.score is not None else float("-inf")))
+    rest = sorted(
+        (c for c in (r.candidates or []) if c.finished and c.candidate_id != r.best.candidate_id),
+        key=lambda c: -(c.score if c.score is not None else float("-inf")),
+    )
     return [r.best, *rest][: job.n]
 
 
@@ -147,33 +176,55 @@ def finish_reason(c: Any) -> str:
 
 def usage(job: Job, chosen: list[Any]) -> dict[str, int]:
     completion = sum(len(c.token_ids) + (c.stop_reason == "eos") for c in chosen)
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": job.prompt_tokens + completion}
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": job.prompt_tokens + completion,
+    }
 
 
 def rodeco_block(job: Job, a: Answer, chosen: list[Any]) -> dict[str, Any]:
     r, comp = a.result, a.result.compute
     cands = r.candidates or []
     return {
-        "choices": [{"index": i, "reward": c.score, "candidate_id": c.candidate_id, "tokens": len(c.token_ids)}
-                    for i, c in enumerate(chosen)],
-        "policy": job.policy, "best_of": job.key.best_of, "seed": job.seed, "kv_tokens": job.kv_tokens,
-        "candidates_started": r.n_start, "candidates_rejected": sum(c.stop_reason == "rejected" for c in cands),
-        "rounds": len(r.rounds), "prefill_tokens": comp.gen_prefill_tokens, "decode_tokens": comp.gen_decode_tokens,
-        "flops": comp.total_flops, "bon_flops_modelled": a.bon_flops_modelled,
-        "queue_seconds": round(a.queue_s, 4), "decode_seconds": round(a.decode_s, 4),
-        "batch_requests": a.batch_requests}
+        "choices": [
+            {"index": i, "reward": c.score, "candidate_id": c.candidate_id, "tokens": len(c.token_ids)}
+            for i, c in enumerate(chosen)
+        ],
+        "policy": job.policy,
+        "best_of": job.key.best_of,
+        "seed": job.seed,
+        "kv_tokens": job.kv_tokens,
+        "candidates_started": r.n_start,
+        "candidates_rejected": sum(c.stop_reason == "rejected" for c in cands),
+        "rounds": len(r.rounds),
+        "prefill_tokens": comp.gen_prefill_tokens,
+        "decode_tokens": comp.gen_decode_tokens,
+        "flops": comp.total_flops,
+        "bon_flops_modelled": a.bon_flops_modelled,
+        "queue_seconds": round(a.queue_s, 4),
+        "decode_seconds": round(a.decode_s, 4),
+        "batch_requests": a.batch_requests,
+    }
 
 
 def render(state: State, job: Job, req: Any, a: Answer) -> dict[str, Any]:
     chosen = choices_of(job, a)
     chat = isinstance(req, ChatRequest)
-    choices = [({"index": i, "message": {"role": "assistant", "content": c.text}} if chat else {"index": i, "text": c.text})
-               | {"finish_reason": finish_reason(c), "logprobs": None} for i, c in enumerate(chosen)]
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id}-{uuid.uuid4().hex[:12]}",
-            "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": state.model, "choices": choices, "usage": usage(job, chosen),
-            "rodeco": rodeco_block(job, a, chosen)}
+    choices = [
+        ({"index": i, "message": {"role": "assistant", "content": c.text}} if chat else {"index": i, "text": c.text})
+        | {"finish_reason": finish_reason(c), "logprobs": None}
+        for i, c in enumerate(chosen)
+    ]
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id}-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": state.model,
+        "choices": choices,
+        "usage": usage(job, chosen),
+        "rodeco": rodeco_block(job, a, chosen),
+    }
 
 
 def sse(data: Any) -> bytes:
@@ -185,9 +236,12 @@ async def stream(state: State, job: Job, req: Any) -> AsyncIterator[bytes]:
     ignores) while the candidates decode, then the winner (and the other choices) once chosen, then ``[DONE]``.
     The first token comes when the winner is known: the whole decode."""
     chat = isinstance(req, ChatRequest)
-    base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id}-{uuid.uuid4().hex[:12]}",
-            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": state.model}
+    base = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id}-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": state.model,
+    }
     fut = watch(job)
     deadline = time.monotonic() + state.serve.request_timeout_s
     try:
@@ -206,15 +260,31 @@ async def stream(state: State, job: Job, req: Any) -> AsyncIterator[bytes]:
         state.metrics.first_token.observe(time.monotonic() - job.submitted)
         for i, c in enumerate(chosen):
             if chat:
-                yield sse(base | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None, "logprobs": None}]})
-                yield sse(base | {"choices": [{"index": i, "delta": {"content": c.text}, "finish_reason": None,
-                                                "logprobs": None}]})
-                yield sse(base | {"choices": [{"index": i, "delta": {}, "finish_reason": finish_reason(c),
-                                                "logprobs": None}]})
+                yield sse(
+                    base
+                    | {
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "finish_reason": None,
+                                "logprobs": None,
+                            }
+                        ]
+                    }
+                )
+                yield sse(
+                    base
+                    | {"choices": [{"index": i, "delta": {"content": c.text}, "finish_reason": None, "logprobs": None}]}
+                )
+                yield sse(
+                    base | {"choices": [{"index": i, "delta": {}, "finish_reason": finish_reason(c), "logprobs": None}]}
+                )
             else:
-                yield sse(base | {"choices": [{"index": i, "text": c.text, "finish_reason": finish_reason(c),
-                                                "logprobs": None}]})
+                yield sse(
+                    base
+                    | {"choices": [{"index": i, "text": c.text, "finish_reason": finish_reason(c), "logprobs": None}]}
+                )
         last = {"choices": [], "rodeco": rodeco_block(job, a, chosen)}
         if req.stream_options is not None and req.stream_options.include_usage:
             last["usage"] = usage(job, chosen)
@@ -240,8 +310,9 @@ def make_app(state: State) -> Starlette:
             state.scheduler.submit(job)
             if req.stream:
                 status = 200
-                return StreamingResponse(stream(state, job, req), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    stream(state, job, req), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+                )
             a = await wait_for(state, job, request)
             status = 200
             m.latency.labels(endpoint=endpoint).observe(time.monotonic() - t0)
@@ -259,8 +330,12 @@ def make_app(state: State) -> Starlette:
         return await completions(request, CompletionRequest, "completions")
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": state.model, "object": "model",
-                                                          "created": state.created, "owned_by": "rodeco"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": state.model, "object": "model", "created": state.created, "owned_by": "rodeco"}],
+            }
+        )
 
     async def health(request: Request) -> Response:
         if state.draining:
@@ -272,15 +347,24 @@ def make_app(state: State) -> Starlette:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)
-        return error_response(APIError(code, f"{request.method} {request.url.path}: "
-                                        f"{'no such endpoint' if code == 404 else 'method not allowed'}. Fix: use "
-                                        "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health "
-                                        "or GET /metrics", code="not_found" if code == 404 else "method_not_allowed"))
+        return error_response(
+            APIError(
+                code,
+                f"{request.method} {request.url.path}: "
+                f"{'no such endpoint' if code == 404 else 'method not allowed'}. Fix: use "
+                "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health "
+                "or GET /metrics",
+                code="not_found" if code == 404 else "method_not_allowed",
+            )
+        )
 
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route("/v1/completions", complete, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", complete, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
     app.add_middleware(Guard, state=state)
     return app

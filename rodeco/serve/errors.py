@@ -9,8 +9,16 @@ class APIError(Exception):
     """An error answered with OpenAI's error body: ``status`` and ``type`` as OpenAI uses them, ``param`` the request
     field at fault, ``headers`` extra response headers (``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}

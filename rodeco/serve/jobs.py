@@ -62,15 +62,26 @@ class Job:
         """Its budget in a batch whose longest prompt has ``longest`` tokens: prompts are padded to the longest, and
         the padding its starting rows hold is charged to it (0 alone, so alone it decodes as the CLI would)."""
         k = self.key
-        return self.kv_tokens + (full_length_tokens(k.best_of, longest, k.max_tokens, gen.kv)
-                                 - full_length_tokens(k.best_of, self.prompt_tokens, k.max_tokens, gen.kv))
+        return self.kv_tokens + (
+            full_length_tokens(k.best_of, longest, k.max_tokens, gen.kv)
+            - full_length_tokens(k.best_of, self.prompt_tokens, k.max_tokens, gen.kv)
+        )
 
 
 class Planner:
     """Checks a request against the server's offer and turns it into a ``Job``."""
 
-    def __init__(self, gen: Generator, serve: Any, offered: dict[str, dict[str, Any]], default_policy: dict[str, Any],
-                 budget: Budget, sampling: Any, plugins: Plugins, model: str) -> None:
+    def __init__(
+        self,
+        gen: Generator,
+        serve: Any,
+        offered: dict[str, dict[str, Any]],
+        default_policy: dict[str, Any],
+        budget: Budget,
+        sampling: Any,
+        plugins: Plugins,
+        model: str,
+    ) -> None:
         self.gen, self.serve, self.budget, self.plugins, self.model = gen, serve, budget, plugins, model
         self.sampling = sampling  # the server config's sampling node: top_k and the defaults
         self.default_policy = default_policy
@@ -81,8 +92,12 @@ class Planner:
     def plan(self, req: ChatRequest | CompletionRequest) -> Job:
         s = self.serve
         if req.model != self.model:
-            raise APIError(404, f"model={req.model!r}: unknown model. Fix: use {self.model!r} (GET /v1/models)",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model={req.model!r}: unknown model. Fix: use {self.model!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
         ref_text, messages = self._prompt(req)
         best_of = req.best_of if req.best_of is not None else max(req.n, s.best_of)
         if req.n < 1:
@@ -91,18 +106,26 @@ class Planner:
         key = "serve.max_best_of" if most == s.max_best_of else "serve.max_batch_rows"
         if not 1 <= best_of <= most:
             if req.best_of is None:  # best_of defaults to max(n, serve.best_of): here n is what is too large
-                raise bad_field("n", req.n, f"must be at most {key}={most} (best_of defaults to n)",
-                                f"give n <= {most}")
+                raise bad_field(
+                    "n", req.n, f"must be at most {key}={most} (best_of defaults to n)", f"give n <= {most}"
+                )
             raise bad_field("best_of", best_of, f"must be in [1, {most}] ({key})", f"give best_of <= {most}")
         if req.n > best_of:
-            raise bad_field("n", req.n, f"more choices than candidates (best_of={best_of})",
-                            "give n <= best_of, or raise best_of")
+            raise bad_field(
+                "n", req.n, f"more choices than candidates (best_of={best_of})", "give n <= best_of, or raise best_of"
+            )
         max_tokens = req.new_tokens()
         max_tokens = int(self.sampling.max_new_tokens) if max_tokens is None else max_tokens
-        field_name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        field_name = (
+            "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        )
         if not 1 <= max_tokens <= s.max_tokens:
-            raise bad_field(field_name, max_tokens, f"must be in [1, {s.max_tokens}] (serve.max_tokens)",
-                            f"give {field_name} <= {s.max_tokens}")
+            raise bad_field(
+                field_name,
+                max_tokens,
+                f"must be in [1, {s.max_tokens}] (serve.max_tokens)",
+                f"give {field_name} <= {s.max_tokens}",
+            )
         temperature = float(self.sampling.temperature if req.temperature is None else req.temperature)
         if not (math.isfinite(temperature) and 0 <= temperature <= 2):
             raise bad_field("temperature", req.temperature, "must be in [0, 2]", "give e.g. 1.0 (0: greedy)")
@@ -112,7 +135,7 @@ class Planner:
         stops = req.stops()
         if len(stops) > MAX_STOPS or any(not x for x in stops):
             raise bad_field("stop", req.stop, f"at most {MAX_STOPS} non-empty strings", "give fewer, non-empty stops")
-        if req.seed is not None and not -(2 ** 63) <= req.seed < 2 ** 63:
+        if req.seed is not None and not -(2**63) <= req.seed < 2**63:
             raise bad_field("seed", req.seed, "must fit in 64 bits", "give a seed in [-2**63, 2**63)")
         seed = req.seed if req.seed is not None else secrets.randbits(31)
         policy = self._policy(req)
@@ -122,10 +145,13 @@ class Planner:
         ref = PromptRef(index=jid, text=ref_text, stream=0, seed=seed, messages=messages)
         ids = self.gen.encode(ref.source)
         if self.gen.max_context and len(ids) + max_tokens > self.gen.max_context:
-            raise bad_field("messages" if messages is not None or isinstance(req, ChatRequest) else "prompt",
-                            f"({len(ids)} tokens)", f"prompt + {field_name}={max_tokens} exceeds the model's context "
-                            f"({self.gen.max_context} tokens)", f"shorten the prompt or lower {field_name}",
-                            code="context_length_exceeded")
+            raise bad_field(
+                "messages" if messages is not None or isinstance(req, ChatRequest) else "prompt",
+                f"({len(ids)} tokens)",
+                f"prompt + {field_name}={max_tokens} exceeds the model's context ({self.gen.max_context} tokens)",
+                f"shorten the prompt or lower {field_name}",
+                code="context_length_exceeded",
+            )
         key = BatchKey(best_of, sampling, max_tokens, stops, json.dumps(policy, sort_keys=True))
         kv = self._kv_tokens(req, policy, best_of, req.n, len(ids), max_tokens)
         return Job(jid, ref, key, req.n, kv, len(ids), seed, policy, stream=req.stream)
@@ -137,8 +163,12 @@ class Planner:
             p = req.prompt
             if isinstance(p, list):
                 if len(p) != 1:
-                    raise bad_field("prompt", p, "rodeco serves one prompt a request",
-                                    "send one request per prompt (they are batched together)")
+                    raise bad_field(
+                        "prompt",
+                        p,
+                        "rodeco serves one prompt a request",
+                        "send one request per prompt (they are batched together)",
+                    )
                 p = p[0]
             if not p.strip():
                 raise bad_field("prompt", p, "empty prompt", "give the prompt some text")
@@ -147,11 +177,16 @@ class Planner:
         if not msgs:
             raise bad_field("messages", [], "no messages", "send at least one user message")
         if msgs[-1][0] != "user":
-            raise bad_field(f"messages.{len(msgs) - 1}.role", msgs[-1][0], "the conversation must end with a user "
-                            "message", "end it with the user's turn the model should answer")
+            raise bad_field(
+                f"messages.{len(msgs) - 1}.role",
+                msgs[-1][0],
+                "the conversation must end with a user message",
+                "end it with the user's turn the model should answer",
+            )
         if not msgs[-1][1].strip():
-            raise bad_field(f"messages.{len(msgs) - 1}.content", msgs[-1][1], "empty message",
-                            "give the user's message some text")
+            raise bad_field(
+                f"messages.{len(msgs) - 1}.content", msgs[-1][1], "empty message", "give the user's message some text"
+            )
         if len(msgs) == 1:
             return msgs[0][1], None
         return "\n\n".join(f"{r}: {c}" for r, c in msgs), tuple(msgs)
@@ -165,25 +200,43 @@ class Planner:
         else:
             name = opts.policy
             if name not in self.offered:
-                raise bad_field("rodeco.policy", name, "not a policy this server offers",
-                                f"use one of {sorted(self.offered)} (serve.policies)", code="unknown_policy")
+                raise bad_field(
+                    "rodeco.policy",
+                    name,
+                    "not a policy this server offers",
+                    f"use one of {sorted(self.offered)} (serve.policies)",
+                    code="unknown_policy",
+                )
             node = option_node("policy", name, self.plugins)
         allowed = self.offered.get(name if name is not None else str(node["name"]), {})
-        for k, v in (opts.params.items() if opts is not None else ()):
+        for k, v in opts.params.items() if opts is not None else ():
             if k not in allowed:
-                raise bad_field(f"rodeco.params.{k}", v, "not a parameter a request may set for this policy",
-                                f"set only {sorted(allowed)} (serve.policies)", code="unknown_parameter")
+                raise bad_field(
+                    f"rodeco.params.{k}",
+                    v,
+                    "not a parameter a request may set for this policy",
+                    f"set only {sorted(allowed)} (serve.policies)",
+                    code="unknown_parameter",
+                )
             node[k] = _in_range(f"rodeco.params.{k}", v, allowed[k])
         try:  # the policy's own checks (a whole number of beams, ...), here rather than in the batch
             self.plugins.build_policy(node, BuildContext(plugins=self.plugins))
         except ConfigError as e:
             key = e.key.split(".", 1)[-1] if e.key.startswith("policy.") else e.key
-            raise bad_field(f"rodeco.params.{key}", e.value, e.problem, e.fix.replace("policy.", "rodeco.params."))\
-                from None
+            raise bad_field(
+                f"rodeco.params.{key}", e.value, e.problem, e.fix.replace("policy.", "rodeco.params.")
+            ) from None
         return node
 
-    def _kv_tokens(self, req: ChatRequest | CompletionRequest, policy: dict[str, Any], best_of: int, n: int,
-                   prompt: int, max_tokens: int) -> int:
+    def _kv_tokens(
+        self,
+        req: ChatRequest | CompletionRequest,
+        policy: dict[str, Any],
+        best_of: int,
+        n: int,
+        prompt: int,
+        max_tokens: int,
+    ) -> int:
         """The request's budget: what it asks (``rodeco.kv_tokens``), else Best-of-N's full memory for a policy that
         never rejects, else the memory of ``serve.request_memory`` of its rows at full length; it must let ``n``
         rows reach the end, the first round decode, and fit the server's budget."""
@@ -201,15 +254,22 @@ class Planner:
         if asked is None:
             tokens = max(tokens, least)  # a short max_tokens: the first round may need more than the share
         if tokens < least:
-            raise bad_field("rodeco.kv_tokens", tokens, f"too small: {n} choice(s) to the end and the first round of "
-                            f"{best_of} candidates need {least} KV tokens" + (" (Best-of-N holds every row to the end)"
-                                                                              if policy["name"] == "none" else ""),
-                            f"give at least {least}, or lower best_of or max_tokens")
+            raise bad_field(
+                "rodeco.kv_tokens",
+                tokens,
+                f"too small: {n} choice(s) to the end and the first round of "
+                f"{best_of} candidates need {least} KV tokens"
+                + (" (Best-of-N holds every row to the end)" if policy["name"] == "none" else ""),
+                f"give at least {least}, or lower best_of or max_tokens",
+            )
         cap = self.budget.kv_tokens
         if cap is not None and tokens > cap:
-            raise bad_field("rodeco.kv_tokens" if asked is not None else "best_of", asked or best_of,
-                            f"the request needs {tokens} KV tokens, more than the server's budget ({cap})",
-                            "lower best_of or max_tokens" + (", or kv_tokens" if asked is not None else ""))
+            raise bad_field(
+                "rodeco.kv_tokens" if asked is not None else "best_of",
+                asked or best_of,
+                f"the request needs {tokens} KV tokens, more than the server's budget ({cap})",
+                "lower best_of or max_tokens" + (", or kv_tokens" if asked is not None else ""),
+            )
         return int(tokens)
 
     def _first_round(self, best_of: int, prompt: int, max_tokens: int) -> int:
@@ -226,7 +286,11 @@ def _in_range(param: str, value: Any, spec: Any) -> Any:
             raise bad_field(param, value, "not one of the allowed values", f"use one of {list(spec['choices'])}")
         return value
     lo, hi = spec
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi) or \
-            not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (lo <= value <= hi)
+        or not math.isfinite(value)
+    ):
         raise bad_field(param, value, f"must be a number in [{lo}, {hi}]", f"give a value in [{lo}, {hi}]")
     return value

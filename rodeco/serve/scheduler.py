@@ -43,8 +43,10 @@ class KeepAtLeast:
         return getattr(self.inner, name)
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:
-        answers = [list(a) if isinstance(a, Counts) else list(Counts.keep(a, pv.k))
-                   for pv, a in zip(view.prompts, self.inner.select(view))]
+        answers = [
+            list(a) if isinstance(a, Counts) else list(Counts.keep(a, pv.k))
+            for pv, a in zip(view.prompts, self.inner.select(view))
+        ]
         room = view.max_rows_next - sum(map(sum, answers))  # rows taken back stay within the budget's rows
         for pv, counts in zip(view.prompts, answers):
             short = min(self.need.get(pv.prompt_index, 1) - len(pv.finished_scores) - sum(counts), room)
@@ -86,12 +88,21 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self.cond:
             if self.closing:
-                raise APIError(503, "the server is shutting down. Fix: retry on another instance",
-                               type="server_error", code="shutting_down")
+                raise APIError(
+                    503,
+                    "the server is shutting down. Fix: retry on another instance",
+                    type="server_error",
+                    code="shutting_down",
+                )
             if len(self.queue) >= self.serve.max_queue:
-                raise APIError(429, f"the queue is full ({self.serve.max_queue} requests, serve.max_queue). Fix: "
-                               f"retry after {self.serve.retry_after_s} s", type="rate_limit_error",
-                               code="queue_full", headers={"Retry-After": str(self.serve.retry_after_s)})
+                raise APIError(
+                    429,
+                    f"the queue is full ({self.serve.max_queue} requests, serve.max_queue). Fix: "
+                    f"retry after {self.serve.retry_after_s} s",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers={"Retry-After": str(self.serve.retry_after_s)},
+                )
             self.queue.append(job)
             self.metrics.queue_depth.set(len(self.queue))
             self.cond.notify_all()
@@ -126,8 +137,9 @@ class Scheduler:
             for j in self.queue + self.running:
                 j.cancel()
                 if not j.future.done():
-                    j.future.set_exception(APIError(503, f"{reason}. Fix: retry", type="server_error",
-                                                    code="shutting_down"))
+                    j.future.set_exception(
+                        APIError(503, f"{reason}. Fix: retry", type="server_error", code="shutting_down")
+                    )
             self.queue.clear()
             self.cond.notify_all()
 
@@ -197,8 +209,15 @@ class Scheduler:
             for pv, c in zip(view.prompts, counts):
                 j = by_id.get(pv.prompt_index)
                 if j is not None and j.stream:
-                    j.events.put({"round": view.round, "tokens": pv.tokens_generated, "rows": pv.k,
-                                  "kept": c.total, "best_partial": float(np.max(pv.scores))})
+                    j.events.put(
+                        {
+                            "round": view.round,
+                            "tokens": pv.tokens_generated,
+                            "rows": pv.k,
+                            "kept": c.total,
+                            "best_partial": float(np.max(pv.scores)),
+                        }
+                    )
             self.dec.plugins.round_end(view, counts)
 
         dropped: set[int] = set()
@@ -218,10 +237,20 @@ class Scheduler:
                 j.future.set_result(self._answer(j, r, t0, len(jobs)))
 
         _, comp = self.dec.batch(
-            [j.ref for j in jobs], n=k.best_of, policy=jobs[0].policy, sampling=k.sampling, max_new_tokens=k.max_tokens,
-            kv_tokens=kv, stop=k.stop, check_tokens=self.serve.check_tokens, all_candidates=True, on_done=on_done,
-            on_round=on_round, cancelled=cancelled,
-            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}))
+            [j.ref for j in jobs],
+            n=k.best_of,
+            policy=jobs[0].policy,
+            sampling=k.sampling,
+            max_new_tokens=k.max_tokens,
+            kv_tokens=kv,
+            stop=k.stop,
+            check_tokens=self.serve.check_tokens,
+            all_candidates=True,
+            on_done=on_done,
+            on_round=on_round,
+            cancelled=cancelled,
+            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}),
+        )
         m.decode_tokens.inc(comp.gen_decode_tokens)
         m.prefill_tokens.inc(comp.gen_prefill_tokens)
         m.flops.inc(comp.total_flops)

@@ -16,12 +16,27 @@ Number = Union[StrictInt, StrictFloat]
 
 # OpenAI fields rodeco does not implement: accepted only at the value that turns them off
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-    "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "modalities": (None, ["text"]),
-    "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
-    "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": (None, {}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "parallel_tool_calls": (None,),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "metadata": (None, {}),
 }
 
 FIXES = {
@@ -38,7 +53,7 @@ FIXES = {
     "best_of": "give a whole number of at least n",
     "stream": "give true or false",
     "user": "give a string",
-    "rodeco": "send {\"policy\": NAME, \"params\": {...}, \"kv_tokens\": N}; every key is optional",
+    "rodeco": 'send {"policy": NAME, "params": {...}, "kv_tokens": N}; every key is optional',
 }
 
 
@@ -111,8 +126,9 @@ def parse(body: bytes, kind: type[_Common]) -> _Common:
     try:
         return _parse(body, kind)
     except RecursionError:  # JSON nested past Python's recursion limit: json.loads (or a repr of it) gives up
-        raise APIError(400, "the body's JSON is nested too deeply. Fix: send a flat JSON object",
-                       code="invalid_json") from None
+        raise APIError(
+            400, "the body's JSON is nested too deeply. Fix: send a flat JSON object", code="invalid_json"
+        ) from None
 
 
 def _lone_surrogate(data: Any) -> str | None:
@@ -145,19 +161,35 @@ def _parse(body: bytes, kind: type[_Common]) -> _Common:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise APIError(400, f"the body is not valid JSON ({e}). Fix: send a JSON object with "
-                       "Content-Type: application/json", code="invalid_json") from None
+        raise APIError(
+            400,
+            f"the body is not valid JSON ({e}). Fix: send a JSON object with Content-Type: application/json",
+            code="invalid_json",
+        ) from None
     if not isinstance(data, dict):
-        raise APIError(400, f"the body is a JSON {type(data).__name__}, not an object. Fix: send a JSON object",
-                       code="invalid_json")
+        raise APIError(
+            400,
+            f"the body is a JSON {type(data).__name__}, not an object. Fix: send a JSON object",
+            code="invalid_json",
+        )
     bad = _lone_surrogate(data)
     if bad is not None:
-        raise APIError(400, f"{bad}: a lone UTF-16 surrogate (a \\ud800-\\udfff escape not in a pair) is not "
-                       "text. Fix: send valid Unicode (UTF-8) strings", param=bad, code="invalid_value")
+        raise APIError(
+            400,
+            f"{bad}: a lone UTF-16 surrogate (a \\ud800-\\udfff escape not in a pair) is not "
+            "text. Fix: send valid Unicode (UTF-8) strings",
+            param=bad,
+            code="invalid_value",
+        )
     off = [k for k, ok in UNSUPPORTED.items() if k in data and data[k] not in ok]
     if off:
-        raise APIError(400, f"rodeco does not support {', '.join(off)} (given {', '.join(f'{k}={data[k]!r}'[:80] for k in off)}). "
-                       "Fix: leave them out", param=off[0], code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"rodeco does not support {', '.join(off)} (given {', '.join(f'{k}={data[k]!r}'[:80] for k in off)}). "
+            "Fix: leave them out",
+            param=off[0],
+            code="unsupported_parameter",
+        )
     data = {k: v for k, v in data.items() if k not in UNSUPPORTED}
     try:
         return kind.model_validate(data)
@@ -167,13 +199,29 @@ def _parse(body: bytes, kind: type[_Common]) -> _Common:
         # a union's error names its member type after the field: report the field the client wrote
         param = ".".join(x for x in loc if x not in _TYPE_NAMES)
         if err["type"] == "extra_forbidden":
-            raise bad_field(param, err.get("input"), "unknown field",
-                            "leave it out (OpenAI's chat/completions fields, best_of and rodeco are taken)",
-                            code="unknown_parameter") from None
+            raise bad_field(
+                param,
+                err.get("input"),
+                "unknown field",
+                "leave it out (OpenAI's chat/completions fields, best_of and rodeco are taken)",
+                code="unknown_parameter",
+            ) from None
         if err["type"] == "missing":
             raise bad_field(param, None, "required", FIXES.get(loc[0], "give it"), code="missing_parameter") from None
         raise bad_field(param, err.get("input"), err["msg"].lower(), FIXES.get(loc[0], "see docs/serve.md")) from None
 
 
-_TYPE_NAMES = {"str", "int", "float", "bool", "list[str]", "list[ContentPart]", "function-after", "none", "dict",
-               "is-instance", "literal", "lax-or-strict"}
+_TYPE_NAMES = {
+    "str",
+    "int",
+    "float",
+    "bool",
+    "list[str]",
+    "list[ContentPart]",
+    "function-after",
+    "none",
+    "dict",
+    "is-instance",
+    "literal",
+    "lax-or-strict",
+}

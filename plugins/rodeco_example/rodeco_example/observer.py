@@ -36,8 +36,13 @@ class RoundObserver:
     @hookimpl
     def rodeco_run_end(self, results: list[PromptResult], compute: Compute) -> None:
         level = logging.INFO if self.verbose else logging.DEBUG
-        log.log(level, "rodeco-example: %d prompt(s), %d decision point(s), %d row(s) rejected", len(results),
-                self.rounds, self.rejected)
+        log.log(
+            level,
+            "rodeco-example: %d prompt(s), %d decision point(s), %d row(s) rejected",
+            len(results),
+            self.rounds,
+            self.rejected,
+        )
 
 
 observer = RoundObserver()  # what the entry point loads: pluggy registers this instance and calls its methods

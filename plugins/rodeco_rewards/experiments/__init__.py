@@ -34,16 +34,23 @@ class ValueTrainArgs:
     kinds: list[str] = required("heads to train: value_head (hidden state), text_value (the RM's text features)")
     lengths: list[int] = required("decision lengths whose partial states are the examples")
     verdict_lengths: list[int] = required("lengths (some of `lengths`) the verdict's head - same is averaged over")
-    length_buckets: list[int] = required("each length bucket's last length (e.g. [8, 16, 32, 64]: <=8, 9-16, 17-32, "
-                                         "33-64, 65+): one weight vector per bucket")
+    length_buckets: list[int] = required(
+        "each length bucket's last length (e.g. [8, 16, 32, 64]: <=8, 9-16, 17-32, "
+        "33-64, 65+): one weight vector per bucket"
+    )
     choose_fraction: float = required("share of the prompts (seeded) that choose the loss, penalty or epoch")
     verdict_fraction: float = required("share of the prompts (seeded) held out for the verdict only, used once")
-    losses: list[str] = required("losses tried per bucket, chosen on the choose prompts: mse, bt (Bradley-Terry "
-                                 "on within-prompt pairs)")
-    hidden_units: int = required("0: linear heads; else value_head is a one-hidden-layer MLP this wide per bucket "
-                                 "(text_value stays linear: it is anchored on the reward's head)")
-    ridge_alphas: list[float] = required("penalties on the weights' distance from the anchor (linear heads), chosen "
-                                         "per bucket on the choose prompts; the anchor itself is always a candidate")
+    losses: list[str] = required(
+        "losses tried per bucket, chosen on the choose prompts: mse, bt (Bradley-Terry on within-prompt pairs)"
+    )
+    hidden_units: int = required(
+        "0: linear heads; else value_head is a one-hidden-layer MLP this wide per bucket "
+        "(text_value stays linear: it is anchored on the reward's head)"
+    )
+    ridge_alphas: list[float] = required(
+        "penalties on the weights' distance from the anchor (linear heads), chosen "
+        "per bucket on the choose prompts; the anchor itself is always a candidate"
+    )
     epochs: int = required("MLP epochs (the best on the choose prompts is kept)")
     bootstrap: int = required("bootstrap resamples of the verdict prompts, for the CIs")
     exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
@@ -53,18 +60,23 @@ class ValueTrainArgs:
 @dataclass
 class PrefixTrainArgs:
     lengths: list[int] = required("prefix lengths (generator tokens) whose partial texts are the examples")
-    verdict_lengths: list[int] = required("lengths (some of `lengths`) that choose the weights and that the "
-                                          "verdict's head - same is averaged over")
+    verdict_lengths: list[int] = required(
+        "lengths (some of `lengths`) that choose the weights and that the verdict's head - same is averaged over"
+    )
     choose_fraction: float = required("share of the pool's prompts (seeded) that choose (mc, td)")
     verdict_fraction: float = required("share of the pool's prompts (seeded) held out for the verdict only")
     mc_weights: list[float] = required("weights of the lookahead-consistency (Monte Carlo) term tried")
     td_weights: list[float] = required("weights of the smoothness (temporal-difference) term tried")
-    anchor_weights: list[float] = required("0: rm_train's penalty on the weights; k > 0: k times it on their distance "
-                                           "from the committed head's (each tried)")
-    pair_holdout: float = required("share of the preference pairs' instructions (seeded) kept out of the fit, to "
-                                   "measure final-text accuracy")
-    max_accuracy_drop: float = required("a candidate is admissible when its held-out pair accuracy is within this "
-                                        "of the Bradley-Terry-only fit's")
+    anchor_weights: list[float] = required(
+        "0: rm_train's penalty on the weights; k > 0: k times it on their distance "
+        "from the committed head's (each tried)"
+    )
+    pair_holdout: float = required(
+        "share of the preference pairs' instructions (seeded) kept out of the fit, to measure final-text accuracy"
+    )
+    max_accuracy_drop: float = required(
+        "a candidate is admissible when its held-out pair accuracy is within this of the Bradley-Terry-only fit's"
+    )
     max_iter: int = required("L-BFGS iterations per fit")
     pair_limit: Optional[int] = required("null: every training pair; n: the first n (quick runs, tests)")
     data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")

@@ -169,9 +169,15 @@ def fit_bt(p: Prepared, alpha: float, max_iter: int = 300) -> tuple[float, np.nd
     u = torch.from_numpy(p.u) if p.u is not None else None
     delta = torch.zeros(Z.shape[1], dtype=torch.float64, requires_grad=True)
     a = torch.ones((), dtype=torch.float64, requires_grad=u is not None)
-    opt = torch.optim.LBFGS([delta, a] if u is not None else [delta], lr=1.0, max_iter=max_iter,
-                            tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [delta, a] if u is not None else [delta],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -193,8 +199,9 @@ def mean_group_r(pred: np.ndarray, ex: Examples) -> float:
     return float(r.mean()) if r.size else float("nan")
 
 
-def fit_bucket(fit: Examples, choose: Examples, anchor: Head, alphas: Sequence[float],
-               losses: Sequence[str]) -> tuple[np.ndarray, float, dict[str, Any]]:
+def fit_bucket(
+    fit: Examples, choose: Examples, anchor: Head, alphas: Sequence[float], losses: Sequence[str]
+) -> tuple[np.ndarray, float, dict[str, Any]]:
     """One bucket's weights and intercept around the anchor, and what was chosen: each (loss, penalty) fitted on
     ``fit``, the anchor itself a candidate too, the best on ``choose`` kept."""
     w0, b0 = anchor.w2[0], float(anchor.b2[0])
@@ -212,14 +219,21 @@ def fit_bucket(fit: Examples, choose: Examples, anchor: Head, alphas: Sequence[f
     grid: dict[str, Any] = {}
     for (lo, al, _, _), s in zip(cands, scores):
         grid.setdefault(lo, {})["inf" if al is None else str(al)] = s if math.isfinite(s) else None
-    rec = {"loss": loss, "alpha": alpha, "scale": a, "fit_rows": len(fit.y),
-           "choose_groups": len(np.unique(choose.groups)), "choose_pearson": finite[best]
-           if math.isfinite(finite[best]) else None, "grid": grid}
+    rec = {
+        "loss": loss,
+        "alpha": alpha,
+        "scale": a,
+        "fit_rows": len(fit.y),
+        "choose_groups": len(np.unique(choose.groups)),
+        "choose_pearson": finite[best] if math.isfinite(finite[best]) else None,
+        "grid": grid,
+    }
     return a * w0 + d, a * b0, rec
 
 
-def fit_anchored(fit: Examples, choose: Examples, anchor: Head, edges: Sequence[int], alphas: Sequence[float],
-                 losses: Sequence[str]) -> tuple[Head, list[dict[str, Any]]]:
+def fit_anchored(
+    fit: Examples, choose: Examples, anchor: Head, edges: Sequence[int], alphas: Sequence[float], losses: Sequence[str]
+) -> tuple[Head, list[dict[str, Any]]]:
     """A linear head with one weight vector per length bucket, each anchored on ``anchor`` (a one-bucket linear
     head whose mean and scale it keeps), and per bucket what was chosen."""
     kf, kc = bucket_of(fit.length, edges), bucket_of(choose.length, edges)
@@ -233,8 +247,9 @@ def fit_anchored(fit: Examples, choose: Examples, anchor: Head, edges: Sequence[
     return Head.linear(anchor.mean, anchor.std, np.stack(W), np.asarray(B), {}, edges), recs
 
 
-def fit_value_head(fit: Examples, choose: Examples, edges: Sequence[int], alphas: Sequence[float],
-                   losses: Sequence[str]) -> tuple[Head, dict[str, Any]]:
+def fit_value_head(
+    fit: Examples, choose: Examples, edges: Sequence[int], alphas: Sequence[float], losses: Sequence[str]
+) -> tuple[Head, dict[str, Any]]:
     """``value_head`` (linear): a fit pooled over all lengths (anchored at zero), then each bucket around it."""
     mean, std = standardization(fit)
     zero = Head.linear(mean, std, np.zeros(len(mean)), 0.0, {})
@@ -243,8 +258,16 @@ def fit_value_head(fit: Examples, choose: Examples, edges: Sequence[int], alphas
     return head, {"pooled": prec[0], "buckets": recs}
 
 
-def fit_mlp_buckets(fit: Examples, choose: Examples, edges: Sequence[int], losses: Sequence[str], hidden: int,
-                    epochs: int, seed: int, progress: bool) -> tuple[Head, dict[str, Any]]:
+def fit_mlp_buckets(
+    fit: Examples,
+    choose: Examples,
+    edges: Sequence[int],
+    losses: Sequence[str],
+    hidden: int,
+    epochs: int,
+    seed: int,
+    progress: bool,
+) -> tuple[Head, dict[str, Any]]:
     """``value_head`` with a hidden layer: one MLP per bucket, its loss and epoch chosen on the choose examples."""
     mean, std = standardization(fit)
     kf, kc = bucket_of(fit.length, edges), bucket_of(choose.length, edges)
@@ -257,8 +280,17 @@ def fit_mlp_buckets(fit: Examples, choose: Examples, edges: Sequence[int], losse
         Zc = (c.x - mean) / std
         best: tuple[float, Any, dict[str, Any]] = (-math.inf, None, {})
         for loss in losses:
-            P, s, ep = fit_mlp((f.x - mean) / std, f.y, f.groups,
-                               lambda fn, c=c, Zc=Zc: mean_group_r(fn(Zc), c), hidden, epochs, loss, seed, progress)
+            P, s, ep = fit_mlp(
+                (f.x - mean) / std,
+                f.y,
+                f.groups,
+                lambda fn, c=c, Zc=Zc: mean_group_r(fn(Zc), c),
+                hidden,
+                epochs,
+                loss,
+                seed,
+                progress,
+            )
             if best[1] is None or s > best[0]:
                 best = (s, P, {"loss": loss, "epochs": ep, "choose_pearson": s if math.isfinite(s) else None})
         fitted[k] = (best[1], {"lengths": name, "fit_rows": len(f.y), **best[2]})
@@ -274,8 +306,17 @@ def fit_mlp_buckets(fit: Examples, choose: Examples, edges: Sequence[int], losse
     return head, {"hidden_units": hidden, "buckets": recs}
 
 
-def fit_mlp(X: np.ndarray, y: np.ndarray, groups: np.ndarray, score_choose, hidden: int,
-            epochs: int, loss: str, seed: int, progress: bool) -> tuple[list[np.ndarray], float, int]:
+def fit_mlp(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    score_choose,
+    hidden: int,
+    epochs: int,
+    loss: str,
+    seed: int,
+    progress: bool,
+) -> tuple[list[np.ndarray], float, int]:
     """A one-hidden-layer MLP (Adam, weight decay) on a within-group loss, 16 groups a step, seeded; the parameters
     ``[W1 [H, F], b1 [H], W2 [1, H], b2 [1]]`` of the epoch whose ``score_choose`` is best, that score, that epoch."""
     import torch

@@ -48,10 +48,12 @@ log = logging.getLogger(__name__)
 LENGTH_CONTROLS = ("none", "nuisance", "balanced", "nuisance_balanced")
 CORRUPTIONS = ("truncated", "repeated", "shuffled_sentences", "shuffled_words")
 EVAL_FILE = "prompts/alpaca_eval_805.jsonl"  # the file whose positions are the pairs' alpaca_eval_idx
-LIMITATION = ("The judge is trained on the same AlpacaEval GPT-4-Turbo preference pairs as minilm_rm (a different "
-              "subsample, the same judge and length bias, only partly removed), and it reads SmolLM2-135M-Instruct's "
-              "own hidden states: when SmolLM2 is also the generator, the judge shares the generator's "
-              "representations and may favour the generator's own phrasing.")
+LIMITATION = (
+    "The judge is trained on the same AlpacaEval GPT-4-Turbo preference pairs as minilm_rm (a different "
+    "subsample, the same judge and length bias, only partly removed), and it reads SmolLM2-135M-Instruct's "
+    "own hidden states: when SmolLM2 is also the generator, the judge shares the generator's "
+    "representations and may favour the generator's own phrasing."
+)
 
 
 @dataclass
@@ -59,20 +61,25 @@ class JudgeTrainArgs:
     data_dir: Optional[str] = required("the folder with prefs/ and prompts/; null: the data root (data.root's rule)")
     exclude_data: list[str] = required("data options (evaluation sets) none of whose prompts may be trained on")
     train_pairs: int = required("training pairs: all pairs of seeded random instructions up to this many")
-    augment_responses: int = required("training responses (one per instruction) whose corrupted copies make "
-                                      "synthetic pairs (the response preferred); 0: none")
+    augment_responses: int = required(
+        "training responses (one per instruction) whose corrupted copies make "
+        "synthetic pairs (the response preferred); 0: none"
+    )
     augment_weights: list[float] = required("total weights of the synthetic pairs tried (the preference pairs weigh 1)")
-    min_corruption_rate: float = required("a setting is admissible when each corruption's held-out CV rate is at "
-                                          "least this")
-    test_pairs: Optional[int] = required("null: every alpaca_eval_prefs_test pair; n: all pairs of seeded random "
-                                         "test instructions up to n")
+    min_corruption_rate: float = required(
+        "a setting is admissible when each corruption's held-out CV rate is at least this"
+    )
+    test_pairs: Optional[int] = required(
+        "null: every alpaca_eval_prefs_test pair; n: all pairs of seeded random test instructions up to n"
+    )
     model: str = required("the judge's base LM (smollm2: the embedded SmolLM2-135M-Instruct)")
     dtype: str = required("dtype of the feature extraction, and of the judge unless reward.dtype says otherwise")
     max_prompt_tokens: int = required("prompt tokens of context (the chat-rendered prompt's last ones)")
     max_response_tokens: int = required("response tokens read (the first ones)")
     batch_tokens: int = required("padded tokens per forward pass")
-    threads: Optional[int] = required("torch CPU threads while extracting (1 is fastest on a busy CPU); null: torch's "
-                                      "default")
+    threads: Optional[int] = required(
+        "torch CPU threads while extracting (1 is fastest on a busy CPU); null: torch's default"
+    )
     poolings: list[list[str]] = required("pooling sets tried (each a list of mean, last, mean_mid)")
     length_controls: list[str] = required("length controls tried: none, nuisance, balanced, nuisance_balanced")
     l2_grid: list[float] = required("L2 penalties on the head's weights tried (standardized features)")
@@ -122,11 +129,15 @@ def option_prompts(name: str, plugins: Plugins, key: str = "experiment_args.excl
 def _resolve(path: str, root: Path) -> Path:
     """A data option's ``path`` as a file: as given, or relative to the working directory, else to ``root``."""
     p = Path(path).expanduser()
-    for c in ([p] if p.is_absolute() else [Path.cwd() / p, root / p]):
+    for c in [p] if p.is_absolute() else [Path.cwd() / p, root / p]:
         if c.is_file():
             return c
-    raise ConfigError("experiment_args.exclude_data", path, f"a data option's prompt file is missing (not under {root})",
-                      "point experiment_args.data_dir (or RODECO_DATA) at the folder that holds prompts/")
+    raise ConfigError(
+        "experiment_args.exclude_data",
+        path,
+        f"a data option's prompt file is missing (not under {root})",
+        "point experiment_args.data_dir (or RODECO_DATA) at the folder that holds prompts/",
+    )
 
 
 def held_prompts(names: Sequence[str], plugins: Plugins, root: Path) -> Held:
@@ -139,9 +150,16 @@ def held_prompts(names: Sequence[str], plugins: Plugins, root: Path) -> Held:
     for name in names:
         d = option_prompts(name, plugins)
         path = d.get("path")
-        node = OmegaConf.create({"path": str(_resolve(path, root)) if path else None, "prompts": d.get("prompts"),
-                                 "field": d.get("field", "prompt"), "offset": d.get("offset", 0), "limit": None,
-                                 "indices": d.get("indices")})
+        node = OmegaConf.create(
+            {
+                "path": str(_resolve(path, root)) if path else None,
+                "prompts": d.get("prompts"),
+                "field": d.get("field", "prompt"),
+                "offset": d.get("offset", 0),
+                "limit": None,
+                "indices": d.get("indices"),
+            }
+        )
         prompts = prompts_of(node)
         if path and Path(path).name == Path(EVAL_FILE).name:
             idx.update(str(p.index) for p in prompts)
@@ -153,8 +171,11 @@ def exclude(pairs: Sequence[Any], held: Held) -> tuple[list[Any], dict[str, Any]
     """``pairs`` without those of a held-out prompt (by index or text), and what was removed."""
     kept = [p for p in pairs if p.group not in held.indices and norm(p.prompt) not in held.texts]
     gone = {p.group for p in pairs} - {p.group for p in kept}
-    return kept, {"data_options": list(held.options), "pairs_removed": len(pairs) - len(kept),
-                  "instructions_removed": len(gone)}
+    return kept, {
+        "data_options": list(held.options),
+        "pairs_removed": len(pairs) - len(kept),
+        "instructions_removed": len(gone),
+    }
 
 
 def sample_by_instruction(pairs: Sequence[Any], n: int | None, seed: int) -> list[Any]:
@@ -206,15 +227,21 @@ class FeatureCache:
             log.info("extracting features of %d texts", len(todo))
             t0, before = time.perf_counter(), self.extractor.tokens
             for i in range(0, len(todo), chunk):
-                part = todo[i: i + chunk]
+                part = todo[i : i + chunk]
                 out = self.extractor.pooled([p for _, (p, _) in part], [r for _, (_, r) in part])
                 for j, (k, _) in enumerate(part):
                     self.table[k] = np.stack([out[name][j] for name in self.poolings])
                 self.save()
                 secs = time.perf_counter() - t0
                 done = min(i + chunk, len(todo))
-                log.info("features %d/%d texts, %d tokens, %.0fs (%.0f tokens/s)", done, len(todo),
-                         self.extractor.tokens - before, secs, (self.extractor.tokens - before) / max(secs, 1e-9))
+                log.info(
+                    "features %d/%d texts, %d tokens, %.0fs (%.0f tokens/s)",
+                    done,
+                    len(todo),
+                    self.extractor.tokens - before,
+                    secs,
+                    (self.extractor.tokens - before) / max(secs, 1e-9),
+                )
         return np.stack([self.table[k] for k in keys])
 
     def save(self) -> None:
@@ -258,8 +285,17 @@ def pair_weights(u: np.ndarray, balanced: bool) -> np.ndarray:
     return w
 
 
-def fit_bt(d: np.ndarray, u: np.ndarray, l2: float, *, nuisance: bool, balanced: bool, aug: np.ndarray | None = None,
-           aug_weight: float = 0.0, max_iter: int = 500) -> Fit:
+def fit_bt(
+    d: np.ndarray,
+    u: np.ndarray,
+    l2: float,
+    *,
+    nuisance: bool,
+    balanced: bool,
+    aug: np.ndarray | None = None,
+    aug_weight: float = 0.0,
+    max_iter: int = 500,
+) -> Fit:
     """Minimize ``sum_i a_i softplus(-(d_i . w + beta u_i)) + l2 / 2 |w|^2`` (L-BFGS; ``beta`` unpenalized and
     fitted only with ``nuisance``): ``d`` chosen minus rejected standardized features, ``u`` the log length ratio,
     ``a`` the pair weights (summing to 1). ``aug``: synthetic pairs (original minus corrupted features) of total
@@ -326,8 +362,15 @@ def accuracy(margin: np.ndarray) -> float:
     return float(np.mean(np.where(margin > 0, 1.0, np.where(margin == 0, 0.5, 0.0)))) if len(margin) else float("nan")
 
 
-def train_head(prob: Problem, rows: np.ndarray, poolings: Sequence[str], control: str, l2: float,
-               aug_rows: np.ndarray | None = None, aug_weight: float = 0.0) -> tuple[np.ndarray, np.ndarray, Fit]:
+def train_head(
+    prob: Problem,
+    rows: np.ndarray,
+    poolings: Sequence[str],
+    control: str,
+    l2: float,
+    aug_rows: np.ndarray | None = None,
+    aug_weight: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, Fit]:
     """(mean, std, fit) on the pairs ``rows`` and the synthetic pairs ``aug_rows``; the standardization is that of
     the pairs' distinct texts."""
     texts = np.unique(np.concatenate([prob.chosen[rows], prob.rejected[rows]]))
@@ -337,8 +380,15 @@ def train_head(prob: Problem, rows: np.ndarray, poolings: Sequence[str], control
     aug = None
     if aug_rows is not None and len(aug_rows):
         aug = (X[prob.aug_orig[aug_rows]] - X[prob.aug_corr[aug_rows]]) / std
-    fit = fit_bt(d, prob.u[rows], l2, nuisance="nuisance" in control, balanced="balanced" in control, aug=aug,
-                 aug_weight=aug_weight)
+    fit = fit_bt(
+        d,
+        prob.u[rows],
+        l2,
+        nuisance="nuisance" in control,
+        balanced="balanced" in control,
+        aug=aug,
+        aug_weight=aug_weight,
+    )
     return mean, std, fit
 
 
@@ -350,17 +400,28 @@ class Setting:
     augment_weight: float = 0.0
 
     def row(self) -> dict[str, Any]:
-        return {"poolings": list(self.poolings), "length_control": self.length_control, "l2": self.l2,
-                "augment_weight": self.augment_weight}
+        return {
+            "poolings": list(self.poolings),
+            "length_control": self.length_control,
+            "l2": self.l2,
+            "augment_weight": self.augment_weight,
+        }
 
 
-def cross_validate(prob: Problem, poolings: Sequence[Sequence[str]], controls: Sequence[str], l2s: Sequence[float],
-                   k: int, seed: int, augment_weights: Sequence[float] = (0.0,)) -> list[dict[str, Any]]:
+def cross_validate(
+    prob: Problem,
+    poolings: Sequence[Sequence[str]],
+    controls: Sequence[str],
+    l2s: Sequence[float],
+    k: int,
+    seed: int,
+    augment_weights: Sequence[float] = (0.0,),
+) -> list[dict[str, Any]]:
     """Held-out accuracy (all pairs, shorter-chosen pairs) and held-out corruption rates (how often a held-out
     fold's corrupted copy scores below its original, per kind) of every setting; instruction-grouped ``k`` folds
     (a synthetic pair goes with its instruction); the judge's margin, without the length term."""
     fold = folds_of(prob.groups + prob.aug_groups, k, seed)
-    fold, afold = fold[: len(prob.groups)], fold[len(prob.groups):]
+    fold, afold = fold[: len(prob.groups)], fold[len(prob.groups) :]
     kinds = sorted(set(prob.aug_kind), key=lambda c: CORRUPTIONS.index(c) if c in CORRUPTIONS else 99)
     table = []
     for pool in poolings:
@@ -375,11 +436,14 @@ def cross_validate(prob: Problem, poolings: Sequence[Sequence[str]], controls: S
                         mean, std, fit = train_head(prob, tr, pool, control, l2, atr, aw)
                         margin[te] = ((X[prob.chosen[te]] - X[prob.rejected[te]]) / std) @ fit.w
                         amargin[ate] = ((X[prob.aug_orig[ate]] - X[prob.aug_corr[ate]]) / std) @ fit.w
-                    row = {**Setting(tuple(pool), control, l2, aw).row(),
-                           "cv_accuracy": round(accuracy(margin), 4),
-                           "cv_accuracy_shorter_chosen": round(accuracy(margin[prob.shorter]), 4),
-                           "cv_corruptions_lower": {c: round(float(np.mean(amargin[np.array(prob.aug_kind) == c] > 0)),
-                                                             4) for c in kinds}}
+                    row = {
+                        **Setting(tuple(pool), control, l2, aw).row(),
+                        "cv_accuracy": round(accuracy(margin), 4),
+                        "cv_accuracy_shorter_chosen": round(accuracy(margin[prob.shorter]), 4),
+                        "cv_corruptions_lower": {
+                            c: round(float(np.mean(amargin[np.array(prob.aug_kind) == c] > 0)), 4) for c in kinds
+                        },
+                    }
                     table.append(row)
                     log.info("cv %s", row)
     return table
@@ -390,15 +454,31 @@ def admissible(row: dict[str, Any], min_rate: float) -> bool:
     return all(v >= min_rate for v in row.get("cv_corruptions_lower", {}).values())
 
 
-def best_of(table: Sequence[dict[str, Any]], controls: Sequence[str] | None = None,
-            augment_weights: Sequence[float] | None = None, min_corruption_rate: float = 0.0) -> dict[str, Any]:
+def best_of(
+    table: Sequence[dict[str, Any]],
+    controls: Sequence[str] | None = None,
+    augment_weights: Sequence[float] | None = None,
+    min_corruption_rate: float = 0.0,
+) -> dict[str, Any]:
     """The best row among ``controls`` and ``augment_weights`` (all if None): the admissible rows (every held-out
     corruption rate at least ``min_corruption_rate``) first, then shorter-chosen accuracy, then overall; ties: the
     larger penalty, the fewer poolings."""
-    rows = [r for r in table if (controls is None or r["length_control"] in controls)
-            and (augment_weights is None or r.get("augment_weight", 0.0) in augment_weights)]
-    return max(rows, key=lambda r: (admissible(r, min_corruption_rate), r["cv_accuracy_shorter_chosen"],
-                                    r["cv_accuracy"], r["l2"], -len(r["poolings"])))
+    rows = [
+        r
+        for r in table
+        if (controls is None or r["length_control"] in controls)
+        and (augment_weights is None or r.get("augment_weight", 0.0) in augment_weights)
+    ]
+    return max(
+        rows,
+        key=lambda r: (
+            admissible(r, min_corruption_rate),
+            r["cv_accuracy_shorter_chosen"],
+            r["cv_accuracy"],
+            r["l2"],
+            -len(r["poolings"]),
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -416,16 +496,23 @@ def bootstrap_accuracy(margin: np.ndarray, groups: Sequence[str], n_boot: int, s
     draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
     boot = s[draws].sum(1) / n[draws].sum(1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"n": int(len(margin)), "instructions": len(uniq), "accuracy": round(float(hit.mean()), 4),
-            "ci95": [round(float(lo), 4), round(float(hi), 4)]}
+    return {
+        "n": int(len(margin)),
+        "instructions": len(uniq),
+        "accuracy": round(float(hit.mean()), 4),
+        "ci95": [round(float(lo), 4), round(float(hi), 4)],
+    }
 
 
 def bootstrap_rate(hits: np.ndarray, n_boot: int, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     boot = hits[rng.integers(0, len(hits), size=(n_boot, len(hits)))].mean(1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"n": int(len(hits)), "rate": round(float(hits.mean()), 4),
-            "ci95": [round(float(lo), 4), round(float(hi), 4)]}
+    return {
+        "n": int(len(hits)),
+        "rate": round(float(hits.mean()), 4),
+        "ci95": [round(float(lo), 4), round(float(hi), 4)],
+    }
 
 
 def sentence_units(text: str) -> list[str]:
@@ -538,16 +625,19 @@ class Scored:
     corrupt_hits: dict[str, np.ndarray]
 
 
-def evaluate(name: str, scored: Scored, test: Sequence[Any], u_test: np.ndarray, shorter: np.ndarray,
-             n_boot: int, seed: int) -> dict[str, Any]:
+def evaluate(
+    name: str, scored: Scored, test: Sequence[Any], u_test: np.ndarray, shorter: np.ndarray, n_boot: int, seed: int
+) -> dict[str, Any]:
     groups = [p.group for p in test]
     sg = [g for g, s in zip(groups, shorter) if s]
     return {
         "name": name,
         "accuracy": bootstrap_accuracy(scored.margin, groups, n_boot, seed),
         "accuracy_shorter_chosen": bootstrap_accuracy(scored.margin[shorter], sg, n_boot, seed),
-        "margin_vs_log_length_ratio": {"pearson": round(pearson(scored.margin, u_test), 4),
-                                       "spearman": round(spearman(scored.margin, u_test), 4)},
+        "margin_vs_log_length_ratio": {
+            "pearson": round(pearson(scored.margin, u_test), 4),
+            "spearman": round(spearman(scored.margin, u_test), 4),
+        },
         "corruptions_scored_lower": {k: bootstrap_rate(v, n_boot, seed) for k, v in scored.corrupt_hits.items()},
     }
 
@@ -566,12 +656,20 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     seed = int(cfg.seed)
     for c in a["length_controls"]:
         if c not in LENGTH_CONTROLS:
-            raise ConfigError("experiment_args.length_controls", c, "unknown length control",
-                              f"use some of {', '.join(LENGTH_CONTROLS)}")
+            raise ConfigError(
+                "experiment_args.length_controls",
+                c,
+                "unknown length control",
+                f"use some of {', '.join(LENGTH_CONTROLS)}",
+            )
     for pool in a["poolings"]:
         if not pool or any(p not in POOLINGS for p in pool):
-            raise ConfigError("experiment_args.poolings", pool, "not a list of poolings",
-                              f"each a non-empty list of {', '.join(POOLINGS)}")
+            raise ConfigError(
+                "experiment_args.poolings",
+                pool,
+                "not a list of poolings",
+                f"each a non-empty list of {', '.join(POOLINGS)}",
+            )
     t0 = time.perf_counter()
     root = data_dir(a["data_dir"])
     held = held_prompts(a["exclude_data"], plugins, root)
@@ -580,16 +678,37 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     test = sample_by_instruction(load_pairs("alpaca_test", root), a["test_pairs"], seed)
     leak = {p.group for p in train} & held.indices
     if leak:  # cannot happen after exclude(); a guard against a future edit
-        raise ConfigError("experiment_args.exclude_data", sorted(leak)[:5], "evaluation prompts in the training pairs",
-                          "exclude them before sampling")
-    log.info("held out %s; training on %d pairs of %d instructions; testing on %d pairs", removed, len(train),
-             len({p.group for p in train}), len(test))
+        raise ConfigError(
+            "experiment_args.exclude_data",
+            sorted(leak)[:5],
+            "evaluation prompts in the training pairs",
+            "exclude them before sampling",
+        )
+    log.info(
+        "held out %s; training on %d pairs of %d instructions; testing on %d pairs",
+        removed,
+        len(train),
+        len({p.group for p in train}),
+        len(test),
+    )
 
-    settings = {"model": a["model"], "dtype": a["dtype"], "max_prompt_tokens": int(a["max_prompt_tokens"]),
-                "max_response_tokens": int(a["max_response_tokens"]), "poolings": list(POOLINGS), "chat": True}
-    ex = load_features(a["model"], dtype=a["dtype"], device="cpu", max_prompt_tokens=settings["max_prompt_tokens"],
-                       max_response_tokens=settings["max_response_tokens"], batch_tokens=int(a["batch_tokens"]),
-                       key="experiment_args")
+    settings = {
+        "model": a["model"],
+        "dtype": a["dtype"],
+        "max_prompt_tokens": int(a["max_prompt_tokens"]),
+        "max_response_tokens": int(a["max_response_tokens"]),
+        "poolings": list(POOLINGS),
+        "chat": True,
+    }
+    ex = load_features(
+        a["model"],
+        dtype=a["dtype"],
+        device="cpu",
+        max_prompt_tokens=settings["max_prompt_tokens"],
+        max_response_tokens=settings["max_response_tokens"],
+        batch_tokens=int(a["batch_tokens"]),
+        key="experiment_args",
+    )
     cache = FeatureCache(ex, settings)
     if a["threads"] is not None:
         import torch
@@ -607,11 +726,16 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         texts = list(group)
         row = {t: i for i, t in enumerate(texts)}
         x = cache.get([t[0] for t in texts], [t[1] for t in texts])
-        return Problem(x=x, chosen=np.array([row[(p.prompt, p.chosen)] for p in pairs]),
-                       rejected=np.array([row[(p.prompt, p.rejected)] for p in pairs]),
-                       u=np.array([np.log(tokens(p.chosen)) - np.log(tokens(p.rejected)) for p in pairs]),
-                       shorter=np.array([len(p.chosen) < len(p.rejected) for p in pairs]),
-                       groups=[p.group for p in pairs], texts=texts, text_groups=[group[t] for t in texts])
+        return Problem(
+            x=x,
+            chosen=np.array([row[(p.prompt, p.chosen)] for p in pairs]),
+            rejected=np.array([row[(p.prompt, p.rejected)] for p in pairs]),
+            u=np.array([np.log(tokens(p.chosen)) - np.log(tokens(p.rejected)) for p in pairs]),
+            shorter=np.array([len(p.chosen) < len(p.rejected) for p in pairs]),
+            groups=[p.group for p in pairs],
+            texts=texts,
+            text_groups=[group[t] for t in texts],
+        )
 
     tr = problem(train)
     budget = settings["max_response_tokens"]
@@ -628,24 +752,41 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         tr.aug_kind = [k for k in CORRUPTIONS for _ in aug_src]
         tr.aug_groups = [group_of[p] for _ in CORRUPTIONS for p, _ in aug_src]
     t_train_feat = time.perf_counter() - t0
-    table = cross_validate(tr, a["poolings"], a["length_controls"], a["l2_grid"], int(a["cv_folds"]), seed,
-                           a["augment_weights"] if len(tr.aug_kind) else [0.0])
+    table = cross_validate(
+        tr,
+        a["poolings"],
+        a["length_controls"],
+        a["l2_grid"],
+        int(a["cv_folds"]),
+        seed,
+        a["augment_weights"] if len(tr.aug_kind) else [0.0],
+    )
     min_rate = float(a["min_corruption_rate"])
     controlled = [c for c in a["length_controls"] if c != "none"] or ["none"]
-    chosen = {"judge": best_of(table, min_corruption_rate=min_rate),
-              "pairs_only": best_of(table, controlled, [0.0]), "naive": best_of(table, ["none"], [0.0])}
+    chosen = {
+        "judge": best_of(table, min_corruption_rate=min_rate),
+        "pairs_only": best_of(table, controlled, [0.0]),
+        "naive": best_of(table, ["none"], [0.0]),
+    }
     best = chosen["judge"]
     log.info("selected %s", chosen)
     all_rows, all_aug = np.arange(len(train)), np.arange(len(tr.aug_kind))
     heads: dict[str, JudgeHead] = {}
     for label, row in chosen.items():
-        mean, std, fit = train_head(tr, all_rows, row["poolings"], row["length_control"], row["l2"], all_aug,
-                                    row["augment_weight"])
-        meta = {"model": a["model"], "dtype": a["dtype"], "poolings": row["poolings"],
-                "max_prompt_tokens": settings["max_prompt_tokens"],
-                "max_response_tokens": settings["max_response_tokens"], "length_control": row["length_control"],
-                "l2": row["l2"], "augment_weight": row["augment_weight"],
-                "length_nuisance_beta": round(fit.beta, 6)}
+        mean, std, fit = train_head(
+            tr, all_rows, row["poolings"], row["length_control"], row["l2"], all_aug, row["augment_weight"]
+        )
+        meta = {
+            "model": a["model"],
+            "dtype": a["dtype"],
+            "poolings": row["poolings"],
+            "max_prompt_tokens": settings["max_prompt_tokens"],
+            "max_response_tokens": settings["max_response_tokens"],
+            "length_control": row["length_control"],
+            "l2": row["l2"],
+            "augment_weight": row["augment_weight"],
+            "length_nuisance_beta": round(fit.beta, 6),
+        }
         heads[label] = JudgeHead(mean, std, fit.w, meta)
 
     te = problem(test)
@@ -661,39 +802,63 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     def scored_by_head(h: JudgeHead) -> Scored:
         s = h(select(te.x, h.poolings))
         so = h(select(xo, h.poolings))
-        return Scored(margin=s[te.chosen] - s[te.rejected], text_scores=s,
-                      corrupt_hits={k: (h(select(v, h.poolings)) < so).astype(float) for k, v in xd.items()})
+        return Scored(
+            margin=s[te.chosen] - s[te.rejected],
+            text_scores=s,
+            corrupt_hits={k: (h(select(v, h.poolings)) < so).astype(float) for k, v in xd.items()},
+        )
 
     results = {label: scored_by_head(h) for label, h in heads.items()}
     compare: dict[str, Any] = {}
     if a["compare_reward"]:
-        results[a["compare_reward"]], compare = _compare(a["compare_reward"], plugins, te, originals, damaged,
-                                                          results["judge"].text_scores)
+        results[a["compare_reward"]], compare = _compare(
+            a["compare_reward"], plugins, te, originals, damaged, results["judge"].text_scores
+        )
 
     report: dict[str, Any] = {
         "command": _command(),
         "judge": {k: v for k, v in heads["judge"].meta.items()},
-        "data": {"train": {"file": f"prefs/{split_file('alpaca_train', root).name}",
-                           "sha256": file_sha256(split_file("alpaca_train", root)), "pairs": len(train),
-                           "instructions": len({p.group for p in train}), "held_out": removed,
-                           "pairs_after_exclusion": len(kept), "seed": seed},
-                 "test": {"file": f"prefs/{split_file('alpaca_test', root).name}",
-                          "sha256": file_sha256(split_file("alpaca_test", root)), "pairs": len(test),
-                          "instructions": len({p.group for p in test}),
-                          "shorter_chosen_pairs": int(shorter.sum())},
-                 "corruption_originals": {"responses": len(originals), "rule": "a held-out chosen response of each of "
-                                          "seeded random test instructions, cut at the last sentence end inside "
-                                          f"the judge's {settings['max_response_tokens']}-token window (every "
-                                          "corruption is then visible to it), at least 4 sentences and 20 words"}},
-        "selected": best, "compared_settings": {k: v for k, v in chosen.items() if k != "judge"},
+        "data": {
+            "train": {
+                "file": f"prefs/{split_file('alpaca_train', root).name}",
+                "sha256": file_sha256(split_file("alpaca_train", root)),
+                "pairs": len(train),
+                "instructions": len({p.group for p in train}),
+                "held_out": removed,
+                "pairs_after_exclusion": len(kept),
+                "seed": seed,
+            },
+            "test": {
+                "file": f"prefs/{split_file('alpaca_test', root).name}",
+                "sha256": file_sha256(split_file("alpaca_test", root)),
+                "pairs": len(test),
+                "instructions": len({p.group for p in test}),
+                "shorter_chosen_pairs": int(shorter.sum()),
+            },
+            "corruption_originals": {
+                "responses": len(originals),
+                "rule": "a held-out chosen response of each of "
+                "seeded random test instructions, cut at the last sentence end inside "
+                f"the judge's {settings['max_response_tokens']}-token window (every "
+                "corruption is then visible to it), at least 4 sentences and 20 words",
+            },
+        },
+        "selected": best,
+        "compared_settings": {k: v for k, v in chosen.items() if k != "judge"},
         "selected_admissible": admissible(best, min_rate),
         "selection_rule": f"among settings whose held-out corruption rates (training responses, CV) are all >= "
-                          f"{min_rate}: the highest CV accuracy on shorter-chosen pairs, then overall",
-        "augment": {"responses": len(tr.aug_kind) // len(CORRUPTIONS), "kinds": list(CORRUPTIONS),
-                    "source": "chosen responses of training instructions, cut to the window like the check's"},
+        f"{min_rate}: the highest CV accuracy on shorter-chosen pairs, then overall",
+        "augment": {
+            "responses": len(tr.aug_kind) // len(CORRUPTIONS),
+            "kinds": list(CORRUPTIONS),
+            "source": "chosen responses of training instructions, cut to the window like the check's",
+        },
         "cv": table,
-        "length_only_baseline": {"accuracy": round(length_baseline(test), 4),
-                                 "accuracy_shorter_chosen": 0.0, "chance_shorter_chosen": 0.5},
+        "length_only_baseline": {
+            "accuracy": round(length_baseline(test), 4),
+            "accuracy_shorter_chosen": 0.0,
+            "chance_shorter_chosen": 0.5,
+        },
         "results": {k: evaluate(k, v, test, u_test, shorter, int(a["bootstrap"]), seed) for k, v in results.items()},
         "compare": compare,
         "limitation": LIMITATION,
@@ -707,31 +872,51 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     report["plumbing"] = _plumbing(plugins, heads["judge"], te.texts[:6], results["judge"].text_scores[:6])
     report["seconds"]["total"] = round(time.perf_counter() - t0)
     head = heads["judge"]
-    ranked = sorted(table, key=lambda r: (admissible(r, min_rate), r["cv_accuracy_shorter_chosen"], r["cv_accuracy"]),
-                    reverse=True)
-    head.meta.update({"trained_with": report["command"], "data": report["data"], "selected": best,
-                      "selection_rule": report["selection_rule"], "compared_settings": report["compared_settings"],
-                      "augment": report["augment"], "cv_top": ranked[:8], "cv_settings_tried": len(table),
-                      "metrics": report["results"]["judge"], "metrics_compared": {
-                          k: v for k, v in report["results"].items() if k != "judge"},
-                      "length_only_baseline": report["length_only_baseline"], "compare": compare,
-                      "plumbing": report["plumbing"],
-                      "limitation": LIMITATION,
-                      "train_instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),
-                      "score_stats": {"mean": float(results["judge"].text_scores.mean()),
-                                      "std": float(results["judge"].text_scores.std())}})
+    ranked = sorted(
+        table, key=lambda r: (admissible(r, min_rate), r["cv_accuracy_shorter_chosen"], r["cv_accuracy"]), reverse=True
+    )
+    head.meta.update(
+        {
+            "trained_with": report["command"],
+            "data": report["data"],
+            "selected": best,
+            "selection_rule": report["selection_rule"],
+            "compared_settings": report["compared_settings"],
+            "augment": report["augment"],
+            "cv_top": ranked[:8],
+            "cv_settings_tried": len(table),
+            "metrics": report["results"]["judge"],
+            "metrics_compared": {k: v for k, v in report["results"].items() if k != "judge"},
+            "length_only_baseline": report["length_only_baseline"],
+            "compare": compare,
+            "plumbing": report["plumbing"],
+            "limitation": LIMITATION,
+            "train_instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),
+            "score_stats": {
+                "mean": float(results["judge"].text_scores.mean()),
+                "std": float(results["judge"].text_scores.std()),
+            },
+        }
+    )
     for stem in stems:
         head.save(stem)
     out = Path(out_dir) if out_dir else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "judge_report.json", json.dumps(report, indent=1) + "\n")
     _print(report, out / "judge_report.json", stems)
-    return RunOutput(results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None,
-                     extra={"report": report})
+    return RunOutput(
+        results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None, extra={"report": report}
+    )
 
 
-def _compare(name: str, plugins: Plugins, te: Problem, originals: list[tuple[str, str]],
-             damaged: dict[str, list[tuple[str, str]]], judge_scores: np.ndarray) -> tuple[Scored, dict[str, Any]]:
+def _compare(
+    name: str,
+    plugins: Plugins,
+    te: Problem,
+    originals: list[tuple[str, str]],
+    damaged: dict[str, list[tuple[str, str]]],
+    judge_scores: np.ndarray,
+) -> tuple[Scored, dict[str, Any]]:
     """``name`` (a reward option, e.g. minilm_rm) on the same held-out responses, and its rank correlation with
     the judge's scores."""
     from rodeco_rewards.experiments.rm_eval import _attach_cache
@@ -743,8 +928,9 @@ def _compare(name: str, plugins: Plugins, te: Problem, originals: list[tuple[str
     def score(texts: Sequence[tuple[str, str]]) -> np.ndarray:
         out: list[float] = []
         for i in range(0, len(texts), 256):
-            out += reward.score([ScoreRequest(prompt=p, response=r, response_ids=(), partial=False)
-                                 for p, r in texts[i: i + 256]])
+            out += reward.score(
+                [ScoreRequest(prompt=p, response=r, response_ids=(), partial=False) for p, r in texts[i : i + 256]]
+            )
         return np.asarray(out, dtype=np.float64)
 
     s = score(te.texts)
@@ -753,9 +939,12 @@ def _compare(name: str, plugins: Plugins, te: Problem, originals: list[tuple[str
     if enc is not None:
         enc.save()
     scored = Scored(margin=s[te.chosen] - s[te.rejected], text_scores=s, corrupt_hits=hits)
-    compare = {"reward": name, "responses": len(te.texts),
-               "spearman_all_responses": round(spearman(judge_scores, s), 4),
-               "spearman_within_instruction_mean": round(within_spearman(te.text_groups, judge_scores, s), 4)}
+    compare = {
+        "reward": name,
+        "responses": len(te.texts),
+        "spearman_all_responses": round(spearman(judge_scores, s), 4),
+        "spearman_within_instruction_mean": round(within_spearman(te.text_groups, judge_scores, s), 4),
+    }
     return scored, compare
 
 
@@ -765,12 +954,17 @@ def _plumbing(plugins: Plugins, head: Any, texts: list[tuple[str, str]], expecte
     with tempfile.TemporaryDirectory() as d:
         stem = Path(d) / "smollm_judge"
         head.save(stem)
-        reward = plugins.build_reward({"name": "smollm_judge", "head": str(stem)},
-                                      BuildContext(device="cpu", plugins=plugins))
-        got = np.asarray(reward.score([ScoreRequest(prompt=p, response=r, response_ids=(), partial=False)
-                                       for p, r in texts]))
-    return {"responses": len(texts), "max_abs_diff": float(np.abs(got - expected).max()),
-            "cost": {"tokens": reward.cost.tokens, "flops": reward.cost.flops, "calls": reward.cost.calls}}
+        reward = plugins.build_reward(
+            {"name": "smollm_judge", "head": str(stem)}, BuildContext(device="cpu", plugins=plugins)
+        )
+        got = np.asarray(
+            reward.score([ScoreRequest(prompt=p, response=r, response_ids=(), partial=False) for p, r in texts])
+        )
+    return {
+        "responses": len(texts),
+        "max_abs_diff": float(np.abs(got - expected).max()),
+        "cost": {"tokens": reward.cost.tokens, "flops": reward.cost.flops, "calls": reward.cost.calls},
+    }
 
 
 def _fmt(acc: dict[str, Any]) -> str:
@@ -780,32 +974,44 @@ def _fmt(acc: dict[str, Any]) -> str:
 def _print(report: dict[str, Any], path: Path, stems: list[Path]) -> None:
     base = report["length_only_baseline"]
     d = report["data"]
-    print(f"train: {d['train']['pairs']} pairs of {d['train']['instructions']} instructions (held out: "
-          f"{d['train']['held_out']}); test: {d['test']['pairs']} pairs of {d['test']['instructions']} instructions")
+    print(
+        f"train: {d['train']['pairs']} pairs of {d['train']['instructions']} instructions (held out: "
+        f"{d['train']['held_out']}); test: {d['test']['pairs']} pairs of {d['test']['instructions']} instructions"
+    )
     for label, s in {"judge": report["selected"], **report["compared_settings"]}.items():
-        print(f"{label}: poolings={s['poolings']} length_control={s['length_control']} l2={s['l2']} "
-              f"augment_weight={s['augment_weight']} cv_accuracy={s['cv_accuracy']} "
-              f"cv_accuracy_shorter_chosen={s['cv_accuracy_shorter_chosen']} "
-              f"cv_corruptions_lower={s.get('cv_corruptions_lower', {})}")
-    print(f"selection: {report['selection_rule']} (the judge's setting admissible: {report['selected_admissible']}); "
-          f"synthetic pairs from {report['augment']['responses']} training "
-          "responses x 4 corruptions")
+        print(
+            f"{label}: poolings={s['poolings']} length_control={s['length_control']} l2={s['l2']} "
+            f"augment_weight={s['augment_weight']} cv_accuracy={s['cv_accuracy']} "
+            f"cv_accuracy_shorter_chosen={s['cv_accuracy_shorter_chosen']} "
+            f"cv_corruptions_lower={s.get('cv_corruptions_lower', {})}"
+        )
+    print(
+        f"selection: {report['selection_rule']} (the judge's setting admissible: {report['selected_admissible']}); "
+        f"synthetic pairs from {report['augment']['responses']} training "
+        "responses x 4 corruptions"
+    )
     print(f"length-only baseline: all {base['accuracy']:.4f}; shorter-chosen 0 (chance 0.5)")
     for name, r in report["results"].items():
         print(f"{name}: accuracy {_fmt(r['accuracy'])}; shorter-chosen {_fmt(r['accuracy_shorter_chosen'])}")
         m = r["margin_vs_log_length_ratio"]
         print(f"{name}: margin vs log length ratio: pearson {m['pearson']:.4f} spearman {m['spearman']:.4f}")
         cr = r["corruptions_scored_lower"]
-        print(f"{name}: corrupted scored lower (n={next(iter(cr.values()))['n']}): " + "; ".join(
-            f"{k} {v['rate']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]" for k, v in cr.items()))
+        print(
+            f"{name}: corrupted scored lower (n={next(iter(cr.values()))['n']}): "
+            + "; ".join(f"{k} {v['rate']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]" for k, v in cr.items())
+        )
     c = report["compare"]
     if c:
-        print(f"rank correlation with {c['reward']} on {c['responses']} held-out responses: spearman "
-              f"{c['spearman_all_responses']:.4f}; within instruction (mean) "
-              f"{c['spearman_within_instruction_mean']:.4f}")
+        print(
+            f"rank correlation with {c['reward']} on {c['responses']} held-out responses: spearman "
+            f"{c['spearman_all_responses']:.4f}; within instruction (mean) "
+            f"{c['spearman_within_instruction_mean']:.4f}"
+        )
     p = report["plumbing"]
-    print(f"through the registry: max |score - cached-feature score| {p['max_abs_diff']:.2e} on {p['responses']} "
-          f"responses")
+    print(
+        f"through the registry: max |score - cached-feature score| {p['max_abs_diff']:.2e} on {p['responses']} "
+        f"responses"
+    )
     print(f"limitation: {report['limitation']}")
     print(f"seconds: {report['seconds']}")
     print(f"report: {path}")

@@ -103,11 +103,19 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
         if k not in LOSSES:
             raise ConfigError("experiment_args.losses", k, "unknown loss", f"use some of {list(LOSSES)}")
     if sorted(set(a["length_buckets"])) != a["length_buckets"] or min(a["length_buckets"], default=1) < 1:
-        raise ConfigError("experiment_args.length_buckets", a["length_buckets"], "must be increasing positive "
-                          "lengths (each bucket's last length)", "e.g. [8, 16, 32, 64]")
+        raise ConfigError(
+            "experiment_args.length_buckets",
+            a["length_buckets"],
+            "must be increasing positive lengths (each bucket's last length)",
+            "e.g. [8, 16, 32, 64]",
+        )
     if any(x <= 0 for x in a["ridge_alphas"]):
-        raise ConfigError("experiment_args.ridge_alphas", a["ridge_alphas"], "penalties must be > 0 (the "
-                          "anchor itself, an infinite penalty, is always a candidate)", "e.g. [0.001, 0.01, 0.1]")
+        raise ConfigError(
+            "experiment_args.ridge_alphas",
+            a["ridge_alphas"],
+            "penalties must be > 0 (the anchor itself, an infinite penalty, is always a candidate)",
+            "e.g. [0.001, 0.01, 0.1]",
+        )
     return a
 
 
@@ -120,15 +128,27 @@ def check_split_args(cfg: DictConfig, task: str) -> dict[str, Any]:
         if not 0 < a[key] < 1:
             raise ConfigError(f"experiment_args.{key}", a[key], "must be in (0, 1)", "e.g. 0.2")
     if a["choose_fraction"] + a["verdict_fraction"] >= 1:
-        raise ConfigError("experiment_args.choose_fraction", a["choose_fraction"], "choose_fraction + "
-                          "verdict_fraction leaves no prompt to fit on", "e.g. 0.2 and 0.2")
+        raise ConfigError(
+            "experiment_args.choose_fraction",
+            a["choose_fraction"],
+            "choose_fraction + verdict_fraction leaves no prompt to fit on",
+            "e.g. 0.2 and 0.2",
+        )
     if not a["verdict_lengths"] or not set(a["verdict_lengths"]) <= set(a["lengths"]):
-        raise ConfigError("experiment_args.verdict_lengths", a["verdict_lengths"], "must be some of "
-                          f"experiment_args.lengths {a['lengths']}", "e.g. [8, 16, 32]")
+        raise ConfigError(
+            "experiment_args.verdict_lengths",
+            a["verdict_lengths"],
+            f"must be some of experiment_args.lengths {a['lengths']}",
+            "e.g. [8, 16, 32]",
+        )
     if cfg.pool is None:
-        raise ConfigError("pool", None, f"{task} learns from a pool of training prompts",
-                          "record one: rodeco experiment=pool data=alpaca_train experiment_args.candidates=32 "
-                          "pool=DIR, then pass pool=DIR")
+        raise ConfigError(
+            "pool",
+            None,
+            f"{task} learns from a pool of training prompts",
+            "record one: rodeco experiment=pool data=alpaca_train experiment_args.candidates=32 "
+            "pool=DIR, then pass pool=DIR",
+        )
     return a
 
 
@@ -139,21 +159,39 @@ def open_training_set(cfg: DictConfig, plugins, a: dict[str, Any]) -> TrainingSe
     pool, gen = open_pool(cfg.pool)
     missing = [p.index for p in prompts if not pool.has(p.index)]
     if missing:
-        raise ConfigError("pool", cfg.pool, f"{len(missing)} of the prompts are not recorded (e.g. {missing[:5]})",
-                          "record them first: rodeco experiment=pool with the same data and pool")
+        raise ConfigError(
+            "pool",
+            cfg.pool,
+            f"{len(missing)} of the prompts are not recorded (e.g. {missing[:5]})",
+            "record them first: rodeco experiment=pool with the same data and pool",
+        )
     lengths, max_new = sorted(set(a["lengths"])), int(pool.settings["max_new_tokens"])
     fit, choose, verdict = split([p.index for p in prompts], a["choose_fraction"], a["verdict_fraction"], cfg.seed)
     node = OmegaConf.to_container(cfg.reward, resolve=True)
     cached = pool_served(plugins, pool, node)
     if "text_value" in a.get("kinds", ()) and (node["name"] != "minilm_rm" or node.get("head") is not None):
-        log.warning("text_value starts as the committed minilm_rm head's partial score; this run's reward is %s, "
-                    "so its `same` is another scorer", node["name"])
-    return TrainingSet(pool, gen, cached, f"{node['name']}:{getattr(cached.reward, 'identity', '')}",
-                       [p.index for p in prompts], fit, choose, verdict, lengths, max_new)
+        log.warning(
+            "text_value starts as the committed minilm_rm head's partial score; this run's reward is %s, "
+            "so its `same` is another scorer",
+            node["name"],
+        )
+    return TrainingSet(
+        pool,
+        gen,
+        cached,
+        f"{node['name']}:{getattr(cached.reward, 'identity', '')}",
+        [p.index for p in prompts],
+        fit,
+        choose,
+        verdict,
+        lengths,
+        max_new,
+    )
 
 
-def split(indices: list[int], choose_fraction: float, verdict_fraction: float,
-          seed: int) -> tuple[list[int], list[int], list[int]]:
+def split(
+    indices: list[int], choose_fraction: float, verdict_fraction: float, seed: int
+) -> tuple[list[int], list[int], list[int]]:
     """(fit, choose, verdict): one seeded shuffle of the prompts; the last ``verdict_fraction`` of it is the verdict
     split, the ``choose_fraction`` before it the choose split (each at least one prompt), the rest fit."""
     order = list(indices)
@@ -161,9 +199,13 @@ def split(indices: list[int], choose_fraction: float, verdict_fraction: float,
     kv = max(1, round(len(order) * verdict_fraction))
     kc = max(1, round(len(order) * choose_fraction))
     if len(order) - kv - kc < 1:
-        raise ConfigError("data", f"{len(order)} prompts", "too few to split into fit, choose and verdict prompts",
-                          "use more prompts (data.limit) or smaller experiment_args fractions")
-    return sorted(order[:-kv - kc]), sorted(order[-kv - kc:-kv]), sorted(order[-kv:])
+        raise ConfigError(
+            "data",
+            f"{len(order)} prompts",
+            "too few to split into fit, choose and verdict prompts",
+            "use more prompts (data.limit) or smaller experiment_args fractions",
+        )
+    return sorted(order[: -kv - kc]), sorted(order[-kv - kc : -kv]), sorted(order[-kv:])
 
 
 def compute_targets(ts: TrainingSet, progress: bool) -> Targets:
@@ -178,9 +220,18 @@ def compute_targets(ts: TrainingSet, progress: bool) -> Targets:
         f = np.asarray(ts.cached.score(pp.final_requests()))
         final[i], raw[i] = (f - f.mean()) / (f.std() or 1.0), f
         if i in ts.verdict:
-            same[i] = {L: np.asarray(ts.cached.score([pp.request(c, L, ts.gen.decode_text(cand.token_ids[:L]))
-                                                      for c, cand in enumerate(pp.candidates)
-                                                      if len(cand.token_ids) > L])) for L in ts.lengths}
+            same[i] = {
+                L: np.asarray(
+                    ts.cached.score(
+                        [
+                            pp.request(c, L, ts.gen.decode_text(cand.token_ids[:L]))
+                            for c, cand in enumerate(pp.candidates)
+                            if len(cand.token_ids) > L
+                        ]
+                    )
+                )
+                for L in ts.lengths
+            }
     ts.cached.save()
     return Targets(final, same, raw)
 
@@ -216,8 +267,13 @@ class Featurizer:
         cand_a, L_a = np.asarray(cand, dtype=np.int64), np.asarray(L, dtype=np.int64)
         if self.kind == "value_head":
             h = self.pool.hidden(index)
-            x = np.concatenate([np.asarray(h[cand_a, L_a - 1], dtype=np.float64),
-                                position_features(L_a, self.max_new)], axis=1) if cand else np.zeros((0, 1))
+            x = (
+                np.concatenate(
+                    [np.asarray(h[cand_a, L_a - 1], dtype=np.float64), position_features(L_a, self.max_new)], axis=1
+                )
+                if cand
+                else np.zeros((0, 1))
+            )
         else:
             reqs = [p.request(i, n, self.gen.decode_text(p.candidates[i].token_ids[:n])) for i, n in zip(cand, L)]
             x = text_features(self.encoder, reqs, self.max_new) if reqs else np.zeros((0, 1))
@@ -229,8 +285,9 @@ def compute_features(kind: str, ts: TrainingSet, out: Path | None, progress: boo
     from tqdm.auto import tqdm
 
     feat = Featurizer(kind, ts.pool, ts.gen, out / f"features_{kind}" if out else None, ts.max_new)
-    return {i: feat(i, ts.lengths) for i in tqdm(ts.prompts, desc=f"features {kind}", unit="prompt",
-                                                 disable=not progress)}
+    return {
+        i: feat(i, ts.lengths) for i in tqdm(ts.prompts, desc=f"features {kind}", unit="prompt", disable=not progress)
+    }
 
 
 def stack(data: dict[int, dict[str, np.ndarray]], targets: Targets, ids: list[int]) -> Examples:
@@ -239,14 +296,23 @@ def stack(data: dict[int, dict[str, np.ndarray]], targets: Targets, ids: list[in
     if not ids:
         f = next(iter(data.values()))["x"].shape[1] if data else 0
         return Examples(np.zeros((0, f)), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    return Examples(x=np.concatenate([data[i]["x"] for i in ids]).astype(np.float64),
-                    y=np.concatenate([targets.final[i][data[i]["candidate"]] for i in ids]),
-                    prompt=np.concatenate([np.full(len(data[i]["length"]), i, dtype=np.int64) for i in ids]),
-                    length=np.concatenate([data[i]["length"] for i in ids]))
+    return Examples(
+        x=np.concatenate([data[i]["x"] for i in ids]).astype(np.float64),
+        y=np.concatenate([targets.final[i][data[i]["candidate"]] for i in ids]),
+        prompt=np.concatenate([np.full(len(data[i]["length"]), i, dtype=np.int64) for i in ids]),
+        length=np.concatenate([data[i]["length"] for i in ids]),
+    )
 
 
-def train_head(kind: str, data: dict[int, dict[str, np.ndarray]], targets: Targets, ts: TrainingSet,
-               a: dict[str, Any], seed: int, progress: bool) -> tuple[Head, dict[str, Any]]:
+def train_head(
+    kind: str,
+    data: dict[int, dict[str, np.ndarray]],
+    targets: Targets,
+    ts: TrainingSet,
+    a: dict[str, Any],
+    seed: int,
+    progress: bool,
+) -> tuple[Head, dict[str, Any]]:
     """The head of ``kind`` and what was chosen for it, from the fit and choose prompts only."""
     from rodeco_rewards.minilm.head import load_head
     from rodeco_rewards.minilm.reward import ASSET_STEM
@@ -264,8 +330,9 @@ def train_head(kind: str, data: dict[int, dict[str, np.ndarray]], targets: Targe
     return fit_value_head(fit, choose, edges, a["ridge_alphas"], a["losses"])
 
 
-def per_prompt_pearsons(pred: np.ndarray, ver: Examples, targets: Targets, ids: list[int],
-                        L: int) -> tuple[dict[int, float], dict[int, float]]:
+def per_prompt_pearsons(
+    pred: np.ndarray, ver: Examples, targets: Targets, ids: list[int], L: int
+) -> tuple[dict[int, float], dict[int, float]]:
     """At length ``L``, each verdict prompt's Pearson r with the final reward, of the head and of ``same``: prompts
     with at least 3 active candidates whose rewards differ and where both are defined."""
     hr, sr = {}, {}
@@ -282,12 +349,14 @@ def bootstrap_means(cols: np.ndarray, resamples: int, rng: np.random.Generator) 
     together, so that differences are paired)."""
     idx = rng.integers(0, len(cols), size=(resamples, len(cols)))
     boot = cols[idx].mean(1)  # [resamples, C]
-    return [[float(np.percentile(boot[:, c], 2.5)), float(np.percentile(boot[:, c], 97.5))]
-            for c in range(cols.shape[1])]
+    return [
+        [float(np.percentile(boot[:, c], 2.5)), float(np.percentile(boot[:, c], 97.5))] for c in range(cols.shape[1])
+    ]
 
 
-def judge(head: Head, data: dict[int, dict[str, np.ndarray]], targets: Targets, ts: TrainingSet, a: dict[str, Any],
-          seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def judge(
+    head: Head, data: dict[int, dict[str, np.ndarray]], targets: Targets, ts: TrainingSet, a: dict[str, Any], seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The verdict on the verdict prompts: per length, the head's and ``same``'s mean per-prompt r and their
     difference, each with a bootstrap CI; and the difference averaged over ``verdict_lengths``, with its CI."""
     ver = stack(data, targets, ts.verdict)
@@ -303,36 +372,74 @@ def judge(head: Head, data: dict[int, dict[str, np.ndarray]], targets: Targets, 
             continue
         cols = np.array([[hr[i], sr[i], hr[i] - sr[i]] for i in hr])
         ci = bootstrap_means(cols, a["bootstrap"], rng)
-        per_len[str(L)] = {"head": float(cols[:, 0].mean()), "head_ci": ci[0], "same": float(cols[:, 1].mean()),
-                           "same_ci": ci[1], "diff": float(cols[:, 2].mean()), "diff_ci": ci[2], "prompts": len(hr)}
+        per_len[str(L)] = {
+            "head": float(cols[:, 0].mean()),
+            "head_ci": ci[0],
+            "same": float(cols[:, 1].mean()),
+            "same_ci": ci[1],
+            "diff": float(cols[:, 2].mean()),
+            "diff_ci": ci[2],
+            "prompts": len(hr),
+        }
     return averaged_verdict(diffs, a["verdict_lengths"], a["bootstrap"], rng), per_len
 
 
-def averaged_verdict(diffs: dict[int, dict[int, float]], lengths: list[int], resamples: int,
-                     rng: np.random.Generator) -> dict[str, Any]:
+def averaged_verdict(
+    diffs: dict[int, dict[int, float]], lengths: list[int], resamples: int, rng: np.random.Generator
+) -> dict[str, Any]:
     """Head minus same averaged over ``lengths`` per prompt (prompts defined at every one of them), its mean and
     bootstrap 95% CI over prompts; the head beats same when the CI is above 0."""
     common = sorted(set.intersection(*(set(diffs[L]) for L in lengths)))
     if not common:
-        return {"mean_diff": float("nan"), "diff_ci": [float("nan")] * 2, "prompts": 0, "lengths": lengths,
-                "beats_same": False}
+        return {
+            "mean_diff": float("nan"),
+            "diff_ci": [float("nan")] * 2,
+            "prompts": 0,
+            "lengths": lengths,
+            "beats_same": False,
+        }
     D = np.array([[diffs[L][i] for L in lengths] for i in common]).mean(1, keepdims=True)
     ci = bootstrap_means(D, resamples, rng)[0]
-    return {"mean_diff": float(D.mean()), "diff_ci": ci, "prompts": len(common), "lengths": lengths,
-            "beats_same": ci[0] > 0}
+    return {
+        "mean_diff": float(D.mean()),
+        "diff_ci": ci,
+        "prompts": len(common),
+        "lengths": lengths,
+        "beats_same": ci[0] > 0,
+    }
 
 
-def save_head(head: Head, kind: str, ts: TrainingSet, a: dict[str, Any], chosen: dict[str, Any],
-              verdict: dict[str, Any], per_len: dict[str, Any], seed: int, out: Path | None) -> None:
+def save_head(
+    head: Head,
+    kind: str,
+    ts: TrainingSet,
+    a: dict[str, Any],
+    chosen: dict[str, Any],
+    verdict: dict[str, Any],
+    per_len: dict[str, Any],
+    seed: int,
+    out: Path | None,
+) -> None:
     """The head with what it was trained on, what was chosen and its verdict, into the run directory and
     (``install``) the assets. Every prompt it saw is listed: ``fit_prompts``, ``choose_prompts``,
     ``verdict_prompts``."""
-    head.meta = {"kind": kind, "max_new_tokens": ts.max_new, "lengths": ts.lengths,
-                 "length_buckets": bucket_names(a["length_buckets"]), "chosen": chosen,
-                 "generator": str(ts.pool.settings["generator"].get("model", "")), "reward": ts.reward_name,
-                 "verdict": verdict, "verdict_by_length": per_len, "fit_prompts": ts.fit,
-                 "choose_prompts": ts.choose, "verdict_prompts": ts.verdict,
-                 "trained_with": "rodeco experiment=value_train", "pool": str(ts.pool.path), "seed": seed}
+    head.meta = {
+        "kind": kind,
+        "max_new_tokens": ts.max_new,
+        "lengths": ts.lengths,
+        "length_buckets": bucket_names(a["length_buckets"]),
+        "chosen": chosen,
+        "generator": str(ts.pool.settings["generator"].get("model", "")),
+        "reward": ts.reward_name,
+        "verdict": verdict,
+        "verdict_by_length": per_len,
+        "fit_prompts": ts.fit,
+        "choose_prompts": ts.choose,
+        "verdict_prompts": ts.verdict,
+        "trained_with": "rodeco experiment=value_train",
+        "pool": str(ts.pool.path),
+        "seed": seed,
+    }
     if out is not None:
         head.save(out / kind)
     if a["install"]:
@@ -345,12 +452,16 @@ def print_verdict(kind: str, verdict: dict[str, Any], per_len: dict[str, Any], t
         if not r["prompts"]:
             print(f"{task}_{kind}_len{L}: no verdict prompt with a defined r")
             continue
-        print(f"{task}_{kind}_len{L}: pearson head {r['head']:.3f} {_ci(r['head_ci'])} vs same "
-              f"{r['same']:.3f} {_ci(r['same_ci'])}, head - same {r['diff']:+.3f} {_ci(r['diff_ci'], '+')} "
-              f"({r['prompts']} verdict prompts)")
-    print(f"{task}_{kind}_minus_same: {verdict['mean_diff']:+.3f} {_ci(verdict['diff_ci'], '+')} "
-          f"(mean over lengths {verdict['lengths']}, {verdict['prompts']} verdict prompts) "
-          f"-> {'beats' if verdict['beats_same'] else 'does not beat'} same")
+        print(
+            f"{task}_{kind}_len{L}: pearson head {r['head']:.3f} {_ci(r['head_ci'])} vs same "
+            f"{r['same']:.3f} {_ci(r['same_ci'])}, head - same {r['diff']:+.3f} {_ci(r['diff_ci'], '+')} "
+            f"({r['prompts']} verdict prompts)"
+        )
+    print(
+        f"{task}_{kind}_minus_same: {verdict['mean_diff']:+.3f} {_ci(verdict['diff_ci'], '+')} "
+        f"(mean over lengths {verdict['lengths']}, {verdict['prompts']} verdict prompts) "
+        f"-> {'beats' if verdict['beats_same'] else 'does not beat'} same"
+    )
 
 
 def _ci(ci: list[float], sign: str = "") -> str:
@@ -363,9 +474,15 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     ts = open_training_set(cfg, plugins, a)
     targets = compute_targets(ts, cfg.output.progress)
     out = Path(out_dir) if out_dir is not None else None
-    report: dict[str, Any] = {"fit_prompts": len(ts.fit), "choose_prompts": len(ts.choose),
-                              "verdict_prompts": len(ts.verdict), "lengths": ts.lengths,
-                              "candidates": ts.pool.candidates, "pool": str(ts.pool.path), "kinds": {}}
+    report: dict[str, Any] = {
+        "fit_prompts": len(ts.fit),
+        "choose_prompts": len(ts.choose),
+        "verdict_prompts": len(ts.verdict),
+        "lengths": ts.lengths,
+        "candidates": ts.pool.candidates,
+        "pool": str(ts.pool.path),
+        "kinds": {},
+    }
     for kind in a["kinds"]:
         data = compute_features(kind, ts, out, cfg.output.progress)
         head, chosen = train_head(kind, data, targets, ts, a, cfg.seed, cfg.output.progress)

@@ -66,18 +66,28 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
     check_positive_int("experiment_args.max_iter", a["max_iter"], 200)
     for key in ("mc_weights", "td_weights"):
         if not a[key] or any(w < 0 for w in a[key]):
-            raise ConfigError(f"experiment_args.{key}", a[key], "must be a non-empty list of weights >= 0",
-                              "e.g. [0.1, 1.0]")
+            raise ConfigError(
+                f"experiment_args.{key}", a[key], "must be a non-empty list of weights >= 0", "e.g. [0.1, 1.0]"
+            )
     if not a["anchor_weights"] or any(k < 0 for k in a["anchor_weights"]):
-        raise ConfigError("experiment_args.anchor_weights", a["anchor_weights"], "must be a non-empty list of "
-                          "weights >= 0 (0: the penalty on the weights, as rm_train; k > 0: k times it on their "
-                          "distance from the committed head's)", "e.g. [0, 10, 100]")
+        raise ConfigError(
+            "experiment_args.anchor_weights",
+            a["anchor_weights"],
+            "must be a non-empty list of "
+            "weights >= 0 (0: the penalty on the weights, as rm_train; k > 0: k times it on their "
+            "distance from the committed head's)",
+            "e.g. [0, 10, 100]",
+        )
     check_positive_int("experiment_args.pair_limit", a["pair_limit"], 1000, allow_none=True)
     if not 0 < a["pair_holdout"] < 1:
         raise ConfigError("experiment_args.pair_holdout", a["pair_holdout"], "must be in (0, 1)", "e.g. 0.2")
     if cfg.reward.name != "minilm_rm" or cfg.reward.get("head") is not None:
-        raise ConfigError("reward", cfg.reward.name, "prefix_train refits the committed minilm_rm head and takes its "
-                          "final scores as the lookahead target", "leave reward at its default (minilm_rm)")
+        raise ConfigError(
+            "reward",
+            cfg.reward.name,
+            "prefix_train refits the committed minilm_rm head and takes its final scores as the lookahead target",
+            "leave reward at its default (minilm_rm)",
+        )
     return a
 
 
@@ -104,13 +114,22 @@ def load_pair_set(a: dict[str, Any], encoder, anchor, seed: int) -> PairSet:
         return (x - mu) / sigma
 
     zc, zr = z(xc.astype(np.float64)), z(xr.astype(np.float64))
-    return PairSet((zc[~held], zr[~held]), (zc[held], zr[held]),
-                   {"pairs": len(pairs), "held_out_pairs": int(held.sum()), "instructions": len(groups),
-                    "held_out_instructions": len(held_groups), "evaluation_pairs_removed": removed["pairs_removed"]})
+    return PairSet(
+        (zc[~held], zr[~held]),
+        (zc[held], zr[held]),
+        {
+            "pairs": len(pairs),
+            "held_out_pairs": int(held.sum()),
+            "instructions": len(groups),
+            "held_out_instructions": len(held_groups),
+            "evaluation_pairs_removed": removed["pairs_removed"],
+        },
+    )
 
 
-def prefixes(data: dict[int, dict[str, np.ndarray]], finals: dict[int, np.ndarray], ids: list[int], anchor,
-             lengths: list[int]) -> Prefixes:
+def prefixes(
+    data: dict[int, dict[str, np.ndarray]], finals: dict[int, np.ndarray], ids: list[int], anchor, lengths: list[int]
+) -> Prefixes:
     """The prefixes of prompts ``ids`` at ``lengths`` (``value_train``'s text features without the two position
     columns); ``td`` pairs a candidate's rows at adjacent ones."""
     n = anchor.shape.in_dim
@@ -127,12 +146,21 @@ def prefixes(data: dict[int, dict[str, np.ndarray]], finals: dict[int, np.ndarra
         td += [(r, row[(c, nxt[l])]) for (c, l), r in row.items() if l in nxt and (c, nxt[l]) in row]
         start += len(d["length"])
     prompt, length = np.concatenate(pr), np.concatenate(L)
-    return Prefixes(np.concatenate(Z), np.concatenate(f), group_ids(prompt, length),
-                    np.asarray(td, dtype=np.int64).reshape(-1, 2))
+    return Prefixes(
+        np.concatenate(Z), np.concatenate(f), group_ids(prompt, length), np.asarray(td, dtype=np.int64).reshape(-1, 2)
+    )
 
 
-def fit_prefix_head(w0: np.ndarray, pen: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], pre: Prefixes,
-                    mc: float, td: float, max_iter: int, anchor: float = 0.0) -> np.ndarray:
+def fit_prefix_head(
+    w0: np.ndarray,
+    pen: np.ndarray,
+    pairs: tuple[np.ndarray, np.ndarray],
+    pre: Prefixes,
+    mc: float,
+    td: float,
+    max_iter: int,
+    anchor: float = 0.0,
+) -> np.ndarray:
     """The weights (standardized space) minimizing Bradley-Terry on ``pairs`` + the ``pen``-weighted L2 + ``mc`` x
     the centred lookahead error + ``td`` x the adjacent-length error, by L-BFGS from ``w0``. The L2 is on ``w``
     (``anchor = 0``: ``rm_train``'s own penalty) or, ``anchor > 0`` times, on ``w - w0`` (the head moves from the
@@ -147,8 +175,15 @@ def fit_prefix_head(w0: np.ndarray, pen: np.ndarray, pairs: tuple[np.ndarray, np
     p = torch.from_numpy(pen)
     w = torch.tensor(w0, dtype=torch.float64, requires_grad=True)
     W0, k = torch.from_numpy(np.asarray(w0, dtype=np.float64)), (anchor if anchor > 0 else 1.0)
-    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [w],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -174,8 +209,9 @@ def choose_r(w: np.ndarray, pre: Prefixes) -> float:
     return float(r.mean()) if r.size else float("nan")
 
 
-def choose(w0: np.ndarray, pen: np.ndarray, ps: PairSet, fit: Prefixes, cho: Prefixes, a: dict[str, Any],
-           progress: bool) -> tuple[np.ndarray, dict[str, Any]]:
+def choose(
+    w0: np.ndarray, pen: np.ndarray, ps: PairSet, fit: Prefixes, cho: Prefixes, a: dict[str, Any], progress: bool
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Every ``(mc, td)`` fitted, the Bradley-Terry-only fit as the accuracy reference, ``w0`` a candidate too; the
     admissible one with the best choose-split r kept (ties: the anchor, then the earlier)."""
     from tqdm.auto import tqdm
@@ -190,11 +226,29 @@ def choose(w0: np.ndarray, pen: np.ndarray, ps: PairSet, fit: Prefixes, cho: Pre
     for kind, mc, td, k, w in cands:
         acc, r, rf = pair_accuracy(w, ps.held), choose_r(w, cho), choose_r(w, fit)
         ok = kind == "anchor" or acc >= ref_acc - a["max_accuracy_drop"]
-        rows.append({"candidate": kind, "mc": mc, "td": td, "anchor": k, "held_out_pair_accuracy": round(acc, 4),
-                     "choose_pearson": r if math.isfinite(r) else None, "admissible": ok,
-                     "fit_pearson": rf if math.isfinite(rf) else None})  # in sample: how much it overfits
-        log.info("prefix_train %s mc=%s td=%s anchor=%s: held-out pair accuracy %.4f, choose r %.4f, fit r %.4f%s",
-                 kind, mc, td, k, acc, r, rf, "" if ok else " (inadmissible)")
+        rows.append(
+            {
+                "candidate": kind,
+                "mc": mc,
+                "td": td,
+                "anchor": k,
+                "held_out_pair_accuracy": round(acc, 4),
+                "choose_pearson": r if math.isfinite(r) else None,
+                "admissible": ok,
+                "fit_pearson": rf if math.isfinite(rf) else None,
+            }
+        )  # in sample: how much it overfits
+        log.info(
+            "prefix_train %s mc=%s td=%s anchor=%s: held-out pair accuracy %.4f, choose r %.4f, fit r %.4f%s",
+            kind,
+            mc,
+            td,
+            k,
+            acc,
+            r,
+            rf,
+            "" if ok else " (inadmissible)",
+        )
         if ok and math.isfinite(r) and (best is None or r > best[0]):
             best = (r, w, rows[-1])
     w, rec = (w0, rows[0]) if best is None else best[1:]
@@ -221,8 +275,12 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     data = lht.compute_features("text_value", ts, out, cfg.output.progress)  # value_train's cache, shared
     anchor, meta0 = load_head(ASSET_STEM)
     if anchor.shape.hidden:
-        raise ConfigError("reward.head", f"hidden={anchor.shape.hidden}", "prefix_train refits a linear head",
-                          "use the committed minilm_rm head (hidden 0)")
+        raise ConfigError(
+            "reward.head",
+            f"hidden={anchor.shape.hidden}",
+            "prefix_train refits a linear head",
+            "use the committed minilm_rm head (hidden 0)",
+        )
     sel = meta0["train"]["selected"]
     encoder = CachingEncoder(minilm_encoder())
     n_emb = n_embedding(encoder.dim)
@@ -238,20 +296,41 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
         head.net.weight.copy_(torch.from_numpy(w[None]).float())
     verdict, per_len = lht.judge(text_value_anchor(head, ts.max_new), data, targets, ts, a, cfg.seed)
     meta = {k: meta0[k] for k in ("max_length", "encoder", "features", "held_out")}
-    meta.update({"trained_with": "rodeco experiment=prefix_train", "anchor": str(ASSET_STEM.name),
-                 "pool": str(ts.pool.path), "pairs": ps.counts, "lengths": ts.lengths, **chosen,
-                 "verdict": verdict, "verdict_by_length": per_len, "fit_prompts": ts.fit,
-                 "choose_prompts": ts.choose, "verdict_prompts": ts.verdict, "seed": int(cfg.seed)})
+    meta.update(
+        {
+            "trained_with": "rodeco experiment=prefix_train",
+            "anchor": str(ASSET_STEM.name),
+            "pool": str(ts.pool.path),
+            "pairs": ps.counts,
+            "lengths": ts.lengths,
+            **chosen,
+            "verdict": verdict,
+            "verdict_by_length": per_len,
+            "fit_prompts": ts.fit,
+            "choose_prompts": ts.choose,
+            "verdict_prompts": ts.verdict,
+            "seed": int(cfg.seed),
+        }
+    )
     if out is not None:
         save_head(head, out / ASSET_NAME, meta)
     if a["install"]:
         save_head(head, ASSETS / ASSET_NAME, meta)
     lht.print_verdict("minilm_prefix", verdict, per_len, task="prefix_train")
     c = chosen["chosen"]
-    print(f"prefix_train_chosen: {c['candidate']} mc={c['mc']} td={c['td']} anchor={c['anchor']} held-out pair accuracy "
-          f"{c['held_out_pair_accuracy']} (Bradley-Terry only: {chosen['bt_only_held_out_pair_accuracy']})")
-    report = {"verdict": verdict, "by_length": per_len, **chosen, "pairs": ps.counts, "fit_prompts": len(ts.fit),
-              "choose_prompts": len(ts.choose), "verdict_prompts": len(ts.verdict)}
+    print(
+        f"prefix_train_chosen: {c['candidate']} mc={c['mc']} td={c['td']} anchor={c['anchor']} held-out pair accuracy "
+        f"{c['held_out_pair_accuracy']} (Bradley-Terry only: {chosen['bt_only_held_out_pair_accuracy']})"
+    )
+    report = {
+        "verdict": verdict,
+        "by_length": per_len,
+        **chosen,
+        "pairs": ps.counts,
+        "fit_prompts": len(ts.fit),
+        "choose_prompts": len(ts.choose),
+        "verdict_prompts": len(ts.verdict),
+    }
     if out is not None:
         (out / "prefix_train.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return RunOutput([], Compute(), out, extra=report)

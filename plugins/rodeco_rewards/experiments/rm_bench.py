@@ -16,8 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco import BuildContext, Compute, Plugins, ResultsWriter, RunOutput, ScoreRequest
 
-PROMPTS = ["Give three tips for staying healthy.", "Explain in two sentences why the sky is blue.",
-           "Write a haiku about autumn."]
+PROMPTS = [
+    "Give three tips for staying healthy.",
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about autumn.",
+]
 
 
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOutput:

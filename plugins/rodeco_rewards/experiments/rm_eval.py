@@ -44,14 +44,17 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     a, h = results["alpaca_test"], results["hh_harmless_test"]
     print(f"reward: {name} {params}")
     for split, r in results.items():
-        print(f"{split}: {r['n']} pairs, rm {r['rm']:.4f}, length-only {r['length_baseline']:.4f}; "
-              f"{r['n_similar']} similar-length pairs: rm {r['rm_similar']:.4f}, length-only {r['length_similar']:.4f}")
+        print(
+            f"{split}: {r['n']} pairs, rm {r['rm']:.4f}, length-only {r['length_baseline']:.4f}; "
+            f"{r['n_similar']} similar-length pairs: rm {r['rm_similar']:.4f}, length-only {r['length_similar']:.4f}"
+        )
     print(f"rm_accuracy_alpaca_test: {a['rm']:.4f}")
     print(f"length_baseline_alpaca_test: {a['length_baseline']:.4f}")
     print(f"rm_accuracy_alpaca_test_similar_length: {a['rm_similar']:.4f}")
     print(f"rm_accuracy_hh_harmless_test: {h['rm']:.4f}")
-    return RunOutput(results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None,
-                     extra={"accuracy": results})
+    return RunOutput(
+        results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None, extra={"accuracy": results}
+    )
 
 
 def _attach_cache(reward: Any):

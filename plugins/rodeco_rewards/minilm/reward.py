@@ -30,11 +30,17 @@ ASSET_STEM = Path(__file__).resolve().parents[1] / "assets" / "minilm_bt_head"
 
 @dataclass
 class MiniLMParams:
-    head: Optional[str] = field(default=None, metadata={"help": "null: the committed head "
-                                                                 "(rodeco_rewards/assets/minilm_bt_head); another "
-                                                                 "committed head by name; or a path"})
-    encoder: Optional[str] = field(default=None, metadata={"help": "null: the embedded all-MiniLM-L6-v2; or a "
-                                                                    "directory holding another"})
+    head: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "null: the committed head "
+            "(rodeco_rewards/assets/minilm_bt_head); another "
+            "committed head by name; or a path"
+        },
+    )
+    encoder: Optional[str] = field(
+        default=None, metadata={"help": "null: the embedded all-MiniLM-L6-v2; or a directory holding another"}
+    )
     device: str = field(default="auto", metadata={"help": "auto: the generator's device"})
     batch_tokens: int = field(default=8192, metadata={"help": "padded encoder tokens per forward pass"})
 
@@ -50,22 +56,31 @@ def head_stem(path: str) -> Path:
     return p
 
 
-def features(encoder: SentenceEncoder, prompts: Sequence[str], responses: Sequence[str],
-             prompt_emb: np.ndarray | None = None) -> np.ndarray:
+def features(
+    encoder: SentenceEncoder, prompts: Sequence[str], responses: Sequence[str], prompt_emb: np.ndarray | None = None
+) -> np.ndarray:
     """``[n, F]`` head inputs for (prompt, response) pairs; ``prompt_emb`` if the prompts are already encoded."""
     ep = encoder.encode(prompts) if prompt_emb is None else prompt_emb
     er = encoder.encode(responses)
-    stats = (np.stack([text_stats(p, r) for p, r in zip(prompts, responses)]) if responses
-             else np.zeros((0, len(STAT_NAMES)), np.float32))
+    stats = (
+        np.stack([text_stats(p, r) for p, r in zip(prompts, responses)])
+        if responses
+        else np.zeros((0, len(STAT_NAMES)), np.float32)
+    )
     return build_features(ep, er, stats)
 
 
 class MiniLMReward:
-    def __init__(self, encoder: SentenceEncoder, head: BTHead, meta: dict[str, Any], *,
-                 prompt_cache: int = 1024) -> None:
+    def __init__(
+        self, encoder: SentenceEncoder, head: BTHead, meta: dict[str, Any], *, prompt_cache: int = 1024
+    ) -> None:
         if head.shape.in_dim != feature_dim(encoder.dim):
-            raise ConfigError("reward.head", meta.get("path", "?"), f"the head expects {head.shape.in_dim} features, "
-                              f"this encoder gives {feature_dim(encoder.dim)}", "retrain: rodeco experiment=rm_train")
+            raise ConfigError(
+                "reward.head",
+                meta.get("path", "?"),
+                f"the head expects {head.shape.in_dim} features, this encoder gives {feature_dim(encoder.dim)}",
+                "retrain: rodeco experiment=rm_train",
+            )
         self.encoder, self.head, self.meta = encoder, head.to(encoder.device), meta
         stats = meta.get("score_stats")
         self.score_stats = (float(stats["mean"]), float(stats["std"])) if stats else None  # for composite
@@ -108,15 +123,20 @@ class MiniLMReward:
         encoder's features: response embedding, prompt x response, cosine), ``surface`` (the text statistics) and
         ``bias``; they sum to ``score``'s value up to float32 rounding. Free of cost accounting (a diagnostic)."""
         if self.head.shape.hidden:
-            raise ValueError(f"minilm_rm's head has a hidden layer ({self.head.shape.hidden} units): its score does "
-                             "not split into feature terms; only a linear head (hidden=0) does")
+            raise ValueError(
+                f"minilm_rm's head has a hidden layer ({self.head.shape.hidden} units): its score does "
+                "not split into feature terms; only a linear head (hidden=0) does"
+            )
         ep = self._prompt_embeddings([r.prompt for r in requests])
         x = features(self.encoder, [r.prompt for r in requests], [r.response for r in requests], prompt_emb=ep)
         z = (torch.from_numpy(x).double() - self.head.mu.double().cpu()) / self.head.sigma.double().cpu()
         w = self.head.net.weight[0].detach().double().cpu()
         ne = n_embedding(self.encoder.dim)
-        return {"embedding": (z[:, :ne] @ w[:ne]).tolist(), "surface": (z[:, ne:] @ w[ne:]).tolist(),
-                "bias": [float(self.head.net.bias[0])] * len(requests)}
+        return {
+            "embedding": (z[:, :ne] @ w[:ne]).tolist(),
+            "surface": (z[:, ne:] @ w[ne:]).tolist(),
+            "bias": [float(self.head.net.bias[0])] * len(requests),
+        }
 
 
 def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
@@ -126,17 +146,23 @@ def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
     check_positive_int("reward.batch_tokens", p["batch_tokens"], MiniLMParams.batch_tokens)
     stem = ASSET_STEM if p["head"] is None else head_stem(str(p["head"]))
     if not Path(str(stem) + ".json").is_file() or not Path(str(stem) + ".safetensors").is_file():
-        raise ConfigError("reward.head", p["head"], f"no head at {stem}.json/.safetensors",
-                          "train one with `rodeco experiment=rm_train`, or leave reward.head=null for the committed "
-                          "head")
+        raise ConfigError(
+            "reward.head",
+            p["head"],
+            f"no head at {stem}.json/.safetensors",
+            "train one with `rodeco experiment=rm_train`, or leave reward.head=null for the committed head",
+        )
     head, meta = load_head(stem)
     meta["path"] = str(stem)
     enc_dir = minilm_dir() if p["encoder"] is None else Path(str(p["encoder"])).expanduser()
     if not (enc_dir / "config.json").is_file():
-        raise ConfigError("reward.encoder", p["encoder"], "no config.json in that directory",
-                          "leave reward.encoder=null for the embedded all-MiniLM-L6-v2")
+        raise ConfigError(
+            "reward.encoder",
+            p["encoder"],
+            "no config.json in that directory",
+            "leave reward.encoder=null for the embedded all-MiniLM-L6-v2",
+        )
     device = resolve_device(str(p["device"]), ctx)
-    enc = SentenceEncoder(enc_dir, max_length=int(meta["max_length"]), batch_tokens=p["batch_tokens"],
-                          device=device)
+    enc = SentenceEncoder(enc_dir, max_length=int(meta["max_length"]), batch_tokens=p["batch_tokens"], device=device)
     log.info("minilm_rm: head %s (trained %s)", stem.name, meta.get("trained_with", "?"))
     return MiniLMReward(enc, head, meta)

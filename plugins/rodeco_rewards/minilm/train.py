@@ -73,8 +73,9 @@ def group_folds(groups: list[str], k: int, seed: int = 0) -> list[np.ndarray]:
     return [f == i for i in range(k)]
 
 
-def cv_accuracy(xc: np.ndarray, xr: np.ndarray, groups: list[str], cfg: TrainConfig, k: int = 5,
-                n_embedding: int = 0) -> float:
+def cv_accuracy(
+    xc: np.ndarray, xr: np.ndarray, groups: list[str], cfg: TrainConfig, k: int = 5, n_embedding: int = 0
+) -> float:
     """Mean held-out accuracy over ``k`` instruction-grouped folds."""
     accs = []
     for test in group_folds(groups, k, cfg.seed):
