@@ -39,6 +39,8 @@ demo: $(STAMP)
 
 test: $(STAMP) $(VSTAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -m "not vllm"
 	$(VPY) -m pytest -q -m vllm
 

@@ -1,5 +1,6 @@
 """Calling plugins and holding them to their contracts (``rodeco.protocols``): a reward returns one finite float per
-request, a policy valid row indices or counts within the budget. A broken contract is a ``PluginError`` naming the plugin."""
+request, a policy valid row indices or counts within the budget. A broken contract is a ``PluginError`` naming the
+plugin."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ aside), and ``engine_bench``'s speedup, which must stay within its run-to-run sp
 
 The runs: the demo; adaptive + logprob; the correlation policy on the ``hf`` engine; composite Best-of-N; a small
 pool recorded here, replayed with two policies one prompt at a time and with two in batches of prompts
-(``data.batch_prompts``). ``--vllm`` runs the vLLM cases instead (in ``.venv-vllm``). Every time field (``time_s``, ``*_seconds``, ``wall_s``) is
+(``data.batch_prompts``). ``--vllm`` runs the vLLM cases instead (in ``.venv-vllm``). Every time field (``time_s``,
+``*_seconds``, ``wall_s``) is
 dropped before comparing; everything else (texts, token ids, scores, round traces, token and FLOP counts) must
 be equal. Exit 0 when all runs are equal and the bench ratio is within ``--tolerance`` (default 5%) of the
 recorded one, 1 otherwise. Run it on a quiet machine: the bench ratio moves with load.

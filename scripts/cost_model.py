@@ -25,7 +25,8 @@ def parse() -> argparse.Namespace:
         "--prompt-tokens",
         type=float,
         default=None,
-        help="mean prompt tokens with the chat template (default: measured on the data root's AlpacaEval prompts with SmolLM2's tokenizer)",
+        help="mean prompt tokens with the chat template (default: measured on the data root's AlpacaEval prompts "
+        "with SmolLM2's tokenizer)",
     )
     a("--response-tokens", type=float, default=450.0, help="ASSUMED mean response tokens of an 8B instruct model")
     a("--max-new-tokens", type=int, default=2048, help="a batch decodes until its longest row ends")

@@ -8,12 +8,14 @@ rather than copied by hand.
 
 A snapshot is the run's JSON with sorted keys: to ``NAME.json.gz`` whole and gzip-compressed, ``per_prompt``
 included (every prompt's measurements and, where the run keeps them, its winners' texts and scores: what a reader
-needs to check a claim); to ``NAME.json`` without ``per_prompt``. A marked block in Markdown is a line ``<!-- table: docs/data/NAME.json TABLE -->``, the block,
+needs to check a claim); to ``NAME.json`` without ``per_prompt``. A marked block in Markdown is a line ``<!-- table:
+docs/data/NAME.json TABLE -->``, the block,
 then a line ``<!-- /table -->`` (paths relative to the repository root). TABLE: ``curve`` (Best-of-N's curve on
 the report half), ``budget-K`` (every method's speedup at the budget of Best-of-(K*n), one column per partial
 reward), ``headline`` (the lines the experiment prints last, fenced) and, for a perplexity run, ``perplexity-K``
 (its table at budget xK); for a learned head's ``.json``, ``verdict``; for ``allocate_bench``'s ``allocate.json``,
-``allocate``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts`` (the rows each method started with) and
+``allocate``; ``all`` (the rows nothing chose, also over all prompts), ``live`` (the live check's lines), ``starts``
+(the rows each method started with) and
 ``methods:LABEL@K,...`` (those rows of ``efficiency.md``, every column); ``versus:docs/data/OTHER.json@K`` (the
 methods both ran at budget xK, each figure against the other's CI: two pools of the same prompts, e.g. two dtypes);
 for a correlation run, ``correlation``; for ``search_bench.py``'s ``search_judged.json.gz``, ``judge-curves``,

@@ -323,9 +323,9 @@ def print_judged(out: dict, P: int, S: int) -> None:
         print(
             f"judge_{name}_correlations: "
             + "; ".join(
-                f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, Spearman rho "
-                f"with the guide {c['spearman_guide']:+.3f}, within a prompt {c['spearman_guide_within_prompt']:+.3f} "
-                f"(mean over {c['prompts_within']} prompts)"
+                f"{which} ({c['texts']} texts): Pearson r with log characters {c['pearson_log_chars']:+.3f}, "
+                f"Spearman rho with the guide {c['spearman_guide']:+.3f}, "
+                f"within a prompt {c['spearman_guide_within_prompt']:+.3f} (mean over {c['prompts_within']} prompts)"
                 for which, c in by.items()
             )
         )

@@ -202,7 +202,8 @@ def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_token
 def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(
     tiny_model, tiny_tokenizer, monkeypatch, dtype, tokens
 ):
-    """With ``budget=cuda`` (``budget.mode=device``) on CUDA (faked here), the same free memory holds twice as many bf16 or fp16
+    """With ``budget=cuda`` (``budget.mode=device``) on CUDA (faked here), the same free memory holds twice as many
+    bf16 or fp16
     tokens as fp32 ones."""
     import rodeco
     from rodeco.generator import TorchGenerator

@@ -91,7 +91,8 @@ def test_first_divergence(gc):
 
 @pytest.mark.integration
 def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
-    """greedy, survivors, syncs, engine_bench and efficiency with --device cpu --quick on a tiny Llama saved to disk (budget
+    """greedy, survivors, syncs, engine_bench and efficiency with --device cpu --quick on a tiny Llama saved to disk
+    (budget
     and oom need CUDA: they say so)."""
     code = gc.main(
         [

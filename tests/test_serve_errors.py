@@ -274,7 +274,7 @@ def test_errors_are_counted(server, http):
     assert metric(text, "rodeco_requests_total", 'endpoint="chat",status="500"') == 0
 
 
-# -- the body size limit: a server of its own with a small serve.max_body_bytes ------------------------------------------
+# -- the body size limit: a server of its own with a small serve.max_body_bytes --------------------------------------
 SMALL_BODY = 2048
 
 

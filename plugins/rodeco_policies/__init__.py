@@ -1,4 +1,5 @@
-"""rodeco's built-in rejection and search policies, registered through the ``rodeco`` entry-point group like any third-party
+"""rodeco's built-in rejection and search policies, registered through the ``rodeco`` entry-point group like any
+third-party
 plugin, with their config options (``conf/policy``)."""
 
 from __future__ import annotations

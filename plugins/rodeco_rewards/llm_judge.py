@@ -206,8 +206,8 @@ class LLMJudgeParams:
     template: Optional[str] = field(
         default=None,
         metadata={
-            "help": "the user message, with {instruction}, {a} and {b} (null: the built-in); the verdict is the reply's "
-            "first A or B"
+            "help": "the user message, with {instruction}, {a} and {b} (null: the built-in); the verdict is the "
+            "reply's first A or B"
         },
     )
     references: str = field(

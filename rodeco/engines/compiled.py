@@ -3,7 +3,8 @@ head of one step as one inductor graph. Where the eager engine has prepacked one
 its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
 weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.kernels``), else
 ``rodeco::packed_linear`` in Python; inductor fuses what lies between them. On an Intel CPU in fp32 those weights are
-packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``, computed with the one packing at
+packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``, computed with the one
+packing at
 any batch size: a row's products do not depend on the batch, which ``FastWeights`` checks before it keeps them), the
 layers' matmuls taking 0.75 of oneDNN's time there. Elsewhere (CUDA) the matmuls are the model's plain fused weights,
 folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV, gate+up: ``FastWeights``,

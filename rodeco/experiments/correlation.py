@@ -4,7 +4,8 @@ Appendix B), on a recorded pool (``pool=DIR``, recorded first where the run's pr
 For each reward in ``experiment_args.rewards`` (with its config option's parameters), every pool candidate's
 prefix of ``L`` generator tokens (``L`` in ``experiment_args.lengths``) is scored as a partial response and its full
 response as a final one (by the same reward, or by ``experiment_args.final``: how well a decision-time scorer
-predicts another reward's final score); the scores come from the pool's cache, computed on first use (a candidate's partial
+predicts another reward's final score); the scores come from the pool's cache, computed on first use (a candidate's
+partial
 score at ``L`` is what a live run scores at a decision point at ``L``). Per prompt and length, Pearson r and
 Kendall tau (scipy.stats) between partial and final scores are computed over the candidates *longer than L tokens*
 (shorter ones finished before the decision point). Prompts with fewer than 3 such candidates, or with constant

@@ -2,7 +2,8 @@
 
 Both decode the same prompts at the same batch size with the same sampling (T, top-k, top-p) for exactly the
 same number of new tokens (EOS ignored), in one process, alternating runs; the median run of each is reported.
-The machine's matmul peak ``P`` in the generator's dtype is measured in the same run, and ``F = A * flops_per_token / P`` says how
+The machine's matmul peak ``P`` in the generator's dtype is measured in the same run, and ``F = A * flops_per_token /
+P`` says how
 close rodeco's decode gets to it. On CUDA every clock read waits for the device (``torch.cuda.synchronize``).
 ``experiment_args.engines`` times rodeco's loop on several engines of the same weights in the same run (``vllm``:
 in the vLLM environment; ``fast-compiled``: the fast engine with ``generator.compile=true``, its compilation timed

@@ -35,7 +35,8 @@ def live_check(
     bon_ns: list[int],
     gen=None,
 ) -> dict[str, Any]:
-    """``measurer``: the ``efficiency.Measurer`` that replayed the prompts. Run three policies live (the real model and reward) on ``indices`` under the budget of Best-of-n, and
+    """``measurer``: the ``efficiency.Measurer`` that replayed the prompts. Run three policies live (the real model
+    and reward) on ``indices`` under the budget of Best-of-n, and
     Best-of-N for each of ``bon_ns`` (one batch of N, its first N candidates), and compare each with its replay:
     the same winners and token counts make replay fair; the wall times check the time model, per method."""
     from rodeco.loading import load_generator

@@ -2,7 +2,8 @@
 
 Jobs queue (bounded: a full queue is a 429). When the decoder is free, the batch is the oldest job and the jobs
 after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
-budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; jobs with other settings wait for a later batch. A batch runs to its end
+budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; jobs with other settings wait
+for a later batch. A batch runs to its end
 (admitting jobs mid-batch needs per-prompt step counts: not done). Between decision points the loop pauses every
 ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave the batch, their rows and
 memory freed, whatever the policy, Best-of-N included.
