@@ -4,13 +4,15 @@ aside), and ``engine_bench``'s speedup, which must stay within its run-to-run sp
     python scripts/behaviour.py record DIR     # before the change: run everything, keep the outputs in DIR
     python scripts/behaviour.py check DIR      # after it: run again into DIR/check and compare with DIR
 
-The runs: the demo; adaptive + logprob; the correlation policy on the ``hf`` engine; composite Best-of-N; a small
-pool recorded here, replayed with two policies one prompt at a time and with two in batches of prompts
-(``data.batch_prompts``). ``--vllm`` runs the vLLM cases instead (in ``.venv-vllm``). Every time field (``time_s``,
-``*_seconds``, ``wall_s``) is
-dropped before comparing; everything else (texts, token ids, scores, round traces, token and FLOP counts) must
-be equal. Exit 0 when all runs are equal and the bench ratio is within ``--tolerance`` (default 5%) of the
-recorded one, 1 otherwise. Run it on a quiet machine: the bench ratio moves with load.
+The runs: the demo; adaptive + logprob; the correlation policy on the ``hf`` engine; composite Best-of-N; the
+compiled decode step; the search policies (beam, dvts, particle_filter) and the calibrated policy choosing its start
+(``n=calibrated``); a small pool recorded here, replayed with two policies one prompt at a time and with two in
+batches of prompts (``data.batch_prompts``); and two seeded requests to ``rodeco task=serve`` on loopback
+(Speculative Rejection and Best-of-N; the answers less their ids and times). ``--vllm`` runs the vLLM cases instead
+(in ``.venv-vllm``). Every time field (``time_s``, ``*_seconds``, ``wall_s``) is dropped before comparing;
+everything else (texts, token ids, scores, round traces, token and FLOP counts) must be equal. Exit 0 when all
+runs are equal and the bench ratio is within ``--tolerance`` (default 5%) of the recorded one, 1 otherwise. Run
+it on a quiet machine: the bench ratio moves with load.
 """
 
 from __future__ import annotations
@@ -30,6 +32,37 @@ RUNS: dict[str, list[str]] = {
     "adaptive_logprob": ["policy=adaptive", "reward=logprob", "sampling.max_new_tokens=48", "n=12"],
     "correlation_hf": ["policy=correlation", "generator.engine=hf", "sampling.max_new_tokens=48", "n=12"],
     "composite_bon": ["reward=composite", "policy=none", "budget=unlimited", "n=6", "sampling.max_new_tokens=32"],
+    "compiled_fixed": ["generator.compile=true", "sampling.max_new_tokens=32", "n=8", "output.all_candidates=true"],
+    **{
+        f"search_{name}": [
+            f"policy={name}",
+            "policy.decision_tokens=8",
+            "reward=logprob",
+            "n=8",
+            "sampling.max_new_tokens=32",
+            "budget.kv_tokens=400",
+            "output.all_candidates=true",
+        ]
+        for name in ("beam", "dvts", "particle_filter")
+    },
+    "calibrated_start": ["policy=calibrated", "n=calibrated", "sampling.max_new_tokens=32", "budget.kv_tokens=1200"],
+}
+SERVED: dict[str, dict] = {  # POST /v1/completions, seeded
+    "served_sr": {
+        "prompt": "Name three colors.",
+        "best_of": 8,
+        "n": 2,
+        "max_tokens": 24,
+        "seed": 3,
+        "rodeco": {"policy": "fixed", "params": {"alpha": 0.5}, "kv_tokens": 300},
+    },
+    "served_bon": {
+        "prompt": "Write a haiku about autumn.",
+        "best_of": 4,
+        "max_tokens": 24,
+        "seed": 5,
+        "rodeco": {"policy": "none"},
+    },
 }
 POOL = [
     "experiment=pool",
@@ -153,6 +186,32 @@ def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
     (out / "results.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
+def served(out: Path) -> dict[str, str]:
+    """``SERVED``'s requests to one ``rodeco task=serve`` on loopback (started and stopped here), one at a time:
+    each answer's choices and rodeco block, less ids and times."""
+    import urllib.request
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_bench_servers import free_port, launched
+
+    port = free_port()
+    argv = [*RODECO, "task=serve", "serve.host=127.0.0.1", f"serve.port={port}", *COMMON, f"hydra.run.dir={out}"]
+    got = {}
+    with launched("rodeco_serve", argv, port, out, timeout=600) as srv:
+        for name, body in SERVED.items():
+            print(f"+ POST /v1/completions {name}", flush=True)
+            req = urllib.request.Request(
+                f"{srv.url}/v1/completions",
+                data=json.dumps({"model": "smollm2", **body}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=600) as r:
+                doc = json.loads(r.read())
+            keep = {k: doc[k] for k in ("choices", "usage", "rodeco") if k in doc}
+            got[name] = json.dumps(strip_times(keep), sort_keys=True) + "\n"
+    return got
+
+
 def run_all(out: Path, bench: bool, batch_via_api: bool = False, vllm: bool = False) -> dict[str, str | float]:
     got: dict[str, str | float] = {}
     if vllm:
@@ -175,6 +234,7 @@ def run_all(out: Path, bench: bool, batch_via_api: bool = False, vllm: bool = Fa
         else:
             rodeco([*args, f"pool={pool}"], out / name)
         got[name] = normalized(out / name / "results.jsonl")
+    got.update(served(out / "serve"))
     if bench:
         got["engine_bench_ratio"] = bench_ratio(out / "engine_bench")
     return got
