@@ -102,21 +102,45 @@ def boot_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> list[float]:
     return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
 
 
+def bon_at_flops(recs: list[dict], flops: float) -> tuple[np.ndarray, bool] | None:
+    """Best-of-N's per-problem correctness (reward winner) at ``flops``, linear in log FLOPs between the two measured
+    Best-of-N sizes around it, and whether ``flops`` is past the largest (then: the largest's); None without bon."""
+    sizes = sorted(int(m.split("_")[1]) for m in recs[0] if m.startswith("bon_"))
+    if not sizes:
+        return None
+    f = np.log([np.mean([r[f"bon_{n}"]["flops"] for r in recs]) for n in sizes])
+    ok = np.array([[winner_answers(r[f"bon_{n}"])["reward"] == r["answer"] for n in sizes] for r in recs], float)
+    x = float(np.log(flops))
+    if x >= f[-1]:
+        return ok[:, -1], x > f[-1]
+    if x <= f[0]:
+        return ok[:, 0], False
+    k = int(np.searchsorted(f, x))  # f[k - 1] < x <= f[k]
+    w = (x - f[k - 1]) / (f[k] - f[k - 1])
+    return (1 - w) * ok[:, k - 1] + w * ok[:, k], False
+
+
 def summarize(recs: list[dict], methods: list[str]) -> list[dict]:
+    """Each method's (and winner rule's) accuracy with its CI and mean TFLOPs, and, for methods other than
+    Best-of-N, its accuracy minus Best-of-N's at the same FLOPs (``bon_at_flops``), paired over problems."""
     rows = []
     for m in methods:
         rules = ("reward", "majority", "weighted") if m.startswith(("bon", "pf")) else ("reward",)
         for rule in rules:
             ok = np.array([winner_answers(r[m])[rule] == r["answer"] for r in recs], dtype=float)
-            rows.append(
-                {
-                    "method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
-                    "accuracy": float(ok.mean()),
-                    "ci": boot_ci(ok),
-                    "tflops": float(np.mean([r[m]["flops"] for r in recs]) / 1e12),
-                    "problems": len(recs),
-                }
-            )
+            flops = float(np.mean([r[m]["flops"] for r in recs]))
+            row = {
+                "method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
+                "accuracy": float(ok.mean()),
+                "ci": boot_ci(ok),
+                "tflops": flops / 1e12,
+                "problems": len(recs),
+            }
+            at = None if m.startswith("bon") else bon_at_flops(recs, flops)
+            if at is not None:
+                d = ok - at[0]
+                row["vs_bon_at_flops"] = {"value": float(d.mean()), "ci": boot_ci(d), "beyond_curve": at[1]}
+            rows.append(row)
     return rows
 
 
@@ -161,9 +185,19 @@ def main() -> int:
         recs.append(rec)
     rows = summarize(recs, a.methods)
     atomic_write(a.out / "summary.json", json.dumps(rows, indent=1) + "\n")
-    print(f"{len(recs)} problems; scorer: {a.reward}; accuracy [95% CI over problems], mean TFLOPs per problem")
+    print(
+        f"{len(recs)} problems; scorer: {a.reward}; accuracy [95% CI over problems], mean TFLOPs per problem, and "
+        "accuracy minus Best-of-N's at the same FLOPs (linear in log FLOPs between Best-of-N sizes), paired"
+    )
     for r in rows:
-        print(f"{r['method']:>14}  {r['accuracy']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]  {r['tflops']:.4f}")
+        v = r.get("vs_bon_at_flops")
+        vs = (
+            f"  vs Best-of-N at these FLOPs {v['value']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+            + (" (beyond the curve)" if v["beyond_curve"] else "")
+            if v
+            else ""
+        )
+        print(f"{r['method']:>14}  {r['accuracy']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]  {r['tflops']:.4f}{vs}")
     return 0
 
 

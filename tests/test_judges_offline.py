@@ -338,3 +338,25 @@ def test_arith_bench_runs_each_method_kind_within_best_of_4s_memory(arith_bench,
     if not method.startswith("bon"):
         assert rec["peak_kv_tokens"] <= full_length_tokens(4, [len(gen.encode(prompt))], 48, gen.kv)
     assert set(arith_bench.winner_answers(rec)) == {"reward", "majority", "weighted"}
+
+
+def test_arith_bench_compares_each_method_with_best_of_n_at_its_flops(arith_bench):
+    def run(answers: list[int | None], flops: float) -> dict:
+        return {
+            "candidates": [{"text": f"It is {a}.", "score": 1.0, "finished": True} for a in answers],
+            "flops": flops,
+        }
+
+    # two problems (answer 5): Best-of-1 right on neither, Best-of-4 on the first; sr_16 right on both at
+    # 2**1 times Best-of-1's FLOPs, halfway in log FLOPs between Best-of-1 (1e12) and Best-of-4 (4e12)
+    recs = [
+        {"answer": 5, "bon_1": run([4], 1e12), "bon_4": run([5], 4e12), "sr_16": run([5], 2e12)},
+        {"answer": 5, "bon_1": run([3], 1e12), "bon_4": run([3], 4e12), "sr_16": run([5], 2e12)},
+    ]
+    rows = {r["method"]: r for r in arith_bench.summarize(recs, ["bon_1", "bon_4", "sr_16"])}
+    assert "vs_bon_at_flops" not in rows["bon_4"]
+    v = rows["sr_16"]["vs_bon_at_flops"]
+    assert v["value"] == pytest.approx(1.0 - (0.5 * 1 + 0.5 * 0) / 2) and not v["beyond_curve"]
+    recs[0]["sr_16"]["flops"] = recs[1]["sr_16"]["flops"] = 8e12  # past Best-of-4: compared with it, flagged
+    v = arith_bench.summarize(recs, ["bon_1", "bon_4", "sr_16"])[-1]["vs_bon_at_flops"]
+    assert v["value"] == pytest.approx(1.0 - 0.5) and v["beyond_curve"]
