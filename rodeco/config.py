@@ -267,7 +267,7 @@ class RodecoConfig:
     # rewards that score the winners after the decode, never seen by it: {option: reward node} (judge=chrf,
     # judge=[chrf,ref_sim]; any reward option); their cost is reported apart from the method's
     judge: Any = field(default_factory=dict)
-    n: Any = 16  # rows per prompt, "auto" (as many as fit), or "calibrated" (the calibrated policy's choice)
+    n: Any = 16  # rows per prompt, "auto" (as many as fit), or "policy" (a policy that chooses its start)
     pool: Optional[str] = field(
         default=None,
         metadata={
@@ -299,12 +299,12 @@ def register_configs(experiment_schemas: Iterable[tuple[str, type]] = ()) -> Non
 def validate(cfg: DictConfig) -> None:
     """Checks the schema cannot express; each error names the key and the fix."""
     n = cfg.n
-    if not (n in ("auto", "calibrated") or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
+    if not (n in ("auto", "policy", "calibrated") or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
         raise ConfigError(
             "n",
             n,
-            "must be a positive integer, 'auto' or 'calibrated'",
-            "set n=16, say, or n=auto (n=calibrated with policy=calibrated)",
+            "must be a positive integer, 'auto' or 'policy'",
+            "set n=16, say, or n=auto (n=policy with a policy that chooses its start, policy=calibrated)",
         )
     s = cfg.sampling
     if not (s.temperature >= 0 and math.isfinite(s.temperature)):

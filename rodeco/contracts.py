@@ -5,13 +5,14 @@ plugin."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
 from rodeco.backoff import is_oom
 from rodeco.protocols import Policy, Reward, RewardCost
-from rodeco.state import Counts, PromptView, RoundView, ScoreRequest
+from rodeco.state import Counts, PolicyInfo, PromptView, RoundView, ScoreRequest
 from rodeco.validation import ConfigError, PluginError
 
 
@@ -125,3 +126,30 @@ def _counts(a: list[int] | Counts, pv: PromptView, name: str) -> Counts:
             f"with {pv.k} rows (to copy rows, return rodeco.Counts)"
         )
     return Counts.keep(kept, pv.k)
+
+
+def policy_info(policy: Policy, name: str) -> PolicyInfo:
+    """The policy's declared ``info`` (defaults when it declares none), checked. The one place that reads a
+    policy's optional members: a bare ``decision_tokens`` attribute still works, with a DeprecationWarning."""
+    info = getattr(policy, "info", None)
+    if info is None:
+        every = getattr(policy, "decision_tokens", None)
+        if every is not None:
+            warnings.warn(
+                f"policy {name!r} sets a bare decision_tokens attribute; declare "
+                f"info = rodeco.PolicyInfo(decision_tokens={every!r}) instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        info = PolicyInfo(decision_tokens=every)
+    if not isinstance(info, PolicyInfo):
+        raise PluginError(f"policy {name!r}: its info is a {type(info).__name__}, not a rodeco.PolicyInfo")
+    every = info.decision_tokens
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise PluginError(
+            f"policy {name!r} asks for a decision every {every!r} tokens; decision_tokens must be a "
+            "whole number of at least 1, or None"
+        )
+    if info.chooses_start and not callable(getattr(policy, "choose_start", None)):
+        raise PluginError(f"policy {name!r} declares chooses_start but has no choose_start(StartView) method")
+    return info

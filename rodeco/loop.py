@@ -11,6 +11,7 @@ the winner rule picks each prompt's winner among its finished candidates (by def
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import numpy as np
 
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
-from rodeco.contracts import Scorer, select_checked
+from rodeco.contracts import Scorer, policy_info, select_checked
 from rodeco.protocols import Generator, Policy, Session
 from rodeco.sampling import copy_stream
 from rodeco.state import (
@@ -40,10 +41,12 @@ from rodeco.trace import Trace
 from rodeco.validation import ConfigError, PluginError
 from rodeco.winner import WinnerRule
 
+START_BY_POLICY = "policy"  # n: the policy chooses each prompt's start (PolicyInfo.chooses_start)
+
 
 @dataclass(frozen=True)
 class LoopSettings:
-    n: int | str  # rows per prompt; "auto": as many as the first round's budget allows; "calibrated": the policy's
+    n: int | str  # rows per prompt; "auto": as many as the first round's budget allows; "policy": the policy's
     sampling: SamplingParams
     max_new_tokens: int
     budget: Budget
@@ -55,6 +58,11 @@ class LoopSettings:
     winner: WinnerRule = WinnerRule()  # how each prompt's winner is chosen among its finished candidates
     stop: tuple[str, ...] = ()  # stop strings: a row ends when its text holds one (rodeco.stops)
     check_tokens: int | None = None  # with decode_batch's ``cancelled``: ask it at least every this many tokens
+
+    def __post_init__(self) -> None:
+        if self.n == "calibrated":  # the name n=policy had when only the calibrated policy chose a start
+            warnings.warn('n="calibrated" is deprecated: use n="policy"', DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "n", START_BY_POLICY)
 
 
 def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
@@ -116,7 +124,7 @@ def decode_batch(
     trace = Trace(
         prompts, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner
     )
-    every = decision_tokens(policy, s.policy_name)
+    every = policy_info(policy, s.policy_name).decision_tokens
     acct = Accounting(gen, len(prompts))
     results: dict[int, PromptResult] = {}
 
@@ -207,19 +215,6 @@ def apply_counts(
         sess.fork(np.searchsorted(kept, parents).tolist(), ids, streams)
 
 
-def decision_tokens(policy: Policy, name: str) -> int | None:
-    """The policy's ``decision_tokens`` (a decision every that many tokens), checked; None if it has none."""
-    every = getattr(policy, "decision_tokens", None)
-    if every is None:
-        return None
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise PluginError(
-            f"policy {name!r} asks for a decision every {every!r} tokens; decision_tokens must be a "
-            "whole number of at least 1, or None"
-        )
-    return every
-
-
 def score_rows(
     scorer: Scorer,
     role: str,
@@ -253,8 +248,8 @@ def rows_per_prompt(
     s: LoopSettings, budget: Budget, base: int, n_prompts: int, policy: Policy, cap: int | None = None
 ) -> int:
     """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``); ``cap``:
-    at most this many rows for ``auto`` and ``calibrated`` (a pool's candidates)."""
-    if s.n in ("auto", "calibrated"):
+    at most this many rows for ``auto`` and ``policy`` (a pool's candidates)."""
+    if s.n in ("auto", START_BY_POLICY):
         if budget.kv_tokens is None:
             raise ConfigError(
                 "n",
@@ -267,13 +262,12 @@ def rows_per_prompt(
         most = min(most, cap) if cap is not None else most
         if s.n == "auto":
             return most
-        choose = getattr(policy, "choose_start", None)
-        if choose is None:
+        if not policy_info(policy, s.policy_name).chooses_start:
             raise ConfigError(
                 "n",
-                "calibrated",
-                f"policy {s.policy_name!r} does not choose a start",
-                "use policy=calibrated, or n=auto",
+                s.n,
+                f"policy {s.policy_name!r} does not choose a start (its info declares no chooses_start)",
+                "use a policy that does (policy=calibrated), or n=auto",
             )
         view = StartView(
             kv_tokens=int(budget.kv_tokens) // n_prompts,
@@ -282,7 +276,7 @@ def rows_per_prompt(
             max_new_tokens=s.max_new_tokens,
             min_tokens_per_round=budget.min_tokens_per_round,
         )
-        n = int(choose(view))
+        n = int(policy.choose_start(view))
         if not 1 <= n <= most:
             raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
         return n

@@ -48,8 +48,10 @@ class Reward(Protocol):
 class Policy(Protocol):
     """Chooses which candidates go on from a decision point, and how many times.
 
-    Optional attribute: ``decision_tokens: int`` asks for a decision point every that many tokens, besides those
-    the budget forces (``rodeco.loop``).
+    Optional: ``info: rodeco.PolicyInfo``, what it needs from the loop (a decision point every ``decision_tokens``
+    tokens besides those the budget forces; ``chooses_start``, with a ``choose_start(StartView) -> int`` method
+    that sizes each prompt's start under ``n=policy``; ``rejects=False`` for a policy that never rejects). Read
+    once, by ``rodeco.contracts.policy_info``; without it, the defaults.
     """
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:

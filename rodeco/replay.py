@@ -30,7 +30,7 @@ from rodeco.contracts import Scorer
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import TorchGenerator
-from rodeco.loop import LoopSettings, decode_batch, rows_per_prompt, session_spec
+from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch, rows_per_prompt, session_spec
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
 from rodeco.protocols import Generator, Policy, Reward, RewardCost
 from rodeco.sampling import COPY_BIT
@@ -489,7 +489,7 @@ def replay_batch(
     """Prompts of the pool decoded together, as one live batch of them (``data.batch_prompts``) would be, through
     the real loop under ``s``: their results, the batch's compute, and the reward seconds charged (the rewards'
     time as computed live). ``reward`` and ``partial`` are the roles' scorers (``Roles.reward``, ``Roles.partial``)
-    over pool-served rewards (``PoolReward``, ``OracleReward``). ``n: auto`` and ``n: calibrated`` are capped at the
+    over pool-served rewards (``PoolReward``, ``OracleReward``). ``n: auto`` and ``n: policy`` are capped at the
     pool's candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round."""
     ps = [pool.prompt(i) for i in indices]
     for p in ps:
@@ -497,7 +497,7 @@ def replay_batch(
     served = [reward.reward] + ([partial.reward] if partial is not None else [])
     charged = list({id(r): r for r in served if isinstance(r, PoolReward)}.values())
     seconds0 = sum(r.seconds for r in charged)
-    if s.n in ("auto", "calibrated"):
+    if s.n in ("auto", START_BY_POLICY):
         budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.kv)
         s = dataclasses.replace(s, n=rows_per_prompt(s, budget, base, len(ps), policy, cap=pool.candidates))
     check_replayable(pool, s, s.n)

@@ -210,8 +210,18 @@ class RoundView:
 
 
 @dataclass(frozen=True)
+class PolicyInfo:
+    """What a policy needs from the loop, declared once as its ``info`` (``rodeco.protocols.Policy``); a policy
+    without one gets these defaults."""
+
+    decision_tokens: int | None = None  # a decision point every that many tokens too, besides the budget's
+    chooses_start: bool = False  # it sizes its own start with choose_start(StartView) -> rows, under n=policy
+    rejects: bool = True  # False: it never rejects a row (Best-of-N), so a budget must hold every row to the end
+
+
+@dataclass(frozen=True)
 class StartView:
-    """What a policy that chooses its own start (``n: calibrated``) sees: per prompt, the budget for the rows' own
+    """What a policy that chooses its own start (``n: policy``) sees: per prompt, the budget for the rows' own
     tokens, the length each row starts from, and the most rows whose first round fits."""
 
     kv_tokens: int  # per prompt: cache slots for the rows' own tokens (the budget's share)

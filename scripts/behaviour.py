@@ -6,7 +6,7 @@ aside), and ``engine_bench``'s speedup, which must stay within its run-to-run sp
 
 The runs: the demo; adaptive + logprob; the correlation policy on the ``hf`` engine; composite Best-of-N; the
 compiled decode step; the search policies (beam, dvts, particle_filter) and the calibrated policy choosing its start
-(``n=calibrated``); a small pool recorded here, replayed with two policies one prompt at a time and with two in
+(``n=policy``); a small pool recorded here, replayed with two policies one prompt at a time and with two in
 batches of prompts (``data.batch_prompts``); and two seeded requests to ``rodeco task=serve`` on loopback
 (Speculative Rejection and Best-of-N; the answers less their ids and times). ``--vllm`` runs the vLLM cases instead
 (in ``.venv-vllm``). Every time field (``time_s``, ``*_seconds``, ``wall_s``) is dropped before comparing;
@@ -45,7 +45,7 @@ RUNS: dict[str, list[str]] = {
         ]
         for name in ("beam", "dvts", "particle_filter")
     },
-    "calibrated_start": ["policy=calibrated", "n=calibrated", "sampling.max_new_tokens=32", "budget.kv_tokens=1200"],
+    "calibrated_start": ["policy=calibrated", "n=policy", "sampling.max_new_tokens=32", "budget.kv_tokens=1200"],
 }
 SERVED: dict[str, dict] = {  # POST /v1/completions, seeded
     "served_sr": {

@@ -12,6 +12,7 @@ from rodeco.contracts import Scorer
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.sampling import SamplingParams
+from rodeco.state import PolicyInfo
 from rodeco.validation import ConfigError
 
 PROMPTS = [(0, "write a haiku about autumn leaves"), (1, "give three tips")]
@@ -218,6 +219,8 @@ def test_n_calibrated_asks_the_policy_for_its_start(tiny_gen):
     starts = []
 
     class Chooser:
+        info = PolicyInfo(chooses_start=True)
+
         def select(self, view):
             return [list(range(pv.k - pv.min_reject)) for pv in view.prompts]
 
@@ -227,12 +230,12 @@ def test_n_calibrated_asks_the_policy_for_its_start(tiny_gen):
 
     import dataclasses
 
-    res, _ = decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="calibrated", policy_name="chooser"))
+    res, _ = decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="policy", policy_name="chooser"))
     assert starts and all(p.n_start == 3 for p in res) and starts[0].max_rows >= 3
     with pytest.raises(ConfigError, match="does not choose a start"):
-        decode_batch(gen, r, fixed(), PROMPTS, dataclasses.replace(s, n="calibrated", policy_name="fixed"))
+        decode_batch(gen, r, fixed(), PROMPTS, dataclasses.replace(s, n="policy", policy_name="fixed"))
     with pytest.raises(ConfigError, match="finite budget"):
-        decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="calibrated", budget=Budget(None, 2)))
+        decode_batch(gen, r, Chooser(), PROMPTS, dataclasses.replace(s, n="policy", budget=Budget(None, 2)))
 
 
 def test_the_calibrated_start_follows_predictiveness():
@@ -247,7 +250,7 @@ def test_the_calibrated_start_follows_predictiveness():
 
 def test_a_live_run_with_policy_calibrated_and_n_calibrated(tmp_path, tiny_gen):
     """Through the config: the run's identities reach the policy (a calibration of this generator and reward is
-    accepted, the committed one of another is refused), and n=calibrated starts where the policy says."""
+    accepted, the committed one of another is refused), and n=policy starts where the policy says."""
     from helpers import run_tiny
 
     gen = tiny_gen()
@@ -266,7 +269,7 @@ def test_a_live_run_with_policy_calibrated_and_n_calibrated(tmp_path, tiny_gen):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CalibratedPolicy, "choose_start", spy)
-        out = run_tiny(gen, [p for _, p in PROMPTS], n="calibrated", policy="calibrated", overrides=ov)
+        out = run_tiny(gen, [p for _, p in PROMPTS], n="policy", policy="calibrated", overrides=ov)
     assert len(chosen) == 1  # one batch of both prompts: one start
     view, start = chosen[0]
     assert view.max_rows > 1 and 1 <= start <= view.max_rows
@@ -274,7 +277,7 @@ def test_a_live_run_with_policy_calibrated_and_n_calibrated(tmp_path, tiny_gen):
     assert [len(r.candidates) for r in out.results] == [start, start]  # output.all_candidates: every row started
     assert all(r.best.score is not None for r in out.results)
     with pytest.raises(ConfigError, match="the run's 'tiny'"):
-        run_tiny(gen, [PROMPTS[0][1]], n="calibrated", policy="calibrated", overrides=ov[:2])
+        run_tiny(gen, [PROMPTS[0][1]], n="policy", policy="calibrated", overrides=ov[:2])
 
 
 def test_composite_works_in_either_role(tiny_gen):

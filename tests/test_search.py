@@ -15,7 +15,7 @@ from scipy import stats
 from test_policies import round_views  # imported here: applying @given inside a running test fails hypothesis' check
 
 import rodeco_policies
-from rodeco import BuildContext, Counts, PluginError
+from rodeco import BuildContext, Counts, PluginError, PolicyInfo
 from rodeco.contracts import select_checked
 from rodeco.sampling import COPY_BIT, SamplingParams, copy_stream, row_keys
 from rodeco.state import Candidate, PromptView, RoundView, SessionSpec
@@ -78,7 +78,7 @@ def test_copy_streams_differ_between_siblings_and_from_every_starting_row():
 class Copier:
     """Doubles the best row of each prompt, rejects the worst (a fixed population), every 4 tokens."""
 
-    decision_tokens = 4
+    info = PolicyInfo(decision_tokens=4)
 
     def select(self, view):
         out = []
@@ -168,7 +168,7 @@ def test_copies_stay_within_the_budget(tiny_gen):
     """A policy that fills the budget's room with copies: the peak cache never passes budget.kv_tokens."""
 
     class Filler:
-        decision_tokens = 4
+        info = PolicyInfo(decision_tokens=4)
 
         def select(self, view):
             out = []

@@ -502,17 +502,17 @@ def test_keep_at_least_takes_back_the_best_rejected_rows_within_the_budgets_rows
     from test_policies import pv, rview
 
     from rodeco.serve.scheduler import KeepAtLeast
-    from rodeco.state import Counts
+    from rodeco.state import Counts, PolicyInfo
 
     class KeepBest:  # keeps each prompt's best row only
-        decision_tokens = 7
+        info = PolicyInfo(decision_tokens=7)
 
         def select(self, view):
             return [[int(np.argmax(p.scores))] for p in view.prompts]
 
     view = rview(pv([0.1, 0.9, 0.5, 0.7], prompt_index=10), pv([0.3, 0.2, 0.1], finished=[1.0], prompt_index=11))
     wrapped = KeepAtLeast(KeepBest(), {10: 3, 11: 3})
-    assert wrapped.decision_tokens == 7
+    assert wrapped.info == PolicyInfo(decision_tokens=7)
     assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 1, 0])]  # best first; finished ones count
     view.max_rows_next = 4  # room for two rows more than the policy kept: the first prompt's take them
     assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 0, 0])]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rodeco import BuildContext, RoundView, check_number, keep_top, take_params
+from rodeco import BuildContext, PolicyInfo, RoundView, check_number, keep_top, take_params
 
 
 @dataclass
@@ -27,6 +27,8 @@ class FixedParams:
 
 class NonePolicy:
     """Best-of-N: keeps every row. Fails (with a fix) if the budget forces a rejection."""
+
+    info = PolicyInfo(rejects=False)
 
     def select(self, view: RoundView) -> list[list[int]]:
         return [list(range(pv.k)) for pv in view.prompts]

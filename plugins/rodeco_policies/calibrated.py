@@ -34,6 +34,7 @@ import numpy as np
 from rodeco import (
     BuildContext,
     Calibration,
+    PolicyInfo,
     PromptView,
     RoundView,
     StartView,
@@ -82,6 +83,8 @@ class CalibratedParams:
 
 
 class CalibratedPolicy:
+    info = PolicyInfo(chooses_start=True)  # choose_start: the start with the best modelled speedup (n=policy)
+
     def __init__(self, cal: Calibration, delta: float, simulations: int = 400, seed: int = 0) -> None:
         self.cal, self.delta, self.simulations, self.seed = cal, delta, simulations, seed
         self.references = References(cal.rho)

@@ -11,7 +11,7 @@
   ``n / beam_width`` subtrees (by ``PromptView.origins``); each subtree keeps its best row and expands it into
   ``beam_width`` rows, independently of the others.
 
-Each decides every ``decision_tokens`` tokens (``Policy.decision_tokens``) and at every decision point the budget
+Each decides every ``decision_tokens`` tokens (``PolicyInfo.decision_tokens``) and at every decision point the budget
 forces. ``n`` is the start (``RoundView.n_start``); the population is ``n`` rows, never more than the prompt's share
 of what the budget fits next (``PromptView.max_rows``): under a tight budget the population shrinks as responses
 grow, as Speculative Rejection's does.
@@ -28,6 +28,7 @@ from rodeco import (
     BuildContext,
     ConfigError,
     Counts,
+    PolicyInfo,
     PromptView,
     RoundView,
     best_first,
@@ -117,7 +118,7 @@ class ParticleFilterPolicy:
                 "policy.resampling", resampling, "unknown resampling", f"use one of {', '.join(RESAMPLING)}"
             )
         self.resampling, self.finished_weight = resampling, bool(finished_weight)
-        self.decision_tokens = every(decision_tokens)
+        self.info = PolicyInfo(decision_tokens=every(decision_tokens))
 
     def select(self, view: RoundView) -> list[Counts]:
         out = []
@@ -136,7 +137,7 @@ class _Beams:
     def __init__(self, beam_width: int, decision_tokens: int) -> None:
         check_positive_int("policy.beam_width", beam_width, 4)
         self.beam_width = beam_width
-        self.decision_tokens = every(decision_tokens)
+        self.info = PolicyInfo(decision_tokens=every(decision_tokens))
 
 
 class BeamPolicy(_Beams):

@@ -48,7 +48,7 @@ from rodeco.experiments.efficiency_judged import judge_efficiency, judges_of
 from rodeco.experiments.live_check import live_check, matched_bon
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.experiments.record import pool_dir, pool_roles, record
-from rodeco.loop import LoopSettings
+from rodeco.loop import START_BY_POLICY, LoopSettings
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
 from rodeco.protocols import Policy
@@ -303,7 +303,7 @@ class Measurer:
         out: dict[str, dict[str, dict]] = {}
         for scale, kv in budgets.items():
             for m in self.methods:
-                start = m.start if m.start in ("auto", "calibrated") else int(m.start)
+                start = START_BY_POLICY if m.start == "calibrated" else m.start if m.start == "auto" else int(m.start)
                 try:
                     r = self.run(index, self.policies[m.label], m.label, start, kv, offset, partial=m.partial)
                 except ConfigError as e:  # e.g. a start of 128 rows does not fit Best-of-4's memory

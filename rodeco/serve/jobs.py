@@ -16,11 +16,12 @@ from typing import Any
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
+from rodeco.contracts import policy_info
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.protocols import Generator
 from rodeco.serve.errors import APIError, bad_field
 from rodeco.serve.schema import ChatRequest, CompletionRequest
-from rodeco.state import PromptRef, SamplingParams
+from rodeco.state import PolicyInfo, PromptRef, SamplingParams
 from rodeco.validation import ConfigError
 
 MAX_STOPS = 4  # as OpenAI
@@ -138,7 +139,7 @@ class Planner:
         if req.seed is not None and not -(2**63) <= req.seed < 2**63:
             raise bad_field("seed", req.seed, "must fit in 64 bits", "give a seed in [-2**63, 2**63)")
         seed = req.seed if req.seed is not None else secrets.randbits(31)
-        policy = self._policy(req)
+        policy, info = self._policy(req)
         sampling = SamplingParams(temperature, int(self.sampling.top_k), top_p)
         with self.lock:
             jid = next(self.ids)
@@ -153,7 +154,7 @@ class Planner:
                 code="context_length_exceeded",
             )
         key = BatchKey(best_of, sampling, max_tokens, stops, json.dumps(policy, sort_keys=True))
-        kv = self._kv_tokens(req, policy, best_of, req.n, len(ids), max_tokens)
+        kv = self._kv_tokens(req, info, best_of, req.n, len(ids), max_tokens)
         return Job(jid, ref, key, req.n, kv, len(ids), seed, policy, stream=req.stream)
 
     def _prompt(self, req: ChatRequest | CompletionRequest) -> tuple[str, tuple[tuple[str, str], ...] | None]:
@@ -191,8 +192,9 @@ class Planner:
             return msgs[0][1], None
         return "\n\n".join(f"{r}: {c}" for r, c in msgs), tuple(msgs)
 
-    def _policy(self, req: ChatRequest | CompletionRequest) -> dict[str, Any]:
-        """The request's policy node: a policy the server offers, with parameters within their ranges."""
+    def _policy(self, req: ChatRequest | CompletionRequest) -> tuple[dict[str, Any], PolicyInfo]:
+        """The request's policy node (a policy the server offers, with parameters within their ranges) and what
+        the policy declares (``PolicyInfo``)."""
         opts = req.rodeco
         name = None
         if opts is None or opts.policy is None:
@@ -220,18 +222,18 @@ class Planner:
                 )
             node[k] = _in_range(f"rodeco.params.{k}", v, allowed[k])
         try:  # the policy's own checks (a whole number of beams, ...), here rather than in the batch
-            self.plugins.build_policy(node, BuildContext(plugins=self.plugins))
+            built = self.plugins.build_policy(node, BuildContext(plugins=self.plugins))
         except ConfigError as e:
             key = e.key.split(".", 1)[-1] if e.key.startswith("policy.") else e.key
             raise bad_field(
                 f"rodeco.params.{key}", e.value, e.problem, e.fix.replace("policy.", "rodeco.params.")
             ) from None
-        return node
+        return node, policy_info(built, str(node["name"]))
 
     def _kv_tokens(
         self,
         req: ChatRequest | CompletionRequest,
-        policy: dict[str, Any],
+        info: PolicyInfo,
         best_of: int,
         n: int,
         prompt: int,
@@ -244,12 +246,12 @@ class Planner:
         asked = req.rodeco.kv_tokens if req.rodeco is not None else None
         full = full_length_tokens(best_of, prompt, max_tokens, kv)
         if asked is None:
-            rows = best_of if policy["name"] == "none" else max(n, math.ceil(best_of * self.serve.request_memory))
+            rows = best_of if not info.rejects else max(n, math.ceil(best_of * self.serve.request_memory))
             tokens = full_length_tokens(rows, prompt, max_tokens, kv)
         else:
             tokens = asked
         least = max(full_length_tokens(n, prompt, max_tokens, kv), self._first_round(best_of, prompt, max_tokens))
-        if policy["name"] == "none":
+        if not info.rejects:
             least = max(least, full)
         if asked is None:
             tokens = max(tokens, least)  # a short max_tokens: the first round may need more than the share
@@ -259,7 +261,7 @@ class Planner:
                 tokens,
                 f"too small: {n} choice(s) to the end and the first round of "
                 f"{best_of} candidates need {least} KV tokens"
-                + (" (Best-of-N holds every row to the end)" if policy["name"] == "none" else ""),
+                + (" (Best-of-N, a policy that never rejects, holds every row to the end)" if not info.rejects else ""),
                 f"give at least {least}, or lower best_of or max_tokens",
             )
         cap = self.budget.kv_tokens

@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from rodeco.api import Decoder
+from rodeco.contracts import policy_info
 from rodeco.protocols import Policy, Session
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Counts, PromptResult, RoundView
+from rodeco.state import Counts, PromptResult, RoundView, StartView
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,12 @@ class KeepAtLeast:
     the budget's rows allow (a request's budget holds ``n`` rows at full length, but a search policy's copies may
     have taken the room; the request then gets fewer choices)."""
 
-    def __init__(self, inner: Policy, need: dict[int, int]) -> None:
+    def __init__(self, inner: Policy, need: dict[int, int], name: str = "") -> None:
         self.inner, self.need = inner, need
-        self.decision_tokens = getattr(inner, "decision_tokens", None)
+        self.info = policy_info(inner, name)  # the inner policy's, unchanged
 
-    def __getattr__(self, name: str) -> Any:  # choose_start and whatever else the loop may read
-        return getattr(self.inner, name)
+    def choose_start(self, view: StartView) -> int:
+        return self.inner.choose_start(view)
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:
         answers = [
@@ -250,7 +251,7 @@ class Scheduler:
             on_done=on_done,
             on_round=on_round,
             cancelled=cancelled,
-            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}),
+            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}, str(jobs[0].policy.get("name", ""))),
         )
         m.decode_tokens.inc(comp.gen_decode_tokens)
         m.prefill_tokens.inc(comp.gen_prefill_tokens)

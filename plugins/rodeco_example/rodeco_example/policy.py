@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rodeco import BuildContext, ConfigError, RoundView, keep_top, take_params
+from rodeco import BuildContext, ConfigError, PolicyInfo, RoundView, keep_top, take_params
 
 
 class KeepPolicy:
     """Per prompt, keep the ``keep`` highest partial scores (fewer if the budget forces it, always one).
     Ties go to the lower candidate id, so the choice is deterministic."""
+
+    info = PolicyInfo()  # what it needs from the loop: no decisions besides the budget's, no start of its own
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
