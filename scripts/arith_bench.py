@@ -192,7 +192,7 @@ def main() -> int:
     for r in rows:
         v = r.get("vs_bon_at_flops")
         vs = (
-            f"  vs Best-of-N at these FLOPs {v['value']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+            f"  vs Best-of-N interpolated at these FLOPs {v['value']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
             + (" (beyond the curve)" if v["beyond_curve"] else "")
             if v
             else ""
