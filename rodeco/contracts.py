@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,6 +15,36 @@ from rodeco.backoff import is_oom
 from rodeco.protocols import Policy, Reward, RewardCost
 from rodeco.state import Counts, PolicyInfo, PromptView, RoundView, ScoreRequest
 from rodeco.validation import ConfigError, PluginError
+
+
+@dataclass(frozen=True)
+class RewardInfo:
+    """A reward's optional members, read once (``reward_info``): what its requests must carry, and what its scores
+    come from beyond its parameters."""
+
+    needs_logprobs: bool = False  # requests carry the generator's token log-probabilities
+    needs_hidden_states: bool = False  # partial requests carry the generator's hidden state
+    identity: str | None = None  # e.g. a trained head's hash: cached scores are keyed by it
+
+
+def reward_info(reward: Reward) -> RewardInfo:
+    """The reward's ``needs_logprobs``, ``needs_hidden_states`` and ``identity`` (defaults where it has none)."""
+    return RewardInfo(
+        bool(getattr(reward, "needs_logprobs", False)),
+        bool(getattr(reward, "needs_hidden_states", False)),
+        identity_of(reward),
+    )
+
+
+def reward_cost(reward: Reward) -> RewardCost | None:
+    """The cost the reward keeps itself (its ``cost``: tokens, FLOPs, calls), if it keeps one."""
+    return getattr(reward, "cost", None)
+
+
+def identity_of(plugin: object) -> str | None:
+    """What a reward's or policy's results depend on beyond its parameters (its ``identity``: a trained head's or a
+    calibration's hash), if it says."""
+    return getattr(plugin, "identity", None)
 
 
 class Scorer:
@@ -24,8 +55,8 @@ class Scorer:
 
     def __init__(self, reward: Reward, name: str, role: str = "reward") -> None:
         self.reward, self.name, self.role = reward, name, role
-        self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
-        self.needs_hidden_states = bool(getattr(reward, "needs_hidden_states", False))
+        info = reward_info(reward)
+        self.needs_logprobs, self.needs_hidden_states = info.needs_logprobs, info.needs_hidden_states
         if self.needs_hidden_states and role == "reward":
             raise ConfigError(
                 "reward",
@@ -34,7 +65,7 @@ class Scorer:
                 "at decision points carry (finished ones are scored after they leave the batch)",
                 f"use it to decide, not to pick the winner: partial_reward={name}",
             )
-        self.identity: str | None = getattr(reward, "identity", None)  # what its scores come from (a head's hash)
+        self.identity: str | None = info.identity  # what its scores come from (a head's hash)
         self._report = getattr(reward, "report", None)  # a judge's own figures beside its mean (a win rate)
         self.calls = 0
 
@@ -43,7 +74,7 @@ class Scorer:
         return dict(self._report()) if self._report is not None else {}
 
     def cost(self) -> RewardCost:
-        return getattr(self.reward, "cost", None) or RewardCost(calls=self.calls)
+        return reward_cost(self.reward) or RewardCost(calls=self.calls)
 
     def __call__(self, requests: Sequence[ScoreRequest]) -> np.ndarray:
         if not requests:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rodeco.contracts import Scorer
+from rodeco.contracts import Scorer, reward_cost, reward_info
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import TorchGenerator
@@ -321,8 +321,8 @@ class PoolReward:
 
     def __init__(self, pool: Pool, reward: Reward, key: str) -> None:
         self.pool, self.reward, self.key = pool, reward, key
-        self.needs_logprobs = bool(getattr(reward, "needs_logprobs", False))
-        self.needs_hidden_states = bool(getattr(reward, "needs_hidden_states", False))
+        self.info = reward_info(reward)
+        self.needs_logprobs, self.needs_hidden_states = self.info.needs_logprobs, self.info.needs_hidden_states
         self.cost = RewardCost()
         self.seconds = 0.0  # charged: what the requests served took when they were computed
         self.computed = 0  # requests computed (cache misses)
@@ -331,7 +331,7 @@ class PoolReward:
 
     @property
     def identity(self) -> str | None:
-        return getattr(self.reward, "identity", None)
+        return self.info.identity
 
     def entries(self, index: int) -> dict[str, list[float]]:
         if index not in self._entries:
@@ -382,7 +382,7 @@ class PoolReward:
         return self.entries(index)[self._key(req)][0]
 
     def _compute(self, reqs: list[ScoreRequest]) -> None:
-        cost = getattr(self.reward, "cost", None)
+        cost = reward_cost(self.reward)
         t0, f0 = (cost.tokens, cost.flops) if cost is not None else (0, 0.0)
         start = time.perf_counter()
         scores = list(self.reward.score(reqs))

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.calibration import identities
 from rodeco.config import split_node
-from rodeco.contracts import Scorer
+from rodeco.contracts import Scorer, identity_of
 from rodeco.judging import Judge, Judges
 from rodeco.plugins import BuildContext, Entry, Plugins
 from rodeco.pool import reward_key
@@ -175,7 +175,7 @@ class RoleBuilder:
         if k not in self._built:
             built = self.plugins.build(choice.entry, choice.params, self._ctx())
             if self.pool is not None:
-                built = PoolReward(self.pool, built, reward_key(choice.node, getattr(built, "identity", None)))
+                built = PoolReward(self.pool, built, reward_key(choice.node, identity_of(built)))
             self._built[k] = built
         return self._built[k]
 

@@ -21,6 +21,7 @@ its defaults (the search policies decide every 8 tokens of the 32). Results are 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -157,6 +158,9 @@ def main() -> int:
     ap.add_argument("--reward", default="logprob", help="the guiding reward option (logprob, minilm_rm, ...)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="the methods, in this order")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--snapshot", type=Path, default=None, help="also write the summary and every problem's record here (.json.gz)"
+    )
     a = ap.parse_args()
     import rodeco
     from rodeco.loading import load_generator
@@ -185,6 +189,9 @@ def main() -> int:
         recs.append(rec)
     rows = summarize(recs, a.methods)
     atomic_write(a.out / "summary.json", json.dumps(rows, indent=1) + "\n")
+    if a.snapshot is not None:  # what a reader needs to check a figure: every candidate's text, score and FLOPs
+        doc = {"args": {k: str(v) for k, v in vars(a).items()}, "summary": rows, "records": recs}
+        a.snapshot.write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
     print(
         f"{len(recs)} problems; scorer: {a.reward}; accuracy [95% CI over problems], mean TFLOPs per problem, and "
         "accuracy minus Best-of-N's at the same FLOPs (linear in log FLOPs between Best-of-N sizes), paired"

@@ -1,6 +1,7 @@
 """What a policy needs from the loop is declared once, as its ``info`` (``rodeco.PolicyInfo``), and read once
 (``rodeco.contracts.policy_info``): the built-ins declare theirs, a third-party policy gets the same powers through
-the same record, and a bare ``decision_tokens`` attribute or ``n="calibrated"`` still work, with a warning."""
+the same record, and a bare ``decision_tokens`` attribute or ``n="calibrated"`` still work, with a warning. A
+reward's optional members are read the same way, by the scoring contract (``rodeco.contracts.reward_info``)."""
 
 from __future__ import annotations
 
@@ -51,9 +52,27 @@ def test_a_bad_declaration_is_the_policys_error():
         policy_info(type("Wrong", (), {"info": {"decision_tokens": 4}})(), "wrong")
 
 
-def test_n_calibrated_is_n_policy_with_a_warning(tiny_gen):
+def test_n_calibrated_is_n_policy_with_a_warning():
     from rodeco.loop import LoopSettings
 
     s = LoopSettings(n=4, sampling=None, max_new_tokens=8, budget=None)
     with pytest.warns(DeprecationWarning, match="n=.policy."):
         assert dataclasses.replace(s, n="calibrated").n == "policy"
+
+
+def test_a_rewards_optional_members_are_read_by_the_contract():
+    from rodeco import RewardCost
+    from rodeco.contracts import RewardInfo, Scorer, identity_of, reward_cost, reward_info
+
+    class Plain:
+        def score(self, reqs):
+            return [0.0 for _ in reqs]
+
+    class Rich(Plain):
+        needs_logprobs, identity, cost = True, "head-abc", RewardCost(calls=3)
+
+    assert reward_info(Plain()) == RewardInfo() and reward_cost(Plain()) is None and identity_of(Plain()) is None
+    assert reward_info(Rich()) == RewardInfo(needs_logprobs=True, identity="head-abc")
+    s = Scorer(Rich(), "rich")
+    assert s.needs_logprobs and s.identity == "head-abc" and s.cost().calls == 3
+    assert Scorer(Plain(), "plain").cost() == RewardCost(calls=0)

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
-from rodeco.contracts import Scorer
+from rodeco.contracts import Scorer, identity_of
 from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
 from rodeco.experiments.efficiency_judged import judge_efficiency, judges_of
@@ -340,8 +340,8 @@ def settings_of(cfg: DictConfig, a: dict[str, Any], pool: Pool, measurer: Measur
         "replicates",
     )
     built = {
-        **{k: getattr(p, "identity", None) for k, p in measurer.policies.items()},
-        **{f"partial_{k}": getattr(r.reward, "identity", None) for k, r in measurer.partials.items() if r is not None},
+        **{k: identity_of(p) for k, p in measurer.policies.items()},
+        **{f"partial_{k}": identity_of(r.reward) for k, r in measurer.partials.items() if r is not None},
     }
     return {
         **{k: a[k] for k in keep},
