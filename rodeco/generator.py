@@ -1,6 +1,7 @@
 """The generator of rodeco's own engines: a causal LM whose rows decode in a torch forward engine (``fast`` or
-``hf``, ``rodeco.engines``), one ``rodeco.session.Session`` per batch. It implements ``rodeco.protocols.Generator``;
-vLLM's is ``rodeco.engines.vllm.VLLMGenerator``, a pool's ``rodeco.replay.ReplayGenerator``."""
+``hf``, ``rodeco.engines``), one ``rodeco.session.TorchSession`` per batch. It implements
+``rodeco.protocols.Generator``; vLLM's is ``rodeco.engines.vllm.VLLMGenerator``, a pool's
+``rodeco.replay.ReplayGenerator``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from rodeco.engines import Engine, engine_class
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.compiled import CompiledStep, compile_setting
-from rodeco.session import Session
+from rodeco.session import TorchSession
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import SessionSpec
 
@@ -105,5 +106,5 @@ class TorchGenerator(ModelGenerator):
         ``compile_seconds``."""
         return self._compiled
 
-    def open_session(self, spec: SessionSpec) -> Session:
-        return Session(self, spec, self.new_engine())
+    def open_session(self, spec: SessionSpec) -> TorchSession:
+        return TorchSession(self, spec, self.new_engine())

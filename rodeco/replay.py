@@ -34,7 +34,7 @@ from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch, rows_per_pr
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
 from rodeco.protocols import Generator, Policy, Reward, RewardCost
 from rodeco.sampling import COPY_BIT
-from rodeco.session import Session
+from rodeco.session import TorchSession
 from rodeco.shape import KVSpec
 from rodeco.state import Compute, PromptRef, PromptResult, SamplingParams, ScoreRequest, SessionSpec
 from rodeco.validation import ConfigError
@@ -151,7 +151,7 @@ class ReplayGenerator:
         """The continuations of copies of prompt ``index`` made after ``step`` tokens: copy ``j`` holds
         ``prefixes[j]`` (its parent's tokens, of stream ``parents[j]``) and has stream ``streams[j]``. Served from
         the pool; the missing ones decoded together by the live generator, as the live copy continues: its parent's
-        tokens fed step by step (``Session.force``), then sampled with its own stream to the pool's
+        tokens fed step by step (``TorchSession.force``), then sampled with its own stream to the pool's
         ``max_new_tokens``; stored in the pool at once."""
         have = self.pool.continuations(index)
         miss = [j for j, st in enumerate(streams) if str(st) not in have]
@@ -234,7 +234,7 @@ class ReplayGenerator:
         return PoolSession(self, spec, self.layout(self.kv.block), self.layout.compact_fraction)
 
 
-class PoolSession(Session):
+class PoolSession(TorchSession):
     """A session whose candidates are the pool's: the row of stream ``c`` (``first``, ``first + 1``, ...) emits
     the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's candidates per prompt), and
     finishes where the recording did. An offset ``first`` draws another set of candidates (wrapping round), as

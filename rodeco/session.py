@@ -1,7 +1,7 @@
 """A live batch of candidate rows on a torch forward engine: what the loop needs between decision points
 (``rodeco.protocols.Session``; opened by ``rodeco.generator.TorchGenerator.open_session``).
 
-``Session`` holds the engine's KV cache, which prompt and candidate each row is, the tokens generated so far,
+``TorchSession`` holds the engine's KV cache, which prompt and candidate each row is, the tokens generated so far,
 per-row EOS, and (only when a reward asks) per-token log-probs and the final-layer hidden state of each row's latest
 token (the state whose logits sampled it). ``prefill`` forwards each prompt once and fans
 its cache out to ``n`` rows; ``decode``, ``retire_finished`` and ``reject`` each return the rows that left the batch;
@@ -26,10 +26,10 @@ from rodeco.stops import StopStrings
 if TYPE_CHECKING:
     from rodeco.protocols import Generator  # rodeco.generator.TorchGenerator, or a pool's ReplayGenerator
 
-__all__ = ["Row", "Session", "SessionStats"]
+__all__ = ["Row", "SessionStats", "TorchSession"]
 
 
-class Session:
+class TorchSession:
     """Candidate rows of several prompts decoding together. Rows are sampled independently of each other: row
     ``(prompt, candidate)`` draws its random numbers from ``(seed, stream key of the prompt, the row's stream,
     step)``, so candidate ``i`` is the same sample whichever other rows share its batch."""

@@ -1,9 +1,9 @@
 """What one row holds beyond its KV cache while it decodes (its working memory), term by term.
 
-A decode step of the fast engine (``rodeco.engines.fast``, driven by ``rodeco.session.Session``) holds, for each row,
-with ``V`` the vocabulary, ``e`` the model's bytes per value (``ModelShape.dtype_bytes``), ``H`` and ``H_kv`` the
-query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), ``N`` the ``max_new_tokens`` and
-``k`` the ``top_k``:
+A decode step of the fast engine (``rodeco.engines.fast``, driven by ``rodeco.session.TorchSession``) holds, for
+each row, with ``V`` the vocabulary, ``e`` the model's bytes per value (``ModelShape.dtype_bytes``), ``H`` and
+``H_kv`` the query and KV heads of ``D`` values, ``c`` the context (prompt plus own tokens), ``N`` the
+``max_new_tokens`` and ``k`` the ``top_k``:
 
 - through the whole step:
 

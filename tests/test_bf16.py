@@ -25,7 +25,7 @@ from helpers import compare_survivors, hf_greedy_logits, run_tiny
 from rodeco.budget import budget_from_device, full_length_tokens
 from rodeco.config import make_budget
 from rodeco.sampling import SamplingParams
-from rodeco.session import Session
+from rodeco.session import TorchSession
 from rodeco.state import SessionSpec
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
@@ -97,8 +97,8 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
     assert whole  # a row with no tie on its way is generate()'s to the end
 
 
-def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[Session, Session]:
-    def session() -> Session:
+def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[TorchSession, TorchSession]:
+    def session() -> TorchSession:
         s = gen.open_session(
             SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True)
         )  # no row may finish early

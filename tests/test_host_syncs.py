@@ -1,6 +1,6 @@
 """A decode step that waits for nothing on the host (off the CPU): the random numbers drawn on the device
 (``rodeco.sampling.device_uniforms``, the same as numpy's ``uniforms`` bit for bit) and, on CUDA, the finished rows
-counted one step late (``Session.lag_finished``). On CPU both are forced on here; the GPU check runs a decode under
+counted one step late (``TorchSession.lag_finished``). On CPU both are forced on here; the GPU check runs a decode under
 ``torch.cuda.set_sync_debug_mode("error")`` where a device is lent."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rodeco
 from rodeco.sampling import SamplingParams, device_uniforms, row_keys, uniforms
-from rodeco.session import Session
+from rodeco.session import TorchSession
 from rodeco.state import SessionSpec
 
 # the ops that make the host wait for a device: a scalar read, a data-dependent shape
@@ -47,7 +47,7 @@ def test_device_uniforms_are_numpys_bit_for_bit(trial):
     assert np.array_equal(device_uniforms(torch.from_numpy(seeds), kt, step).numpy(), uniforms(seeds, keys, step))
 
 
-def _session(gen, on_device: bool, n: int = 4, max_new: int = 24, ignore_eos: bool = False) -> Session:
+def _session(gen, on_device: bool, n: int = 4, max_new: int = 24, ignore_eos: bool = False) -> TorchSession:
     s = gen.open_session(
         SessionSpec(n, SamplingParams(1.0, 50, 1.0), max_new, 5, (0, 1), ignore_eos=ignore_eos, needs_logprobs=True)
     )
@@ -101,13 +101,13 @@ def test_speculative_rejection_is_the_same_with_device_draws_and_the_lagged_coun
         ],
     )
     ref = rodeco.decode(["write a haiku", "give three tips"], **args)
-    init = Session.__init__
+    init = TorchSession.__init__
 
     def on_device(self, *a, **kw):
         init(self, *a, **kw)
         self.device_uniforms = self.lag_finished = True
 
-    monkeypatch.setattr(Session, "__init__", on_device)
+    monkeypatch.setattr(TorchSession, "__init__", on_device)
     got = rodeco.decode(["write a haiku", "give three tips"], **args)
     assert any(r.rounds for r in ref.results)
     assert [x.to_dict()["candidates"] for x in got.results] == [x.to_dict()["candidates"] for x in ref.results]
