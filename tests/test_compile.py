@@ -24,6 +24,8 @@ from rodeco.engines.hf import HFEngine
 from rodeco.generator import TorchGenerator
 from rodeco.validation import ConfigError
 
+pytestmark = pytest.mark.slow  # torch.compile
+
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors.", "Say hi."]
 MOST_GRAPHS = 6  # dynamo's 0/1 specializations: one row, one prompt, the first own token (see rodeco.engines.compiled)
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # subprocesses of the GPU check
+
 
 @pytest.fixture()
 def gc(monkeypatch):

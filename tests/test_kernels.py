@@ -17,7 +17,10 @@ import torch
 
 from rodeco.engines import kernels
 
-pytestmark = pytest.mark.skipif(not kernels.decode_attention_available(), reason="no C++ toolchain to build it")
+pytestmark = [
+    pytest.mark.slow,  # builds the C++ extension on first use
+    pytest.mark.skipif(not kernels.decode_attention_available(), reason="no C++ toolchain to build it"),
+]
 
 
 def by_column(t: torch.Tensor, capacity: int | None = None) -> torch.Tensor:

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a live benchmark
+
 
 def test_the_live_bench_on_the_fast_engine_runs_best_of_n_in_waves_within_the_memory(tmp_path, tiny_model_dir):
     p = subprocess.run(

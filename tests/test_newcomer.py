@@ -15,6 +15,8 @@ from omegaconf import OmegaConf
 import rodeco
 from rodeco.validation import ConfigError
 
+pytestmark = pytest.mark.slow  # fresh installs and subprocesses
+
 RODECO = Path(sys.executable).with_name("rodeco")
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # builds and installs a wheel
+
 IGNORE = shutil.ignore_patterns(
     ".venv", ".git", "outputs", "multirun", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"
 )

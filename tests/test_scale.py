@@ -19,6 +19,8 @@ from helpers import run_tiny
 import rodeco
 from rodeco.validation import ConfigError
 
+pytestmark = pytest.mark.slow  # sharded runs in subprocesses
+
 RODECO = Path(sys.executable).with_name("rodeco")
 SETTINGS = [
     "data.path=prompts.jsonl",

@@ -27,6 +27,8 @@ from rodeco.plugins import BuildContext, default_plugins
 from rodeco.sampling import SamplingParams
 from rodeco.state import PromptRef
 
+pytestmark = pytest.mark.slow  # servers in subprocesses
+
 PROMPTS = [
     "write a haiku about autumn leaves",
     "give three tips for staying healthy",

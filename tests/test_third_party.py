@@ -22,6 +22,8 @@ from rodeco import hookimpl
 from rodeco.plugins import get_plugin_manager
 from rodeco.validation import ConfigError
 
+pytestmark = pytest.mark.slow  # installs a plugin package
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plugins" / "rodeco_example"
 RODECO = Path(sys.executable).with_name("rodeco")
