@@ -149,13 +149,25 @@ def check_pip(args: list[str]) -> None:
 
 
 def check_pytest(args: list[str]) -> None:
-    """The test files exist and ``-k`` selects at least one test function of them (by name)."""
+    """The test files exist and ``-k`` selects at least one test function of them (by name); ``-m`` names only
+    markers pyproject.toml registers (without paths: the whole suite)."""
     ap = argparse.ArgumentParser(prog="pytest", exit_on_error=False)
-    ap.add_argument("paths", nargs="+")
+    ap.add_argument("paths", nargs="*")
     ap.add_argument("-k", default=None)
+    ap.add_argument("-m", default=None)
     ap.add_argument("-s", action="store_true")
     ap.add_argument("-q", action="store_true")
     a = ap.parse_args(args)
+    if a.m is not None:
+        import tomllib
+
+        ini = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+        known = {m.split(":")[0].strip() for m in ini["markers"]}
+        used = [w for w in re.findall(r"\w+", a.m) if w not in ("and", "or", "not")]
+        assert used and set(used) <= known, f"pytest -m {a.m}: markers {used}, registered {sorted(known)}"
+    if not a.paths:
+        assert a.k is None, "pytest -k without paths: name the test files"
+        return
     names = []
     for path in a.paths:
         f = REPO / path.split("::")[0]
