@@ -49,6 +49,8 @@ _LAZY = {
     "pool_served": "rodeco.roles",
     "check_training_prompts": "rodeco.experiments.calibrate",
     "prompts_of": "rodeco.data",
+    "data_root": "rodeco.data",
+    "find_data_file": "rodeco.data",
 }
 
 __all__ = [

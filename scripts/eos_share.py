@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(a.pool / "tokenizer")
     guide = build_minilm_rm({}, BuildContext())
     indices = pool.indices()
-    out: dict = {"pool": str(a.pool), "prompts": len(indices), "cuts": {}}
+    out: dict = {"pool": a.pool.name, "prompts": len(indices), "cuts": {}}  # by name: no path of this machine
     print(f"{len(indices)} prompts of {a.pool}; 95% bootstrap CIs over prompts")
     for cut in a.cuts:
         eos_all, eos_win = [], {n: [] for n in a.n}

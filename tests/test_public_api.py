@@ -63,6 +63,8 @@ FUNCTIONS = {
     "pool_served": ["plugins", "pool", "node"],
     "check_training_prompts": [],
     "prompts_of": ["data"],
+    "data_root": ["root", "key"],
+    "find_data_file": ["path", "key", "root"],
 }
 DATACLASSES = {
     "ScoreRequest": {
@@ -92,6 +94,7 @@ DATACLASSES = {
     "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens", "n_start"},
     "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
     "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
+    "PolicyInfo": {"decision_tokens", "chooses_start", "rejects"},
     "BuildContext": {"generator", "device", "plugins"},
     "PromptResult": {"best", "rounds", "compute"},
     "Candidate": {"candidate_id", "token_ids", "text", "score", "parent", "forked_round"},

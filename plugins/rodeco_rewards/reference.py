@@ -118,7 +118,7 @@ class References:
 
 def _existing(path: str, key: str, what: str) -> Path:
     """``path`` (``what``): as given, or relative to the working directory, else to the data root."""
-    from rodeco.data import find_data_file
+    from rodeco import find_data_file
 
     try:
         return find_data_file(path, key)
