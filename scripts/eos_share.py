@@ -33,12 +33,6 @@ def cut_requests(pool, index: int, cut: int, tokenizer) -> tuple[list, np.ndarra
     return reqs, np.array(eos)
 
 
-def boot(x: np.ndarray, reps: int = 2000, seed: int = 0) -> list[float]:
-    rng = np.random.default_rng(seed)
-    m = x[rng.integers(0, len(x), (reps, len(x)))].mean(1)
-    return [float(np.quantile(m, 0.025)), float(np.quantile(m, 0.975))]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pool", type=Path)
@@ -47,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from arith_bench import boot_ci as boot  # the same bootstrap over prompts as the arithmetic set's
 
     from rodeco.plugins import BuildContext
     from rodeco.pool import Pool
