@@ -20,7 +20,7 @@ from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.params import take_params
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
-from rodeco.protocols import Policy, Reward, RewardCost
+from rodeco.protocols import EngineInfo, Policy, Reward, RewardCost
 from rodeco.ranking import best_first, keep_best, keep_top
 from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
@@ -68,6 +68,7 @@ __all__ = [
     "Policy",
     "Reward",
     "RewardCost",
+    "EngineInfo",
     "Scorer",
     "ScoreRequest",
     "PromptView",

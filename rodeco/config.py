@@ -397,7 +397,7 @@ def engine_pool(gen: Generator) -> int:
         raise ConfigError(
             "budget.mode",
             "engine",
-            f"the {gen.engine_name} engine has no KV pool of its own",
+            f"the {gen.info.name} engine has no KV pool of its own",
             "use budget=engine with generator.engine=vllm; else budget=cpu (budget.kv_tokens) or "
             "budget=cuda (free CUDA memory)",
         )

@@ -12,6 +12,8 @@ import torch
 from rodeco.engines import Engine, engine_class
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.compiled import CompiledStep, compile_setting
+from rodeco.engines.llama import FastWeights
+from rodeco.protocols import EngineInfo
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import SessionSpec
@@ -40,7 +42,10 @@ class TorchGenerator(ModelGenerator):
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
         self._compile_value, self._compile = compile, None
         self._compiled: CompiledStep | None = None  # built on the first session that needs it, shared by the rest
-        self._prepared: Any = None  # the engine's prepared weights (FastLlamaEngine.prepare), built once likewise
+        self._prepared: FastWeights | None = (
+            None  # the engine's prepared weights (its ``prepare``), built once likewise
+        )
+        self._info: EngineInfo | None = None
 
     def layer_devices(self) -> dict[str, int]:
         """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
@@ -54,37 +59,53 @@ class TorchGenerator(ModelGenerator):
             out[dev] = out.get(dev, 0) + 1
         return out
 
-    def engine_class(self) -> type:
+    def engine_class(self) -> type[Engine]:
         """The engine ``generator.engine`` selects for this model (``auto``: fast when it can run the model)."""
         return engine_class(self.engine_kind, self.model)
-
-    @property
-    def engine_name(self) -> str:
-        """The engine's name, as a pool records it (``rodeco.engines.layout.LAYOUTS`` replays its memory)."""
-        return self.engine_class().__name__
 
     @property
     def kv(self) -> KVSpec:
         """Token by token; a prompt's cache stored once for all its rows on the fast engine, copied on ``hf``."""
         return KVSpec(shares_prefix=bool(self.engine_class().shares_prefix), block=1)
 
+    def _weights(self) -> FastWeights | None:
+        """The engine's prepared weights (fused, prepacked; MKL's packing for the compiled step on an Intel CPU in
+        fp32), built for the first session and reused by the rest, so the model's weights are read once; None for an
+        engine that prepares none."""
+        if self._prepared is None:
+            self._prepared = self.engine_class().prepare(self.model, self.compile and CompiledStep.uses_mkl(self.model))
+        return self._prepared
+
+    def _step(self) -> CompiledStep | None:
+        """The compiled step (``generator.compile``), built once and shared by every session; None when eager."""
+        if self.compile and self._compiled is None:
+            weights = self._weights()
+            assert weights is not None  # compile_setting allows compile only on an engine that prepares weights
+            self._compiled = CompiledStep.of(self.model, weights)
+        return self._compiled
+
     def new_engine(self) -> Engine:
-        """An engine for one session; what it prepares from the weights (fused, prepacked, compiled) is built for the
-        first session and reused by the rest, so the model's weights are read once, then."""
-        cls, kw = self.engine_class(), {}
-        prepare = getattr(cls, "prepare", None)
-        if prepare is not None:
-            if self._prepared is None:  # the compiled step's linears on an Intel CPU in fp32: MKL's packed GEMM
-                self._prepared = (
-                    prepare(self.model, mkl=True)
-                    if self.compile and CompiledStep.uses_mkl(self.model)
-                    else prepare(self.model)
-                )
-            kw["weights"] = self._prepared
-        if self.compile:
-            self._compiled = self._compiled or CompiledStep.of(self.model, self._prepared)
-            kw["compiled"] = self._compiled
-        return cls(self.model, **kw)
+        """An engine for one session, on the weights and compiled step every session shares."""
+        return self.engine_class()(self.model, weights=self._weights(), compiled=self._step())
+
+    @property
+    def info(self) -> EngineInfo:
+        """What this generator's engine does (``rodeco.protocols.EngineInfo``), declared once, when first asked."""
+        if self._info is None:
+            cls, weights, step = self.engine_class(), self._weights(), self._step()
+            dev = torch.device(self.device).type
+            self._info = EngineInfo(
+                name=cls.name,
+                compiled=step is not None,
+                topk=step.topk if step is not None else None,
+                # inductor's attention gathers each row's prompt keys and values; rodeco's kernel reads them in place
+                gathers_prompt=step is not None and not step.kernel,
+                keys_by_column=step is not None and step.keys_by_column,
+                linear=weights.linear if weights is not None else "torch",
+                draws_on_device=dev != "cpu",
+                counts_finished_late=dev == "cuda",
+            )
+        return self._info
 
     @property
     def compile(self) -> bool:
@@ -93,12 +114,6 @@ class TorchGenerator(ModelGenerator):
         if self._compile is None:
             self._compile = compile_setting(self._compile_value, self.device, self.engine_class())
         return self._compile
-
-    @property
-    def gathers_prompt(self) -> bool:
-        """Whether sessions' compiled step may gather each row's prompt keys and values (``prompt_gather`` in
-        ``rodeco.working``): with inductor's attention, not with rodeco's kernel, which reads them in place."""
-        return self.compile and not CompiledStep.uses_kernel(self.model)
 
     @property
     def compiled(self) -> CompiledStep | None:

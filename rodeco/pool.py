@@ -93,6 +93,18 @@ def reward_key(node: dict[str, Any], identity: str | None = None) -> str:
     return f"{node.get('name', 'reward')}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
+# the engine as pools recorded it before engines had a stable id (their class names): read as the id
+RECORDED_ENGINES = {"HFEngine": "hf", "FastLlamaEngine": "fast", "VLLMEngine": "vllm"}
+
+
+def _read_settings(f: Path) -> dict[str, Any]:
+    """A pool's settings as recorded, with its engine named by its stable id (``EngineInfo.name``)."""
+    s: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
+    if "engine" in s:
+        s["engine"] = RECORDED_ENGINES.get(s["engine"], s["engine"])
+    return s
+
+
 class Pool:
     """A pool directory: its settings, its prompts (loaded on demand) and its score caches."""
 
@@ -103,7 +115,7 @@ class Pool:
             raise ConfigError(
                 key, str(path), "no pool there (no pool.json)", f"record one first: rodeco experiment=pool {key}={path}"
             )
-        self.settings: dict[str, Any] = json.loads(f.read_text(encoding="utf-8"))
+        self.settings = _read_settings(f)
         self._prompts: dict[int, PoolPrompt] = {}
         self._hidden: dict[int, np.ndarray] = {}
 
@@ -113,7 +125,7 @@ class Pool:
         path = Path(path)
         f = path / SETTINGS
         if f.is_file():
-            old = json.loads(f.read_text(encoding="utf-8"))
+            old = _read_settings(f)
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             if diff:
                 raise ConfigError(

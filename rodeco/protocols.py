@@ -3,13 +3,13 @@
 - ``Reward`` and ``Policy``: what a plugin implements; ``rodeco.contracts`` holds every call to a plugin to them.
 - ``Generator`` and ``Session``: what an engine implements (the torch engines: ``rodeco.generator``; vLLM:
   ``rodeco.engines.vllm``; a recorded pool: ``rodeco.replay``). The loop, the budget, the accounting and the
-  experiments read only these members. What an engine can do is a member with a value (``provides_hidden``,
-  ``kv_pool_tokens``, ``memory_report()``), never something generic code probes for.
+  experiments read only these members. What an engine can do is a member with a value (``info: EngineInfo``,
+  ``provides_hidden``, ``kv_pool_tokens``, ``memory_report()``), never something generic code probes for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -18,6 +18,7 @@ from rodeco.state import Counts, RoundView, Row, ScoreRequest, SessionSpec, Sess
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
 
 @dataclass
@@ -27,6 +28,27 @@ class RewardCost:
     tokens: int = 0
     flops: float = 0.0
     calls: int = 0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a generator's engine does, declared once where the generator is built (``Generator.info``). Generic code
+    (the session, the runner's working memory, the budget, the experiments) reads this record, never the engine's
+    or its compiled step's members."""
+
+    name: str  # the engine's stable id, as pools record it: "fast", "hf" or "vllm"
+    compiled: bool = False  # the decode step is compiled (``generator.compile``: ``rodeco.engines.compiled``)
+    # sampling's top-k where the engine brings its own (``x.topk(k, dim=-1)``'s values and indices), else None: torch's
+    topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # each row's step gathers its prompt's keys and values (``prompt_gather`` in ``rodeco.working``: 2 H_kv D e bytes
+    # per prompt token per row)
+    gathers_prompt: bool = False
+    keys_by_column: bool = False  # keys are stored [..., head_dim, tokens], prompt's and own
+    linear: str = "torch"  # the linear kernel: "mkl", "onednn" (prepacked), "torch" (F.linear) or "vllm" (its own)
+    # host syncs: a step's random numbers are drawn on the device (not uploaded from the host), and finished rows are
+    # counted one step late, so a step waits for no copy to the host (CUDA)
+    draws_on_device: bool = False
+    counts_finished_late: bool = False
 
 
 @runtime_checkable
@@ -100,7 +122,7 @@ class Generator(Protocol):
     max_context: int | None
     eos_ids: list[int]
     pad_id: int
-    engine_name: str  # as a pool records it (``rodeco.engines.layout.LAYOUTS`` replays its memory)
+    info: EngineInfo  # what its engine does; ``info.name`` is what a pool records (``rodeco.engines.layout``)
     provides_hidden: bool  # it can hand rewards the final-layer hidden states
     kv_pool_tokens: int | None  # its engine's own KV capacity (vLLM's block pool), None when it has none
 

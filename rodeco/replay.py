@@ -32,7 +32,7 @@ from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import TorchGenerator
 from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch, rows_per_prompt, session_spec
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt
-from rodeco.protocols import Generator, Policy, Reward, RewardCost
+from rodeco.protocols import EngineInfo, Generator, Policy, Reward, RewardCost
 from rodeco.sampling import COPY_BIT
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec
@@ -51,7 +51,7 @@ def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cf
         "seed": s.seed,
         "sampling": {"temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p},
         "generator": generator_cfg,
-        "engine": gen.engine_name,
+        "engine": gen.info.name,
         "shape": {k: v for k, v in gen.shape.to_dict().items() if k not in UNRECORDED_SHAPE},
         "dtype": str(gen.dtype),
         "eos_ids": gen.eos_ids,
@@ -136,8 +136,8 @@ class ReplayGenerator:
         self.dtype = s.get("dtype", "")
         self.eos_tensor = torch.tensor(self.eos_ids)
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
-        self.engine_name = s["engine"]
-        self.layout = LAYOUTS[self.engine_name]
+        self.info = EngineInfo(name=s["engine"])  # replayed on the CPU: torch's top-k, no host syncs to spare
+        self.layout = LAYOUTS[self.info.name]
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
         self._ids: dict[str, list[int]] = {}
@@ -205,7 +205,7 @@ class ReplayGenerator:
             if not isinstance(self._live, TorchGenerator):
                 raise ConfigError(
                     "generator.engine",
-                    self._live.engine_name,
+                    self._live.info.name,
                     "continuations of copies are decoded with rodeco's own engines (fast, hf)",
                     "replay with generator.engine=fast",
                 )

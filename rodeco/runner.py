@@ -116,7 +116,6 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
     with the log-probs and hidden states its roles read."""
     decider = roles.partial or roles.reward
     s = cfg.sampling
-    gathers = bool(getattr(gen, "gathers_prompt", False))  # a compiled step with inductor's attention
     return working_memory(
         gen.shape,
         context=longest + s.max_new_tokens,
@@ -124,7 +123,7 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
         sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
         needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
         needs_hidden=decider.needs_hidden_states,
-        gathered_prompt=longest if gathers else 0,
+        gathered_prompt=longest if gen.info.gathers_prompt else 0,
     )
 
 

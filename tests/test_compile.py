@@ -138,15 +138,15 @@ def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens)
     if not kernels.decode_attention_available():
         pytest.skip("no C++ toolchain to build the kernel")
     _, comp = gens()
-    assert CompiledStep.uses_kernel(comp.model) and not comp.gathers_prompt
+    assert CompiledStep.uses_kernel(comp.model) and not comp.info.gathers_prompt
     eng = comp.new_engine()
     eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
     eng.step(torch.tensor([4]))
     assert comp.compiled.kernel
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
     # its sampling's top-k is rodeco's too (torch's values and indices: the eager tokens, as the first test checks)
-    assert eng.topk is kernels.topk and gens()[0].new_engine().topk is None
-    assert gens(torch.bfloat16)[1].new_engine().topk is None  # bf16 logits tie: torch's top-k samples
+    assert comp.info.topk is kernels.topk and gens()[0].info.topk is None
+    assert gens(torch.bfloat16)[1].info.topk is None  # bf16 logits tie: torch's top-k samples
 
 
 def test_the_graph_calls_the_linears_in_cpp_where_built_and_in_python_elsewhere(gens, monkeypatch):
@@ -196,7 +196,7 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     """The compiled step's weights are packed for MKL's GEMM where ``uses_mkl`` says (an Intel CPU, fp32, the kernels
     built), the eager step's never (compile off decodes as before); where MKL's rows would depend on the batch the
     weights fall back to oneDNN's, with a warning."""
-    from rodeco.engines import fast, kernels
+    from rodeco.engines import kernels, llama
     from rodeco.engines.compiled import CompiledStep
     from rodeco.hardware import cpu_vendor
 
@@ -212,8 +212,8 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     assert not CompiledStep.uses_mkl(comp.model)
     if not kernels.mkl_linear_available():
         return
-    monkeypatch.setattr(fast, "row_invariant", lambda lin: lin.mkl is None)  # as if MKL's rows moved with the batch
-    w = fast.FastWeights(comp.model, mkl=True)
+    monkeypatch.setattr(llama, "row_invariant", lambda lin: lin.mkl is None)  # as if MKL's rows moved with the batch
+    w = llama.FastWeights(comp.model, mkl=True)
     assert not w.mkl and all(x.mkl is None for x in w.linears())
 
 
@@ -251,10 +251,12 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert comp.compile and not eager.compile  # what rodeco.runner.row_working_memory reads
     from rodeco.engines.compiled import CompiledStep
 
-    assert comp.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) and not eager.gathers_prompt
+    assert comp.info.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) and not eager.info.gathers_prompt
     with pytest.MonkeyPatch.context() as mp:  # inductor's attention (CUDA's; CPU's without the kernel) gathers
         mp.setattr("rodeco.engines.compiled._kernel_serves", lambda *a: False)
-        assert comp.gathers_prompt
+        from rodeco.generator import TorchGenerator
+
+        assert TorchGenerator(comp.model, comp.tokenizer, engine="fast", compile=True).info.gathers_prompt
 
 
 def test_a_prompt_freed_by_rejections_keeps_the_kernels_layout(gens):
@@ -280,7 +282,7 @@ def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
     from rodeco.engines import kernels
 
     eager, comp = gens(torch.bfloat16)
-    assert comp.gathers_prompt != kernels.decode_attention_available() and not eager.gathers_prompt
+    assert comp.info.gathers_prompt != kernels.decode_attention_available() and not eager.info.gathers_prompt
 
 
 def test_one_graph_a_round_gives_the_eager_tokens_and_the_survivors(gens):

@@ -242,7 +242,7 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
         kv_bytes_per_token=1024,
         kv_pool_tokens=None,
         layer_devices=lambda: {"cuda": 30},
-        engine_name="FastLlamaEngine",
+        info=rodeco.EngineInfo(name="fast"),
     )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
     from_device = budget_from_device(10 * 2**30, 1024, 0.9, 2 * 2**30)  # (10 - 2) GiB * 0.9 / 1 KiB
@@ -251,7 +251,7 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
         cfg = rodeco.load_config([f"budget={opt}"])
         validate(cfg)
         assert make_budget(cfg, cuda).kv_tokens == kv, opt
-    vllm = SimpleNamespace(**{**vars(cuda), "kv_pool_tokens": 5000, "engine_name": "VLLMEngine"})
+    vllm = SimpleNamespace(**{**vars(cuda), "kv_pool_tokens": 5000, "info": rodeco.EngineInfo(name="vllm")})
     assert make_budget(rodeco.load_config(["budget=engine"]), vllm).kv_tokens == 5000  # the engine's own pool
 
 

@@ -107,13 +107,13 @@ def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
     import gc
 
     from rodeco.engines.compiled import _c_linear, _handle
-    from rodeco.engines.fast import _Linear
+    from rodeco.engines.llama import Linear
 
     assert kernels.packed_linear_available() and _c_linear()
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 32, generator=gen)
     for b in (None, torch.randn(48, generator=gen)):
-        lin = _Linear(torch.randn(48, 32, generator=gen), b)
+        lin = Linear(torch.randn(48, 32, generator=gen), b)
         if lin.packed is None:
             pytest.skip("this build of PyTorch has no prepacked oneDNN linear")
         h = _handle(lin, True)
@@ -140,13 +140,13 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     import gc
 
     from rodeco.engines.compiled import _handle
-    from rodeco.engines.fast import _Linear, row_invariant
+    from rodeco.engines.llama import Linear, row_invariant
 
     _mkl()
     gen = torch.Generator().manual_seed(k)
     w = torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
-    lin = _Linear(w, b, mkl=True)
+    lin = Linear(w, b, mkl=True)
     assert lin.mkl is not None and lin.packed is None
     x = torch.randn(130, k, generator=gen)
     full = lin(x)
@@ -168,14 +168,14 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
 def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():
     """The check ``FastWeights`` runs before it keeps MKL's weights fails a linear that rounds a row otherwise at
     another batch size (here: one that adds a batch-sized offset)."""
-    from rodeco.engines.fast import _Linear, row_invariant
+    from rodeco.engines.llama import Linear, row_invariant
 
-    class Batchy(_Linear):
+    class Batchy(Linear):
         def __call__(self, x):
             return super().__call__(x) + x.shape[0] * 1e-6
 
     w = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
-    assert row_invariant(_Linear(w)) and not row_invariant(Batchy(w))
+    assert row_invariant(Linear(w)) and not row_invariant(Batchy(w))
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ on both engines; the model-free engine layouts allocate as the real engines do."
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -34,7 +35,7 @@ BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_p
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
     real = tiny_gen(engine).new_engine()
-    layout = LAYOUTS[type(real).__name__](1)
+    layout = LAYOUTS[real.name](1)
     ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     tok = lambda b: torch.full((b,), 12, dtype=torch.long)  # noqa: E731
@@ -235,6 +236,23 @@ def test_a_pool_recorded_before_step_costs_were_renamed_still_loads(pools, tmp_p
     mtime = (path / "calibration.json").stat().st_mtime_ns
     record(rodeco.load_config(BASE), default_plugins(), path, PROMPTS, 12, gen=gen)  # complete: nothing measured
     assert not (path / "step_costs.json").exists() and (path / "calibration.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("engine, recorded", [("fast", "FastLlamaEngine"), ("hf", "HFEngine")])
+def test_a_pool_that_recorded_its_engines_class_name_still_replays_and_extends(pools, tmp_path, engine, recorded):
+    """Pools record the engine's stable id (``EngineInfo.name``); those that recorded its class name open as that id,
+    replay on its layout, and take new prompts without a settings mismatch."""
+    gen, shared = pools[engine]
+    path = tmp_path / "pool"
+    shutil.copytree(shared, path)
+    f = path / "pool.json"
+    settings = json.loads(f.read_text())
+    assert settings["engine"] == engine
+    f.write_text(json.dumps({**settings, "engine": recorded}))
+    _, rgen = open_pool(path, live=lambda: gen)
+    assert rgen.info.name == engine and rgen.layout is LAYOUTS[engine]
+    record(rodeco.load_config(BASE), default_plugins(), path, [*PROMPTS, Prompt(3, "one more")], 12, gen=gen)
+    assert Pool(path).indices() == [0, 1, 2, 3] and json.loads(f.read_text())["engine"] == recorded
 
 
 def test_replay_refuses_settings_the_pool_was_not_recorded_with(pools):

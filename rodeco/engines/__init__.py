@@ -6,7 +6,11 @@
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
 - ``length``: cached tokens per row (padding included), ``rows``: batch size,
   ``allocated_tokens``: cache slots held now (what the budget bounds);
+- ``name``: the engine's stable id (``generator.engine``'s value, what a pool records);
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
+- ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
+- ``prepare(model, mkl)``: what every session's engine computes with besides the model (the fast engine's fused,
+  prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
   LM head reads) of each row's last position after ``prefill``/``step``: ``[rows, hidden]``, no extra forward.
 
@@ -20,7 +24,7 @@ above the engines, in ``rodeco.loading``.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -30,20 +34,25 @@ ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the se
 
 
 class Engine(Protocol):
+    name: str
+    shares_prefix: bool
+    compilable: bool
     rows: int
     length: int
     allocated_tokens: int
-    shares_prefix: bool
     keep_hidden: bool
     last_hidden: torch.Tensor | None
 
+    def __init__(self, model: torch.nn.Module, weights: Any = None, compiled: Any = None) -> None: ...
+    @staticmethod
+    def prepare(model: torch.nn.Module, mkl: bool = False) -> Any: ...
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
     def select(self, rows: torch.Tensor) -> None: ...
     def reserve(self, capacity: int) -> None: ...
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
-def engine_class(kind: str, model: torch.nn.Module) -> type:
+def engine_class(kind: str, model: torch.nn.Module) -> type[Engine]:
     """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: fast when it can run the model)."""
     from rodeco.engines.hf import HFEngine
 

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from rodeco.engines import kernels
-from rodeco.engines.fast import FastWeights, _Linear, _rms_norm, _rope
+from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
 from rodeco.hardware import cpu_vendor
 from rodeco.validation import ConfigError, check_compile
 
@@ -77,7 +77,7 @@ def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
     """``generator.compile`` as a bool for a model on ``device`` run by ``engine`` (an engine class): ``auto`` is
     True on CUDA with the fast engine, else False; ``true`` needs the fast engine."""
     v = check_compile(value)
-    fast = getattr(engine, "compilable", False)
+    fast = bool(engine.compilable)
     if v == "true" and not fast:
         raise ConfigError(
             "generator.compile",
@@ -88,7 +88,7 @@ def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
     return fast and (device.type == "cuda" if v == "auto" else v == "true")
 
 
-_PACKED: weakref.WeakValueDictionary[int, _Linear] = weakref.WeakValueDictionary()  # handle -> prepacked linear
+_PACKED: weakref.WeakValueDictionary[int, Linear] = weakref.WeakValueDictionary()  # handle -> prepacked linear
 _HANDLES = itertools.count()
 
 
@@ -119,7 +119,7 @@ def _c_linear() -> bool:
     return True
 
 
-def _handle(lin: _Linear, c: bool) -> int:
+def _handle(lin: Linear, c: bool) -> int:
     """A new handle naming ``lin`` in the graph: in ``_PACKED`` (``packed_linear``'s) and, with ``c``, in the C++
     op's table too, from which it is dropped when ``lin`` is freed."""
     h = next(_HANDLES)
@@ -200,8 +200,14 @@ class _Step(torch.nn.Module):
         self.w = _Weights(model, fused)
         self.h, self.hkv, self.d, self.eps, self.scale = h, hkv, d, eps, d**-0.5
         self.kernel, self.graphs = kernel, graphs
-        lins = {n: [getattr(l, n) for l in fused.layers] for n in ("qkv", "o", "gate_up", "down")}
-        lins["head"] = [fused.lm_head]
+        layers = fused.layers
+        lins = {
+            "qkv": [l.qkv for l in layers],
+            "o": [l.o for l in layers],
+            "gate_up": [l.gate_up for l in layers],
+            "down": [l.down for l in layers],
+            "head": [fused.lm_head],
+        }
         self.fused = fused  # the prepacked linears the handles name live as long as the step
         packs = packed and all(x.packed is not None or x.mkl is not None for ls in lins.values() for x in ls)
         self.c_linear = packs and _c_linear()  # the C++ op where it is built: no Python a call
@@ -237,10 +243,10 @@ class _Step(torch.nn.Module):
         bias = None if self.kernel else pbias.index_select(0, grp)[:, None, None, :]  # [B, 1, 1, P]
         own = torch.arange(k[0].shape[2], device=x.device) <= s if self.graphs else None  # [capacity]
         for li in range(len(w.qkv)):
-            qkv = self._linear(_rms_norm(x, w.ln1[li], self.eps), "qkv", li)
+            qkv = self._linear(rms_norm(x, w.ln1[li], self.eps), "qkv", li)
             q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
-            q = _rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
-            kn = _rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None]
+            q = rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
+            kn = rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None]
             if self.graphs:  # the slot from a tensor: one graph (and one CUDA graph) serves every step of a round
                 k[li].index_copy_(2, s, kn)
                 v[li].index_copy_(2, s, vn.view(B, self.hkv, 1, self.d))
@@ -255,9 +261,9 @@ class _Step(torch.nn.Module):
                 kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
                 o = _attention(q, kpr, vpr, ks, vs, bias, self.scale, own)
             x = x + self._linear(o.reshape(B, -1), "o", li)
-            gate, up = self._linear(_rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
+            gate, up = self._linear(rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, "down", li)
-        hidden = _rms_norm(x, w.norm, self.eps)
+        hidden = rms_norm(x, w.norm, self.eps)
         return self._linear(hidden, "head", 0), hidden
 
 

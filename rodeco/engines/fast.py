@@ -26,10 +26,15 @@ compiled step alike; the eager engine's stay oneDNN's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from rodeco.engines.llama import FastWeights, Layer, rms_norm, rope
+
+if TYPE_CHECKING:
+    from rodeco.engines.compiled import CompiledStep
 
 log = logging.getLogger(__name__)
 
@@ -53,113 +58,23 @@ def supports(model: torch.nn.Module) -> str | None:
     return None
 
 
-class _Linear:
-    """``F.linear`` with weights prepacked for oneDNN on CPU when this build of PyTorch allows it; with ``mkl``,
-    packed for MKL's GEMM instead (``rodeco::mkl_pack``: the compiled step's on an Intel CPU in fp32, where rodeco's
-    kernels are built)."""
-
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, batch_hint: int = 64, mkl: bool = False) -> None:
-        self.w, self.b, self.packed, self.mkl = w, b, None, None
-        if mkl:
-            self.mkl = torch.ops.rodeco.mkl_pack(w.detach())
-        elif (
-            w.device.type == "cpu"
-            and w.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available()
-        ):
-            try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
-                x = torch.zeros(1, w.shape[1], dtype=w.dtype)
-                torch.ops.mkldnn._linear_pointwise(x, packed, self.b, "none", [], "")
-                self.packed = packed
-            except (RuntimeError, AttributeError):  # an op this build lacks: plain linear
-                self.packed = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mkl is not None:
-            return torch.ops.rodeco.mkl_linear(x, self.mkl, self.b, self.w.shape[0])
-        if self.packed is None:
-            return F.linear(x, self.w, self.b)
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.b, "none", [], "")
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-
-def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-class _Layer:
-    def __init__(self, layer: torch.nn.Module, mkl: bool = False) -> None:
-        a, m = layer.self_attn, layer.mlp
-        b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-        self.qkv = _Linear(
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
-            torch.cat(b).contiguous() if all(x is not None for x in b) else None,
-            mkl=mkl,
-        )
-        self.o = _Linear(a.o_proj.weight, a.o_proj.bias, mkl=mkl)
-        self.gate_up = _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), mkl=mkl)
-        self.down = _Linear(m.down_proj.weight, mkl=mkl)
-        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-
-
-class FastWeights:
-    """What the fast engine computes with besides the model: each layer's fused weights (one QKV, one gate+up),
-    prepacked for oneDNN on CPU, and the LM head's; read from the model's weights when built. ``mkl``: packed for
-    MKL's GEMM instead (``_Linear``), if its rows come out the same at every batch size (``row_invariant``), else
-    oneDNN's, with a warning."""
-
-    def __init__(self, model: torch.nn.Module, mkl: bool = False) -> None:
-        self.layers = [_Layer(l, mkl) for l in model.model.layers]
-        self.lm_head = _Linear(model.lm_head.weight, mkl=mkl)
-        self.mkl = mkl
-        if mkl and not all(row_invariant(x) for x in {(x.w.shape, x.b is None): x for x in self.linears()}.values()):
-            log.warning(
-                "MKL's packed GEMM gave a row other products at another batch size on this CPU, so Speculative "
-                "Rejection's survivors would not be Best-of-N's samples; the weights are prepacked for oneDNN"
-            )
-            self.__init__(model)
-
-    def linears(self) -> list[_Linear]:
-        """Every linear: the layers' and the LM head's."""
-        return [x for l in self.layers for x in (l.qkv, l.o, l.gate_up, l.down)] + [self.lm_head]
-
-
-ROWS_CHECKED = (1, 2, 3, 5, 8, 17, 33, 64, 65)  # batch sizes ``row_invariant`` computes, against 80 rows
-
-
-def row_invariant(lin: _Linear) -> bool:
-    """Whether ``lin`` gives each row the same output bit for bit at every batch size in ``ROWS_CHECKED`` as in a
-    batch of 80 (random rows, seeded): what keeps a row's tokens independent of the rows beside it."""
-    x = torch.randn(80, lin.w.shape[1], generator=torch.Generator().manual_seed(0)).to(lin.w.dtype)
-    full = lin(x)
-    return all(torch.equal(lin(x[:m].contiguous()), full[:m]) for m in ROWS_CHECKED)
-
-
 class FastLlamaEngine:
+    name = "fast"
     shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
     compilable = True  # generator.compile applies (rodeco.engines.compiled)
 
     def __init__(
         self,
         model: torch.nn.Module,
-        compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+        compiled: CompiledStep | None = None,
         weights: FastWeights | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
         self.compiled = compiled  # generator.compile: the step's layers and head as one graph (rodeco.engines.compiled)
-        self.topk = getattr(compiled, "topk", None)  # sampling's top-k, where the compiled step brings rodeco's own
         # one graph a round (``CompiledStep.graphs``, CUDA): the slot written is ``s_dev``, a tensor on the device, and
         # the caches are static inputs whose unwritten slots hold zeros
-        self.graphs = bool(getattr(compiled, "graphs", False))
+        self.graphs = compiled is not None and compiled.graphs
         self.s_dev: torch.Tensor | None = None
         w = weights if weights is not None else self.prepare(model)
         self.layers = w.layers
@@ -257,7 +172,7 @@ class FastLlamaEngine:
         dev, dt = ids.device, self.embed.dtype
         # keys by column: rodeco's attention kernel reads them so, prompt and own (the compiled step on CPU); the
         # eager step on CPU in bf16 stores its own keys so; inductor's attention reads a key's head_dim contiguously
-        by_column = bool(getattr(self.compiled, "keys_by_column", False))
+        by_column = self.compiled is not None and self.compiled.keys_by_column
         self.keys_t = by_column or (dev.type == "cpu" and dt != torch.float32 and self.compiled is None)
         self.prompt_t = by_column
         like = torch.empty(0, device=dev, dtype=dt)
@@ -281,8 +196,8 @@ class FastLlamaEngine:
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [G, L, H, D]
-            q = _rope(q.transpose(1, 2), cos, sin)  # [G, H, L, D]
-            k = _rope(k.transpose(1, 2), cos, sin)  # [G, Hkv, L, D]
+            q = rope(q.transpose(1, 2), cos, sin)  # [G, H, L, D]
+            k = rope(k.transpose(1, 2), cos, sin)  # [G, Hkv, L, D]
             v = v.transpose(1, 2)
             self.kp[li].copy_(k)
             self.vp[li].copy_(v)
@@ -291,16 +206,16 @@ class FastLlamaEngine:
             x = self._finish_layer(x, o.transpose(1, 2).reshape(G, L, -1), lay)
         return self._head(x[:, -1])
 
-    def _qkv(self, x: torch.Tensor, lay: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = lay.qkv(_rms_norm(x, lay.ln1, self.eps))
+    def _qkv(self, x: torch.Tensor, lay: Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = lay.qkv(rms_norm(x, lay.ln1, self.eps))
         hd, kd = self.h * self.d, self.hkv * self.d
         q, k, v = qkv.split([hd, kd, kd], dim=-1)
         shape = x.shape[:-1]
         return q.view(*shape, self.h, self.d), k.view(*shape, self.hkv, self.d), v.view(*shape, self.hkv, self.d)
 
-    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, lay: _Layer) -> torch.Tensor:
+    def _finish_layer(self, x: torch.Tensor, attn: torch.Tensor, lay: Layer) -> torch.Tensor:
         x = x + lay.o(attn)
-        gate, up = lay.gate_up(_rms_norm(x, lay.ln2, self.eps)).chunk(2, dim=-1)
+        gate, up = lay.gate_up(rms_norm(x, lay.ln2, self.eps)).chunk(2, dim=-1)
         return x + lay.down(F.silu(gate) * up)
 
     def _by_prefix(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -343,8 +258,8 @@ class FastLlamaEngine:
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
-            q = _rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
-            self.k[li][:, :, S] = _rope(k, cos, sin)
+            q = rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
+            self.k[li][:, :, S] = rope(k, cos, sin)
             self.v[li][:, :, S] = v
             o = self._attend(q, li, bias)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
@@ -366,7 +281,7 @@ class FastLlamaEngine:
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the last layer's output; its normed state is kept in ``last_hidden`` when asked."""
-        h = _rms_norm(x, self.norm, self.eps)
+        h = rms_norm(x, self.norm, self.eps)
         self.last_hidden = h if self.keep_hidden else None
         return self.lm_head(h)
 

@@ -11,9 +11,16 @@ class HFEngine:
     """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does.
     Fan-out copies the prompt's cache into every row."""
 
+    name = "hf"
     shares_prefix = False
+    compilable = False  # generator.compile does not apply
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    @staticmethod
+    def prepare(model: torch.nn.Module, mkl: bool = False) -> None:
+        """Nothing to prepare: the model's own forward reads its weights."""
+        return None
+
+    def __init__(self, model: torch.nn.Module, weights: None = None, compiled: None = None) -> None:
         self.model = model
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -158,4 +158,4 @@ class VLLMLayout:
         return torch.zeros(self.rows, 1)
 
 
-LAYOUTS = {"HFEngine": HFLayout, "FastLlamaEngine": FastLayout, "VLLMEngine": VLLMLayout}
+LAYOUTS = {"hf": HFLayout, "fast": FastLayout, "vllm": VLLMLayout}  # by the engine's id (``EngineInfo.name``)

@@ -34,6 +34,7 @@ import torch
 
 from rodeco.budget import block_shared
 from rodeco.engines.base import ModelGenerator
+from rodeco.protocols import EngineInfo
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import Row, SessionSpec, SessionStats, fork_order
 from rodeco.stops import StopStrings
@@ -86,8 +87,9 @@ class VLLMGenerator(ModelGenerator):
     """A generator whose rows decode in a vLLM ``LLMEngine``. ``model`` is the architecture on the meta device (its
     sizes give the FLOPs and KV bytes; no weights are loaded twice)."""
 
-    engine_name = "VLLMEngine"
     engine_kind = "vllm"
+    # vLLM samples inside its engine (its own top-k) with its own kernels; what the host waits for is vLLM's affair
+    info = EngineInfo(name="vllm", linear="vllm")
     provides_hidden = False
 
     def __init__(

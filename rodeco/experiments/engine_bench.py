@@ -44,11 +44,11 @@ log = logging.getLogger(__name__)
 def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
     """The best ``n x n`` matmul rate in ``dtype``, over ``torch.mm`` and (on CPU) the oneDNN prepacked path that the
     fast engine uses, so that ``F`` is not flattered by a slower reference kernel."""
-    from rodeco.engines.fast import _Linear
+    from rodeco.engines.llama import Linear
 
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     kernels = [lambda: a @ b]
-    packed = _Linear(b.t().contiguous(), batch_hint=n)
+    packed = Linear(b.t().contiguous(), batch_hint=n)
     if packed.packed is not None:
         kernels.append(lambda: packed(a))
     best = float("inf")
@@ -115,21 +115,11 @@ def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, s
     }
 
 
-def _compiled(gen) -> tuple[int, float, int, bool] | None:
+def _compiled(gen: Generator) -> tuple[int, float, int, bool] | None:
     """(graphs compiled, seconds compiling, graphs not captured as CUDA graphs, one graph a round) of a generator's
     compiled step; None if it is not compiled."""
-    step = getattr(gen, "compiled", None)
+    step = gen.compiled if isinstance(gen, TorchGenerator) else None
     return (step.compiles, step.compile_seconds, step.cudagraph_skips, step.graphs) if step is not None else None
-
-
-def _linears(gen) -> dict[str, str]:
-    """Which kernel the fast engine's linears ran on (``mkl``: MKL's packed GEMM, the compiled step's on an Intel CPU
-    in fp32; ``onednn``; ``plain``), for a generator that has prepared them."""
-    w = getattr(gen, "_prepared", None)
-    if w is None or not hasattr(w, "linears"):
-        return {}
-    lin = w.linears()[0]
-    return {"linears": "mkl" if lin.mkl is not None else "onednn" if lin.packed is not None else "plain"}
 
 
 def _compile_figures(
@@ -229,7 +219,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         "flops_per_token": flops_tok,
         "batch": rows * len(prompts),
         "new_tokens": a.new_tokens,
-        "engine": gen.engine_name,
+        "engine": gen.info.name,
         "dtype": str(gen.dtype),
         "device": str(gen.device),
         "threads": torch.get_num_threads(),
@@ -238,12 +228,12 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         "runs_hf": theirs,
         "engines": {
             e: {
-                "engine": g.engine_name,
+                "engine": g.info.name,
                 "tokens_per_s": statistics.median(runs[e]),
                 "vs_hf_generate": statistics.median(runs[e]) / B,
                 "runs": runs[e],
                 **_compile_figures(warm[e], _compiled(g)),
-                **_linears(g),
+                "linears": g.info.linear,  # mkl, onednn, torch (F.linear) or vllm
             }
             for e, g in gens.items()
         },
