@@ -45,7 +45,7 @@ _LAZY = {
     "cache_dir": "rodeco.loading",
     # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
     "open_pool": "rodeco.replay",
-    "PoolReward": "rodeco.replay",
+    "PoolReward": "rodeco.pool_rewards",
     "pool_served": "rodeco.roles",
     "check_training_prompts": "rodeco.experiments.calibrate",
     "prompts_of": "rodeco.data",

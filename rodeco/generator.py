@@ -1,7 +1,7 @@
 """The generator of rodeco's own engines: a causal LM whose rows decode in a torch forward engine (``fast`` or
 ``hf``, ``rodeco.engines``), one ``rodeco.session.TorchSession`` per batch. It implements
 ``rodeco.protocols.Generator``; vLLM's is ``rodeco.engines.vllm.VLLMGenerator``, a pool's
-``rodeco.replay.ReplayGenerator``."""
+``rodeco.pool_session.ReplayGenerator``."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
                                   gets at a decision point after t + 1 tokens)
     DIR/scores/<reward>/<index>.json  rewards of (candidate, length, partial) computed so far, with their cost
     DIR/continuations/<index>.json  copies' continuations, decoded on demand when a replay forks a row
-                                  (``rodeco.replay.ReplayGenerator.continuations``): copy stream -> its parent's
+                                  (``rodeco.pool_session.ReplayGenerator.continuations``): copy stream -> its parent's
                                   stream, the step of the fork, the tokens from there, their log-probs, stop token
     DIR/step_costs.json           decode step times at batch sizes 1, 2, 4, ..., M, measured once the pool is
                                   complete (the time model of the efficiency experiment is fitted to them);

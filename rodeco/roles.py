@@ -26,8 +26,8 @@ from rodeco.contracts import Scorer, identity_of
 from rodeco.judging import Judge, Judges
 from rodeco.plugins import BuildContext, Entry, Plugins
 from rodeco.pool import reward_key
+from rodeco.pool_rewards import OracleReward, PoolReward
 from rodeco.protocols import Policy, Reward
-from rodeco.replay import OracleReward, PoolReward
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:

@@ -60,9 +60,9 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
     return out
 
 
-def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np.ndarray:
-    """Uniform(0, 1) draws, one per candidate, a pure function of (seed, candidate id, step); ``seed`` is one for all
-    or one per candidate (a server's batch: each request's own)."""
+def uniforms(seed: int | np.ndarray, keys: np.ndarray, step: int) -> np.ndarray:
+    """Uniform(0, 1) draws, one per row, a pure function of (seed, the row's key (``row_keys``), step); ``seed`` is
+    one for all or one per row (a server's batch: each request's own)."""
     seed = (
         np.asarray(seed).astype(np.int64).astype(np.uint64)
         if isinstance(seed, np.ndarray)
@@ -70,7 +70,7 @@ def uniforms(seed: int | np.ndarray, candidate_ids: np.ndarray, step: int) -> np
     )
     with np.errstate(over="ignore"):
         key = _splitmix64(seed + np.uint64(step) * np.uint64(_STEP))
-        x = _splitmix64(key ^ (candidate_ids.astype(np.uint64) * np.uint64(_GOLDEN)))
+        x = _splitmix64(key ^ (keys.astype(np.uint64) * np.uint64(_GOLDEN)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 

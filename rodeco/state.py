@@ -129,7 +129,7 @@ class SessionSpec:
     sampling: SamplingParams
     max_new_tokens: int
     seed: int
-    streams: tuple[int, ...]  # per prompt of the batch: its stream key
+    stream_keys: tuple[int, ...]  # per prompt of the batch: its stream key (``PromptRef.stream_key``)
     indices: tuple[int, ...] = ()  # per prompt of the batch: its dataset index (a replay's key into its pool)
     needs_logprobs: bool = False
     needs_hidden: bool = False
@@ -140,7 +140,7 @@ class SessionSpec:
     stop: tuple[str, ...] = ()  # stop strings (``rodeco.stops``): a row whose text holds one ends there
 
     def prompt_seeds(self) -> tuple[int, ...]:
-        return self.seeds or (self.seed,) * len(self.streams)
+        return self.seeds or (self.seed,) * len(self.stream_keys)
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,8 @@ def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
     from rodeco.api import load_config
     from rodeco.experiments.record import pool_roles
     from rodeco.plugins import default_plugins
-    from rodeco.replay import PoolReward, open_pool, replay_batch
+    from rodeco.pool_rewards import PoolReward
+    from rodeco.replay import open_pool, replay_batch
     from rodeco.roles import choose_roles
     from rodeco.runner import loop_settings
 

@@ -56,7 +56,7 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
     from rodeco.loop import decode_batch
     from rodeco.plugins import BuildContext, default_plugins
     from rodeco.pool import Pool
-    from rodeco.replay import live_generator
+    from rodeco.pool_session import live_generator
     from rodeco.roles import RoleBuilder, choose_roles
     from rodeco.runner import loop_settings
     from rodeco.state import PromptRef

@@ -300,7 +300,7 @@ def test_the_replay_experiment_writes_results(pools, tmp_path, capsys):
 def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     """partial_reward=oracle decides by each candidate's final reward: fixed alpha 0.5 then keeps the best of the
     started candidates to the end (the budget forces no more than half out here), at the cost `same` pays."""
-    from rodeco.replay import OracleReward
+    from rodeco.pool_rewards import OracleReward
 
     gen, path = pools["fast"]
     cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", "n=8"])

@@ -198,7 +198,7 @@ def test_a_pool_recorded_through_vllm_replays_to_the_live_run(vgen, vpool, polic
     plugins = default_plugins()
     live = run_decode(cfg, plugins, None, gen=vgen).results
     pool, rgen = open_pool(vpool)
-    assert rgen.kv == vgen.kv and pool.settings["engine"] == "VLLMEngine"
+    assert rgen.kv == vgen.kv and pool.settings["engine"] == "vllm"
     reward = pool_reward(cfg, plugins, pool, rgen)
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
     s = loop_settings(cfg, rgen, policy, "logprob")

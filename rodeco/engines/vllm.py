@@ -35,8 +35,9 @@ import torch
 from rodeco.budget import block_shared
 from rodeco.engines.base import ModelGenerator
 from rodeco.protocols import EngineInfo
+from rodeco.rows import BookColumn, RowBook
 from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import Row, SessionSpec, SessionStats, fork_order
+from rodeco.state import Row, SessionSpec, SessionStats
 from rodeco.stops import StopStrings
 from rodeco.validation import ConfigError
 
@@ -172,7 +173,7 @@ class VLLMGenerator(ModelGenerator):
 class VLLMSession:
     """Candidate rows of several prompts decoding in vLLM (see the module doc); the interface of ``Session``."""
 
-    ROW_LISTS = ("ids", "tokens", "lps", "done", "fresh")  # per-row lists, in batch order
+    prompt_of, cand, stream = BookColumn(), BookColumn(), BookColumn()  # per row, in batch order (``book``)
 
     def __init__(self, gen: VLLMGenerator, spec: SessionSpec) -> None:
         if spec.needs_hidden:
@@ -185,12 +186,10 @@ class VLLMSession:
         self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
         self.seeds = [int(x) for x in spec.prompt_seeds()]  # per prompt: its seed
         self.stops = StopStrings(tuple(spec.stop))  # checked here on each new token (rodeco.stops), as live rows are
-        self.keys, self.needs_logprobs = [int(k) for k in spec.streams], spec.needs_logprobs
+        self.stream_keys, self.needs_logprobs = [int(k) for k in spec.stream_keys], spec.needs_logprobs
         self.ignore_eos, self.sampling, self.first = spec.ignore_eos, spec.sampling, spec.first
         self.hidden_log = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
-        self.prompt_of = np.zeros(0, dtype=np.int64)
-        self.cand = np.zeros(0, dtype=np.int64)
-        self.stream = np.zeros(0, dtype=np.int64)
+        self.book = RowBook()  # which prompt, candidate and stream each row is
         self.t = 0
         self.uid = gen.next_id()
 
@@ -244,9 +243,7 @@ class VLLMSession:
                 i = warm.pop(o.request_id, None) if o.finished else None
                 if i is not None:
                     self.stats.prefill_tokens[i] += self.prompt_lens[i] - int(o.num_cached_tokens or 0)
-        self.prompt_of = np.repeat(np.arange(P), n)
-        self.cand = np.tile(np.arange(n), P) + self.first
-        self.stream = self.cand.copy()
+        self.book.fan_out(P, n, self.first)
         self.ids = [f"r{self.uid}-{p}-{c}" for p, c in zip(self.prompt_of, self.cand)]  # vLLM's request ids
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         self.tokens: list[list[int]] = [[] for _ in self.ids]
@@ -258,7 +255,7 @@ class VLLMSession:
             llm.add_request(
                 rid,
                 TokensPrompt(prompt_token_ids=prompt_ids[p]),
-                self._params(self.max_new, request_seed(self.seeds[p], self.keys[p], int(c))),
+                self._params(self.max_new, request_seed(self.seeds[p], self.stream_keys[p], int(c))),
             )
         self._track_memory()
 
@@ -271,7 +268,7 @@ class VLLMSession:
     def _absorb(self, outs: list[Any]) -> None:
         """Append each row's new tokens; charge the forwards: a row's first token came from its prompt's tail
         (prefill), every later one from a decode forward over its context."""
-        st, counts, flops = self.stats, np.zeros(len(self.keys), np.int64), np.zeros(len(self.keys))
+        st, counts, flops = self.stats, np.zeros(len(self.stream_keys), np.int64), np.zeros(len(self.stream_keys))
         stopped: list[str] = []
         for o in outs:
             r = self.row_of.get(o.request_id)
@@ -336,30 +333,30 @@ class VLLMSession:
         """Rows ``rows`` (batch indices) leave the batch, as ``Row``s (the EOS token is not part of a response)."""
         if not rows:
             return []
-        out = []
-        for r in rows:
-            ids, lps, why, stop = self.tokens[r], self.lps[r] if self.needs_logprobs else None, reason, None
-            why = why or self.done[r]
-            if why == "eos" and ids and ids[-1] in self.gen.eos_ids:
-                stop, ids, lps = ids[-1], ids[:-1], (lps[:-1] if lps is not None else None)
-            out.append(
-                Row(
-                    int(self.prompt_of[r]),
-                    int(self.cand[r]),
-                    list(ids),
-                    list(lps) if lps is not None else None,
-                    why,
-                    stop,
-                    stream=int(self.stream[r]),
-                )
+        out = [
+            self.book.leaving(
+                r,
+                self.tokens[r],
+                list(self.lps[r]) if self.needs_logprobs else None,
+                reason or self.done[r],
+                self.gen.eos_ids,
             )
+            for r in rows
+        ]
         gone = set(rows)
         keep = [r for r in range(self.rows) if r not in gone]
-        self.prompt_of, self.cand, self.stream = self.prompt_of[keep], self.cand[keep], self.stream[keep]
-        for name in self.ROW_LISTS:
-            setattr(self, name, [getattr(self, name)[r] for r in keep])
+        self.book.take(keep)
+        self._reorder(keep)
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return out
+
+    def _reorder(self, order: list[int]) -> None:
+        """What the session holds per row, beside its book, in the new batch order (batch indices of the old)."""
+        self.ids = [self.ids[r] for r in order]
+        self.tokens = [self.tokens[r] for r in order]
+        self.lps = [self.lps[r] for r in order]
+        self.done = [self.done[r] for r in order]
+        self.fresh = [self.fresh[r] for r in order]
 
     def reject(self, rows: list[int]) -> list[Row]:
         """Abort active rows (batch indices) after a decision point, freeing their blocks; returns them."""
@@ -372,11 +369,8 @@ class VLLMSession:
         of each copy's prompt is charged as its prefill (vLLM's ``num_cached_tokens``)."""
         from vllm.inputs import TokensPrompt
 
-        order, slots = fork_order(self.rows, parents)
-        for name in self.ROW_LISTS:
-            setattr(self, name, [getattr(self, name)[r] for r in order])
-        self.prompt_of, self.cand, self.stream = self.prompt_of[order], self.cand[order], self.stream[order]
-        self.cand[slots], self.stream[slots] = ids, streams
+        order, slots = self.book.fork(parents, ids, streams)
+        self._reorder(order)
         for r in slots:
             self.tokens[r], self.lps[r] = list(self.tokens[r]), list(self.lps[r])  # its own, from its parent's
             p = int(self.prompt_of[r])
@@ -384,7 +378,9 @@ class VLLMSession:
             self.gen.llm.add_request(
                 self.ids[r],
                 TokensPrompt(prompt_token_ids=self.prompt_ids[p] + self.tokens[r]),
-                self._params(self.max_new - self.t, request_seed(self.seeds[p], self.keys[p], int(self.stream[r]))),
+                self._params(
+                    self.max_new - self.t, request_seed(self.seeds[p], self.stream_keys[p], int(self.stream[r]))
+                ),
             )
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         return slots

@@ -29,7 +29,9 @@ from rodeco.data import prompts_of
 from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
-from rodeco.replay import PoolReward, ReplayGenerator, open_pool
+from rodeco.pool_rewards import PoolReward
+from rodeco.pool_session import ReplayGenerator
+from rodeco.replay import open_pool
 from rodeco.results import ResultsWriter
 from rodeco.roles import pool_served
 from rodeco.state import Compute, RunOutput, ScoreRequest

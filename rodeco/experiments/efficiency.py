@@ -51,8 +51,10 @@ from rodeco.experiments.record import pool_dir, pool_roles, record
 from rodeco.loop import START_BY_POLICY, LoopSettings
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
+from rodeco.pool_rewards import PoolReward
+from rodeco.pool_session import ReplayGenerator
 from rodeco.protocols import Policy
-from rodeco.replay import PoolReward, ReplayGenerator, open_pool, replay_prompt
+from rodeco.replay import open_pool, replay_prompt
 from rodeco.results import ResultsWriter
 from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
 from rodeco.runner import loop_settings

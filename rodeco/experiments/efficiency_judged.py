@@ -23,7 +23,7 @@ from rodeco.experiments.metrics import bon_sizes
 from rodeco.judging import Item, Judges
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
-from rodeco.replay import PoolReward
+from rodeco.pool_rewards import PoolReward
 from rodeco.roles import Choice, RoleBuilder, choose_judges
 from rodeco.validation import ConfigError
 

@@ -15,8 +15,10 @@ from rodeco.config import candidate_settings
 from rodeco.data import Prompt, prompts_of
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
+from rodeco.pool_rewards import PoolReward
+from rodeco.pool_session import ReplayGenerator
 from rodeco.protocols import Generator
-from rodeco.replay import PoolReward, ReplayGenerator, measure_step_costs, pool_settings, record_prompt
+from rodeco.recording import measure_step_costs, pool_settings, record_prompt
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput

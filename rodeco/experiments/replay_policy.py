@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.experiments.record import pool_roles
 from rodeco.plugins import Plugins
-from rodeco.replay import PoolReward, open_pool, replay_batch
+from rodeco.pool_rewards import PoolReward
+from rodeco.replay import open_pool, replay_batch
 from rodeco.results import ResultsWriter
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings

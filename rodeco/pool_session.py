@@ -1,0 +1,237 @@
+"""A pool served as a generator (``rodeco.protocols.Generator``): what ``rodeco.replay`` runs the real loop over.
+
+- ``ReplayGenerator`` stands in for the generator: the pool's prompt ids, its saved tokenizer, the model's sizes
+  (FLOPs and KV bytes) and a model-free engine layout (``rodeco.engines.layout``) that allocates as the engine the
+  pool was recorded with does.
+- ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate. A copy
+  (a forking policy's count above 1) continues with the pool's continuation of it: decoded once, on demand, by the
+  live generator (``live_generator``) from its parent's tokens with its own stream
+  (``ReplayGenerator.continuations``), stored in the pool under its stream and served from there afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rodeco.engines.layout import LAYOUTS
+from rodeco.generator import TorchGenerator
+from rodeco.pool import Pool, PoolPrompt
+from rodeco.protocols import EngineInfo, Generator
+from rodeco.session import TorchSession
+from rodeco.shape import KVSpec
+from rodeco.state import SamplingParams, SessionSpec
+from rodeco.validation import ConfigError
+
+
+class ReplayGenerator:
+    """A ``rodeco.protocols.Generator`` served from a pool: no model is loaded; its sessions replay the recorded
+    candidates (``PoolSession``) on a model-free layout of the engine the pool was recorded with."""
+
+    device = torch.device("cpu")
+    provides_hidden = True  # the pool's recorded hidden states, where it has them (Pool.hidden)
+    kv_pool_tokens = None
+
+    def __init__(self, pool: Pool, live: Callable[[], Generator] | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        s = pool.settings
+        self.pool, self.shape, self.name = pool, pool.shape, str(s["generator"].get("model", ""))
+        self.tokenizer = AutoTokenizer.from_pretrained(pool.path / "tokenizer")
+        self.eos_ids, self.pad_id = list(s["eos_ids"]), int(s["pad_id"])
+        self.dtype = s.get("dtype", "")
+        self.eos_tensor = torch.tensor(self.eos_ids)
+        self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
+        self.info = EngineInfo(name=s["engine"])  # replayed on the CPU: torch's top-k, no host syncs to spare
+        self.layout = LAYOUTS[self.info.name]
+        # pools recorded before blocks were recorded are of rodeco's engines: block 1
+        self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
+        self._ids: dict[str, list[int]] = {}
+        self._live_factory, self._live = live or (lambda: live_generator(pool)), None
+        self.continuation_seconds = 0.0  # spent decoding copies' continuations that the pool did not hold
+        self.continued = 0  # continuations decoded (the rest served from the pool)
+
+    def continuations(
+        self, index: int, stream_key: int, parents: list[int], step: int, prefixes: list[list[int]], streams: list[int]
+    ) -> list[dict[str, Any]]:
+        """The continuations of copies of prompt ``index`` made after ``step`` tokens: copy ``j`` holds
+        ``prefixes[j]`` (its parent's tokens, of stream ``parents[j]``) and has stream ``streams[j]``. Served from
+        the pool; the missing ones decoded together by the live generator, as the live copy continues: its parent's
+        tokens fed step by step (``TorchSession.force``), then sampled with its own stream to the pool's
+        ``max_new_tokens``; stored in the pool at once."""
+        have = self.pool.continuations(index)
+        miss = [j for j, st in enumerate(streams) if str(st) not in have]
+        if miss:
+            t0 = time.perf_counter()
+            ps = self.pool.settings
+            live = self.live()
+            sampling = SamplingParams(**ps["sampling"])
+            sess = live.open_session(
+                SessionSpec(
+                    len(miss), sampling, int(ps["max_new_tokens"]), int(ps["seed"]), (stream_key,), needs_logprobs=True
+                )
+            )
+            sess.prefill([self.pool.prompt(index).prompt_ids])
+            sess.stream[:] = [streams[j] for j in miss]
+            sess.cand[:] = miss
+            sess.force(torch.tensor([prefixes[j] for j in miss], dtype=torch.long).reshape(len(miss), step))
+            rows = sess.decode(until=int(ps["max_new_tokens"])) + sess.retire_finished()
+            seconds = (time.perf_counter() - t0) / len(miss)
+            for r in rows:
+                j = r.candidate_id
+                assert r.token_ids[:step] == prefixes[j], "a continuation must start with its parent's tokens"
+                have[str(streams[j])] = {
+                    "parent": parents[j],
+                    "step": step,
+                    "tokens": r.token_ids,
+                    "logprobs": r.logprobs,
+                    "stop": r.stop,
+                    "seconds": seconds,
+                    "text": live.decode_text(r.token_ids),
+                }
+            self.pool.write_continuations(index, have)
+            self.continuation_seconds += time.perf_counter() - t0
+            self.continued += len(miss)
+        out = [have[str(st)] for st in streams]
+        for e, p, st in zip(out, parents, streams):
+            if e["parent"] != p or e["step"] != step:
+                raise ConfigError(
+                    "pool",
+                    str(self.pool.path),
+                    f"continuation {st} of prompt {index} was stored for "
+                    f"parent {e['parent']} at step {e['step']}, not {p} at {step}",
+                    "remove the pool's continuations/ folder (it is rebuilt on demand)",
+                )
+        return out
+
+    def live(self) -> Generator:
+        """The live generator that decodes continuations: loaded on first use (the pool's generator settings)."""
+        if self._live is None:
+            self._live = self._live_factory()
+            if not isinstance(self._live, TorchGenerator):
+                raise ConfigError(
+                    "generator.engine",
+                    self._live.info.name,
+                    "continuations of copies are decoded with rodeco's own engines (fast, hf)",
+                    "replay with generator.engine=fast",
+                )
+        return self._live
+
+    def add(self, p: PoolPrompt) -> None:
+        self._ids[p.text] = p.prompt_ids
+
+    def encode(self, text: str) -> list[int]:
+        return self._ids[text]
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def flops_per_token(self, context: int) -> float:
+        return self.shape.flops_per_token(context)
+
+    def layer_devices(self) -> dict[str, int]:
+        return {"cpu": self.shape.n_layers}
+
+    def memory_report(self) -> None:
+        return None
+
+    def open_session(self, spec: SessionSpec) -> PoolSession:
+        # finished rows leave the batch when they would live (compact_fraction)
+        return PoolSession(self, spec, self.layout(self.kv.block), self.layout.compact_fraction)
+
+
+class PoolSession(TorchSession):
+    """A session whose candidates are the pool's: the row of stream ``c`` (``first``, ``first + 1``, ...) emits
+    the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's candidates per prompt), and
+    finishes where the recording did. An offset ``first`` draws another set of candidates (wrapping round), as
+    another seed would. A starting row's candidate id, stream and pool index are the one number ``c mod M``; a
+    copy emits its continuation (``ReplayGenerator.continuations``)."""
+
+    def __init__(self, gen: ReplayGenerator, spec: SessionSpec, engine: Any, compact_fraction: float) -> None:
+        super().__init__(gen, spec, engine, compact_fraction)
+        self.pool = gen.pool
+        self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        super().prefill(prompt_ids)
+        self.cand = self.cand % self.pool.candidates  # pool candidate ids
+        self.stream = self.cand.copy()
+        B, T = self.rows, self.max_new
+        self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
+        self.rec_lp = torch.zeros((B, T))
+        for r, (p, c) in enumerate(zip(self.indices[self.prompt_of], self.cand)):
+            cand = self.pool.prompt(int(p)).candidates[int(c)]
+            toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
+            self.rec[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            self.rec_lp[r, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
+
+    def _next_tokens(self) -> torch.Tensor:
+        return self.rec[:, self.t]
+
+    def _hidden(self) -> torch.Tensor | None:
+        """The recorded state that sampled each row's latest token."""
+        if self.t == 0:
+            return None
+        idx = torch.from_numpy(self.indices[self.prompt_of])
+        parts = {p: self.pool.hidden(p) for p in idx.unique().tolist()}
+        out = torch.empty(self.rows, next(iter(parts.values())).shape[-1])
+        for p, h in parts.items():
+            rows = (idx == p).nonzero()[:, 0]
+            out[rows] = torch.from_numpy(np.asarray(h[self.cand[rows.numpy()], self.t - 1], dtype=np.float32))
+        return out
+
+    def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
+        return self.rec_lp[:, self.t]
+
+    def _select(self, rows: torch.Tensor) -> None:
+        super()._select(rows)
+        self.rec, self.rec_lp = self.rec[rows.cpu()], self.rec_lp[rows.cpu()]
+
+    def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
+        """Copies as live makes them; each then emits its continuation from the pool (decoded on first use)."""
+        if self.needs_hidden:
+            raise ConfigError(
+                "partial_reward",
+                "a reward that reads hidden states",
+                "a pool records no hidden states of copies",
+                "replay forking policies with a partial reward that reads text",
+            )
+        parent_streams = [int(self.stream[r]) for r in parents]
+        slots = super().fork(parents, ids, streams)
+        by_prompt: dict[int, list[int]] = {}
+        for j, r in enumerate(slots):
+            by_prompt.setdefault(int(self.prompt_of[r]), []).append(j)
+        T, t = self.max_new, self.t
+        for p, js in by_prompt.items():
+            conts = self.gen.continuations(
+                int(self.indices[p]),
+                int(self.stream_keys[p]),
+                [parent_streams[j] for j in js],
+                t,
+                [self.out[slots[j], :t].tolist() for j in js],
+                [streams[j] for j in js],
+            )
+            for j, c in zip(js, conts):
+                r = slots[j]
+                toks = (c["tokens"] + ([c["stop"]] if c["stop"] is not None else []))[:T]
+                self.rec[r, t:] = self.gen.pad_id
+                self.rec[r, t : len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
+                self.rec_lp[r, t : min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
+        return slots
+
+
+def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
+    """The generator a pool was recorded with, loaded from its settings (what decodes copies' continuations);
+    ``compile_step``: its compiled decode step (the same tokens in fp32, faster on CPU)."""
+    from omegaconf import OmegaConf
+
+    from rodeco.loading import load_generator
+
+    node = OmegaConf.create(pool.settings["generator"])
+    if compile_step:
+        node.compile = True
+    return load_generator(node)

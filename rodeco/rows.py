@@ -1,0 +1,76 @@
+"""Which prompt, candidate and random stream each active row of a session is, in batch order: the bookkeeping every
+session shares (``rodeco.session.TorchSession``, the pool's ``rodeco.pool_session.PoolSession`` through it, and
+``rodeco.engines.vllm.VLLMSession``), with the two things each needs of it: reordering (selections and copies) and a
+leaving row's response (the EOS token is not part of it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rodeco.state import Row, fork_order
+
+
+def _ids() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class RowBook:
+    """Per active row, in batch order: ``prompt_of`` its prompt's position in the batch (the batch key), ``cand`` its
+    candidate id, ``stream`` its random stream within its prompt (``rodeco.sampling.copy_stream`` for a copy's)."""
+
+    prompt_of: np.ndarray = field(default_factory=_ids)
+    cand: np.ndarray = field(default_factory=_ids)
+    stream: np.ndarray = field(default_factory=_ids)
+
+    def __len__(self) -> int:
+        return len(self.prompt_of)
+
+    def fan_out(self, prompts: int, n: int, first: int) -> None:
+        """``n`` rows per prompt, prompt by prompt: candidates (and streams) ``first .. first + n - 1``."""
+        self.prompt_of = np.repeat(np.arange(prompts), n)
+        self.cand = np.tile(np.arange(n), prompts) + first
+        self.stream = self.cand.copy()
+
+    def take(self, order: Sequence[int] | np.ndarray) -> None:
+        """Keep the rows ``order`` names (batch indices of the rows before), in that order; a repeat copies a row."""
+        idx = np.asarray(order, dtype=np.int64)
+        self.prompt_of, self.cand, self.stream = self.prompt_of[idx], self.cand[idx], self.stream[idx]
+
+    def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> tuple[list[int], list[int]]:
+        """Copy ``j`` of row ``parents[j]`` becomes candidate ``ids[j]`` on stream ``streams[j]``, right after its
+        parent (rows stay grouped by prompt). Returns (the new batch as batch indices of the old one, each copy's new
+        batch index), for the session to reorder what it holds per row the same way."""
+        order, slots = fork_order(len(self), parents)
+        self.take(order)
+        self.cand[slots], self.stream[slots] = ids, streams
+        return order, slots
+
+    def leaving(self, i: int, ids: list[int], logprobs: list[float] | None, reason: str, eos_ids: Any = ()) -> Row:
+        """Row ``i`` as it leaves the batch with its tokens ``ids`` (and their log-probs), for ``reason``; a response
+        that ended by EOS (``reason == "eos"`` and its last token one of ``eos_ids``) leaves without that token, which
+        is kept as the row's ``stop``."""
+        stop = None
+        if reason == "eos" and ids and ids[-1] in eos_ids:
+            stop, ids, logprobs = ids[-1], ids[:-1], (logprobs[:-1] if logprobs is not None else None)
+        return Row(
+            int(self.prompt_of[i]), int(self.cand[i]), list(ids), logprobs, reason, stop, stream=int(self.stream[i])
+        )
+
+
+class BookColumn:
+    """A session attribute (``prompt_of``, ``cand``, ``stream``) that is its ``book``'s array of the same name, so
+    that readers of ``rodeco.protocols.Session`` see the session's rows as the book keeps them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> np.ndarray:
+        return getattr(obj.book, self.name)
+
+    def __set__(self, obj: Any, value: np.ndarray) -> None:
+        setattr(obj.book, self.name, np.asarray(value, dtype=np.int64))
