@@ -97,7 +97,6 @@ class TorchGenerator(ModelGenerator):
             self._info = EngineInfo(
                 name=cls.name,
                 compiled=step is not None,
-                topk=step.topk if step is not None else None,
                 # inductor's attention gathers each row's prompt keys and values; rodeco's kernel reads them in place
                 gathers_prompt=step is not None and not step.kernel,
                 keys_by_column=step is not None and step.keys_by_column,

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -18,7 +18,6 @@ from rodeco.state import Counts, RoundView, Row, ScoreRequest, SessionSpec, Sess
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
 
 @dataclass
@@ -38,8 +37,6 @@ class EngineInfo:
 
     name: str  # the engine's stable id, as pools record it: "fast", "hf" or "vllm"
     compiled: bool = False  # the decode step is compiled (``generator.compile``: ``rodeco.engines.compiled``)
-    # sampling's top-k where the engine brings its own (``x.topk(k, dim=-1)``'s values and indices), else None: torch's
-    topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     # each row's step gathers its prompt's keys and values (``prompt_gather`` in ``rodeco.working``: 2 H_kv D e bytes
     # per prompt token per row)
     gathers_prompt: bool = False

@@ -8,8 +8,6 @@ pool of samples, and makes ``alpha = 0`` reproduce Best-of-N exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
@@ -117,17 +115,13 @@ def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return x.div_(temperature) if x is not logits else x / temperature
 
 
-TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
-
-
-def sample(logits: torch.Tensor, u: torch.Tensor, p: SamplingParams, topk: TopK | None = None) -> torch.Tensor:
-    """logits: [B, V], u: [B] uniforms in (0, 1) -> token ids [B]. ``topk``: an engine's own ``x.topk(k, dim=-1)``
-    (the same values and indices, faster: ``rodeco.engines.kernels.topk``), else torch's."""
+def sample(logits: torch.Tensor, u: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits: [B, V], u: [B] uniforms in (0, 1) -> token ids [B]."""
     if p.greedy:
         return logits.argmax(dim=-1)
     x = scaled(logits, p.temperature)
     if p.top_k and p.top_k < x.shape[-1]:
-        vals, idx = topk(x, p.top_k) if topk is not None else x.topk(p.top_k, dim=-1)  # [B, k], descending
+        vals, idx = x.topk(p.top_k, dim=-1)  # [B, k], descending
     elif p.top_p < 1.0:
         vals, idx = x.sort(dim=-1, descending=True)
     else:

@@ -60,7 +60,6 @@ class TorchSession:
         info = gen.info
         self.device_uniforms = info.draws_on_device
         self.lag_finished = info.counts_finished_late
-        self.topk = info.topk
         self._draw_keys: tuple[int | torch.Tensor, torch.Tensor] | None = None  # device_uniforms' seeds and keys
         self._fin_host: torch.Tensor | None = None  # the last step's finished count, on its way to the host
         self._fin_event: torch.cuda.Event | None = None  # recorded behind that copy (CUDA)
@@ -83,7 +82,7 @@ class TorchSession:
         else:
             seed = self.seeds[self.prompt_of] if self.spec.seeds else self.seed
             u = torch.from_numpy(uniforms(seed, self._row_keys(), self.t)).to(self.logits.device)
-        return sample(self.logits, u, self.sampling, self.topk)
+        return sample(self.logits, u, self.sampling)
 
     def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
         """[B] the generator's log-probability of each row's token."""

@@ -12,14 +12,14 @@ Steps (each timed and recorded; one that fails does not stop the others; a globa
    Best-of-N with the same seed: every survivor is the Best-of-N sample with its id, every rejected one a prefix
    (``vllm`` too where installed: ``.venv-vllm/bin/python``; SR vs Best-of-N in time inside vLLM: vllm_bench.py).
 3. ``engine_bench``: ``rodeco experiment=engine_bench`` in the dtype on the device (rodeco vs ``generate()``), the
-   fast engine eager and compiled (``generator.compile=true``, its compile time apart; issue 29's goal on CUDA: the
+   fast engine eager and compiled (``generator.compile=true``, its compile time apart; the goal on CUDA: the
    compiled engine at >= 2x ``generate()`` in bf16 at batch 64).
 4. ``syncs``: the fast engine's steady decode steps (eager and compiled) under ``torch.cuda.set_sync_debug_mode(
    "error")`` with the draws on the device and the finished count a step late (CUDA's default): no step may wait
    for the device; the same tokens as with the exact count and numpy's draws, and tokens/s of both.
 5. ``efficiency``: Speculative Rejection against Best-of-N at equal memory in the memory-bound regime on AlpacaFarm
    prompts (``scripts/vllm_bench.py --engine fast``: SR within Best-of-4's memory, Best-of-N in N / 4 waves), both
-   live with measured wall times, SR's speedup over each N with a bootstrap CI over prompts (issue 29's goal on CUDA:
+   live with measured wall times, SR's speedup over each N with a bootstrap CI over prompts (the goal on CUDA:
    >= 2x at matched reward).
 6. ``budget``: a run whose budget comes from free CUDA memory (``budget=cuda``, ``n=auto``, each row charged its
    working memory); the peak KV bytes stay within that budget, and the peak allocated memory above the weights is
@@ -46,7 +46,7 @@ from typing import Any
 
 from gpu_report import environment, markdown, write_report  # the report's JSON and Markdown
 
-# issue 29's figures first (engine_bench, syncs, efficiency): the time limit skips what is left, budget and oom
+# the engine figures first (engine_bench, syncs, efficiency): the time limit skips what is left, budget and oom
 # were measured on a GPU before
 STEPS = ("greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget", "oom")
 PROMPTS = [
@@ -471,7 +471,7 @@ def step_efficiency(c: Check) -> dict[str, Any]:
         "data": c.args.data,
         **summary,
         "bon_at_or_above_sr_reward": reached,
-        "note": "issue 29's goal on a GPU: SR >= 2x Best-of-N in wall time at matched reward (the smallest N whose "
+        "note": "the goal on a GPU: SR >= 2x Best-of-N in wall time at matched reward (the smallest N whose "
         "mean reward reaches SR's, or whose difference's CI spans 0)",
     }
     out["ok"] = True  # a measurement, not a pass/fail check

@@ -57,7 +57,9 @@ def entry(name: str, package: Path = REPO / "rodeco") -> str:
     path = module_file(name, package)
     if path.name != "__init__.py":
         return f"`{name}`: {first_sentence(path)}"
-    inner = ", ".join(f"`{p.stem}`" for p in sorted(path.parent.glob("*.py")) if p.name != "__init__.py")
+    modules = [f"`{p.stem}`" for p in path.parent.glob("*.py") if p.name != "__init__.py"]
+    packages = [f"`{p.parent.name}/`" for p in path.parent.glob("*/__init__.py")]
+    inner = ", ".join(sorted(modules + packages, key=lambda m: m.strip("`/")))
     return f"`{name}/` ({inner}): {first_sentence(path)}"
 
 

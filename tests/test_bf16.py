@@ -243,7 +243,7 @@ def test_an_unknown_dtype_names_the_key_and_the_valid_values(value):
 )
 def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_dir, monkeypatch, caplog, flags, native):
     """``generator.dtype=auto`` on CPU is fp32 whatever the CPU (a bf16 pool moved the efficiency figures beyond
-    their CIs: docs/results.md, issue 29); on a CPU with bf16 instructions the log names the setting that may be
+    their CIs: docs/results.md); on a CPU with bf16 instructions the log names the setting that may be
     faster and how to measure it."""
     import logging
 

@@ -129,13 +129,13 @@ def test_the_plain_weights_path_gives_the_same_tokens(gens):
 
 
 def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens):
-    """On CPU the compiled step's attention is rodeco's kernel (``rodeco.engines.kernels``) in fp32 as in bf16, where
+    """On CPU the compiled step's attention is rodeco's kernel (``rodeco.engines.native``) in fp32 as in bf16, where
     it can be built; the engine stores the prompt's keys and its own by column, the kernel's layout, and samples
     through rodeco's top-k."""
-    from rodeco.engines import kernels
+    from rodeco.engines import native
     from rodeco.engines.compiled import CompiledStep
 
-    if not kernels.decode_attention_available():
+    if not native.available("decode_attention"):
         pytest.skip("no C++ toolchain to build the kernel")
     _, comp = gens()
     assert CompiledStep.uses_kernel(comp.model) and not comp.info.gathers_prompt
@@ -144,19 +144,16 @@ def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens)
     eng.step(torch.tensor([4]))
     assert comp.compiled.kernel
     assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
-    # its sampling's top-k is rodeco's too (torch's values and indices: the eager tokens, as the first test checks)
-    assert comp.info.topk is kernels.topk and gens()[0].info.topk is None
-    assert gens(torch.bfloat16)[1].info.topk is None  # bf16 logits tie: torch's top-k samples
 
 
 def test_the_graph_calls_the_linears_in_cpp_where_built_and_in_python_elsewhere(gens, monkeypatch):
     """On CPU the graph calls the prepacked linears through the C++ op where rodeco's kernels are built
     (``rodeco::packed_linear_c``), else through the Python one; the Python one decodes the eager tokens too."""
-    from rodeco.engines import kernels
+    from rodeco.engines import native
 
     _, comp = gens()
     comp.new_engine()
-    assert comp.compiled.module.c_linear == kernels.packed_linear_available()
+    assert comp.compiled.module.c_linear == native.available("packed_linear")
     monkeypatch.setattr("rodeco.engines.compiled._c_linear", lambda: False)
     py = _same_tokens_as_eager(gens, 12)
     assert not py.compiled.module.c_linear and py.compiled.module.handles is not None
@@ -184,10 +181,10 @@ def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
     rejected, broken = compare_survivors(bon, sr)
     assert rejected > 0 and broken == 0
     assert 1 <= comp.compiled.compiles <= MOST_GRAPHS  # compiled, not fallen back to eager
-    from rodeco.engines import kernels
+    from rodeco.engines import native
 
     # rodeco's attention kernel runs where it can be built (prompts freed by rejections keep their layout)
-    assert comp.compiled.kernel == kernels.decode_attention_available()
+    assert comp.compiled.kernel == native.available("decode_attention")
     # and on an Intel CPU in fp32 its linears are MKL's packed GEMM, whose rows keep the samples too
     assert comp._prepared.mkl == (dtype == torch.float32 and CompiledStep.uses_mkl(comp.model))
 
@@ -196,7 +193,7 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     """The compiled step's weights are packed for MKL's GEMM where ``uses_mkl`` says (an Intel CPU, fp32, the kernels
     built), the eager step's never (compile off decodes as before); where MKL's rows would depend on the batch the
     weights fall back to oneDNN's, with a warning."""
-    from rodeco.engines import kernels, llama
+    from rodeco.engines import llama, native
     from rodeco.engines.compiled import CompiledStep
     from rodeco.hardware import cpu_vendor
 
@@ -204,13 +201,13 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     comp.new_engine(), eager.new_engine()
     assert not eager._prepared.mkl and all(x.mkl is None for x in eager._prepared.linears())
     intel = cpu_vendor() == "GenuineIntel"
-    assert CompiledStep.uses_mkl(comp.model) == (intel and kernels.mkl_linear_available())
+    assert CompiledStep.uses_mkl(comp.model) == (intel and native.available("mkl_linear"))
     assert comp._prepared.mkl == CompiledStep.uses_mkl(comp.model)
     assert all((x.mkl is not None) == comp._prepared.mkl for x in comp._prepared.linears())
     assert not CompiledStep.uses_mkl(copy.deepcopy(comp.model).to(torch.bfloat16))
     monkeypatch.setattr("rodeco.engines.compiled.cpu_vendor", lambda: "AuthenticAMD")
     assert not CompiledStep.uses_mkl(comp.model)
-    if not kernels.mkl_linear_available():
+    if not native.available("mkl_linear"):
         return
     monkeypatch.setattr(llama, "row_invariant", lambda lin: lin.mkl is None)  # as if MKL's rows moved with the batch
     w = llama.FastWeights(comp.model, mkl=True)
@@ -279,10 +276,10 @@ def test_a_prompt_freed_by_rejections_keeps_the_kernels_layout(gens):
 
 
 def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
-    from rodeco.engines import kernels
+    from rodeco.engines import native
 
     eager, comp = gens(torch.bfloat16)
-    assert comp.info.gathers_prompt != kernels.decode_attention_available() and not eager.info.gathers_prompt
+    assert comp.info.gathers_prompt != native.available("decode_attention") and not eager.info.gathers_prompt
 
 
 def test_one_graph_a_round_gives_the_eager_tokens_and_the_survivors(gens):

@@ -1,4 +1,4 @@
-"""Failures mid-run lose nothing (issue 12): out-of-memory errors are backed off from (injected with an engine
+"""Failures mid-run lose nothing: out-of-memory errors are backed off from (injected with an engine
 wrapper), and a reward or policy that raises names itself, its prompts and the batch."""
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""rodeco's decode attention kernel (``rodeco.engines.kernels``, ``decode_attention.cpp``), against attention computed
+"""rodeco's decode attention kernel (``rodeco.engines.native``, ``attention.cpp``), against attention computed
 in float64 from the same inputs: prompt keys read through each row's prompt, the prompts' padding bias, own tokens
 across whole and partial blocks of 16, each query-head group it is built for, fp32 and bf16 caches. A row's output
 does not depend on the batch or the cache's capacity (bit for bit); inputs it cannot read are refused by name; a
 failed build leaves the compiled step on inductor's attention with a warning. The prepacked linears' C++ op
-(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed. The top-k
-(``topk.cpp``) gives ``torch.topk``'s values and indices, ties, NaNs and odd shapes included, and sampling through it
-draws the same tokens.
+(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ import logging
 import pytest
 import torch
 
-from rodeco.engines import kernels
+from rodeco.engines import native
 
 pytestmark = [
     pytest.mark.slow,  # builds the C++ extension on first use
-    pytest.mark.skipif(not kernels.decode_attention_available(), reason="no C++ toolchain to build it"),
+    pytest.mark.skipif(not native.available("decode_attention"), reason="no C++ toolchain to build it"),
 ]
 
 
@@ -55,14 +53,14 @@ def inputs(B=6, G=2, H=2, g=3, D=16, P=7, S=5, dtype=torch.float32, seed=0, capa
 @pytest.mark.parametrize("g", [1, 3, 4, 8])
 def test_fp32_matches_float64_attention(P, S, g):
     a = inputs(g=g, P=P, S=S, D=32)
-    out = kernels.decode_attention(**a)
+    out = native.decode_attention(**a)
     assert out.dtype == torch.float32 and out.shape == a["q"].shape
     assert torch.allclose(out.double(), reference(**a), atol=2e-6, rtol=1e-5)
 
 
 def test_bf16_caches_are_read_in_fp32_and_the_output_rounds_once():
     a = inputs(dtype=torch.bfloat16, P=19, S=23, D=64)
-    out = kernels.decode_attention(**a)
+    out = native.decode_attention(**a)
     ref = reference(**a)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, ref.to(torch.bfloat16)) or (out.double() - ref).abs().max() <= 2**-8 * ref.abs().max()
@@ -71,34 +69,34 @@ def test_bf16_caches_are_read_in_fp32_and_the_output_rounds_once():
 def test_a_masked_prompt_position_has_no_weight():
     a = inputs(P=9, S=3)
     a["vp"][0, :, :4] = 1e6  # the values at prompt 0's padding: any weight on them would show
-    out = kernels.decode_attention(**a)
+    out = native.decode_attention(**a)
     assert out[a["grp"] == 0].abs().max() < 100
 
 
 def test_a_rows_output_is_the_same_bit_for_bit_whatever_the_batch_and_capacity():
     a = inputs(B=8, P=21, S=37, D=64)
-    full = kernels.decode_attention(**a)
+    full = native.decode_attention(**a)
     for i in (0, 5):
         one = dict(a, q=a["q"][i : i + 1], grp=a["grp"][i : i + 1], k=a["k"][i : i + 1], v=a["v"][i : i + 1])
-        assert torch.equal(kernels.decode_attention(**one)[0], full[i])
+        assert torch.equal(native.decode_attention(**one)[0], full[i])
     wide = dict(a, k=by_column(a["k"].contiguous(), capacity=200))  # the same keys in a longer round's cache
-    assert torch.equal(kernels.decode_attention(**wide), full)
+    assert torch.equal(native.decode_attention(**wide), full)
 
 
 def test_inputs_it_cannot_read_are_refused_by_name():
     a = inputs()
     with pytest.raises(RuntimeError, match="keys by column"):
-        kernels.decode_attention(**dict(a, k=a["k"].contiguous()))
+        native.decode_attention(**dict(a, k=a["k"].contiguous()))
     b = inputs(D=24)
     with pytest.raises(RuntimeError, match="head_dim must be a multiple of 16"):
-        kernels.decode_attention(**b)
+        native.decode_attention(**b)
     with pytest.raises(RuntimeError, match="share a dtype"):
-        kernels.decode_attention(**dict(a, v=a["v"].double()))
+        native.decode_attention(**dict(a, v=a["v"].double()))
     with pytest.raises(RuntimeError, match="row 1 names prompt 7 of 2"):
-        kernels.decode_attention(**dict(a, grp=torch.tensor([0, 7, 0, 1, 0, 1])))
+        native.decode_attention(**dict(a, grp=torch.tensor([0, 7, 0, 1, 0, 1])))
     with pytest.raises(RuntimeError, match="shapes do not match"):
-        kernels.decode_attention(**dict(a, bias=a["bias"][:, :3]))
-    assert kernels.fits(64, 3) and kernels.fits(128, 8) and not kernels.fits(80 + 4, 3) and not kernels.fits(64, 9)
+        native.decode_attention(**dict(a, bias=a["bias"][:, :3]))
+    assert native.fits(64, 3) and native.fits(128, 8) and not native.fits(80 + 4, 3) and not native.fits(64, 9)
 
 
 def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
@@ -109,7 +107,7 @@ def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
     from rodeco.engines.compiled import _c_linear, _handle
     from rodeco.engines.llama import Linear
 
-    assert kernels.packed_linear_available() and _c_linear()
+    assert native.available("packed_linear") and _c_linear()
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 32, generator=gen)
     for b in (None, torch.randn(48, generator=gen)):
@@ -125,7 +123,7 @@ def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
 
 
 def _mkl() -> None:
-    if not kernels.mkl_linear_available():
+    if not native.available("mkl_linear"):
         pytest.skip("this build of PyTorch carries no MKL packed GEMM")
 
 
@@ -178,54 +176,6 @@ def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():
     assert row_invariant(Linear(w)) and not row_invariant(Batchy(w))
 
 
-@pytest.mark.parametrize(
-    "B,V,k", [(64, 49152, 50), (3, 1000, 50), (5, 100, 99), (7, 130, 5), (8, 4096, 1), (2, 65, 64)]
-)
-@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "-inf", "constant row"])
-def test_topk_gives_torchs_values_and_indices(B, V, k, kind):
-    """Equal to ``torch.topk`` in values and indices (bit for bit): rows whose k + 1 largest values tie (bf16
-    logits tie often; a constant row) or that hold a NaN are handed to torch; half a vocabulary at -inf, more top-k
-    than chunks of 64, a partial last chunk."""
-    x = torch.randn(B, V, generator=torch.Generator().manual_seed(V + k)) * 3
-    if kind == "ties":
-        x = x.bfloat16().float()
-    elif kind == "nan":
-        x[0, 7] = float("nan")
-    elif kind == "-inf":
-        x[:, : V // 2] = float("-inf")
-    elif kind == "constant row":
-        x[B // 2] = 0.5
-    vals, idx = kernels.topk(x, k)
-    want_vals, want_idx = x.topk(k, dim=-1)
-    assert torch.equal(idx, want_idx)
-    assert torch.equal(vals.nan_to_num(), want_vals.nan_to_num())
-    _, _, exact = torch.ops.rodeco.topk(x, k)  # the kernel's own answer where it is unique; torch's elsewhere
-    if kind == "normal":
-        assert bool(exact.all())
-    elif kind in ("nan", "constant row"):
-        assert not bool(exact[0 if kind == "nan" else B // 2])
-
-
-def test_topk_hands_what_the_kernel_does_not_take_to_torch():
-    x = torch.randn(4, 300)
-    for y, k in [(x.t().contiguous().t(), 5), (x.double(), 5), (x, 300), (x[None], 5)]:
-        want = y.topk(k, dim=-1)
-        got = kernels.topk(y, k)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    with pytest.raises(RuntimeError, match="contiguous fp32"):
-        torch.ops.rodeco.topk(x.double(), 5)
-
-
-def test_sampling_through_the_kernels_topk_draws_torchs_tokens():
-    from rodeco.sampling import SamplingParams, sample
-
-    gen = torch.Generator().manual_seed(1)
-    for t, k, p in [(1.0, 50, 1.0), (0.7, 20, 0.9), (1.3, 1, 1.0)]:
-        logits, u = torch.randn(32, 5000, generator=gen) * 4, torch.rand(32, generator=gen)
-        sp = SamplingParams(t, k, p)
-        assert torch.equal(sample(logits, u, sp, kernels.topk), sample(logits, u, sp))
-
-
 def test_a_failed_build_leaves_inductors_attention_and_says_so(monkeypatch, caplog):
     import torch.utils.cpp_extension as ext
 
@@ -233,8 +183,14 @@ def test_a_failed_build_leaves_inductors_attention_and_says_so(monkeypatch, capl
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(ext, "load", no_compiler)
-    monkeypatch.setattr(kernels, "_built", None)
-    with caplog.at_level(logging.WARNING, logger="rodeco.engines.kernels"):
-        assert not kernels.decode_attention_available()
+    monkeypatch.setattr(native, "_built", None)
+    with caplog.at_level(logging.WARNING, logger="rodeco.engines.native"):
+        assert not native.available("decode_attention")
     assert "could not be built" in caplog.text and "Ninja is required" in caplog.text
-    assert kernels.decode_attention_available() is False  # decided once a process
+    assert native.available("decode_attention") is False  # decided once a process
+
+
+def test_a_kernel_is_asked_for_by_one_of_its_names():
+    """Every native kernel has a name (``native.KERNELS``); another name is refused with the list, before any build."""
+    with pytest.raises(ValueError, match="decode_attention"):
+        native.available("flash_attention")

@@ -268,7 +268,7 @@ def test_a_head_file_from_before_buckets_loads_as_one_bucket(tmp_path):
     new.save(tmp_path / "new")
     back = Head.load(tmp_path / "new")
     assert back.identity == new.identity and back(x, [4, 40, 4]) == pytest.approx(new(x, [4, 40, 4]))
-    for kind in ("value_head", "text_value"):  # the committed heads, trained with buckets (issue 20)
+    for kind in ("value_head", "text_value"):  # the committed heads, trained with buckets
         head = Head.load(ASSETS / kind)
         assert head.buckets == len(head.meta["length_buckets"]) == 5 and "verdict" in head.meta
 

@@ -329,7 +329,7 @@ def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
         used[f.name] = json.loads(f.read_text())["source"]["prompts"]
     for kind in ("value_head", "text_value", "minilm_prefix_head"):
         meta = json.loads((REPO / "plugins" / "rodeco_rewards" / "assets" / f"{kind}.json").read_text())
-        # every prompt list the head records: train/validation (before issue 20), fit/choose/verdict (since)
+        # every prompt list a head records: train/validation (older heads) or fit/choose/verdict
         used[kind] = [i for key, idx in meta.items() if key.endswith("_prompts") for i in idx]
         assert len(used[kind]) >= 150 and ("train_prompts" in meta or "fit_prompts" in meta)
     # the prefix head's preference pairs: the evaluation prompts' instructions were held out, as rm_train's

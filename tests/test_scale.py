@@ -1,4 +1,4 @@
-"""Scaling out (issue 12): shards over Hydra launchers, merge, kill and resume, OOM back-off, plugin failures,
+"""Scaling out: shards over Hydra launchers, merge, kill and resume, OOM back-off, plugin failures,
 ``generator.device_map``. CLI runs use the tiny model saved to disk; each launcher runs real processes."""
 
 from __future__ import annotations

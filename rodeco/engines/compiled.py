@@ -1,7 +1,7 @@
 """The fast engine's decode step compiled with ``torch.compile`` (``generator.compile``): the layer stack and the LM
 head of one step as one inductor graph. Where the eager engine has prepacked oneDNN weights (CPU), the graph calls
 its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
-weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.kernels``), else
+weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.native``), else
 ``rodeco::packed_linear`` in Python; inductor fuses what lies between them. On an Intel CPU in fp32 those weights are
 packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``, computed with the one
 packing at
@@ -10,7 +10,7 @@ layers' matmuls taking 0.75 of oneDNN's time there. Elsewhere (CUDA) the matmuls
 folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV, gate+up: ``FastWeights``,
 not copied; the eager prefill of a compiled generator uses the same ones).
 
-Attention, on CPU, is rodeco's own kernel (``rodeco.engines.kernels``, the opaque op ``rodeco::decode_attention``):
+Attention, on CPU, is rodeco's own kernel (``rodeco.engines.native``, the opaque op ``rodeco::decode_attention``):
 per row and KV head, the scores against the row's prompt keys (read through its prompt index, in place) and its own
 keys, the softmax and the weighted values, in fp32, with keys stored by column. Elsewhere (CUDA; a CPU where the
 kernel cannot be built, or a head_dim it does not fit) attention is written as products and sums
@@ -27,10 +27,6 @@ Nothing is padded. With inductor's attention the budget charges one transient be
 graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
 kernel gathers nothing, and the budget charges nothing for it.
 
-On CPU, in fp32, the compiled step also hands the engine's sampling rodeco's top-k (``CompiledStep.topk``:
-``kernels.topk``, ``torch.topk``'s values and indices from about one read of each row, where ``torch.topk`` sorts
-it), so it draws the tokens torch's top-k would from the same logits.
-
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
 slice ``:S + 1`` as in the eager step; under ``graphs`` the masked slots add nothing), so Speculative Rejection's
 survivors are still Best-of-N's samples bit for bit under compile, with oneDNN's prepacked weights (CPU's). With the
@@ -39,16 +35,16 @@ rows); the GPU check's ``survivors`` step says whether CUDA's keep the samples. 
 differ by round-off (inductor fuses and reorders).
 
 ``auto`` compiles on CUDA only: on CPU a graph of SmolLM2 takes minutes to compile (85 to 350 s for the two,
-measured), which a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md, issue 29,
-has the speeds).
+measured), which a short run does not win back; ``generator.compile=true`` asks for it (docs/results.md has the
+speeds).
 
 On CUDA the step runs one graph a round (``CompiledStep.graphs``), captured as a CUDA graph (inductor's
 ``triton.cudagraphs``): a CUDA graph holds fixed addresses and sizes, so the slot written is a tensor on the device
 (the engine's ``s_dev``, incremented in place), attention reads the round's whole own capacity with the slots past
 it masked (they hold zeros), and the caches are static inputs (inductor captures no graph that writes to any other
 input). Sizes stay symbolic, so a new round (capacity, rows) records a new CUDA graph and compiles nothing. On CPU
-the same step keeps a row's logits bit for bit at any capacity (``tests/test_compile.py``). That path has not run on
-a GPU yet.
+the same step keeps a row's logits bit for bit at any capacity (``tests/test_compile.py``). **Untried on a GPU**: the
+step logs so until ``scripts/gpu_check.py`` has run it.
 """
 
 from __future__ import annotations
@@ -65,7 +61,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from rodeco.engines import kernels
+from rodeco.engines import native
 from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
 from rodeco.hardware import cpu_vendor
 from rodeco.validation import ConfigError, check_compile
@@ -108,10 +104,10 @@ _C_FAKE = False  # rodeco::packed_linear_c's fake registered
 
 
 def _c_linear() -> bool:
-    """Whether the graph calls the prepacked linears through ``rodeco::packed_linear_c`` (``rodeco.engines.kernels``:
+    """Whether the graph calls the prepacked linears through ``rodeco::packed_linear_c`` (``rodeco.engines.native``:
     C++, no Python a call) rather than ``packed_linear``: wherever the kernels are built."""
     global _C_FAKE
-    if not kernels.packed_linear_available():
+    if not native.available("packed_linear"):
         return False
     if not _C_FAKE:
         torch.library.register_fake("rodeco::packed_linear_c")(_fake_linear)
@@ -125,11 +121,8 @@ def _handle(lin: Linear, c: bool) -> int:
     h = next(_HANDLES)
     _PACKED[h] = lin
     if c:
-        if lin.mkl is not None:
-            torch.ops.rodeco.packed_linear_put_mkl(h, lin.mkl, lin.b, lin.w.shape[0])
-        else:
-            torch.ops.rodeco.packed_linear_put(h, lin.packed, lin.b)
-        weakref.finalize(lin, torch.ops.rodeco.packed_linear_drop, h)
+        native.put_linear(h, lin.packed, lin.b, lin.mkl, lin.w.shape[0])
+        weakref.finalize(lin, native.drop_linear, h)
     return h
 
 
@@ -181,7 +174,7 @@ def _attention(
 class _Step(torch.nn.Module):
     """One decode step's layers and head as a pure function of its tensors (the caches written in place).
     ``packed``: call the engine's prepacked matmuls where it has them (CPU); False, or where it has none (CUDA): the
-    plain weights, folded by freezing. ``kernel``: attention by rodeco's kernel (``rodeco.engines.kernels``: keys
+    plain weights, folded by freezing. ``kernel``: attention by rodeco's kernel (``rodeco.engines.native``: keys
     by column), else by ``_attention``."""
 
     def __init__(
@@ -216,7 +209,7 @@ class _Step(torch.nn.Module):
     def _linear(self, x: torch.Tensor, name: str, li: int) -> torch.Tensor:
         if self.handles is not None:
             h = self.handles[name][li]
-            return torch.ops.rodeco.packed_linear_c(x, h) if self.c_linear else packed_linear(x, h)
+            return native.packed_linear(x, h) if self.c_linear else packed_linear(x, h)
         w = self.w.head if name == "head" else getattr(self.w, name)[li]
         b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
         return F.linear(x, w, b)
@@ -256,7 +249,7 @@ class _Step(torch.nn.Module):
                 v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
                 ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
             if self.kernel:
-                o = kernels.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
+                o = native.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
             else:
                 kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
                 o = _attention(q, kpr, vpr, ks, vs, bias, self.scale, own)
@@ -276,10 +269,8 @@ def _heads(model: torch.nn.Module) -> tuple[int, int, int]:
 
 def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
     """Where the compiled step's attention is rodeco's kernel by default: on CPU, a model it fits, once built. It
-    measured faster than inductor's attention in the step in both dtypes (docs/results.md, issue 29: in fp32 about
-    half its time, cold, at 64 rows of SmolLM2, once it read the keys' rows in runs and held its sums in
-    registers)."""
-    return not cuda and kernels.fits(head_dim, group) and kernels.decode_attention_available()
+    is paired against inductor's attention by ``scripts/kernel_pairs.py`` (docs/results.md)."""
+    return not cuda and native.fits(head_dim, group) and native.available("decode_attention")
 
 
 class CompiledStep:
@@ -308,14 +299,14 @@ class CompiledStep:
         p = next(model.parameters())
         self.cuda = p.device.type == "cuda"
         self.graphs = self.cuda if graphs is None else graphs
+        if self.graphs and self.cuda:
+            log.warning(
+                "the compiled step runs one CUDA graph a round, which is untried on a GPU: tested on CPU only, "
+                "until scripts/gpu_check.py's engine_bench, syncs and survivors steps run it"
+            )
         # rodeco's attention kernel, which reads keys by column (``keys_by_column``); not under ``graphs``
         self.kernel = (_kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel) and not self.graphs
         self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel, self.graphs).eval()
-        # sampling's top-k by rodeco's kernel (``kernels.topk``: torch's values and indices) on CPU, once built, in
-        # fp32: bf16 logits tie among their k + 1 largest in every row measured (SmolLM2: none of 512), which it hands
-        # to torch
-        fp32 = p.dtype == torch.float32
-        self.topk = kernels.topk if not self.cuda and fp32 and kernels.topk_available() else None
         self.compiles = 0
         self.compile_seconds = 0.0
         self.cudagraph_skips = 0
@@ -344,15 +335,15 @@ class CompiledStep:
     def uses_mkl(model: torch.nn.Module) -> bool:
         """Whether the compiled step of ``model`` asks for its weights packed for MKL's GEMM (``rodeco::mkl_linear``;
         the engine's ``prepare(model, mkl=True)``, which keeps oneDNN's where MKL's rows would depend on the batch)
-        rather than oneDNN's: on an Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On
-        the Intel Xeon of issue 29's ninth session it took 0.75 of oneDNN's time for the layers' matmuls at 64 rows
-        (docs/results.md); on AMD EPYC MKL's GEMM measured 3 to 4 times oneDNN's there, and oneDNN stays."""
+        rather than oneDNN's: on an Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On an
+        Intel Xeon it made the compiled decode 1.16x faster (docs/results.md); on AMD EPYC MKL's GEMM took 3 to 4
+        times oneDNN's, and oneDNN stays."""
         p = next(model.parameters())
         return (
             p.device.type == "cpu"
             and p.dtype == torch.float32
             and cpu_vendor() == "GenuineIntel"
-            and kernels.mkl_linear_available()
+            and native.available("mkl_linear")
         )
 
     @classmethod

@@ -14,7 +14,7 @@ rows (Best-of-N), the prompt part of attention is one batched matmul over the pr
 the same products. On CPU in bf16 the eager step stores the generated keys transposed (``keys_t``, a transposed
 view): a step's scores then multiply by a plain matrix, where a transposed slice of the cache would be copied by the
 bf16 matmul first (the logits are the same bit for bit). The compiled step with rodeco's attention kernel (CPU:
-``rodeco.engines.kernels``) stores the prompt's keys and the generated ones by column (``prompt_t``, ``keys_t``), the
+``rodeco.engines.native``) stores the prompt's keys and the generated ones by column (``prompt_t``, ``keys_t``), the
 kernel's layout; with inductor's attention it keeps the plain layout. On CPU, weights
 are prepacked for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), which is about 1.3x faster than
 plain ``F.linear`` at decode batch sizes; they are prepared once per generator (``FastWeights``, shared by its

@@ -16,6 +16,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from rodeco.engines import native
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class Linear:
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, batch_hint: int = 64, mkl: bool = False) -> None:
         self.w, self.b, self.packed, self.mkl = w, b, None, None
         if mkl:
-            self.mkl = torch.ops.rodeco.mkl_pack(w.detach())
+            self.mkl = native.mkl_pack(w.detach())
         elif (
             w.device.type == "cpu"
             and w.dtype in (torch.float32, torch.bfloat16)
@@ -43,7 +45,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.mkl is not None:
-            return torch.ops.rodeco.mkl_linear(x, self.mkl, self.b, self.w.shape[0])
+            return native.mkl_linear(x, self.mkl, self.b, self.w.shape[0])
         if self.packed is None:
             return F.linear(x, self.w, self.b)
         flat = x.reshape(-1, x.shape[-1])

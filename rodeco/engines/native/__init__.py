@@ -1,0 +1,168 @@
+"""rodeco's native CPU kernels, behind one boundary: this package builds them, says which are available, and holds
+every call of them. Each is asked for by name (``available(name)``):
+
+- ``decode_attention`` (``attention.cpp``, the op ``rodeco::decode_attention``): the compiled step's decode attention
+  on CPU, in place of the attention inductor generates (``rodeco.engines.compiled``);
+- ``packed_linear`` (``linear.cpp``, ``rodeco::packed_linear_c``): the compiled step's prepacked oneDNN linears
+  called from the graph without Python;
+- ``mkl_linear`` (``linear.cpp``, ``rodeco::mkl_pack`` and ``rodeco::mkl_linear``): MKL's packed fp32 GEMM, the
+  compiled step's linears on an Intel CPU (``rodeco.engines.llama.Linear``); available where PyTorch carries MKL;
+
+Each stays only while it earns its place against the path it replaces, paired in one run on the CPU it targets
+(``scripts/kernel_pairs.py``; the figures are in docs/results.md). The eager engine needs none of them.
+
+They are one extension, ``rodeco_native_<hash>``, built on first use with PyTorch's extension builder
+(``torch.utils.cpp_extension.load``: a C++ compiler and ninja, which ``torch.compile`` on CPU needs too), for this
+machine's CPU (``-march=native``), into PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``) under a name that hashes the sources, the CPU's model and flags and the PyTorch
+version, so a home directory shared by unlike machines keeps one build each. The first build takes about 30 s;
+later processes load it. Where it cannot be built (no compiler, a platform the flags do not suit) no kernel is
+available: the compiled step keeps inductor's attention and the linears' Python op, and says so in the log.
+
+What the attention kernel computes, for each row and KV head: the scores of the head's query heads against the
+row's prompt keys (read through the row's prompt index, with the prompt's padding bias) and its own keys, the
+softmax, and the weighted values, all in fp32 whatever the cache's dtype. Keys are read by column (``[..., head_dim,
+tokens]`` in storage, token stride 1), values by row. A row's arithmetic depends on its inputs only: not the other
+rows, the batch size, the round's capacity or the number of threads, so Speculative Rejection's survivors stay
+Best-of-N's samples bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+from rodeco.hardware import cpu_facts
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("decode_attention", "packed_linear", "mkl_linear")
+SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "linear.cpp")]  # one extension
+LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
+MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
+_built: bool | None = None
+
+
+def extension_name() -> str:
+    """The build's name: the source, this CPU (model and flags) and PyTorch's version, hashed."""
+    c = cpu_facts()
+    key = "|".join(
+        [
+            *(f.read_text() for f in SOURCES),
+            c["model"],
+            repr(sorted(c["flags"].items())),
+            torch.__version__,
+            torch.backends.cpu.get_cpu_capability(),
+        ]
+    )
+    return "rodeco_native_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def available(kernel: str) -> bool:
+    """Whether the native kernel ``kernel`` (one of ``KERNELS``) can run here, building the extension the first time
+    any is asked for (once a process)."""
+    global _built
+    if kernel not in KERNELS:
+        raise ValueError(f"no native kernel {kernel!r}: rodeco's are {', '.join(KERNELS)}")
+    if _built is None:
+        _built = _build()
+    if not _built:
+        return False
+    if kernel == "mkl_linear":  # built everywhere; runs where this build of PyTorch carries MKL's packed GEMM
+        return bool(torch.ops.rodeco.mkl_ready())
+    return True
+
+
+def fits(head_dim: int, group: int) -> bool:
+    """Whether the kernel serves a model with this ``head_dim`` and ``group`` query heads a KV head."""
+    return head_dim % LANES == 0 and 1 <= group <= MOST_GROUP
+
+
+def _build() -> bool:
+    name = extension_name()
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(
+            name=name,
+            sources=[str(f) for f in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
+        log.warning(
+            "rodeco's native CPU kernels could not be built (%s: %s); the compiled step uses the attention "
+            "inductor generates and the linears' Python op",
+            type(e).__name__,
+            str(e).strip().splitlines()[-1:],
+        )
+        return False
+
+    @torch.library.register_fake("rodeco::decode_attention")
+    def _(
+        q: torch.Tensor,
+        kp: torch.Tensor,
+        vp: torch.Tensor,
+        grp: torch.Tensor,
+        bias: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        return q.new_empty(q.shape)
+
+    log.info("rodeco's native kernels are loaded (%s)", name)
+    return True
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    grp: torch.Tensor,
+    bias: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hkv, g, D] (one token a row), the prompts' keys and values kp, vp [G, Hkv, P, D], each row's prompt
+    ``grp`` [B] (int64), the prompts' fp32 bias [G, P] (0, or -inf at padding), the rows' own keys and values
+    k, v [B, Hkv, S, D] -> the attention output [B, Hkv, g, D] in q's dtype. Keys by column (``kp.stride(2) ==
+    k.stride(2) == 1``); q, values with head_dim contiguous; ``fits(D, g)``; ``available("decode_attention")``."""
+    return torch.ops.rodeco.decode_attention(q, kp, vp, grp, bias, k, v, scale)
+
+
+def mkl_pack(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [out, in] (fp32) packed for MKL's GEMM (``available("mkl_linear")``), for ``mkl_linear``."""
+    return torch.ops.rodeco.mkl_pack(w)
+
+
+def mkl_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
+    """``x @ w.T + b`` with ``w`` packed by ``mkl_pack`` (``n``: its output size); a row's products are the same at
+    every batch size."""
+    return torch.ops.rodeco.mkl_linear(x, packed, b, n)
+
+
+def put_linear(
+    handle: int, packed: torch.Tensor | None, b: torch.Tensor | None, mkl: torch.Tensor | None, n: int
+) -> None:
+    """Name a prepacked linear (oneDNN's ``packed``, or MKL's ``mkl`` of output size ``n``) by ``handle`` in the C++
+    table ``packed_linear`` reads (``available("packed_linear")``); ``drop_linear`` forgets it."""
+    if mkl is not None:
+        torch.ops.rodeco.packed_linear_put_mkl(handle, mkl, b, n)
+    else:
+        torch.ops.rodeco.packed_linear_put(handle, packed, b)
+
+
+def drop_linear(handle: int) -> None:
+    torch.ops.rodeco.packed_linear_drop(handle)
+
+
+def packed_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The linear ``put_linear`` named ``handle`` applied to ``x``, called in C++ (an opaque op in a graph)."""
+    return torch.ops.rodeco.packed_linear_c(x, handle)
