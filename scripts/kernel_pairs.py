@@ -8,8 +8,6 @@ over the rounds and a 95% bootstrap CI over them (``engine_bench.paired_runs``);
 with the CI's lower end above 1.
 
 - ``attention``: rodeco's decode attention kernel against inductor's attention (the step compiled without it);
-- ``cpp_linear``: the prepacked linears called from the graph in C++ (``rodeco::packed_linear_c``) against the
-  Python custom op (``rodeco::packed_linear``);
 - ``mkl``: MKL's packed GEMM against oneDNN's prepacked linears, on an Intel CPU only (the only CPU it serves).
 
 The graphs are compiled before the first round (minutes on CPU) and not timed::
@@ -24,7 +22,6 @@ import json
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 
@@ -97,7 +94,7 @@ class Variant:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rodeco.engines import compiled, native
+    from rodeco.engines import native
     from rodeco.engines.compiled import CompiledStep
     from rodeco.engines.fast import FastLlamaEngine
     from rodeco.experiments.engine_bench import paired_runs
@@ -113,23 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     onednn = FastLlamaEngine.prepare(model)
     intel = cpu_vendor() == "GenuineIntel" and native.available("mkl_linear")
     shipped = CompiledStep.of(model, onednn)
-    assert shipped.kernel and shipped.module.c_linear
+    assert shipped.kernel
     fp32 = a.dtype == "float32"
     variants = {"shipped": Variant(gen, onednn, shipped)}
     pairs: dict[str, tuple[str, str]] = {}  # kernel -> (its variant, the replacement's)
-    want = set(a.only) if a.only else {"attention", "cpp_linear", "mkl"}
+    want = set(a.only) if a.only else {"attention", "mkl"}
     if not fp32:
         want -= {"mkl"}
     if "attention" in want:
         inductor = CompiledStep.of(model, onednn, kernel=False)
         variants["inductor_attention"] = Variant(gen, onednn, inductor)
         pairs["attention"] = ("shipped", "inductor_attention")
-    if "cpp_linear" in want:
-        with mock.patch.object(compiled, "_c_linear", lambda: False):
-            py = CompiledStep.of(model, onednn)
-        assert not py.module.c_linear
-        variants["python_linear"] = Variant(gen, onednn, py)
-        pairs["cpp_linear"] = ("shipped", "python_linear")
     skipped = {}
     if "mkl" in want:
         if intel:

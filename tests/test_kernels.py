@@ -2,8 +2,8 @@
 in float64 from the same inputs: prompt keys read through each row's prompt, the prompts' padding bias, own tokens
 across whole and partial blocks of 16, each query-head group it is built for, fp32 and bf16 caches. A row's output
 does not depend on the batch or the cache's capacity (bit for bit); inputs it cannot read are refused by name; a
-failed build leaves the compiled step on inductor's attention with a warning. The prepacked linears' C++ op
-(``packed_linear.cpp``) gives oneDNN's linear bit for bit and refuses a handle whose linear was freed.
+failed build leaves the compiled step on inductor's attention with a warning. MKL's packed GEMM
+(``mkl_linear.cpp``) keeps each row the same bit for bit at every batch size where the engine's check passes.
 """
 
 from __future__ import annotations
@@ -99,29 +99,6 @@ def test_inputs_it_cannot_read_are_refused_by_name():
     assert native.fits(64, 3) and native.fits(128, 8) and not native.fits(80 + 4, 3) and not native.fits(64, 9)
 
 
-def test_the_linears_cpp_op_is_onednns_linear_and_forgets_a_freed_one():
-    """``rodeco::packed_linear_c`` gives the eager engine's prepacked linear bit for bit, with and without a bias; a
-    handle whose linear was freed is refused by name (its weights left the op's table)."""
-    import gc
-
-    from rodeco.engines.compiled import _c_linear, _handle
-    from rodeco.engines.llama import Linear
-
-    assert native.available("packed_linear") and _c_linear()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 32, generator=gen)
-    for b in (None, torch.randn(48, generator=gen)):
-        lin = Linear(torch.randn(48, 32, generator=gen), b)
-        if lin.packed is None:
-            pytest.skip("this build of PyTorch has no prepacked oneDNN linear")
-        h = _handle(lin, True)
-        assert torch.equal(torch.ops.rodeco.packed_linear_c(x, h), lin(x))
-    del lin
-    gc.collect()
-    with pytest.raises(RuntimeError, match=f"no linear under handle {h} "):
-        torch.ops.rodeco.packed_linear_c(x, h)
-
-
 def _mkl() -> None:
     if not native.available("mkl_linear"):
         pytest.skip("this build of PyTorch carries no MKL packed GEMM")
@@ -133,11 +110,7 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     and leading dimensions; where ``row_invariant`` finds its rows the same at the batch sizes it samples, a row comes
     out bit for bit the same at every batch size from 1 to 130 (PyTorch's ``mkl::_mkl_linear`` answers other batches
     than the packed one by another GEMM, whose rows differ at a few rows). On a CPU where MKL's rows move with the
-    batch, ``row_invariant`` says so and the engine prepacks for oneDNN instead (``test_compile``). The op's table
-    serves it under a handle as the compiled step calls it, and forgets it when it is freed."""
-    import gc
-
-    from rodeco.engines.compiled import _handle
+    batch, ``row_invariant`` says so and the engine prepacks for oneDNN instead (``test_compile``)."""
     from rodeco.engines.llama import Linear, row_invariant
 
     _mkl()
@@ -155,12 +128,6 @@ def test_mkls_packed_linear_is_a_linear_whose_rows_do_not_depend_on_the_batch(n,
     if row_invariant(lin):  # the engine's check passed on this CPU: then every batch size gives the same rows
         assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(1, 131))
         assert torch.equal(lin(x[:12].view(3, 4, k)), full[:12].view(3, 4, n))
-    h = _handle(lin, True)
-    assert torch.equal(torch.ops.rodeco.packed_linear_c(x, h), full)
-    del lin
-    gc.collect()
-    with pytest.raises(RuntimeError, match=f"no linear under handle {h} "):  # its packed weight left the table
-        torch.ops.rodeco.packed_linear_c(x, h)
 
 
 def test_row_invariant_sees_a_linear_whose_rows_depend_on_the_batch():
@@ -191,6 +158,6 @@ def test_a_failed_build_leaves_inductors_attention_and_says_so(monkeypatch, capl
 
 
 def test_a_kernel_is_asked_for_by_one_of_its_names():
-    """Every native kernel has a name (``native.KERNELS``); another name is refused with the list, before any build."""
+    """Every native kernel has a name (``native.KERNELS``); another name is refused with the list."""
     with pytest.raises(ValueError, match="decode_attention"):
         native.available("flash_attention")

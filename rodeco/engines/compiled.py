@@ -1,14 +1,12 @@
 """The fast engine's decode step compiled with ``torch.compile`` (``generator.compile``): the layer stack and the LM
 head of one step as one inductor graph. Where the eager engine has prepacked oneDNN weights (CPU), the graph calls
 its matmuls as they are, through an opaque custom op that names each by a handle (inductor cannot trace a prepacked
-weight): ``rodeco::packed_linear_c`` in C++ where rodeco's kernels are built (``rodeco.engines.native``), else
-``rodeco::packed_linear`` in Python; inductor fuses what lies between them. On an Intel CPU in fp32 those weights are
-packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``, computed with the one
-packing at
-any batch size: a row's products do not depend on the batch, which ``FastWeights`` checks before it keeps them), the
-layers' matmuls taking 0.75 of oneDNN's time there. Elsewhere (CUDA) the matmuls are the model's plain fused weights,
-folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV, gate+up: ``FastWeights``,
-not copied; the eager prefill of a compiled generator uses the same ones).
+weight), ``rodeco::packed_linear``, a custom op in Python; inductor fuses what lies between them. On an Intel CPU in
+fp32 those weights are packed for MKL's GEMM instead of oneDNN's (``CompiledStep.uses_mkl``; ``rodeco::mkl_linear``,
+computed with the one packing at any batch size: a row's products do not depend on the batch, which ``FastWeights``
+checks before it keeps them), the compiled decode 1.16x faster there. Elsewhere (CUDA) the matmuls are the model's
+plain fused weights, folded into the graph by inductor's freezing. It reads the generator's fused weights (QKV,
+gate+up: ``FastWeights``, not copied; the eager prefill of a compiled generator uses the same ones).
 
 Attention, on CPU, is rodeco's own kernel (``rodeco.engines.native``, the opaque op ``rodeco::decode_attention``):
 per row and KV head, the scores against the row's prompt keys (read through its prompt index, in place) and its own
@@ -100,29 +98,10 @@ def _fake_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], _PACKED[handle].w.shape[0])
 
 
-_C_FAKE = False  # rodeco::packed_linear_c's fake registered
-
-
-def _c_linear() -> bool:
-    """Whether the graph calls the prepacked linears through ``rodeco::packed_linear_c`` (``rodeco.engines.native``:
-    C++, no Python a call) rather than ``packed_linear``: wherever the kernels are built."""
-    global _C_FAKE
-    if not native.available("packed_linear"):
-        return False
-    if not _C_FAKE:
-        torch.library.register_fake("rodeco::packed_linear_c")(_fake_linear)
-        _C_FAKE = True
-    return True
-
-
-def _handle(lin: Linear, c: bool) -> int:
-    """A new handle naming ``lin`` in the graph: in ``_PACKED`` (``packed_linear``'s) and, with ``c``, in the C++
-    op's table too, from which it is dropped when ``lin`` is freed."""
+def _handle(lin: Linear) -> int:
+    """A new handle naming ``lin`` in the graph (``packed_linear``'s table, which forgets it when it is freed)."""
     h = next(_HANDLES)
     _PACKED[h] = lin
-    if c:
-        native.put_linear(h, lin.packed, lin.b, lin.mkl, lin.w.shape[0])
-        weakref.finalize(lin, native.drop_linear, h)
     return h
 
 
@@ -203,13 +182,11 @@ class _Step(torch.nn.Module):
         }
         self.fused = fused  # the prepacked linears the handles name live as long as the step
         packs = packed and all(x.packed is not None or x.mkl is not None for ls in lins.values() for x in ls)
-        self.c_linear = packs and _c_linear()  # the C++ op where it is built: no Python a call
-        self.handles = {n: [_handle(x, self.c_linear) for x in ls] for n, ls in lins.items()} if packs else None
+        self.handles = {n: [_handle(x) for x in ls] for n, ls in lins.items()} if packs else None
 
     def _linear(self, x: torch.Tensor, name: str, li: int) -> torch.Tensor:
         if self.handles is not None:
-            h = self.handles[name][li]
-            return native.packed_linear(x, h) if self.c_linear else packed_linear(x, h)
+            return packed_linear(x, self.handles[name][li])
         w = self.w.head if name == "head" else getattr(self.w, name)[li]
         b = self.w.qkv_bias[li] if name == "qkv" and self.w.qkv_bias is not None else None
         return F.linear(x, w, b)

@@ -3,13 +3,12 @@ every call of them. Each is asked for by name (``available(name)``):
 
 - ``decode_attention`` (``attention.cpp``, the op ``rodeco::decode_attention``): the compiled step's decode attention
   on CPU, in place of the attention inductor generates (``rodeco.engines.compiled``);
-- ``packed_linear`` (``linear.cpp``, ``rodeco::packed_linear_c``): the compiled step's prepacked oneDNN linears
-  called from the graph without Python;
-- ``mkl_linear`` (``linear.cpp``, ``rodeco::mkl_pack`` and ``rodeco::mkl_linear``): MKL's packed fp32 GEMM, the
+- ``mkl_linear`` (``mkl_linear.cpp``, ``rodeco::mkl_pack`` and ``rodeco::mkl_linear``): MKL's packed fp32 GEMM, the
   compiled step's linears on an Intel CPU (``rodeco.engines.llama.Linear``); available where PyTorch carries MKL;
 
 Each stays only while it earns its place against the path it replaces, paired in one run on the CPU it targets
-(``scripts/kernel_pairs.py``; the figures are in docs/results.md). The eager engine needs none of them.
+(``scripts/kernel_pairs.py``; docs/results.md has the figures, and those of the kernels removed for missing it).
+The eager engine needs none of them.
 
 They are one extension, ``rodeco_native_<hash>``, built on first use with PyTorch's extension builder
 (``torch.utils.cpp_extension.load``: a C++ compiler and ninja, which ``torch.compile`` on CPU needs too), for this
@@ -17,7 +16,7 @@ machine's CPU (``-march=native``), into PyTorch's extension cache (``TORCH_EXTEN
 ``~/.cache/torch_extensions``) under a name that hashes the sources, the CPU's model and flags and the PyTorch
 version, so a home directory shared by unlike machines keeps one build each. The first build takes about 30 s;
 later processes load it. Where it cannot be built (no compiler, a platform the flags do not suit) no kernel is
-available: the compiled step keeps inductor's attention and the linears' Python op, and says so in the log.
+available: the compiled step keeps inductor's attention and oneDNN's linears, and says so in the log.
 
 What the attention kernel computes, for each row and KV head: the scores of the head's query heads against the
 row's prompt keys (read through the row's prompt index, with the prompt's padding bias) and its own keys, the
@@ -39,8 +38,8 @@ from rodeco.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("decode_attention", "packed_linear", "mkl_linear")
-SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "linear.cpp")]  # one extension
+KERNELS = ("decode_attention", "mkl_linear")
+SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "mkl_linear.cpp")]  # one extension
 LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
@@ -97,7 +96,7 @@ def _build() -> bool:
     except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
         log.warning(
             "rodeco's native CPU kernels could not be built (%s: %s); the compiled step uses the attention "
-            "inductor generates and the linears' Python op",
+            "inductor generates and oneDNN's linears",
             type(e).__name__,
             str(e).strip().splitlines()[-1:],
         )
@@ -146,23 +145,3 @@ def mkl_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None, n:
     """``x @ w.T + b`` with ``w`` packed by ``mkl_pack`` (``n``: its output size); a row's products are the same at
     every batch size."""
     return torch.ops.rodeco.mkl_linear(x, packed, b, n)
-
-
-def put_linear(
-    handle: int, packed: torch.Tensor | None, b: torch.Tensor | None, mkl: torch.Tensor | None, n: int
-) -> None:
-    """Name a prepacked linear (oneDNN's ``packed``, or MKL's ``mkl`` of output size ``n``) by ``handle`` in the C++
-    table ``packed_linear`` reads (``available("packed_linear")``); ``drop_linear`` forgets it."""
-    if mkl is not None:
-        torch.ops.rodeco.packed_linear_put_mkl(handle, mkl, b, n)
-    else:
-        torch.ops.rodeco.packed_linear_put(handle, packed, b)
-
-
-def drop_linear(handle: int) -> None:
-    torch.ops.rodeco.packed_linear_drop(handle)
-
-
-def packed_linear(x: torch.Tensor, handle: int) -> torch.Tensor:
-    """The linear ``put_linear`` named ``handle`` applied to ``x``, called in C++ (an opaque op in a graph)."""
-    return torch.ops.rodeco.packed_linear_c(x, handle)

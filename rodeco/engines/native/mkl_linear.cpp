@@ -1,25 +1,16 @@
-// rodeco::packed_linear_c, the fast engine's prepacked oneDNN linears called from the compiled step's graph without
-// Python. A graph cannot hold a prepacked (opaque) weight, so it names one by a handle: rodeco.engines.compiled puts
-// each linear's weight and bias under its handle, and drops them when the linear is freed. The call is oneDNN's
-// own op (mkldnn::_linear_pointwise, as the eager engine calls it), reached through the dispatcher; what it saves
-// is the Python a custom op in Python costs on every call (121 calls a step for SmolLM2).
-//
-// It also holds MKL's packed fp32 GEMM (rodeco::mkl_pack, rodeco::mkl_linear: cblas_sgemm_pack and
+// MKL's packed fp32 GEMM (rodeco::mkl_pack, rodeco::mkl_linear: cblas_sgemm_pack and
 // cblas_sgemm_compute, which PyTorch's x86 builds carry in libtorch_cpu): the compiled step's linears on an Intel CPU
 // in fp32 (rodeco.engines.compiled). The weight is packed once, for 64 rows; a call computes any number of rows with
 // it. PyTorch's own mkl::_mkl_linear falls back to another GEMM whenever the rows are not the packed number, whose
 // products round otherwise at a few rows; the packed compute here serves every batch, so a row's logits do not
-// depend on the batch (rodeco.engines.fast's check, FastWeights, refuses it where they would). The symbols are weak:
+// depend on the batch (rodeco.engines.llama's check, FastWeights, refuses it where they would). The symbols are weak:
 // a build of PyTorch without MKL loads this file, and rodeco::mkl_ready says false.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <optional>
-#include <unordered_map>
 
 extern "C" {
 // MKL's packed GEMM (mkl_cblas.h, LP64: MKL_INT is int; the CBLAS enums are ints)
@@ -76,64 +67,14 @@ at::Tensor mkl_linear(const at::Tensor& x, const at::Tensor& packed, const std::
   return y;
 }
 
-struct Linear {
-  at::Tensor w;  // prepacked for oneDNN, or by mkl_pack (n > 0)
-  std::optional<at::Tensor> b;
-  int64_t n = 0;  // MKL's: the output features
-};
-
-std::mutex table_mutex;
-std::unordered_map<int64_t, Linear>& table() {
-  static std::unordered_map<int64_t, Linear> t;
-  return t;
-}
-
-void put(int64_t handle, const at::Tensor& w, const std::optional<at::Tensor>& b) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  table()[handle] = Linear{w, b, 0};
-}
-
-void put_mkl(int64_t handle, const at::Tensor& packed, const std::optional<at::Tensor>& b, int64_t n) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  table()[handle] = Linear{packed, b, n};
-}
-
-void drop(int64_t handle) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  table().erase(handle);
-}
-
-at::Tensor linear(const at::Tensor& x, int64_t handle) {
-  Linear l;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex);
-    const auto it = table().find(handle);
-    TORCH_CHECK(it != table().end(), "rodeco::packed_linear_c: no linear under handle ", handle,
-                " (its weights were freed, or never put)");
-    l = it->second;
-  }
-  if (l.n > 0) return mkl_linear(x, l.w, l.b, l.n);
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-                            c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
-  return op.call(x, l.w, l.b, "none", c10::List<std::optional<at::Scalar>>(), "");
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rodeco, m) {
-  m.def("packed_linear_put(int handle, Tensor w, Tensor? b) -> ()", &put);
-  m.def("packed_linear_drop(int handle) -> ()", &drop);
-  m.def("packed_linear_put_mkl(int handle, Tensor packed, Tensor? b, int n) -> ()", &put_mkl);
-  m.def("packed_linear_c(Tensor x, int handle) -> Tensor");
   m.def("mkl_ready() -> bool", &mkl_ready);
   m.def("mkl_pack(Tensor w) -> Tensor", &mkl_pack);
   m.def("mkl_linear(Tensor x, Tensor packed, Tensor? b, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rodeco, CPU, m) {
-  m.impl("packed_linear_c", &linear);
   m.impl("mkl_linear", &mkl_linear);
 }
