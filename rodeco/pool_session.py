@@ -3,7 +3,8 @@
 - ``ReplayGenerator`` stands in for the generator: the pool's prompt ids, its saved tokenizer, the model's sizes
   (FLOPs and KV bytes) and a model-free engine layout (``rodeco.engines.layout``) that allocates as the engine the
   pool was recorded with does.
-- ``PoolSession`` is a ``Session`` whose next tokens (and log-probs) are the recorded ones of each candidate. A copy
+- Its sessions are torch sessions (``rodeco.session.TorchSession``) on that layout whose rows' tokens (and
+  log-probs, hidden states) are the recorded ones of each candidate (``RecordedRows``). A copy
   (a forking policy's count above 1) continues with the pool's continuation of it: decoded once, on demand, by the
   live generator (``live_generator``) from its parent's tokens with its own stream
   (``ReplayGenerator.continuations``), stored in the pool under its stream and served from there afterwards.
@@ -30,7 +31,7 @@ from rodeco.validation import ConfigError
 
 class ReplayGenerator:
     """A ``rodeco.protocols.Generator`` served from a pool: no model is loaded; its sessions replay the recorded
-    candidates (``PoolSession``) on a model-free layout of the engine the pool was recorded with."""
+    candidates (``RecordedRows``) on a model-free layout of the engine the pool was recorded with."""
 
     device = torch.device("cpu")
     provides_hidden = True  # the pool's recorded hidden states, where it has them (Pool.hidden)
@@ -139,80 +140,82 @@ class ReplayGenerator:
     def memory_report(self) -> None:
         return None
 
-    def open_session(self, spec: SessionSpec) -> PoolSession:
-        # finished rows leave the batch when they would live (compact_fraction)
-        return PoolSession(self, spec, self.layout(self.kv.block), self.layout.compact_fraction)
+    def open_session(self, spec: SessionSpec) -> TorchSession:
+        # the torch session over the engine's model-free layout, its rows' tokens the recorded ones; finished rows
+        # leave the batch when they would live (compact_fraction)
+        return TorchSession(
+            self, spec, self.layout(self.kv.block), self.layout.compact_fraction, source=RecordedRows(self, spec)
+        )
 
 
-class PoolSession(TorchSession):
-    """A session whose candidates are the pool's: the row of stream ``c`` (``first``, ``first + 1``, ...) emits
-    the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's candidates per prompt), and
-    finishes where the recording did. An offset ``first`` draws another set of candidates (wrapping round), as
-    another seed would. A starting row's candidate id, stream and pool index are the one number ``c mod M``; a
-    copy emits its continuation (``ReplayGenerator.continuations``)."""
+class RecordedRows:
+    """The pool's candidates as a session's rows (``rodeco.session.RowSource``): the row of stream ``c`` (``first``,
+    ``first + 1``, ...) emits the recorded tokens of pool candidate ``c mod M`` of its prompt (M: the pool's
+    candidates per prompt), and finishes where the recording did. An offset ``first`` draws another set of
+    candidates (wrapping round), as another seed would. A starting row's candidate id, stream and pool index are the
+    one number ``c mod M``; a copy emits its continuation (``ReplayGenerator.continuations``)."""
 
-    def __init__(self, gen: ReplayGenerator, spec: SessionSpec, engine: Any, compact_fraction: float) -> None:
-        super().__init__(gen, spec, engine, compact_fraction)
-        self.pool = gen.pool
+    def __init__(self, gen: ReplayGenerator, spec: SessionSpec) -> None:
+        self.gen, self.pool = gen, gen.pool
         self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
+        self.rec = torch.empty(0, 0, dtype=torch.long)  # [B, T] each row's recorded tokens (EOS included)
+        self.rec_lp = torch.empty(0, 0)  # [B, T] their log-probs
 
-    def prefill(self, prompt_ids: list[list[int]]) -> None:
-        super().prefill(prompt_ids)
-        self.cand = self.cand % self.pool.candidates  # pool candidate ids
-        self.stream = self.cand.copy()
-        B, T = self.rows, self.max_new
+    def started(self, sess: TorchSession) -> None:
+        sess.cand = sess.cand % self.pool.candidates  # pool candidate ids
+        sess.stream = sess.cand.copy()
+        B, T = sess.rows, sess.max_new
         self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
         self.rec_lp = torch.zeros((B, T))
-        for r, (p, c) in enumerate(zip(self.indices[self.prompt_of], self.cand)):
+        for r, (p, c) in enumerate(zip(self.indices[sess.prompt_of], sess.cand)):
             cand = self.pool.prompt(int(p)).candidates[int(c)]
             toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
             self.rec[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             self.rec_lp[r, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
 
-    def _next_tokens(self) -> torch.Tensor:
-        return self.rec[:, self.t]
+    def tokens(self, sess: TorchSession) -> torch.Tensor:
+        return self.rec[:, sess.t]
 
-    def _hidden(self) -> torch.Tensor | None:
+    def logprobs(self, sess: TorchSession, tok: torch.Tensor) -> torch.Tensor:
+        return self.rec_lp[:, sess.t]
+
+    def hidden(self, sess: TorchSession) -> torch.Tensor | None:
         """The recorded state that sampled each row's latest token."""
-        if self.t == 0:
+        if sess.t == 0:
             return None
-        idx = torch.from_numpy(self.indices[self.prompt_of])
+        idx = torch.from_numpy(self.indices[sess.prompt_of])
         parts = {p: self.pool.hidden(p) for p in idx.unique().tolist()}
-        out = torch.empty(self.rows, next(iter(parts.values())).shape[-1])
+        out = torch.empty(sess.rows, next(iter(parts.values())).shape[-1])
         for p, h in parts.items():
             rows = (idx == p).nonzero()[:, 0]
-            out[rows] = torch.from_numpy(np.asarray(h[self.cand[rows.numpy()], self.t - 1], dtype=np.float32))
+            out[rows] = torch.from_numpy(np.asarray(h[sess.cand[rows.numpy()], sess.t - 1], dtype=np.float32))
         return out
 
-    def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
-        return self.rec_lp[:, self.t]
+    def selected(self, rows: torch.Tensor) -> None:
+        self.rec, self.rec_lp = self.rec[rows], self.rec_lp[rows]
 
-    def _select(self, rows: torch.Tensor) -> None:
-        super()._select(rows)
-        self.rec, self.rec_lp = self.rec[rows.cpu()], self.rec_lp[rows.cpu()]
-
-    def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
-        """Copies as live makes them; each then emits its continuation from the pool (decoded on first use)."""
-        if self.needs_hidden:
+    def forking(self, sess: TorchSession) -> None:
+        if sess.needs_hidden:
             raise ConfigError(
                 "partial_reward",
                 "a reward that reads hidden states",
                 "a pool records no hidden states of copies",
                 "replay forking policies with a partial reward that reads text",
             )
-        parent_streams = [int(self.stream[r]) for r in parents]
-        slots = super().fork(parents, ids, streams)
+
+    def forked(self, sess: TorchSession, parent_streams: list[int], slots: list[int], streams: list[int]) -> None:
+        """Copies as live makes them; each then emits its continuation from the pool (decoded on first use)."""
         by_prompt: dict[int, list[int]] = {}
         for j, r in enumerate(slots):
-            by_prompt.setdefault(int(self.prompt_of[r]), []).append(j)
-        T, t = self.max_new, self.t
+            by_prompt.setdefault(int(sess.prompt_of[r]), []).append(j)
+        T, t = sess.max_new, sess.t
         for p, js in by_prompt.items():
             conts = self.gen.continuations(
                 int(self.indices[p]),
-                int(self.stream_keys[p]),
+                int(sess.stream_keys[p]),
                 [parent_streams[j] for j in js],
                 t,
-                [self.out[slots[j], :t].tolist() for j in js],
+                [sess.out[slots[j], :t].tolist() for j in js],
                 [streams[j] for j in js],
             )
             for j, c in zip(js, conts):
@@ -221,7 +224,6 @@ class PoolSession(TorchSession):
                 self.rec[r, t:] = self.gen.pad_id
                 self.rec[r, t : len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
                 self.rec_lp[r, t : min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
-        return slots
 
 
 def live_generator(pool: Pool, compile_step: bool = False) -> Generator:

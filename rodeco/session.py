@@ -13,7 +13,7 @@ live copy's parent was).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -27,7 +27,22 @@ from rodeco.stops import StopStrings
 if TYPE_CHECKING:
     from rodeco.protocols import Generator  # rodeco.generator.TorchGenerator, or a pool's ReplayGenerator
 
-__all__ = ["Row", "SessionStats", "TorchSession"]
+__all__ = ["Row", "RowSource", "SessionStats", "TorchSession"]
+
+
+class RowSource(Protocol):
+    """Where a session's tokens come from instead of sampling: a recorded pool's candidates
+    (``rodeco.pool_session.RecordedRows``). The session calls it at each point where its rows' tokens, log-probs or
+    hidden states are decided or its rows are reordered; everything else (the engine, the budget's bookkeeping, the
+    stats) stays the session's."""
+
+    def started(self, sess: TorchSession) -> None: ...  # after prefill: the rows are fanned out
+    def tokens(self, sess: TorchSession) -> torch.Tensor: ...  # [B] this step's tokens
+    def logprobs(self, sess: TorchSession, tok: torch.Tensor) -> torch.Tensor: ...  # [B] their log-probs
+    def hidden(self, sess: TorchSession) -> torch.Tensor | None: ...  # [B, hidden] or None
+    def selected(self, rows: torch.Tensor) -> None: ...  # the rows were kept / repeated / reordered so
+    def forking(self, sess: TorchSession) -> None: ...  # before a fork: may refuse it
+    def forked(self, sess: TorchSession, parent_streams: list[int], slots: list[int], streams: list[int]) -> None: ...
 
 
 class TorchSession:
@@ -37,8 +52,16 @@ class TorchSession:
 
     prompt_of, cand, stream = BookColumn(), BookColumn(), BookColumn()  # per row, in batch order (``book``)
 
-    def __init__(self, gen: Generator, spec: SessionSpec, engine: Engine, compact_fraction: float = 0.25) -> None:
+    def __init__(
+        self,
+        gen: Generator,
+        spec: SessionSpec,
+        engine: Engine,
+        compact_fraction: float = 0.25,
+        source: RowSource | None = None,
+    ) -> None:
         self.gen, self.spec, self.n, self.sampling = gen, spec, spec.n, spec.sampling
+        self.source = source  # the rows' tokens from a recording instead of sampling (a pool's replay)
         self.max_new, self.seed, self.needs_logprobs = spec.max_new_tokens, spec.seed, spec.needs_logprobs
         self.compact_fraction = compact_fraction
         self.stream_keys = np.asarray(spec.stream_keys, dtype=np.uint64)  # per prompt: mixed into its rows' draws
@@ -71,6 +94,8 @@ class TorchSession:
 
     def _next_tokens(self) -> torch.Tensor:
         """[B] this step's tokens: sampled from the logits with each row's own random stream (or forced)."""
+        if self.source is not None:
+            return self.source.tokens(self)
         if self.forced is not None and self.t < self.forced.shape[1]:
             return self.forced[:, self.t]
         if self.device_uniforms:
@@ -86,6 +111,8 @@ class TorchSession:
 
     def _logprobs(self, tok: torch.Tensor) -> torch.Tensor:
         """[B] the generator's log-probability of each row's token."""
+        if self.source is not None:
+            return self.source.logprobs(self, tok)
         return torch.log_softmax(self.logits.float(), -1).gather(-1, tok[:, None])[:, 0]
 
     @torch.inference_mode()
@@ -114,6 +141,8 @@ class TorchSession:
         self.stopped = torch.zeros(B, dtype=torch.bool, device=dev)  # finished by a stop string
         self.pending: torch.Tensor | None = None  # sampled tokens not yet fed to the model
         self._track_memory()
+        if self.source is not None:
+            self.source.started(self)
 
     def _track_memory(self) -> None:
         tokens = self.engine.allocated_tokens
@@ -229,11 +258,16 @@ class TorchSession:
         ``streams[j]``, holding its parent's cache, tokens, log-probs and pending token; copies go right after their
         parent, so rows stay grouped by prompt (the fast engine's per-prompt segments stay contiguous). Returns the
         copies' batch indices."""
+        if self.source is not None:
+            self.source.forking(self)
+        parent_streams = [int(self.stream[r]) for r in parents]
         order, slots = self.book.fork(parents, ids, streams)
         self._select(
             torch.tensor(order, dtype=torch.long)
         )  # the book is reordered; the draw keys follow at the next draw
         self._track_memory()
+        if self.source is not None:
+            self.source.forked(self, parent_streams, slots, streams)
         return slots
 
     def force(self, tokens: torch.Tensor) -> None:
@@ -258,13 +292,15 @@ class TorchSession:
         self.logits = self.logits[rows] if self.pending is None else None
         self.hidden = self.hidden[rows] if self.hidden is not None else None
         self._draw_keys, self._fin_pending = None, False  # of the rows before
+        if self.source is not None:
+            self.source.selected(rows.cpu())
 
     def close(self) -> None:
         """Nothing to release: the cache is freed with the session (vLLM's session aborts its requests here)."""
 
     def _hidden(self) -> torch.Tensor | None:
         """[B, hidden] the state that sampled each row's latest token (None unless asked)."""
-        return self.hidden
+        return self.source.hidden(self) if self.source is not None else self.hidden
 
     def active(self) -> list[Row]:
         """Every active row's response so far, in batch order."""
