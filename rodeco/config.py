@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
-from rodeco.validation import ConfigError, check_compile
+from rodeco.validation import ConfigError, check_compile, node_dict
 from rodeco.winner import WinnerRule
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ NOT_IDENTITY = ("compile",)  # generator keys that change speed, not which candi
 def candidate_settings(generator: DictConfig) -> dict[str, Any]:
     """The ``generator`` keys a candidate's tokens depend on (what a pool records): the vLLM keys only on vLLM, and
     never ``compile`` (a pool recorded eager extends compiled, and the other way round)."""
-    d = OmegaConf.to_container(generator, resolve=True)
+    d = node_dict(generator)
     skip = NOT_IDENTITY + (() if d.get("engine") == "vllm" else VLLM_ONLY)
     return {k: v for k, v in d.items() if k not in skip}
 
@@ -324,7 +324,7 @@ def validate(cfg: DictConfig) -> None:
 
 def winner_rule(cfg: DictConfig) -> WinnerRule:
     """The ``winner`` node as a rule (checked: its rule, extractor and pattern)."""
-    return WinnerRule(**OmegaConf.to_container(cfg.winner, resolve=True))
+    return WinnerRule(**node_dict(cfg.winner))
 
 
 def check_budget_mode(b: DictConfig) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rodeco.engines import Engine, engine_class
+from rodeco.engines import Engine, HFModel, engine_class
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.compiled import CompiledStep, compile_setting
 from rodeco.engines.llama import FastWeights
@@ -28,7 +28,7 @@ class TorchGenerator(ModelGenerator):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         tokenizer: Any,
         *,
         chat_template: bool = True,

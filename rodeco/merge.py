@@ -21,7 +21,7 @@ from rodeco.data import HubSource, load_prompts
 from rodeco.judging import summarize as summarize_judges
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, node_dict
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
             "holds no run directory (none has .hydra/config.yaml)",
             "give the multirun's sweep dir (hydra.sweep.dir), e.g. multirun/DATE/TIME",
         )
-    settings = [flatten(OmegaConf.to_container(run_config(d), resolve=False)) for d in dirs]
+    settings = [flatten(node_dict(run_config(d), resolve=False)) for d in dirs]
     diff = differing_keys(settings)
     if diff:
 

@@ -114,14 +114,17 @@ class Generator(Protocol):
     device: Any  # torch.device: where the rows decode (a replay: the CPU)
     dtype: Any
     shape: ModelShape
-    kv: KVSpec  # how its engine stores the KV cache: every memory figure is counted with it
     kv_bytes_per_token: int
     max_context: int | None
     eos_ids: list[int]
     pad_id: int
-    info: EngineInfo  # what its engine does; ``info.name`` is what a pool records (``rodeco.engines.layout``)
     provides_hidden: bool  # it can hand rewards the final-layer hidden states
     kv_pool_tokens: int | None  # its engine's own KV capacity (vLLM's block pool), None when it has none
+
+    @property
+    def kv(self) -> KVSpec: ...  # how its engine stores the KV cache: every memory figure is counted with it
+    @property
+    def info(self) -> EngineInfo: ...  # what its engine does; ``info.name`` is what a pool records
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]: ...  # a text, or a conversation's messages
     def decode_text(self, ids: list[int]) -> str: ...

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget, winner_rule
@@ -27,7 +27,7 @@ from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.sampling import SamplingParams
 from rodeco.state import Compute, Counts, PromptResult, RoundView, RunOutput
-from rodeco.validation import ConfigError, Interrupted, PluginError
+from rodeco.validation import ConfigError, Interrupted, PluginError, node_dict
 from rodeco.working import WorkingMemory, working_memory
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class DecodeRun:
     def run(self) -> RunOutput:
         from tqdm.auto import tqdm
 
-        self.plugins.run_start(config=OmegaConf.to_container(self.cfg, resolve=True), n_prompts=len(self.todo))
+        self.plugins.run_start(config=node_dict(self.cfg), n_prompts=len(self.todo))
         self.bar = tqdm(
             total=len(self.todo), desc="prompts", unit="prompt", disable=not self.cfg.output.progress, delay=2.0
         )

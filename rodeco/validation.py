@@ -59,3 +59,14 @@ class Interrupted(Exception):
         self.signal_name, self.done, self.total, self.path = signal_name, done, total, path
         where = f"; their results are in {path}" if path else ""
         super().__init__(f"stopped by {signal_name} after {done} of {total} prompts{where}")
+
+
+def node_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """A config mapping node (a ``DictConfig``) as a plain dict: ``OmegaConf.to_container``, whose result is typed as
+    any container, checked to be a mapping."""
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(out, dict):
+        raise TypeError(f"expected a mapping config node, got {type(out).__name__}")
+    return {str(k): v for k, v in out.items()}

@@ -30,6 +30,11 @@ import torch
 
 from rodeco.validation import ConfigError
 
+# A transformers causal LM (or one of its decoder layers). Its submodules and config are found by name
+# (``model.model.layers``, ``config.num_key_value_heads``), which torch's ``Module`` typing cannot express: its
+# ``__getattr__`` is typed ``Tensor | Module``. So engines take it as ``Any`` under this name.
+HFModel = Any
+
 ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
 
 
@@ -43,16 +48,16 @@ class Engine(Protocol):
     keep_hidden: bool
     last_hidden: torch.Tensor | None
 
-    def __init__(self, model: torch.nn.Module, weights: Any = None, compiled: Any = None) -> None: ...
+    def __init__(self, model: HFModel, weights: Any = None, compiled: Any = None) -> None: ...
     @staticmethod
-    def prepare(model: torch.nn.Module, mkl: bool = False) -> Any: ...
+    def prepare(model: HFModel, mkl: bool = False) -> Any: ...
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
     def select(self, rows: torch.Tensor) -> None: ...
     def reserve(self, capacity: int) -> None: ...
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
-def engine_class(kind: str, model: torch.nn.Module) -> type[Engine]:
+def engine_class(kind: str, model: HFModel) -> type[Engine]:
     """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: fast when it can run the model)."""
     from rodeco.engines.hf import HFEngine
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from rodeco.engines import HFModel
 from rodeco.shape import ModelShape
 
 
@@ -19,7 +18,7 @@ class ModelGenerator:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         tokenizer: Any,
         *,
         chat_template: bool = True,

@@ -59,7 +59,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from rodeco.engines import native
+from rodeco.engines import HFModel, native
 from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
 from rodeco.hardware import cpu_vendor
 from rodeco.validation import ConfigError, check_compile
@@ -109,7 +109,7 @@ class _Weights(torch.nn.Module):
     """The step's plain weights: the fast engine's fused ones (``FastWeights``: one QKV, one gate+up matmul, shared,
     not copied) as parameters of a module, so inductor's freezing folds them into the graph as constants."""
 
-    def __init__(self, model: torch.nn.Module, fused: FastWeights) -> None:
+    def __init__(self, model: HFModel, fused: FastWeights) -> None:
         super().__init__()
 
         def params(ts: list[torch.Tensor]) -> torch.nn.ParameterList:
@@ -158,7 +158,7 @@ class _Step(torch.nn.Module):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         fused: FastWeights,
         h: int,
         hkv: int,
@@ -237,7 +237,7 @@ class _Step(torch.nn.Module):
         return self._linear(hidden, "head", 0), hidden
 
 
-def _heads(model: torch.nn.Module) -> tuple[int, int, int]:
+def _heads(model: HFModel) -> tuple[int, int, int]:
     """The model's query heads, KV heads and head_dim (``rodeco.engines.fast.supports``' models)."""
     c = model.config
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -263,7 +263,7 @@ class CompiledStep:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         fused: FastWeights,
         h: int,
         hkv: int,
@@ -302,14 +302,14 @@ class CompiledStep:
         return self.kernel
 
     @staticmethod
-    def uses_kernel(model: torch.nn.Module) -> bool:
+    def uses_kernel(model: HFModel) -> bool:
         """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, a head_dim
         and group it fits, the kernel built)."""
         h, hkv, d = _heads(model)
         return _kernel_serves(d, h // hkv, next(model.parameters()).device.type == "cuda")
 
     @staticmethod
-    def uses_mkl(model: torch.nn.Module) -> bool:
+    def uses_mkl(model: HFModel) -> bool:
         """Whether the compiled step of ``model`` asks for its weights packed for MKL's GEMM (``rodeco::mkl_linear``;
         the engine's ``prepare(model, mkl=True)``, which keeps oneDNN's where MKL's rows would depend on the batch)
         rather than oneDNN's: on an Intel CPU, in fp32, where rodeco's kernels are built and PyTorch carries MKL. On an
@@ -326,7 +326,7 @@ class CompiledStep:
     @classmethod
     def of(
         cls,
-        model: torch.nn.Module,
+        model: HFModel,
         fused: FastWeights,
         packed: bool = True,
         kernel: bool | None = None,

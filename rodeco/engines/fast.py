@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from rodeco.engines import HFModel
 from rodeco.engines.llama import FastWeights, Layer, rms_norm, rope
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 SUPPORTED = ("llama", "mistral", "qwen2")
 
 
-def supports(model: torch.nn.Module) -> str | None:
+def supports(model: HFModel) -> str | None:
     """None if the fast engine can run ``model``, else why not."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in SUPPORTED:
@@ -65,7 +66,7 @@ class FastLlamaEngine:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         compiled: CompiledStep | None = None,
         weights: FastWeights | None = None,
     ) -> None:
@@ -107,7 +108,7 @@ class FastLlamaEngine:
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
 
     @staticmethod
-    def prepare(model: torch.nn.Module, mkl: bool = False) -> FastWeights:
+    def prepare(model: HFModel, mkl: bool = False) -> FastWeights:
         """The fused and prepacked weights of ``model``: a generator builds them once and hands them to each
         session's engine (``rodeco.generator.TorchGenerator.new_engine``), so a session does not prepack again.
         ``mkl``: packed for MKL's GEMM (``FastWeights``), as the compiled step asks for on an Intel CPU in fp32."""

@@ -6,6 +6,8 @@ import inspect
 
 import torch
 
+from rodeco.engines import HFModel
+
 
 class HFEngine:
     """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does.
@@ -16,11 +18,11 @@ class HFEngine:
     compilable = False  # generator.compile does not apply
 
     @staticmethod
-    def prepare(model: torch.nn.Module, mkl: bool = False) -> None:
+    def prepare(model: HFModel, mkl: bool = False) -> None:
         """Nothing to prepare: the model's own forward reads its weights."""
         return None
 
-    def __init__(self, model: torch.nn.Module, weights: None = None, compiled: None = None) -> None:
+    def __init__(self, model: HFModel, weights: None = None, compiled: None = None) -> None:
         self.model = model
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -16,7 +16,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from rodeco.engines import native
+from rodeco.engines import HFModel, native
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 class Layer:
-    def __init__(self, layer: torch.nn.Module, mkl: bool = False) -> None:
+    def __init__(self, layer: HFModel, mkl: bool = False) -> None:
         a, m = layer.self_attn, layer.mlp
         b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
         self.qkv = Linear(
@@ -84,7 +84,7 @@ class FastWeights:
     MKL's GEMM instead (``Linear``), if its rows come out the same at every batch size (``row_invariant``), else
     oneDNN's, with a warning."""
 
-    def __init__(self, model: torch.nn.Module, mkl: bool = False) -> None:
+    def __init__(self, model: HFModel, mkl: bool = False) -> None:
         self.layers = [Layer(l, mkl) for l in model.model.layers]
         self.lm_head = Linear(model.lm_head.weight, mkl=mkl)
         self.mkl = mkl

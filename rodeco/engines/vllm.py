@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rodeco.budget import block_shared
+from rodeco.engines import HFModel
 from rodeco.engines.base import ModelGenerator
 from rodeco.protocols import EngineInfo
 from rodeco.rows import BookColumn, RowBook
@@ -96,7 +97,7 @@ class VLLMGenerator(ModelGenerator):
     def __init__(
         self,
         llm: Any,
-        meta_model: torch.nn.Module,
+        meta_model: HFModel,
         tokenizer: Any,
         *,
         device: str,
@@ -188,7 +189,7 @@ class VLLMSession:
         self.stops = StopStrings(tuple(spec.stop))  # checked here on each new token (rodeco.stops), as live rows are
         self.stream_keys, self.needs_logprobs = [int(k) for k in spec.stream_keys], spec.needs_logprobs
         self.ignore_eos, self.sampling, self.first = spec.ignore_eos, spec.sampling, spec.first
-        self.hidden_log = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
+        self.hidden_log: list | None = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
         self.book = RowBook()  # which prompt, candidate and stream each row is
         self.t = 0
         self.uid = gen.next_id()

@@ -30,7 +30,7 @@ from rodeco.plugins import Plugins
 from rodeco.replay import open_pool
 from rodeco.roles import ORACLE, choose_roles
 from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError, check_positive_int
+from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def check_training_prompts(prompts, exclude: list[str], plugins: Plugins) -> Non
         f = option_file("data", name, plugins)
         if f is None:
             raise ConfigError("experiment_args.exclude_data", name, "no such data option", "e.g. [alpacafarm100]")
-        d = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
+        d = node_dict(OmegaConf.load(f))
         held = load_prompts(
             d.get("path"),
             d.get("prompts"),
@@ -128,7 +128,7 @@ def calibration_stats(
 
 
 def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by CalibrateArgs
+    a = node_dict(cfg.experiment_args)  # keys and types checked by CalibrateArgs
     for key in ("candidates", "bootstrap"):
         check_positive_int(f"experiment_args.{key}", a[key], 32)
     lengths = sorted(set(a["lengths"]))
@@ -169,7 +169,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             "pool": str(path),
             "prompts": [p.index for p in prompts],
             "candidates": pool.candidates,
-            "data": OmegaConf.to_container(cfg.data, resolve=True).get("path"),
+            "data": node_dict(cfg.data).get("path"),
             "command": f"rodeco experiment=calibrate partial_reward={p_name}",
         },
     )

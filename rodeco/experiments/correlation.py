@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rodeco.compose import option_node
 from rodeco.data import prompts_of
@@ -35,7 +35,7 @@ from rodeco.replay import open_pool
 from rodeco.results import ResultsWriter
 from rodeco.roles import pool_served
 from rodeco.state import Compute, RunOutput, ScoreRequest
-from rodeco.validation import ConfigError, check_positive_int
+from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ MIN_CANDIDATES = 3  # a correlation over fewer candidates is not reported
 
 
 def _args(cfg: DictConfig) -> dict[str, Any]:
-    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by CorrelationArgs
+    a = node_dict(cfg.experiment_args)  # keys and types checked by CorrelationArgs
     for key in ("candidates", "bootstrap"):
         check_positive_int(f"experiment_args.{key}", a[key], 32)
     if not a["lengths"] or any(not isinstance(x, int) or x < 1 for x in a["lengths"]):

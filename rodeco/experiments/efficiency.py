@@ -59,7 +59,7 @@ from rodeco.results import ResultsWriter
 from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
 from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError, check_number, check_positive_int
+from rodeco.validation import ConfigError, check_number, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ PROMPTS_FILE = "{task}_prompts.jsonl"  # efficiency_prompts.jsonl, perplexity_pr
 def parse_args(cfg: DictConfig) -> dict[str, Any]:
     """``experiment_args`` (keys and types checked by ``EfficiencyArgs`` at compose time) with the checks a schema
     cannot express."""
-    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)
+    a = node_dict(cfg.experiment_args)
     for key, example in (("n", 4), ("candidates", 128), ("bon_groups", 4), ("bootstrap", 1000), ("replicates", 2)):
         check_positive_int(f"experiment_args.{key}", a[key], example)
     if a["candidates"] < a["n"]:
