@@ -74,6 +74,9 @@ def test_the_wheel_carries_configs_plugins_and_assets(wheel: Path):
         "rodeco_rewards/assets/minilm_bt_head.safetensors",
         "rodeco/searchpath.py",
         "rodeco/engines/fast.py",
+        "rodeco/engines/native/__init__.py",  # every subpackage is listed in pyproject's packages
+        "rodeco/engines/native/attention.cpp",  # the native kernels' sources, built on first use
+        "rodeco/engines/native/mkl_linear.cpp",
     ]:
         assert f in names, f
     assert not [n for n in names if n.startswith(("conf/", "plugins/", "tests/", "hydra_plugins/"))]
