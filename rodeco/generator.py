@@ -41,10 +41,10 @@ class TorchGenerator(ModelGenerator):
         self.engine_kind = engine
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
         self._compile_value, self._compile = compile, None
-        self._compiled: CompiledStep | None = None  # built on the first session that needs it, shared by the rest
-        self._prepared: FastWeights | None = (
-            None  # the engine's prepared weights (its ``prepare``), built once likewise
-        )
+        # built when first needed and shared by every engine the generator opens: the compiled step and the engine's
+        # prepared weights (its ``prepare``)
+        self._compiled: CompiledStep | None = None
+        self._prepared: FastWeights | None = None
         self._info: EngineInfo | None = None
 
     def layer_devices(self) -> dict[str, int]:
@@ -70,8 +70,8 @@ class TorchGenerator(ModelGenerator):
 
     def _weights(self) -> FastWeights | None:
         """The engine's prepared weights (fused, prepacked; MKL's packing for the compiled step on an Intel CPU in
-        fp32), built for the first session and reused by the rest, so the model's weights are read once; None for an
-        engine that prepares none."""
+        fp32), built once and reused by every engine, so the model's weights are read once; None for an engine that
+        prepares none."""
         if self._prepared is None:
             self._prepared = self.engine_class().prepare(self.model, self.compile and CompiledStep.uses_mkl(self.model))
         return self._prepared

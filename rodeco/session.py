@@ -258,16 +258,16 @@ class TorchSession:
         ``streams[j]``, holding its parent's cache, tokens, log-probs and pending token; copies go right after their
         parent, so rows stay grouped by prompt (the fast engine's per-prompt segments stay contiguous). Returns the
         copies' batch indices."""
-        if self.source is not None:
-            self.source.forking(self)
-        parent_streams = [int(self.stream[r]) for r in parents]
+        source = self.source
+        if source is not None:
+            source.forking(self)
+            parent_streams = [int(self.stream[r]) for r in parents]  # what the source continues each copy from
         order, slots = self.book.fork(parents, ids, streams)
-        self._select(
-            torch.tensor(order, dtype=torch.long)
-        )  # the book is reordered; the draw keys follow at the next draw
+        # the book is reordered; the draw keys follow at the next draw
+        self._select(torch.tensor(order, dtype=torch.long))
         self._track_memory()
-        if self.source is not None:
-            self.source.forked(self, parent_streams, slots, streams)
+        if source is not None:
+            source.forked(self, parent_streams, slots, streams)
         return slots
 
     def force(self, tokens: torch.Tensor) -> None:

@@ -93,45 +93,50 @@ class Variant:
         return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _variants(gen: Any, a: argparse.Namespace) -> tuple[dict[str, Variant], dict[str, tuple[str, str]], dict[str, str]]:
+    """The compiled steps to time ({name: variant}), the kernels to pair ({kernel: (its variant, the replacement's)})
+    and the kernels not paired on this CPU ({kernel: why})."""
     from rodeco.engines import native
     from rodeco.engines.compiled import CompiledStep
     from rodeco.engines.fast import FastLlamaEngine
+    from rodeco.hardware import cpu_vendor
+
+    model = gen.model
+    onednn = FastLlamaEngine.prepare(model)
+    shipped = CompiledStep.of(model, onednn)
+    assert shipped.kernel
+    variants = {"shipped": Variant(gen, onednn, shipped)}
+    pairs: dict[str, tuple[str, str]] = {}
+    skipped: dict[str, str] = {}
+    want = set(a.only) if a.only else {"attention", "mkl"}
+    if a.dtype != "float32":
+        want -= {"mkl"}
+    if "attention" in want:
+        variants["inductor_attention"] = Variant(gen, onednn, CompiledStep.of(model, onednn, kernel=False))
+        pairs["attention"] = ("shipped", "inductor_attention")
+    if "mkl" in want:
+        if cpu_vendor() != "GenuineIntel" or not native.available("mkl_linear"):
+            skipped["mkl"] = f"serves Intel CPUs only; this one is {cpu_vendor()}"
+        elif (mkl := FastLlamaEngine.prepare(model, mkl=True)).linear != "mkl":
+            skipped["mkl"] = "MKL's rows depended on the batch on this CPU: oneDNN's are kept"
+        else:
+            variants["mkl"] = Variant(gen, mkl, CompiledStep.of(model, mkl))
+            pairs["mkl"] = ("mkl", "shipped")
+    return variants, pairs, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rodeco.engines import native
     from rodeco.experiments.engine_bench import paired_runs
-    from rodeco.hardware import cpu_facts, cpu_vendor
+    from rodeco.hardware import cpu_facts
 
     a = _args(argv)
     torch.manual_seed(0)
     gen = _generator(a.model, a.dtype)
-    model = gen.model
     if not native.available("decode_attention"):
         print("rodeco's kernels cannot be built here: nothing to pair")
         return 1
-    onednn = FastLlamaEngine.prepare(model)
-    intel = cpu_vendor() == "GenuineIntel" and native.available("mkl_linear")
-    shipped = CompiledStep.of(model, onednn)
-    assert shipped.kernel
-    fp32 = a.dtype == "float32"
-    variants = {"shipped": Variant(gen, onednn, shipped)}
-    pairs: dict[str, tuple[str, str]] = {}  # kernel -> (its variant, the replacement's)
-    want = set(a.only) if a.only else {"attention", "mkl"}
-    if not fp32:
-        want -= {"mkl"}
-    if "attention" in want:
-        inductor = CompiledStep.of(model, onednn, kernel=False)
-        variants["inductor_attention"] = Variant(gen, onednn, inductor)
-        pairs["attention"] = ("shipped", "inductor_attention")
-    skipped = {}
-    if "mkl" in want:
-        if intel:
-            mkl = FastLlamaEngine.prepare(model, mkl=True)
-            if mkl.linear == "mkl":
-                variants["mkl"] = Variant(gen, mkl, CompiledStep.of(model, mkl))
-                pairs["mkl"] = ("mkl", "shipped")
-            else:
-                skipped["mkl"] = "MKL's rows depended on the batch on this CPU: oneDNN's are kept"
-        else:
-            skipped["mkl"] = f"serves Intel CPUs only; this one is {cpu_vendor()}"
+    variants, pairs, skipped = _variants(gen, a)
     ids = [gen.encode(p) for p in PROMPTS[: a.prompts]]
     names = list(variants)
     t0 = time.perf_counter()

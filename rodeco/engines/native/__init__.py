@@ -102,21 +102,15 @@ def _build() -> bool:
         )
         return False
 
-    @torch.library.register_fake("rodeco::decode_attention")
-    def _(
-        q: torch.Tensor,
-        kp: torch.Tensor,
-        vp: torch.Tensor,
-        grp: torch.Tensor,
-        bias: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor:
-        return q.new_empty(q.shape)
+    torch.library.register_fake("rodeco::decode_attention")(_like_query)
 
     log.info("rodeco's native kernels are loaded (%s)", name)
     return True
+
+
+def _like_query(q: torch.Tensor, *rest: object) -> torch.Tensor:
+    """``decode_attention``'s output as a graph sees it while tracing: shaped like the query."""
+    return q.new_empty(q.shape)
 
 
 def decode_attention(
