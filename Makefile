@@ -41,6 +41,7 @@ test: $(STAMP) $(VSTAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -m "not vllm"
 	$(VPY) -m pytest -q -m vllm
 

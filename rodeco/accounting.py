@@ -71,7 +71,7 @@ class Accounting:
     def prompt(self, p: int, st: SessionStats) -> Compute:
         """Prompt ``p``'s share of the batch so far: its own tokens, and time and reward cost in proportion."""
         tok_share = st.decode_tokens[p] / max(1, st.decode_tokens.sum())
-        req = sum(self.requests.values())
+        req = sum(self.requests.values(), np.zeros(self.n_prompts))
         share = {r: self.requests[r][p] / max(1, self.requests[r].sum()) for r in ROLES}
         share["all"] = req[p] / max(1, req.sum())
         times = {
@@ -94,7 +94,7 @@ class Accounting:
         return self._build(st, list(range(self.n_prompts)), {"all": 1.0, "partial_reward": 1.0}, dict(self.times))
 
     def _build(self, st: SessionStats, prompts: list[int], share: dict[str, float], times: dict[str, float]) -> Compute:
-        total, part = sum(self.cost.values()), self.cost["partial_reward"]
+        total, part = sum(self.cost.values(), np.zeros(3)), self.cost["partial_reward"]
         prefill_flops = sum(st.prefill_tokens[p] * self.gen.flops_per_token(st.prefill_tokens[p] // 2) for p in prompts)
         return Compute(
             gen_prefill_tokens=int(st.prefill_tokens[prompts].sum()),

@@ -102,7 +102,7 @@ class Decoder:
         **kw: Any,
     ) -> None:
         self.plugins = plugins or default_plugins()
-        self.overrides = [
+        self.overrides: list[str] | None = [
             *(overrides or []),
             *([f"reward={reward}"] if reward else []),
             *([f"generator={generator}"] if isinstance(generator, str) else []),

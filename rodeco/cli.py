@@ -98,6 +98,7 @@ def _main(cfg: DictConfig) -> None:
             + judge_line(out.extra["judge"])
         )
     elif cfg.task == "judge":
+        assert out.out_dir is not None  # judging a pool returns the pool's directory
         for name, j in out.extra["judge"].items():
             print(
                 f"judge {name}: mean {j['mean_all']:.4f} over {j['candidates']} candidates of {j['prompts']} "

@@ -105,7 +105,7 @@ def check_plugin_params(cfg: DictConfig, plugins: Plugins) -> None:
     judge = cfg.get("judge")
     if isinstance(judge, DictConfig):
         for option, node in judge.items():
-            plugins.rewards.check_node(node, f"judge.{option}")
+            plugins.rewards.check_node(node, f"judge.{option!s}")
 
 
 def load_config(overrides: list[str] | None = None, plugins: Plugins | None = None) -> DictConfig:
@@ -178,6 +178,7 @@ def explain(e: Exception, overrides: list[str]) -> ConfigError | None:
         )
         return ConfigError(full, value, problem, fix)
     if isinstance(cause, (ValidationError, ConfigTypeError)) and cause.full_key:  # ConfigTypeError: a dict for a list
+        assert cause.msg is not None  # omegaconf sets it with full_key
         return ConfigError(
             str(cause.full_key),
             _value_of(str(cause.full_key), overrides),
@@ -256,10 +257,11 @@ def help_groups(plugins: Plugins, width: int = 116) -> str:
         lines.append(f"  {group}:")
         for name in sorted(files):
             node = OmegaConf.load(files[name])
+            assert isinstance(node, DictConfig)  # a config group's option is a mapping
             selects = node.get("task" if group == "experiment" else "name") if group in registries else None
             reg = registries.get(group)
-            own = reg is not None and selects == name and selects in reg
-            text = reg.get(selects).description if own else _first_sentence(files[name])
+            own = reg if reg is not None and selects == name and name in reg else None  # the registry describing it
+            text = own.get(name).description if own is not None else _first_sentence(files[name])
             line = f"    {group}={name}".ljust(30) + " " + text
             lines.append(line if len(line) <= width else line[: width - 3] + "...")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
 from rodeco.validation import ConfigError, check_compile, node_dict
@@ -355,7 +355,7 @@ def check_budget_mode(b: DictConfig) -> None:
 
 def split_node(node: Any, key: str) -> tuple[str, dict[str, Any]]:
     """A reward/policy node -> (registry name, parameters)."""
-    params = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    params = node_dict(node) if isinstance(node, DictConfig) else dict(node)
     name = params.pop("name", None)
     if not name or not isinstance(name, str):
         raise ConfigError(

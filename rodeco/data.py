@@ -110,6 +110,7 @@ def load_prompts(
     elif hf is not None:
         texts = hf.texts(field)
     else:
+        assert path is not None  # exactly one source was given
         texts = _read_file(find_data_file(path, "data.path", root), field)
     out = [Prompt(i, t) for i, t in enumerate(texts)]
     if indices is not None:

@@ -40,7 +40,8 @@ class TorchGenerator(ModelGenerator):
         super().__init__(model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.engine_kind = engine
         self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
-        self._compile_value, self._compile = compile, None
+        self._compile_value = compile
+        self._compile: bool | None = None  # resolved when first asked (``compile``)
         # built when first needed and shared by every engine the generator opens: the compiled step and the engine's
         # prepared weights (its ``prepare``)
         self._compiled: CompiledStep | None = None

@@ -57,6 +57,7 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
 def rodeco_config_dirs() -> list[str]:
     """Directories of Hydra config files (``reward/*.yaml``, ``policy/*.yaml``, ``experiment/*.yaml``, ...) that a
     plugin adds. The results of all implementations go on Hydra's search path, after rodeco's own ``conf/``."""
+    raise NotImplementedError  # a specification: pluggy calls the plugins' implementations, never this body
 
 
 @hookspec

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from rodeco.engines import HFModel
 from rodeco.generator import TorchGenerator
 from rodeco.hardware import native_bf16
 from rodeco.protocols import Generator
@@ -136,7 +137,7 @@ def load_model_and_tokenizer(
         kw["gguf_file"] = gguf
     try:
         tok = AutoTokenizer.from_pretrained(src, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(
+        lm: HFModel = AutoModelForCausalLM.from_pretrained(
             src, dtype=dt, **kw, **({"device_map": device_map} if device_map else {})
         )
     except OSError as e:
@@ -154,7 +155,7 @@ def _convert_gguf(src: str, gguf: str, dest: Path) -> None:
 
     log.info("dequantizing %s once (cached in %s)", gguf, dest)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
-    lm = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
+    lm: HFModel = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
     lm.hf_quantizer = None  # the weights are plain tensors now: save them as such
     if hasattr(lm.config, "quantization_config"):
         del lm.config.quantization_config

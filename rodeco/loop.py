@@ -21,7 +21,7 @@ import numpy as np
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.protocols import Generator, Policy, Session
+from rodeco.protocols import Generator, Policy, Session, StartChooser
 from rodeco.sampling import copy_stream
 from rodeco.state import (
     Compute,
@@ -104,8 +104,8 @@ def decode_batch(
     (a server's disconnected clients; it may read the session's rows and step); it is asked at every decision point
     and every ``s.check_tokens`` tokens, and a cancelled prompt gets no result (the others' are returned, in order)."""
     decider = partial or scorer  # the partial_reward role: by default the reward itself
-    prompts = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
-    ids = [gen.encode(p.source) for p in prompts]
+    refs = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
+    ids = [gen.encode(p.source) for p in refs]
     P = max(map(len, ids))
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
     budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
@@ -114,7 +114,7 @@ def decode_batch(
         session_spec(
             s,
             n,
-            prompts,
+            refs,
             needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
             needs_hidden=decider.needs_hidden_states,
             first=first,
@@ -122,10 +122,10 @@ def decode_batch(
     )
     text = StopStrings(tuple(s.stop)).text(gen.decode_text)  # a response as rewards and results read it
     trace = Trace(
-        prompts, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner
+        refs, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner
     )
     every = policy_info(policy, s.policy_name).decision_tokens
-    acct = Accounting(gen, len(prompts))
+    acct = Accounting(gen, len(refs))
     results: dict[int, PromptResult] = {}
 
     def report_done() -> None:  # every prompt that has no active row left, once
@@ -146,11 +146,11 @@ def decode_batch(
                     until = min(until, (sess.t // every + 1) * every)
                 left = decode_round(sess, until, trace, cancelled, s.check_tokens)  # to the decision point
                 left += sess.retire_finished()  # a cancelled prompt's rows were rejected, finished ones too
-            trace.finished(left, score_rows(scorer, "reward", text, prompts, left, acct))
+            trace.finished(left, score_rows(scorer, "reward", text, refs, left, acct))
             report_done()
             if not sess.rows:
                 break
-            scores = score_rows(decider, "partial_reward", text, prompts, sess.active(), acct)
+            scores = score_rows(decider, "partial_reward", text, refs, sess.active(), acct)
             trace.scored(sess.prompt_of, sess.cand, scores)
             with acct.timed("prune"):
                 fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
@@ -161,7 +161,7 @@ def decode_batch(
                 apply_counts(sess, trace, rnd, rows, keys, view, counts)
             report_done()
             rnd += 1
-    return [results[p] for p in range(len(prompts)) if p in results], acct.batch(sess.stats)
+    return [results[p] for p in range(len(refs)) if p in results], acct.batch(sess.stats)
 
 
 def decode_round(
@@ -276,6 +276,7 @@ def rows_per_prompt(
             max_new_tokens=s.max_new_tokens,
             min_tokens_per_round=budget.min_tokens_per_round,
         )
+        assert isinstance(policy, StartChooser)  # policy_info checked that it has choose_start
         n = int(policy.choose_start(view))
         if not 1 <= n <= most:
             raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
@@ -285,6 +286,7 @@ def rows_per_prompt(
     first = budget.held(base + min(budget.min_tokens_per_round, s.max_new_tokens)) + w
     if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:
         fit = budget.kv_tokens // (first * n_prompts)
+        assert s.budget.kv_tokens is not None  # the batch's share of a finite budget (Budget.for_batch)
         shared = s.budget.kv_tokens - budget.kv_tokens
         held = f"{first} tokens" + (f" ({w} of them working memory)" if w else "")
         raise ConfigError(

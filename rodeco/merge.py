@@ -51,6 +51,8 @@ def run_config(d: Path) -> DictConfig:
     """The settings a run directory's job ran with: its composed config, adjusted for what the user typed as the
     CLI does (``compose.prefer_typed``)."""
     cfg = OmegaConf.load(d / ".hydra/config.yaml")
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"{d / '.hydra/config.yaml'} is not a mapping config")
     overrides = d / ".hydra/overrides.yaml"
     prefer_typed(cfg, list(OmegaConf.load(overrides)) if overrides.is_file() else [])
     return cfg
@@ -145,7 +147,8 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
         )
     ]
     records: dict[int, dict[str, Any]] = {}
-    total, shards, judged = Compute(), [], {}
+    total, shards = Compute(), []
+    judged: dict[str, Any] = {}
     for d, setting in zip(dirs, settings):
         recs = ResultsWriter(d).records
         for i, r in recs.items():

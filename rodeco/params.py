@@ -15,14 +15,14 @@ import dataclasses
 import difflib
 import types
 from collections.abc import Mapping
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeGuard, Union, cast, get_args, get_origin, get_type_hints
 
 from rodeco.validation import ConfigError
 
 MISSING_VALUE = "???"  # omegaconf's MISSING: the default of a ``rodeco.required`` field, a value still to be given
 
 
-def is_schema(x: object) -> bool:
+def is_schema(x: object) -> TypeGuard[type]:
     return isinstance(x, type) and dataclasses.is_dataclass(x)
 
 
@@ -51,6 +51,7 @@ def take_params(node: str, params: Mapping[str, Any], defaults: Mapping[str, Any
     if is_schema(defaults):
         check_params(node, params, defaults, complete=True)
         return {**defaults_of(defaults), **params}
+    defaults = cast("Mapping[str, Any]", defaults)  # not a params dataclass: the dict of defaults
     for key in sorted(set(params) - set(defaults)):
         raise _unknown(node, key, params[key], node, sorted(["name", *defaults]))
     return {**defaults, **params}

@@ -114,10 +114,10 @@ class Registry:
         """A config node (``{name: ..., <params>}`` at ``key``) against the params dataclass its plugin registered:
         unknown keys and values of the wrong type are ``ConfigError``s. Nothing to check for a plugin without one;
         a missing or unknown name is left for ``get`` to report when the plugin is built."""
-        params = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-        if not isinstance(params, dict):
+        container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+        if not isinstance(container, dict):
             return
-        params = dict(params)
+        params: dict[Any, Any] = dict(container)  # the node's keys as given, strings or not
         name = params.pop("name", None)
         entry = self._entries.get(name) if isinstance(name, str) else None
         if entry is not None and entry.params is not None:

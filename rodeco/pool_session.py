@@ -42,7 +42,7 @@ class ReplayGenerator:
 
         s = pool.settings
         self.pool, self.shape, self.name = pool, pool.shape, str(s["generator"].get("model", ""))
-        self.tokenizer = AutoTokenizer.from_pretrained(pool.path / "tokenizer")
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(pool.path / "tokenizer")  # as ModelGenerator's
         self.eos_ids, self.pad_id = list(s["eos_ids"]), int(s["pad_id"])
         self.dtype = s.get("dtype", "")
         self.eos_tensor = torch.tensor(self.eos_ids)
@@ -52,7 +52,8 @@ class ReplayGenerator:
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
         self._ids: dict[str, list[int]] = {}
-        self._live_factory, self._live = live or (lambda: live_generator(pool)), None
+        self._live_factory = live or (lambda: live_generator(pool))
+        self._live: TorchGenerator | None = None
         self.continuation_seconds = 0.0  # spent decoding copies' continuations that the pool did not hold
         self.continued = 0  # continuations decoded (the rest served from the pool)
 
@@ -109,24 +110,28 @@ class ReplayGenerator:
                 )
         return out
 
-    def live(self) -> Generator:
+    def live(self) -> TorchGenerator:
         """The live generator that decodes continuations: loaded on first use (the pool's generator settings)."""
         if self._live is None:
-            self._live = self._live_factory()
-            if not isinstance(self._live, TorchGenerator):
+            live = self._live_factory()
+            if not isinstance(live, TorchGenerator):
                 raise ConfigError(
                     "generator.engine",
-                    self._live.info.name,
+                    live.info.name,
                     "continuations of copies are decoded with rodeco's own engines (fast, hf)",
                     "replay with generator.engine=fast",
                 )
+            self._live = live
         return self._live
 
     def add(self, p: PoolPrompt) -> None:
         self._ids[p.text] = p.prompt_ids
 
-    def encode(self, text: str) -> list[int]:
-        return self._ids[text]
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """The recorded ids of a prompt of the pool, by its text (``add``)."""
+        if not isinstance(prompt, str):
+            raise TypeError("a pool's prompts are texts: a conversation was not recorded")
+        return self._ids[prompt]
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

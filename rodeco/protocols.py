@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import Counts, RoundView, Row, ScoreRequest, SessionSpec, SessionStats
+from rodeco.state import Counts, RoundView, Row, ScoreRequest, SessionSpec, SessionStats, StartView
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class RewardCost:
     """What a reward spent; the loop reads it into the run's compute accounting."""
 
-    tokens: int = 0
+    tokens: float = 0  # a pool's served reward charges each request its share of a call's tokens
     flops: float = 0.0
     calls: int = 0
 
@@ -69,8 +69,8 @@ class Policy(Protocol):
 
     Optional: ``info: rodeco.PolicyInfo``, what it needs from the loop (a decision point every ``decision_tokens``
     tokens besides those the budget forces; ``chooses_start``, with a ``choose_start(StartView) -> int`` method
-    that sizes each prompt's start under ``n=policy``; ``rejects=False`` for a policy that never rejects). Read
-    once, by ``rodeco.contracts.policy_info``; without it, the defaults.
+    (``StartChooser``) that sizes each prompt's start under ``n=policy``; ``rejects=False`` for a policy that never
+    rejects). Read once, by ``rodeco.contracts.policy_info``; without it, the defaults.
     """
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:
@@ -81,6 +81,16 @@ class Policy(Protocol):
         here), and at most ``view.max_rows_next`` rows in all (which may exceed the rows there are: copies can
         grow the batch into the budget's room); never fewer rejections in total than ``view.min_reject_total``.
         """
+        ...
+
+
+@runtime_checkable
+class StartChooser(Policy, Protocol):
+    """A ``Policy`` whose info declares ``chooses_start``: it sizes each prompt's start under ``n=policy``
+    (``rodeco.contracts.policy_info`` checks that it has the method)."""
+
+    def choose_start(self, view: StartView) -> int:
+        """The rows each prompt starts with: 1 to ``view.max_rows``."""
         ...
 
 
@@ -119,8 +129,10 @@ class Generator(Protocol):
     eos_ids: list[int]
     pad_id: int
     provides_hidden: bool  # it can hand rewards the final-layer hidden states
-    kv_pool_tokens: int | None  # its engine's own KV capacity (vLLM's block pool), None when it has none
+    tokenizer: Any  # the model's transformers tokenizer (a pool saves it beside its candidates)
 
+    @property
+    def kv_pool_tokens(self) -> int | None: ...  # its engine's own KV capacity (vLLM's block pool), None when none
     @property
     def kv(self) -> KVSpec: ...  # how its engine stores the KV cache: every memory figure is counted with it
     @property

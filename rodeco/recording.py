@@ -70,7 +70,7 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -
         prompt_ids=ids,
         prefill_seconds=prefill_s,
         candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop) for r in rows],
-        steps={"rows": st.step_rows, "context": st.step_context, "seconds": st.step_seconds},
+        steps={"rows": list(st.step_rows), "context": list(st.step_context), "seconds": st.step_seconds},
         record_seconds=time.perf_counter() - t0,
     ), hidden
 

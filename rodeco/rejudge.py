@@ -70,6 +70,7 @@ def _guides(run_dir: Path, plugins: Plugins) -> tuple[Choice, ...]:
     if not f.is_file():
         return ()
     run_cfg = OmegaConf.load(f)
+    assert isinstance(run_cfg, DictConfig)  # Hydra writes a run's config as a mapping
     out = [choose(run_cfg.reward, "reward", plugins)]
     partial = run_cfg.get("partial_reward")
     if partial is not None and partial.get("name") not in ("same", "oracle", None):
@@ -118,6 +119,7 @@ def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
     from tqdm.auto import tqdm
 
     from rodeco.pool import Pool
+    from rodeco.pool_rewards import PoolReward
 
     pool = Pool(cfg.pool)
     choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))
@@ -127,10 +129,12 @@ def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
     judges = builder.judges(choices)
     out: dict[str, Any] = {}
     for j in judges.judges:
+        cache = j.scorer.reward
+        assert isinstance(cache, PoolReward)  # a builder with a pool serves every reward from its cache
         all_scores, first = [], []
         for index in tqdm(pool.indices(), desc=f"judging {j.name}", unit="prompt", disable=not cfg.output.progress):
             s = j.scorer(pool.prompt(index).final_requests())
-            j.scorer.reward.save()  # the cache, prompt by prompt
+            cache.save()  # the cache, prompt by prompt
             all_scores.extend(s.tolist())
             first.append(float(s[0]))
         out[j.name] = {

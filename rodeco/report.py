@@ -14,7 +14,9 @@ def bon_equivalent_tokens(out: RunOutput) -> float:
     """Decode tokens Best-of-n with the same n would spend: every candidate to the end. Candidates that were
     rejected are counted at the mean length of the finished candidates of the same prompt (an estimate)."""
     total = 0.0
-    for r in out.results:  # needs output.all_candidates=true
+    for r in out.results:
+        if r.candidates is None:
+            raise ValueError(f"prompt {r.prompt_index} kept only its winner: run with output.all_candidates=true")
         fin = [c for c in r.candidates if c.finished]
         mean_len = sum(len(c.token_ids) + (c.stop_reason == "eos") for c in fin) / max(1, len(fin))
         total += mean_len * r.n_start

@@ -123,11 +123,11 @@ def choose_judges(node: Any, plugins: Plugins, guides: tuple[Choice, ...] = ()) 
         )
     out = []
     for option, sub in items.items():
-        c = choose(sub, f"judge.{option}", plugins)
+        c = choose(sub, f"judge.{option!s}", plugins)
         for g in guides:
             if g.entry is not None and g.node == c.node:
                 raise ConfigError(
-                    f"judge.{option}",
+                    f"judge.{option!s}",
                     c.node,
                     f"it is the {g.key} that guides the decode: a judge must be something the search did not optimise",
                     "judge by another reward (judge=smollm_judge, judge=chrf), or drop it: judge=none",
@@ -153,9 +153,11 @@ class Roles:
 def pool_served(plugins: Plugins, pool: Pool, node: Any, key: str = "reward") -> PoolReward:
     """The reward ``node`` names, built and served from (and filling) ``pool``'s score cache: what an experiment
     that reads a pool scores with outside a decode (correlation, learned heads' training)."""
-    return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), pool=pool).reward(
+    served = RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), pool=pool).reward(
         choose(node, key, plugins)
     )
+    assert isinstance(served, PoolReward)  # a builder with a pool serves each reward from its cache
+    return served
 
 
 class RoleBuilder:
@@ -173,6 +175,7 @@ class RoleBuilder:
         """The reward ``choice`` names, built once (from a pool: a ``PoolReward`` serving the pool's cache)."""
         k = (choice.key, choice.cache_key())
         if k not in self._built:
+            assert choice.entry is not None  # a reward's choice (only same and oracle have no entry)
             built = self.plugins.build(choice.entry, choice.params, self._ctx())
             if self.pool is not None:
                 built = PoolReward(self.pool, built, reward_key(choice.node, identity_of(built)))
@@ -210,6 +213,7 @@ class RoleBuilder:
     def roles(self, choices: Choices) -> Roles:
         """The scorers, then the policy, built with the identities of what the scores come from."""
         reward, partial, ids = self.scorers(choices)
+        assert choices.policy.entry is not None  # set by ``choose``
         policy = self.plugins.build(choices.policy.entry, choices.policy.params, self._ctx(), identities=ids)
         return Roles(reward, partial, policy, ids, choices, self.judges(choices.judges))
 

@@ -169,7 +169,8 @@ class DecodeRun:
         self.batches = self.plan()
         self.todo = [p for b in self.batches for p in b]
         self.before = previous_compute(self.writer) if self.writer is not None else Compute()
-        self.total, self.results = Compute(), []
+        self.total = Compute()
+        self.results: list[PromptResult] = []
         self.backoff = Backoff(
             cfg.data.batch_prompts,
             {"device": "budget.memory_fraction", "unlimited": None, "engine": "budget (the engine's KV pool)"}.get(
@@ -191,6 +192,7 @@ class DecodeRun:
         ]
         todo = sum(map(len, batches))
         if done:
+            assert self.writer is not None  # prompts are done only in a writer's results
             log.info(
                 "resuming: %d of %d prompts already in %s",
                 len(self.prompts) - todo,

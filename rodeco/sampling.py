@@ -8,6 +8,8 @@ pool of samples, and makes ``alpha = 0`` reproduce Best-of-N exactly.
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 import torch
 
@@ -21,7 +23,11 @@ _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111
 _STEP = 0xD1B54A32D192ED03
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+@overload
+def _splitmix64(x: np.ndarray) -> np.ndarray: ...
+@overload
+def _splitmix64(x: np.uint64) -> np.uint64: ...  # one seed for all rows
+def _splitmix64(x: np.ndarray | np.uint64) -> np.ndarray | np.uint64:
     with np.errstate(over="ignore"):
         x = (x + np.uint64(_GOLDEN)) & _M64
         x = ((x ^ (x >> np.uint64(30))) * np.uint64(_MIX1)) & _M64
@@ -61,13 +67,13 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
 def uniforms(seed: int | np.ndarray, keys: np.ndarray, step: int) -> np.ndarray:
     """Uniform(0, 1) draws, one per row, a pure function of (seed, the row's key (``row_keys``), step); ``seed`` is
     one for all or one per row (a server's batch: each request's own)."""
-    seed = (
+    seeds = (
         np.asarray(seed).astype(np.int64).astype(np.uint64)
         if isinstance(seed, np.ndarray)
         else np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     )
     with np.errstate(over="ignore"):
-        key = _splitmix64(seed + np.uint64(step) * np.uint64(_STEP))
+        key = _splitmix64(seeds + np.uint64(step) * np.uint64(_STEP))
         x = _splitmix64(key ^ (keys.astype(np.uint64) * np.uint64(_GOLDEN)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
@@ -97,6 +103,7 @@ def device_uniforms(seed: int | torch.Tensor, keys: torch.Tensor, step: int) -> 
     np.int64)``), ``seed`` one int or an int64 tensor [B]. A CUDA step draws its numbers with a few elementwise
     kernels and copies nothing from the host (``uniforms`` is numpy's, copied each step). float64 [B]."""
     inc = _int64(step * _STEP)
+    key: torch.Tensor | int
     if isinstance(seed, torch.Tensor):
         key = _splitmix64_t(seed + inc)
     else:  # one seed: its step key is one number

@@ -346,7 +346,8 @@ class Compute:
     def from_dict(cls, d: dict[str, Any]) -> Compute:
         """The inverse of ``to_dict`` (derived and unknown keys are ignored)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (dict(v) if k == "time_s" else v) for k, v in d.items() if k in known})
+        kw: dict[str, Any] = {k: (dict(v) if k == "time_s" else v) for k, v in d.items() if k in known}
+        return cls(**kw)
 
 
 @dataclass

@@ -41,7 +41,7 @@ class Trace:
         self.next_id = [0] * P
         self.cancelled: set[int] = set()  # prompts whose rows left because their request went away (no result)
 
-    def start(self, prompt_of: Sequence[int], cands: Sequence[int]) -> None:
+    def start(self, prompt_of: Sequence[int] | np.ndarray, cands: Sequence[int] | np.ndarray) -> None:
         """The starting rows (after prefill): each is its own origin; copies take ids above them."""
         for p, c in zip(prompt_of, cands):
             p, c = int(p), int(c)
@@ -70,7 +70,9 @@ class Trace:
         for f, sc in zip(rows, scores):
             self.final[f.prompt][f.candidate_id] = float(sc)
 
-    def scored(self, prompt_of: Sequence[int], cands: Sequence[int], scores: np.ndarray) -> None:
+    def scored(
+        self, prompt_of: Sequence[int] | np.ndarray, cands: Sequence[int] | np.ndarray, scores: np.ndarray
+    ) -> None:
         """This decision point's partial rewards of the active rows."""
         for p, c, sc in zip(prompt_of, cands, scores):
             self.partial[p].setdefault(int(c), []).append(float(sc))

@@ -130,20 +130,26 @@ class WinnerRule:
 
     def choose(self, finished: Sequence[Candidate]) -> Choice:
         """The winner among a prompt's finished candidates (at least one)."""
-        top = max(finished, key=lambda c: c.score)
+        top = max(finished, key=_final)
         if self.rule == "reward":
             return Choice(top, "reward")
         answers = [(c, self.extract(c.text)) for c in finished]
         voting = [(c, normalize(a)) for c, a in answers if a is not None and normalize(a)]
         if not voting:
             return Choice(top, "reward")
-        hi = max(c.score for c, _ in voting)
+        hi = max(_final(c) for c, _ in voting)
         weight: dict[str, float] = {}
         best: dict[str, Candidate] = {}
         for c, a in voting:
-            w = 1.0 if self.rule == "majority" else math.exp((c.score - hi) / self.temperature)
+            w = 1.0 if self.rule == "majority" else math.exp((_final(c) - hi) / self.temperature)
             weight[a] = weight.get(a, 0.0) + w
-            if a not in best or c.score > best[a].score:
+            if a not in best or _final(c) > _final(best[a]):
                 best[a] = c
-        answer = max(weight, key=lambda a: (weight[a], best[a].score))
+        answer = max(weight, key=lambda a: (weight[a], _final(best[a])))
         return Choice(best[answer], self.rule, answer)
+
+
+def _final(c: Candidate) -> float:
+    """A finished candidate's final reward (the loop scores every finished candidate)."""
+    assert c.score is not None, f"finished candidate {c.candidate_id} has no final reward"
+    return c.score

@@ -38,23 +38,33 @@ HFModel = Any
 ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
 
 
-class Engine(Protocol):
-    name: str
-    shares_prefix: bool
-    compilable: bool
-    rows: int
-    length: int
-    allocated_tokens: int
-    keep_hidden: bool
-    last_hidden: torch.Tensor | None
+class Forward(Protocol):
+    """What a session drives: an engine, or a replay's model-free layout of one (``rodeco.engines.layout``)."""
 
-    def __init__(self, model: HFModel, weights: Any = None, compiled: Any = None) -> None: ...
-    @staticmethod
-    def prepare(model: HFModel, mkl: bool = False) -> Any: ...
+    keep_hidden: bool
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def allocated_tokens(self) -> int: ...
+    @property
+    def last_hidden(self) -> torch.Tensor | None: ...
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
     def select(self, rows: torch.Tensor) -> None: ...
     def reserve(self, capacity: int) -> None: ...
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class Engine(Forward, Protocol):
+    name: str
+    shares_prefix: bool
+    compilable: bool
+
+    def __init__(self, model: HFModel, weights: Any = None, compiled: Any = None) -> None: ...
+    @staticmethod
+    def prepare(model: HFModel, mkl: bool = False) -> Any: ...
 
 
 def engine_class(kind: str, model: HFModel) -> type[Engine]:

@@ -59,7 +59,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from rodeco.engines import HFModel, native
+from rodeco.engines import Engine, HFModel, native
 from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
 from rodeco.hardware import cpu_vendor
 from rodeco.validation import ConfigError, check_compile
@@ -67,7 +67,7 @@ from rodeco.validation import ConfigError, check_compile
 log = logging.getLogger(__name__)
 
 
-def compile_setting(value: Any, device: torch.device, engine: type) -> bool:
+def compile_setting(value: Any, device: torch.device, engine: type[Engine]) -> bool:
     """``generator.compile`` as a bool for a model on ``device`` run by ``engine`` (an engine class): ``auto`` is
     True on CUDA with the fast engine, else False; ``true`` needs the fast engine."""
     v = check_compile(value)
@@ -117,7 +117,8 @@ class _Weights(torch.nn.Module):
 
         layers = fused.layers
         self.qkv = params([l.qkv.w for l in layers])
-        self.qkv_bias = params([l.qkv.b for l in layers]) if all(l.qkv.b is not None for l in layers) else None
+        biases = [l.qkv.b for l in layers if l.qkv.b is not None]
+        self.qkv_bias = params(biases) if len(biases) == len(layers) else None
         self.o = params([l.o.w for l in layers])
         self.gate_up = params([l.gate_up.w for l in layers])
         self.down = params([l.down.w for l in layers])
@@ -218,6 +219,7 @@ class _Step(torch.nn.Module):
             q = rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
             kn = rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None]
             if self.graphs:  # the slot from a tensor: one graph (and one CUDA graph) serves every step of a round
+                assert isinstance(s, torch.Tensor)  # with graphs, ``s`` is the slot tensor
                 k[li].index_copy_(2, s, kn)
                 v[li].index_copy_(2, s, vn.view(B, self.hkv, 1, self.d))
                 ks, vs = k[li], v[li]
@@ -228,6 +230,7 @@ class _Step(torch.nn.Module):
             if self.kernel:
                 o = native.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
             else:
+                assert bias is not None  # computed above for attention without the kernel
                 kpr, vpr = kp[li].index_select(0, grp), vp[li].index_select(0, grp)  # [B, Hkv, P, D]
                 o = _attention(q, kpr, vpr, ks, vs, bias, self.scale, own)
             x = x + self._linear(o.reshape(B, -1), "o", li)
@@ -353,7 +356,8 @@ class CompiledStep:
         before, t0 = self.compiles, time.perf_counter()
         if self.graphs and self.cuda:  # the previous step's outputs were copied out: the graph may reuse its memory
             torch.compiler.cudagraph_mark_step_begin()
-        with fx_config.patch(use_duck_shape=False):  # sizes that happen to be equal (rows, prompt length) stay apart
+        # use_duck_shape=False: sizes that happen to be equal (rows, prompt length) stay apart
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # patch() is set at import: no stub
             out = self.fn(*args)
         if self.graphs and self.cuda:  # a CUDA graph's outputs live in its memory, which its next replay overwrites
             out = (out[0].clone(), out[1].clone())

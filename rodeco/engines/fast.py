@@ -151,6 +151,7 @@ class FastLlamaEngine:
             self.pbias, self.grp = self.pbias.index_select(0, live), torch.searchsorted(live, self.grp)
         self._group()
         if self.graphs:
+            assert self.compiled is not None and self.s_dev is not None  # graphs: a compiled step, a slot from prefill
             self.compiled.adopt([*self.k, *self.v, *self.kp, *self.vp, self.pbias, self.grp, self.s_dev])
 
     def _group(self) -> None:
@@ -237,6 +238,7 @@ class FastLlamaEngine:
             if out is None:
                 return res
             out[r] = res
+        assert out is not None  # every row has a prefix: segs is not empty
         return out
 
     @torch.inference_mode()
@@ -253,6 +255,7 @@ class FastLlamaEngine:
             self.last_hidden = hidden if self.keep_hidden else None
             self.sfx, self.pos = S + 1, self.pos + 1
             if self.graphs:
+                assert self.s_dev is not None  # set by prefill when the step runs as graphs
                 self.s_dev.add_(1)
             return logits
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
@@ -320,7 +323,8 @@ def _segments(grp: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:
     g = grp.tolist()
     if any(a > b for a, b in zip(g, g[1:])):
         return [(j, (grp == j).nonzero()[:, 0]) for j in sorted(set(g))]
-    segs, start = [], 0
+    segs: list[tuple[int, slice | torch.Tensor]] = []
+    start = 0
     for i in range(1, len(g) + 1):
         if i == len(g) or g[i] != g[start]:
             segs.append((g[start], slice(start, i)))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 
 from rodeco.engines import HFModel
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class HFEngine:
@@ -26,7 +30,7 @@ class HFEngine:
         self.model = model
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.cache = None
+        self.cache: DynamicCache | None = None  # set by prefill
         self.mask = torch.empty(0, 0, dtype=torch.long)
         self.next_pos = torch.empty(0, dtype=torch.long)
         self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
@@ -68,6 +72,7 @@ class HFEngine:
         return out.logits[:, -1]
 
     def select(self, rows: torch.Tensor) -> None:
+        assert self.cache is not None  # rows are selected after prefill
         self.cache.batch_select_indices(rows)
         self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
 

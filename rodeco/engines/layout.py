@@ -158,4 +158,5 @@ class VLLMLayout:
         return torch.zeros(self.rows, 1)
 
 
-LAYOUTS = {"hf": HFLayout, "fast": FastLayout, "vllm": VLLMLayout}  # by the engine's id (``EngineInfo.name``)
+# by the engine's id (``EngineInfo.name``)
+LAYOUTS: dict[str, type[HFLayout | FastLayout | VLLMLayout]] = {"hf": HFLayout, "fast": FastLayout, "vllm": VLLMLayout}

@@ -93,7 +93,7 @@ class FastWeights:
                 "MKL's packed GEMM gave a row other products at another batch size on this CPU, so Speculative "
                 "Rejection's survivors would not be Best-of-N's samples; the weights are prepacked for oneDNN"
             )
-            self.__init__(model)
+            FastWeights.__init__(self, model)
 
     @property
     def linear(self) -> str:

@@ -93,6 +93,7 @@ class VLLMGenerator(ModelGenerator):
     # vLLM samples inside its engine (its own top-k) with its own kernels; what the host waits for is vLLM's affair
     info = EngineInfo(name="vllm", linear="vllm")
     provides_hidden = False
+    kv_pool_tokens: int  # its block pool's tokens (set when built)
 
     def __init__(
         self,
@@ -237,8 +238,8 @@ class VLLMSession:
         self.preempt0 = self.gen.preemptions()
         self.gen.peak_blocks = self.gen.blocks_in_use()
         warm = {f"w{self.uid}-{i}": i for i, p in enumerate(prompt_ids) if block_shared(len(p), self.gen.kv.block)}
-        for rid, i in warm.items():
-            llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[i]), self._params(1, None))
+        for rid, j in warm.items():
+            llm.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids[j]), self._params(1, None))
         while warm:
             for o in llm.step():
                 i = warm.pop(o.request_id, None) if o.finished else None

@@ -55,7 +55,7 @@ class TimeModel:
         coef, _ = nnls(X, y)  # no step gets cheaper with more rows or context
         resid = y - X @ coef
         r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-30)
-        return cls(*map(float, coef), r2=r2, steps=len(y))
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]), r2=r2, steps=len(y))
 
     def step(self, rows: float, context: float) -> float:
         return self.a + self.b * rows + self.c * rows * context
@@ -265,8 +265,8 @@ def summarize(
     }  # the oracle is a ceiling, not a method one can run
     best = max(at1, key=lambda k: at1[k]["selection"]["speedup_flops"])
     cal = [k for k in at1 if k.startswith("calibrated_")]
-    gap = [boot.get(f"{x}@1") for x in (best, ref, f"{ref}_oracle")]  # per resample: the gap closed's CI
-    gap_boot = None if any(g is None for g in gap) else bootstrap.gap_closed_ci(*gap)
+    gap = [g for x in (best, ref, f"{ref}_oracle") if (g := boot.get(f"{x}@1")) is not None]
+    gap_boot = bootstrap.gap_closed_ci(*gap) if len(gap) == 3 else None  # per resample: the gap closed's CI
     return {
         "n": a["n"],
         "M": m.M,

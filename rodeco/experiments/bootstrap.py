@@ -15,7 +15,7 @@ import numpy as np
 UNKNOWN = "unknown"  # a ratio of two figures clamped at the same end: the true ratio may lie either side
 
 
-def ci(values: Sequence[float]) -> list[float]:
+def ci(values: Sequence[float] | np.ndarray) -> list[float]:
     """The 2.5 and 97.5 percentiles of the finite values (resamples where a figure is undefined are skipped), or
     two nans where none is finite."""
     v = np.asarray(values, dtype=np.float64)

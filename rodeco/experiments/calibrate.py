@@ -25,7 +25,7 @@ from rodeco.calibration import Calibration, standardize
 from rodeco.compose import option_file
 from rodeco.data import HubSource, load_prompts, prompts_of
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
-from rodeco.experiments.record import pool_dir, pool_roles, record
+from rodeco.experiments.record import pool_dir, pool_roles, record, served
 from rodeco.plugins import Plugins
 from rodeco.replay import open_pool
 from rodeco.roles import ORACLE, choose_roles
@@ -89,7 +89,8 @@ def calibration_stats(
         "final_spread": [],
     }
     for L in lengths:
-        zp_all, zf_all, rs, taus, hits, links = [], [], [], [], {k: [] for k in top_k}, []
+        zp_all, zf_all, rs, taus, links = [], [], [], [], []
+        hits: dict[int, list[bool]] = {k: [] for k in top_k}
         for row in rows:
             cell = row["lengths"][str(L)]
             c = correlations(cell["partial"], cell["final"])
@@ -151,8 +152,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     for p in prompts:
         rgen.add(pool.prompt(p.index))
     final_scorer, partial_scorer, ident = pool_roles(cfg, plugins, pool, rgen).scorers(choices)
-    final = final_scorer.reward
-    partial = partial_scorer.reward if partial_scorer is not None else final
+    final = served(final_scorer.reward)
+    partial = served(partial_scorer.reward) if partial_scorer is not None else final
     from tqdm.auto import tqdm
 
     rows = []
@@ -162,7 +163,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
             r.save()
     stats = calibration_stats(rows, lengths, sorted(set(a["top_k"])), a["bootstrap"], cfg.seed)
     cal = Calibration(
-        **ident,
+        generator=ident["generator"],
+        partial_reward=ident["partial_reward"],
+        reward=ident["reward"],
         lengths=lengths,
         **stats,
         source={

@@ -121,7 +121,7 @@ def summarize(
     """Per length: each prompt's (r, tau) in place, and the mean over the prompts that have one with a bootstrap
     95% CI over those prompts."""
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for L in lengths:
         rs, taus = [], []
         for p in prompts:

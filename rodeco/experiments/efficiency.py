@@ -248,6 +248,7 @@ class Measurer:
             first,
             partial=self.partials.get(partial),
         )
+        assert res.best.score is not None  # the winner is a finished candidate: the reward scored it
         return {
             "best": float(res.best.score),
             "best_id": res.best.candidate_id,

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, open_dict
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
 from rodeco.engines import ENGINES
+from rodeco.engines.vllm import VLLMGenerator
 from rodeco.experiments.bootstrap import ci
 from rodeco.generator import TorchGenerator
 from rodeco.hardware import cpu_facts
@@ -137,7 +138,9 @@ def _compile_figures(
     }
 
 
-def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None) -> tuple[TorchGenerator, dict]:
+def engine_generators(
+    cfg: DictConfig, engines: list[str], gen: Generator | None
+) -> tuple[TorchGenerator, dict[str, Generator]]:
     """(the torch generator ``generate()`` runs on, {engine: the generator rodeco's loop runs on}): the torch engines
     share one model; ``vllm`` loads the same weights into vLLM."""
     torch_cfg = cfg.generator.copy()
@@ -150,13 +153,14 @@ def engine_generators(cfg: DictConfig, engines: list[str], gen: Generator | None
                 "experiment_args.engines", e, "not an engine this benchmark times", f"use some of {', '.join(known)}"
             )
     base = gen if isinstance(gen, TorchGenerator) else load_generator(torch_cfg)
-    out = {}
+    assert isinstance(base, TorchGenerator)  # a torch engine's config loads a TorchGenerator
+    out: dict[str, Generator] = {}
     for e in engines:
         if e == "vllm":
             vcfg = cfg.generator.copy()
             with open_dict(vcfg):
                 vcfg.engine = "vllm"
-            out[e] = gen if gen is not None and gen.engine_kind == "vllm" else load_generator(vcfg)
+            out[e] = gen if isinstance(gen, VLLMGenerator) else load_generator(vcfg)
         elif e == base.engine_kind and not (e == "fast" and base.compile):  # as configured; "fast" is always eager
             out[e] = base
         else:

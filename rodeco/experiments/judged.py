@@ -183,7 +183,8 @@ def analyze(
 
 def paired_difference(x: np.ndarray, base: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """The mean of ``x - base`` (both ``[P, S]``, the same prompts and sets) with ``analyze``'s bootstrap CI."""
-    rs = Resamples.draw(*x.shape, resamples, seed)
+    P, S = x.shape
+    rs = Resamples.draw(P, S, resamples, seed)
     d = rs.means(np.asarray(x, dtype=np.float64) - np.asarray(base, dtype=np.float64))
     return Stat(float(d[0]), _ci(d[1:])).as_dict()
 

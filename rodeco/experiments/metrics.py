@@ -16,8 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import gammaln
 
+Floats = Sequence[float] | np.ndarray  # a list of figures, or an array of them
 
-def expected_best_of(scores: Sequence[float], n: int) -> float:
+
+def expected_best_of(scores: Floats, n: int) -> float:
     """E[max of a random size-``n`` subset of ``scores``]. The i-th smallest of M values (1-based) is the maximum
     of a random n-subset with probability C(i-1, n-1) / C(M, n)."""
     s = np.sort(np.asarray(scores, dtype=np.float64))
@@ -33,17 +35,17 @@ def expected_best_of(scores: Sequence[float], n: int) -> float:
     return float(np.sum(np.exp(logw) * s))
 
 
-def improvement_score(best: Sequence[float], bon_max: Sequence[float], bon_min: Sequence[float]) -> float:
+def improvement_score(best: Floats, bon_max: Floats, bon_min: Floats) -> float:
     """The paper's relative improvement over Best-of-n (prompts whose Best-of-n samples all tie are skipped)."""
-    best, hi, lo = (np.asarray(x, dtype=np.float64) for x in (best, bon_max, bon_min))
+    b, hi, lo = (np.asarray(x, dtype=np.float64) for x in (best, bon_max, bon_min))
     span = hi - lo
     ok = span > 0
     if not ok.any():
         raise ValueError("every prompt's Best-of-n samples have the same reward: the score is undefined")
-    return float(100.0 * (1.0 + np.mean((best[ok] - hi[ok]) / span[ok])))
+    return float(100.0 * (1.0 + np.mean((b[ok] - hi[ok]) / span[ok])))
 
 
-def compute_to_match(score: float, bon_compute: Sequence[float], bon_scores: Sequence[float]) -> float | None:
+def compute_to_match(score: float, bon_compute: Floats, bon_scores: Floats) -> float | None:
     """Compute Best-of-N needs to reach ``score``: linear in log-compute between the two points of the curve that
     bracket it (the curve is made monotone by a running maximum). ``None`` if ``score`` is above the curve."""
     c = np.asarray(bon_compute, dtype=np.float64)
@@ -60,7 +62,7 @@ def compute_to_match(score: float, bon_compute: Sequence[float], bon_scores: Seq
     return float(np.exp(np.log(c[j - 1]) + t * (np.log(c[j]) - np.log(c[j - 1]))))
 
 
-def curve_end(score: float, bon_compute: Sequence[float], bon_scores: Sequence[float]) -> str | None:
+def curve_end(score: float, bon_compute: Floats, bon_scores: Floats) -> str | None:
     """Where ``score`` falls off Best-of-N's curve (made monotone as in ``compute_to_match``): ``"lower"`` above its
     best score (a speedup charged the curve's largest compute is a lower bound: the true one is at least that),
     ``"upper"`` below the score of its cheapest point (charged that point's compute, which matches a worse score

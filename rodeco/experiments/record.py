@@ -17,7 +17,7 @@ from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
-from rodeco.protocols import Generator
+from rodeco.protocols import Generator, Reward
 from rodeco.recording import measure_step_costs, pool_settings, record_prompt
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings
@@ -43,9 +43,16 @@ def pool_roles(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> RoleB
     return RoleBuilder(plugins, str(pool.settings["generator"].get("model", "")), ctx, pool=pool)
 
 
+def served(reward: Reward) -> PoolReward:
+    """``reward`` as the ``PoolReward`` that a builder with a pool (``pool_roles``) builds every reward as."""
+    if not isinstance(reward, PoolReward):
+        raise TypeError(f"a {type(reward).__name__} is not served from a pool")
+    return reward
+
+
 def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> PoolReward:
     """The run's reward, served from (and filling) the pool's cache."""
-    return pool_roles(cfg, plugins, pool, gen).reward(choose_roles(cfg, plugins, live=False).reward)
+    return served(pool_roles(cfg, plugins, pool, gen).reward(choose_roles(cfg, plugins, live=False).reward))
 
 
 def record(
@@ -70,7 +77,7 @@ def record(
         gen.tokenizer.save_pretrained(tmp)
         tmp.rename(path / "tokenizer")
     scorer = pool_roles(cfg, plugins, pool, gen).scorers(choose_roles(cfg, plugins, live=False))[0]
-    reward = scorer.reward
+    reward = served(scorer.reward)
     todo = [p for p in prompts if not pool.has(p.index)]
     if len(todo) < len(prompts):
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)

@@ -108,7 +108,8 @@ def plot(
         c["flops"], c[y], "-o", color="black", label="Best-of-N (N = " + ", ".join(str(int(N)) for N in c["N"]) + ")"
     )
     keys = [k for k, v in summary["methods"].items() if "infeasible" not in v and k.endswith("@1")]
-    sweeps = {}  # the alpha sweep deciding by each partial reward (same, the oracle ceiling, learned heads)
+    # the alpha sweep deciding by each partial reward (same, the oracle ceiling, learned heads)
+    sweeps: dict[str, list[str]] = {}
     for k in keys:
         parts = k.split("@")[0].split("_")
         if k.startswith("fixed_alpha_") and "start" not in parts:

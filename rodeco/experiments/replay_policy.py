@@ -12,15 +12,22 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rodeco.budget import Budget, full_length_tokens
-from rodeco.experiments.record import pool_roles
+from rodeco.experiments.record import pool_roles, served
 from rodeco.plugins import Plugins
 from rodeco.pool_rewards import PoolReward
 from rodeco.replay import open_pool, replay_batch
 from rodeco.results import ResultsWriter
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings
-from rodeco.state import Compute, RunOutput
+from rodeco.state import Compute, PromptResult, RunOutput
 from rodeco.validation import ConfigError
+
+
+def best_score(r: PromptResult) -> float:
+    """The winner's final reward (the winner is a finished candidate: the reward scored it)."""
+    if r.best.score is None:
+        raise ValueError(f"prompt {r.prompt_index}: the winner has no final reward")
+    return r.best.score
 
 
 def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
@@ -51,8 +58,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
         if scorer is not None and isinstance(scorer.reward, PoolReward):
             scorer.reward.save()
     seconds = time.perf_counter() - t0
-    mean = sum(r.best.score for r in results) / max(1, len(results))
-    computed = roles.reward.reward.computed
+    mean = sum(best_score(r) for r in results) / max(1, len(results))
+    computed = served(roles.reward.reward).computed
     print(
         f"replayed {roles.choices.policy.name} over {len(results)} prompts of {cfg.pool} in batches of {k}: mean "
         f"best reward {mean:.4f}, decode tokens {total.gen_decode_tokens}, {total.total_flops / 1e12:.3f} TFLOPs "

@@ -25,7 +25,7 @@ from rodeco.serve.app import State, make_app
 from rodeco.serve.jobs import Planner
 from rodeco.serve.metrics import Metrics
 from rodeco.serve.scheduler import Scheduler
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, node_dict
 
 __all__ = ["build_state", "check_binding", "serve"]
 
@@ -140,7 +140,7 @@ def build_state(cfg: DictConfig, plugins: Plugins | None = None, generator: Gene
     model = cfg.serve.model or dec.gen.name
     metrics = Metrics()
     scheduler = Scheduler(dec, cfg.serve, metrics)
-    default = OmegaConf.to_container(cfg.policy, resolve=True)
+    default = node_dict(cfg.policy)
     planner = Planner(dec.gen, cfg.serve, policies, default, scheduler.budget, cfg.sampling, plugins, model)
     scheduler.start()
     return State(planner, scheduler, metrics, cfg.serve, api_key(cfg), model)

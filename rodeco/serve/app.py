@@ -301,7 +301,9 @@ async def stream(state: State, job: Job, req: Any) -> AsyncIterator[bytes]:
 def make_app(state: State) -> Starlette:
     m = state.metrics
 
-    async def completions(request: Request, kind: type, endpoint: str) -> Response:
+    async def completions(
+        request: Request, kind: type[ChatRequest] | type[CompletionRequest], endpoint: str
+    ) -> Response:
         t0 = time.monotonic()
         status = 500
         try:

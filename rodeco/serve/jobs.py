@@ -104,13 +104,13 @@ class Planner:
         if req.n < 1:
             raise bad_field("n", req.n, "must be at least 1", "give n >= 1")
         most = min(s.max_best_of, s.max_batch_rows)
-        key = "serve.max_best_of" if most == s.max_best_of else "serve.max_batch_rows"
+        limit = "serve.max_best_of" if most == s.max_best_of else "serve.max_batch_rows"
         if not 1 <= best_of <= most:
             if req.best_of is None:  # best_of defaults to max(n, serve.best_of): here n is what is too large
                 raise bad_field(
-                    "n", req.n, f"must be at most {key}={most} (best_of defaults to n)", f"give n <= {most}"
+                    "n", req.n, f"must be at most {limit}={most} (best_of defaults to n)", f"give n <= {most}"
                 )
-            raise bad_field("best_of", best_of, f"must be in [1, {most}] ({key})", f"give best_of <= {most}")
+            raise bad_field("best_of", best_of, f"must be in [1, {most}] ({limit})", f"give best_of <= {most}")
         if req.n > best_of:
             raise bad_field(
                 "n", req.n, f"more choices than candidates (best_of={best_of})", "give n <= best_of, or raise best_of"

@@ -22,7 +22,7 @@ import numpy as np
 
 from rodeco.api import Decoder
 from rodeco.contracts import policy_info
-from rodeco.protocols import Policy, Session
+from rodeco.protocols import Policy, Session, StartChooser
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
@@ -42,6 +42,7 @@ class KeepAtLeast:
         self.info = policy_info(inner, name)  # the inner policy's, unchanged
 
     def choose_start(self, view: StartView) -> int:
+        assert isinstance(self.inner, StartChooser)  # asked only when the inner policy's info declares chooses_start
         return self.inner.choose_start(view)
 
     def select(self, view: RoundView) -> list[list[int] | Counts]:
@@ -176,7 +177,8 @@ class Scheduler:
             self.queue = [j for j in self.queue if not j.cancelled]
             if not self.queue:
                 return []
-            key, chosen = self.queue[0].key, []
+            key = self.queue[0].key
+            chosen: list[Job] = []
             for j in self.queue:
                 if j.key != key or len(chosen) >= self.serve.batch_requests:
                     continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
@@ -121,7 +121,10 @@ class CompletionRequest(_Common):
         return self.max_tokens
 
 
-def parse(body: bytes, kind: type[_Common]) -> _Common:
+RequestT = TypeVar("RequestT", bound=_Common)
+
+
+def parse(body: bytes, kind: type[RequestT]) -> RequestT:
     """A request body as ``kind``, or an ``APIError`` (400) naming what is wrong."""
     try:
         return _parse(body, kind)
@@ -157,7 +160,7 @@ def _lone_surrogate(data: Any) -> str | None:
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def _parse(body: bytes, kind: type[_Common]) -> _Common:
+def _parse(body: bytes, kind: type[RequestT]) -> RequestT:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
