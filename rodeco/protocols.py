@@ -46,6 +46,9 @@ class EngineInfo:
     # counted one step late, so a step waits for no copy to the host (CUDA)
     draws_on_device: bool = False
     counts_finished_late: bool = False
+    # prompts may join its running batch (``TorchSession.admit``: rows of different lengths, each prompt on its own
+    # clock; ``rodeco.open_loop``): the eager fast engine and hf; not the compiled step, vLLM's lockstep or a replay
+    admits: bool = False
 
 
 @runtime_checkable

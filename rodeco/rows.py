@@ -36,6 +36,15 @@ class RowBook:
         self.cand = np.tile(np.arange(n), prompts) + first
         self.stream = self.cand.copy()
 
+    def admit(self, first_prompt: int, n: list[int], first: list[int]) -> None:
+        """Rows of prompts joining the batch, after the rows there are: prompt ``first_prompt + j`` gets ``n[j]`` rows,
+        candidates (and streams) ``first[j] .. first[j] + n[j] - 1``."""
+        prompts = np.repeat(np.arange(first_prompt, first_prompt + len(n)), n)
+        cands = np.concatenate([np.arange(k) + f for k, f in zip(n, first)]) if n else _ids()
+        self.prompt_of = np.concatenate([self.prompt_of, prompts]).astype(np.int64)
+        self.cand = np.concatenate([self.cand, cands]).astype(np.int64)
+        self.stream = np.concatenate([self.stream, cands]).astype(np.int64)
+
     def take(self, order: Sequence[int] | np.ndarray) -> None:
         """Keep the rows ``order`` names (batch indices of the rows before), in that order; a repeat copies a row."""
         idx = np.asarray(order, dtype=np.int64)

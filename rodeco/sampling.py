@@ -64,16 +64,18 @@ def row_keys(prompt_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
     return out
 
 
-def uniforms(seed: int | np.ndarray, keys: np.ndarray, step: int) -> np.ndarray:
+def uniforms(seed: int | np.ndarray, keys: np.ndarray, step: int | np.ndarray) -> np.ndarray:
     """Uniform(0, 1) draws, one per row, a pure function of (seed, the row's key (``row_keys``), step); ``seed`` is
-    one for all or one per row (a server's batch: each request's own)."""
+    one for all or one per row (a server's batch: each request's own), ``step`` one for all or one per row (prompts
+    on their own clocks)."""
     seeds = (
         np.asarray(seed).astype(np.int64).astype(np.uint64)
         if isinstance(seed, np.ndarray)
         else np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     )
     with np.errstate(over="ignore"):
-        key = _splitmix64(seeds + np.uint64(step) * np.uint64(_STEP))
+        steps = np.uint64(step) if isinstance(step, int) else np.asarray(step).astype(np.uint64)
+        key = _splitmix64(seeds + steps * np.uint64(_STEP))
         x = _splitmix64(key ^ (keys.astype(np.uint64) * np.uint64(_GOLDEN)))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 

@@ -144,6 +144,22 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
+class OpenPrompt:
+    """A prompt that joins a running session (``TorchSession.admit``) with its own settings: its rows (candidates
+    ``first`` to ``first + n - 1``), length, sampling, stop strings, seed, stream key and dataset index. Its rows
+    draw their random numbers on its own clock, so they are the samples it would get decoding alone."""
+
+    n: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int
+    stream_key: int
+    index: int = 0
+    stop: tuple[str, ...] = ()
+    first: int = 0
+
+
+@dataclass(frozen=True)
 class ScoreRequest:
     """One (prompt, response) pair to score.
 

@@ -4,6 +4,8 @@
 - ``select(rows [B'])``: keep (and repeat) cache rows by index; used for fan-out and pruning;
 - ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
+- ``admit(ids [P, L], mask [P, L]) -> logits [P, V]``: prompts joining the running rows, one row each, after them,
+  holding no generated token yet (rows of different lengths; the compiled step and a replay's layouts refuse);
 - ``length``: cached tokens per row (padding included), ``rows``: batch size,
   ``allocated_tokens``: cache slots held now (what the budget bounds);
 - ``name``: the engine's stable id (``generator.engine``'s value, what a pool records);
@@ -55,6 +57,7 @@ class Forward(Protocol):
     def select(self, rows: torch.Tensor) -> None: ...
     def reserve(self, capacity: int) -> None: ...
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
 
 
 class Engine(Forward, Protocol):

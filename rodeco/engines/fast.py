@@ -102,7 +102,11 @@ class FastLlamaEngine:
         self.even = False  # every prefix has as many rows, in prefix order: one batched matmul serves them all
         self.pos = torch.empty(0, dtype=torch.long)  # [B] position of the next token
         self.plen = 0  # P: padded prompt length
-        self.sfx = 0  # generated tokens cached per row
+        self.sfx = 0  # generated tokens cached per row (the longest row's, when ``own`` is set)
+        # per row, when rows hold different numbers of generated tokens (prompts admitted into a running batch,
+        # ``admit``): each row's own tokens, left-aligned in its cache; the columns past them are masked. None: every
+        # row holds ``sfx`` (a batch whose prompts started together), and nothing is masked
+        self.own: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None  # pending row selection, applied at the next realloc
         self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
@@ -135,15 +139,17 @@ class FastLlamaEngine:
         rows = self._rows if self._rows is not None else torch.arange(self.pos.shape[0], device=self.pos.device)
         n, S = rows.shape[0], self.sfx
         cap = max(capacity - self.plen, S)
+        own = self.own.index_select(0, rows) if self.own is not None else None
         for cache, t in ((self.k, self.keys_t), (self.v, False)):
             for i, old in enumerate(cache):  # one layer at a time: peak is one extra layer
                 new = _cache(old, n, self.hkv, cap, self.d, t)
                 new[:, :, :S] = old.index_select(0, rows)[:, :, :S]
-                if self.graphs:  # read (masked) by every step of the round
+                if self.graphs or own is not None:  # read (masked: zeros, never NaN times 0) by the round's steps
                     new[:, :, S:].zero_()
                 cache[i] = new
                 del old
         self.pos, self.grp, self._rows = self.pos.index_select(0, rows), self.grp.index_select(0, rows), None
+        self._set_own(own)
         live = torch.unique(self.grp)
         if live.shape[0] < self.pbias.shape[0]:  # prompts with no row left free their prefix
             for cache, t in ((self.kp, self.prompt_t), (self.vp, False)):
@@ -153,6 +159,13 @@ class FastLlamaEngine:
         if self.graphs:
             assert self.compiled is not None and self.s_dev is not None  # graphs: a compiled step, a slot from prefill
             self.compiled.adopt([*self.k, *self.v, *self.kp, *self.vp, self.pbias, self.grp, self.s_dev])
+
+    def _set_own(self, own: torch.Tensor | None) -> None:
+        """Rows' own token counts: kept per row while they differ; once every row holds as many (the later rows
+        caught up, or the others left), ``sfx`` is that count again and nothing is masked."""
+        if own is not None and (own.numel() == 0 or bool((own == own[0]).all())):
+            self.sfx, own = int(own[0]) if own.numel() else 0, None
+        self.own = own
 
     def _group(self) -> None:
         """Each prefix's rows (``segs``) and whether they are even, from ``grp``: once per cache reallocation."""
@@ -178,18 +191,65 @@ class FastLlamaEngine:
         self.keys_t = by_column or (dev.type == "cpu" and dt != torch.float32 and self.compiled is None)
         self.prompt_t = by_column
         like = torch.empty(0, device=dev, dtype=dt)
-        self.kp = [_cache(like, G, self.hkv, L, self.d, self.prompt_t) for _ in self.layers]
-        self.vp = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
         self.k = [_cache(like, G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]
         self.v = [torch.empty(G, self.hkv, 0, self.d, device=dev, dtype=dt) for _ in self.layers]
-        valid = mask.bool()
-        self.pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
-        self.plen, self.sfx, self._rows = L, 0, None
+        self.plen, self.sfx, self._rows, self.own = L, 0, None, None
         self.s_dev = torch.zeros(1, dtype=torch.long, device=dev) if self.graphs else None
         self.grp = torch.arange(G, device=dev)
         self._group()
+        self.kp, self.vp, self.pbias, self.pos, logits = self._prompts(ids, mask)
+        return logits
+
+    @torch.inference_mode()
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Prompts joining a running batch: each is forwarded once and gets one row, appended after the rows there
+        are, holding no generated token yet (the session fans it out with ``select``). The prompts' caches are
+        left-padded to the longest prompt, old and new (the pad masked); rows keep their own token counts
+        (``own``). Returns the new prompts' last logits [P', V]. The compiled step does not admit."""
+        if self.compiled is not None:
+            raise NotImplementedError("the compiled step does not admit prompts into a running batch")
+        if self._rows is not None:
+            self._realloc(self.capacity)
+        G0, B0, P = self.pbias.shape[0], self.pos.shape[0], ids.shape[0]
+        kp, vp, pbias, pos, logits = self._prompts(ids, mask)
+        L = max(self.plen, ids.shape[1])
+        pad = lambda c, t: _pad_prompt(c, L, t)  # noqa: E731
+        self.kp = [torch.cat([pad(a, self.prompt_t), pad(b, self.prompt_t)]) for a, b in zip(self.kp, kp)]
+        self.vp = [torch.cat([pad(a, False), pad(b, False)]) for a, b in zip(self.vp, vp)]
+        self.pbias = torch.cat([_pad_bias(self.pbias, L), _pad_bias(pbias, L)])
+        self.plen = L
+        dev = self.pos.device
+        own = self.own if self.own is not None else torch.full((B0,), self.sfx, dtype=torch.long, device=dev)
+        cap = self.k[0].shape[2] if self.k else 0
+        for cache, t in ((self.k, self.keys_t), (self.v, False)):
+            for i, old in enumerate(cache):
+                new = _cache(old, B0 + P, self.hkv, cap, self.d, t)
+                new[:B0] = old
+                new[B0:].zero_()
+                cache[i] = new
+        self.pos = torch.cat([self.pos, pos])
+        self.grp = torch.cat([self.grp, torch.arange(G0, G0 + P, device=dev)])
+        self._group()
+        self._set_own(torch.cat([own, torch.zeros(P, dtype=torch.long, device=dev)]))
+        if self.own is not None:  # the masked columns are read: zeros, never NaN times 0
+            past = torch.arange(cap, device=dev)[None] >= self.own[:, None]  # [B, cap]
+            for c in (*self.k, *self.v):
+                c.masked_fill_(past[:, None, :, None], 0)
+        return logits
+
+    def _prompts(
+        self, ids: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forward prompts ``ids`` [G, L] (left-padded, ``mask`` 0 at the pad): their caches per layer (keys in the
+        ``prompt_t`` layout), the pad's bias [G, L], the next token's position [G] and the last logits [G, V]."""
+        G, L = ids.shape
+        dev, dt = ids.device, self.embed.dtype
+        like = torch.empty(0, device=dev, dtype=dt)
+        kps = [_cache(like, G, self.hkv, L, self.d, self.prompt_t) for _ in self.layers]
+        vps = [torch.empty(G, self.hkv, L, self.d, device=dev, dtype=dt) for _ in self.layers]
+        valid = mask.bool()
+        pbias = torch.zeros(G, L, device=dev).masked_fill_(~valid, float("-inf"))
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # [G, L]
-        self.pos = pos[:, -1] + 1
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril_()
         attn_mask = (causal[None] & valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
         x = F.embedding(ids, self.embed)  # [G, L, d]
@@ -201,12 +261,12 @@ class FastLlamaEngine:
             q = rope(q.transpose(1, 2), cos, sin)  # [G, H, L, D]
             k = rope(k.transpose(1, 2), cos, sin)  # [G, Hkv, L, D]
             v = v.transpose(1, 2)
-            self.kp[li].copy_(k)
-            self.vp[li].copy_(v)
+            kps[li].copy_(k)
+            vps[li].copy_(v)
             k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None], scale=self.scale)
             x = self._finish_layer(x, o.transpose(1, 2).reshape(G, L, -1), lay)
-        return self._head(x[:, -1])
+        return kps, vps, pbias, pos[:, -1] + 1, self._head(x[:, -1])
 
     def _qkv(self, x: torch.Tensor, lay: Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = lay.qkv(rms_norm(x, lay.ln1, self.eps))
@@ -246,10 +306,10 @@ class FastLlamaEngine:
         """tokens: [B] -> logits [B, V]."""
         if self._rows is not None or self.length >= self.capacity:
             self._realloc(max(self.capacity, self.length + 1))
-        B, S = tokens.shape[0], self.sfx
+        B, S, own = tokens.shape[0], self.sfx, self.own
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
-        if self.compiled is not None:
+        if self.compiled is not None and own is None:
             s = self.s_dev if self.graphs else S
             logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, s, self.kp, self.vp, self.k, self.v)
             self.last_hidden = hidden if self.keep_hidden else None
@@ -259,18 +319,29 @@ class FastLlamaEngine:
                 self.s_dev.add_(1)
             return logits
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
+        obias = None  # rows of different lengths: each row's own columns past its token are masked
+        if own is not None:
+            cols = torch.arange(S + 1, device=own.device)
+            obias = torch.zeros(B, S + 1, device=own.device).masked_fill_(cols > own[:, None], float("-inf"))
+            obias, at = obias[:, None, None, :], (torch.arange(B, device=own.device), own)
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
             q = rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
-            self.k[li][:, :, S] = rope(k, cos, sin)
-            self.v[li][:, :, S] = v
-            o = self._attend(q, li, bias)  # [B, Hkv, g, D]
+            if own is None:
+                self.k[li][:, :, S] = rope(k, cos, sin)
+                self.v[li][:, :, S] = v
+            else:  # each row's next column
+                self.k[li].transpose(1, 2)[at] = rope(k, cos, sin)
+                self.v[li].transpose(1, 2)[at] = v
+            o = self._attend(q, li, bias, obias)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
         self.sfx, self.pos = S + 1, self.pos + 1
+        if own is not None:
+            self._set_own(own + 1)
         return self._head(x)
 
-    def _attend(self, q: torch.Tensor, li: int, bias: torch.Tensor) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, li: int, bias: torch.Tensor, obias: torch.Tensor | None = None) -> torch.Tensor:
         """Layer ``li``'s attention of the rows' queries ``q`` [B, Hkv, g, D] over their prompt's cache and their own
         ``sfx + 1`` tokens -> [B, Hkv, g, D]. The scores are fp32 [B, heads, context]: scaled in place, and freed
         once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.working``)."""
@@ -279,6 +350,8 @@ class FastLlamaEngine:
         kpt = self.kp[li].transpose(-1, -2)  # [G, Hkv, D, P]
         s = torch.cat([self._by_prefix(q, kpt), q @ ks.transpose(-1, -2)], dim=-1).float().mul_(self.scale)
         s[..., :P] += bias
+        if obias is not None:
+            s[..., P:] += obias
         p = torch.softmax(s, dim=-1).to(q.dtype)  # [B, Hkv, g, P + S + 1]
         del s
         return self._by_prefix(p[..., :P], self.vp[li]) + p[..., P:] @ vs
@@ -296,6 +369,23 @@ def _cache(like: torch.Tensor, rows: int, heads: int, length: int, dim: int, tra
     if transposed:
         return like.new_empty(rows, heads, dim, length).transpose(-1, -2)
     return like.new_empty(rows, heads, length, dim)
+
+
+def _pad_prompt(cache: torch.Tensor, length: int, transposed: bool) -> torch.Tensor:
+    """A prompt cache ``[G, heads, P, dim]`` left-padded with zeros to ``length`` positions, in the same layout."""
+    G, H, P, D = cache.shape
+    if P == length:
+        return cache
+    new = _cache(cache, G, H, length, D, transposed)
+    new[:, :, : length - P].zero_()
+    new[:, :, length - P :] = cache
+    return new
+
+
+def _pad_bias(bias: torch.Tensor, length: int) -> torch.Tensor:
+    """A prompt bias ``[G, P]`` left-padded with ``-inf`` (masked) to ``length``."""
+    pad = bias.new_full((bias.shape[0], length - bias.shape[1]), float("-inf"))
+    return torch.cat([pad, bias], dim=1)
 
 
 def _take(cache: torch.Tensor, rows: torch.Tensor, transposed: bool) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,6 +66,27 @@ class HFEngine:
         self.mask, self.next_pos = mask, pos[:, -1] + 1
         return self._out(out)
 
+    @torch.inference_mode()
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Prompts joining the running rows, one row each, after them: forwarded on their own, then the shorter
+        cache, theirs or the rows', is left-padded to the other's length and masked there, as ``generate`` masks a
+        batch's left padding (the padding's positions are skipped: each row keeps its own positions)."""
+        old, old_mask, old_pos = self.cache, self.mask, self.next_pos
+        logits = self.prefill(ids, mask)
+        if old is None or old_mask.shape[0] == 0:
+            return logits
+        assert self.cache is not None  # set by prefill
+        L = max(old_mask.shape[1], self.mask.shape[1])
+        # a full-attention cache layer holds ``keys`` and ``values`` [rows, heads, length, head_dim]
+        layers: list[Any] = [*old.layers, *self.cache.layers]
+        for a, b in zip(layers[: len(old.layers)], layers[len(old.layers) :]):
+            a.keys = torch.cat([_left_pad(a.keys, L, 2), _left_pad(b.keys, L, 2)])
+            a.values = torch.cat([_left_pad(a.values, L, 2), _left_pad(b.values, L, 2)])
+        self.cache = old
+        self.mask = torch.cat([_left_pad(old_mask, L, 1), _left_pad(self.mask, L, 1)])
+        self.next_pos = torch.cat([old_pos, self.next_pos])
+        return logits
+
     def _out(self, out) -> torch.Tensor:
         # hidden_states[-1] is the final norm's output, the lm_head's input (transformers' convention)
         self.last_hidden = out.hidden_states[-1][:, -1] if self.keep_hidden else None
@@ -92,3 +113,13 @@ class HFEngine:
         )
         self.next_pos = self.next_pos + 1
         return self._out(out)
+
+
+def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """``x`` left-padded with zeros along ``dim`` to ``length`` (a cache's positions, or a mask's: 0 is masked)."""
+    short = length - x.shape[dim]
+    if short == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = short
+    return torch.cat([x.new_zeros(shape), x], dim=dim)

@@ -42,6 +42,9 @@ class HFLayout:
     def reserve(self, capacity: int) -> None:
         pass
 
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a replay's layout does not admit prompts into a running batch")
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.length += 1
         return torch.zeros(self.rows, 1)
@@ -101,6 +104,9 @@ class FastLayout:
         if self.pending is not None or capacity != self.capacity:
             self._realloc(capacity)
 
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a replay's layout does not admit prompts into a running batch")
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.pending is not None or self.length >= self.capacity:
             self._realloc(max(self.capacity, self.length + 1))
@@ -152,6 +158,9 @@ class VLLMLayout:
 
     def reserve(self, capacity: int) -> None:
         pass
+
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a replay's layout does not admit prompts into a running batch")
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.own += 1

@@ -1,0 +1,95 @@
+"""Prompts join a running session (``TorchSession.admit``): each keeps its own clock, length, sampling and seed, so
+its candidates are the samples it draws decoding alone, at whatever step it joined, on ``fast`` (eager, fp32) and
+``hf`` (left padding masked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rodeco.state import OpenPrompt, Row, SamplingParams, SessionSpec
+
+X = "the quick brown fox"
+Y = "explain why the sky is blue in two sentences"  # longer than X: the running prompt's cache is re-padded
+Z = "tips"
+
+
+def spec_of(p: OpenPrompt) -> SessionSpec:
+    return SessionSpec(p.n, p.sampling, p.max_new_tokens, p.seed, (p.stream_key,), stop=p.stop)
+
+
+def drain(sess) -> list[Row]:
+    """Decode until no row is left; every row that left."""
+    rows: list[Row] = []
+    for _ in range(10_000):  # bounded: each pass decodes at least one token or retires rows
+        if not sess.rows:
+            return rows
+        rows += sess.decode(until=10**6)
+        rows += sess.retire_finished()
+    raise AssertionError("the session did not drain")
+
+
+def alone(gen, text: str, p: OpenPrompt) -> list[tuple[int, list[int], str]]:
+    sess = gen.open_session(spec_of(p))
+    sess.prefill([gen.encode(text)])
+    return sorted((r.candidate_id, r.token_ids, r.reason) for r in drain(sess))
+
+
+def of(rows: list[Row], key: int) -> list[tuple[int, list[int], str]]:
+    return sorted((r.candidate_id, r.token_ids, r.reason) for r in rows if r.prompt == key)
+
+
+RUNNING = OpenPrompt(n=3, max_new_tokens=40, sampling=SamplingParams(), seed=3, stream_key=11)
+JOINING = OpenPrompt(n=4, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=20), seed=9, stream_key=5)
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("at", [0, 1, 9, 30])
+def test_a_joining_prompt_draws_what_it_draws_alone(tiny_gen, engine, at):
+    """A prompt admitted after ``at`` steps of another, with other settings (rows, length, sampling, seed), gets
+    the candidates it gets alone, and the running prompt keeps its own."""
+    gen = tiny_gen(engine)
+    sess = gen.open_session(spec_of(RUNNING))
+    sess.prefill([gen.encode(X)])
+    rows = sess.decode(until=at) if at else []
+    assert sess.t == at
+    (key,) = sess.admit([gen.encode(Y)], [JOINING])
+    assert sess.clock(key) == 0 and sess.clock(0) == at
+    rows += drain(sess)
+    assert len(of(rows, key)) == JOINING.n and len(of(rows, 0)) == RUNNING.n
+    assert of(rows, key) == alone(gen, Y, JOINING)
+    assert of(rows, 0) == alone(gen, X, RUNNING)
+    assert all(len(r.token_ids) <= JOINING.max_new_tokens for r in rows if r.prompt == key)
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_prompts_join_one_after_another_and_through_rejections(tiny_gen, engine):
+    """Three prompts at three steps, rows rejected and copied on the way: each prompt's surviving candidates are
+    its solo samples (a copy continues its own stream), and the compute is charged to every prompt."""
+    gen = tiny_gen(engine)
+    third = OpenPrompt(n=2, max_new_tokens=16, sampling=SamplingParams(top_p=0.9, top_k=0), seed=1, stream_key=7)
+    sess = gen.open_session(spec_of(RUNNING))
+    sess.prefill([gen.encode(X)])
+    rows = sess.decode(until=5)
+    (y,) = sess.admit([gen.encode(Y)], [JOINING])
+    rows += sess.decode(until=8)
+    rows += sess.reject([i for i, p in enumerate(sess.prompt_of) if p == 0][:1])  # the running prompt loses a row
+    (z,) = sess.admit([gen.encode(Z)], [third])
+    rows += drain(sess)
+    rejected = [r for r in rows if r.prompt == 0 and r.reason == "rejected"]
+    solo = {c: (ids, why) for c, ids, why in alone(gen, X, RUNNING)}
+    assert len(rejected) == 1 and solo[rejected[0].candidate_id][0][:8] == rejected[0].token_ids
+    kept = [r for r in of(rows, 0) if r[2] != "rejected"]
+    assert kept == [(c, *solo[c]) for c, _, _ in kept]
+    assert of(rows, y) == alone(gen, Y, JOINING)
+    assert of(rows, z) == alone(gen, Z, third)
+    st = sess.stats
+    assert len(st.decode_tokens) == 3 and (st.decode_tokens > 0).all() and (st.decode_flops > 0).all()
+
+
+def test_a_closed_batch_keeps_one_clock(tiny_gen):
+    """Without admissions, the session's steps are one number (the batch's clock), as before."""
+    gen = tiny_gen("fast")
+    sess = gen.open_session(spec_of(RUNNING))
+    sess.prefill([gen.encode(X)])
+    sess.decode(until=4)
+    assert sess.steps() == 4 and not sess.admitted
