@@ -19,6 +19,7 @@ from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
 
 if TYPE_CHECKING:
+    from rodeco.open_loop import OpenStats, Request, Source
     from rodeco.protocols import Generator, Policy, Session
 
 __all__ = ["Decoder", "decode", "load_config", "run"]
@@ -229,6 +230,49 @@ class Decoder:
             partial=roles.partial,
             cancelled=cancelled,
         )
+
+    def request(
+        self,
+        ref: PromptRef,
+        *,
+        n: int,
+        on_done: Callable[[PromptResult], None],
+        policy: dict[str, Any] | None = None,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int | None = None,
+        kv_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        all_candidates: bool = True,
+        wrap_policy: Callable[[Policy], Policy] | None = None,
+        **callbacks: Any,
+    ) -> Request:
+        """One prompt for ``serve_open`` with its own settings, as ``batch`` takes them for a batch (``kv_tokens``:
+        its own budget); ``callbacks``: ``Request``'s ``on_round``, ``on_admit``, ``on_error`` and ``cancelled``."""
+        from rodeco.open_loop import Request
+        from rodeco.runner import loop_settings
+
+        choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
+        built = self.builder.roles(choices).policy
+        s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
+        s = replace(
+            s,
+            n=n,
+            all_candidates=all_candidates,
+            stop=tuple(stop),
+            sampling=sampling or s.sampling,
+            max_new_tokens=max_new_tokens or s.max_new_tokens,
+            budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
+        )
+        return Request(ref, s, wrap_policy(built) if wrap_policy is not None else built, on_done, **callbacks)
+
+    def serve_open(self, source: Source, *, kv_tokens: int | None, check_tokens: int = 16, **kw: Any) -> OpenStats:
+        """Decode the requests ``source`` gives (``request``) as they arrive, each joining the running batch on its
+        own clock, until it closes (``rodeco.open_loop.decode_open``, with the decoder's reward and partial reward);
+        ``kv_tokens``: what the running requests' budgets may add up to."""
+        from rodeco.open_loop import decode_open
+
+        roles = self.builder.roles(self.choices)
+        return decode_open(self.gen, roles.reward, source, kv_tokens, roles.partial, check_tokens, **kw)
 
     def budget(self) -> Budget:
         """The decoder's budget (its config's ``budget`` on its generator)."""

@@ -191,9 +191,12 @@ def apply_counts(
     keys: list[int],
     view: RoundView,
     counts: list[Counts],
+    at: int | None = None,
 ) -> None:
     """A decision's counts applied: rows of count 0 leave the batch, a row of count ``c > 1`` gets ``c - 1`` copies,
-    each a new candidate (the prompt's next id, a stream derived from its lineage) right after its parent."""
+    each a new candidate (the prompt's next id, a stream derived from its lineage at step ``at``: by default the
+    batch's clock ``sess.t``; a prompt on its own clock passes its own) right after its parent."""
+    at = sess.t if at is None else at
     drop, parents, ids, streams, copies = [], [], [], [], []
     for pr, c, key in zip(rows, counts, keys):
         made: dict[int, list[int]] = {}
@@ -206,7 +209,7 @@ def apply_counts(
                 made.setdefault(parent, []).append(trace.copy(key, parent, rnd))
                 parents.append(r)
                 ids.append(made[parent][-1])
-                streams.append(copy_stream(int(sess.stream[r]), sess.t, j))
+                streams.append(copy_stream(int(sess.stream[r]), at, j))
         copies.append(made)
     trace.round(view, counts, keys, copies)
     trace.rejected(sess.reject(drop))
@@ -311,28 +314,34 @@ def _round_view(
     for p, share in zip(keys, shares):
         rows = np.nonzero(sess.prompt_of == p)[0]
         rows_of.append(rows)
-        cands = sess.cand[rows].tolist()
         views.append(
-            PromptView(
-                prompt_index=trace.prompts[p].index,
-                candidate_ids=cands,
-                scores=scores[rows],
-                history=trace.history(p, cands),
-                finished_scores=trace.finished_scores(p),
-                tokens_generated=sess.t,
-                min_reject=0,
-                parents=trace.parents(p, cands),
-                origins=trace.origins(p, cands),
-                finished_ids=trace.finished_ids(p),
-                max_rows=int(share),
-                rng=np.random.default_rng(
-                    [trace.prompts[p].seed_or(s.seed) & 0xFFFFFFFF, trace.prompts[p].stream_key, rnd]
-                ),
-            )
+            prompt_view(rnd, int(p), sess.cand[rows].tolist(), scores[rows], trace, sess.t, int(share), s.seed)
         )
     _share_min_reject(views, sess.rows - fit)
     view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=trace.n)
     return view, rows_of, keys.tolist()
+
+
+def prompt_view(
+    rnd: int, p: int, cands: list[int], scores: np.ndarray, trace: Trace, tokens: int, max_rows: int, seed: int
+) -> PromptView:
+    """Prompt ``p``'s view at decision point ``rnd``: its rows' candidates and scores, what the trace knows of
+    them, its tokens so far, the most rows it may keep, and a generator seeded by the prompt and the round."""
+    ref = trace.prompts[p]
+    return PromptView(
+        prompt_index=ref.index,
+        candidate_ids=cands,
+        scores=scores,
+        history=trace.history(p, cands),
+        finished_scores=trace.finished_scores(p),
+        tokens_generated=tokens,
+        min_reject=0,
+        parents=trace.parents(p, cands),
+        origins=trace.origins(p, cands),
+        finished_ids=trace.finished_ids(p),
+        max_rows=max_rows,
+        rng=np.random.default_rng([ref.seed_or(seed) & 0xFFFFFFFF, ref.stream_key, rnd]),
+    )
 
 
 def _share_min_reject(views: list[PromptView], total: int) -> None:

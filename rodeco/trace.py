@@ -27,9 +27,12 @@ class Trace:
         reward: str = "",
         winner: WinnerRule | None = None,
     ) -> None:
-        self.prompts, self.n, self.decode_text = prompts, n, decode_text
+        self.prompts, self.n, self.decode_text = list(prompts), n, decode_text
+        self.n_of = [n] * len(prompts)  # per prompt: its rows at the start
         self.winner = winner or WinnerRule()
         self.all_candidates, self.policy, self.reward = all_candidates, policy, reward
+        # per prompt: (policy, winner rule, all candidates, its text) where a prompt brings its own (an open source's)
+        self.own: dict[int, tuple[str, WinnerRule, bool, Callable[[list[int]], str]]] = {}
         P = len(prompts)
         self.partial: list[dict[int, list[float]]] = [{} for _ in range(P)]  # candidate -> score per round
         self.final: list[dict[int, float]] = [{} for _ in range(P)]
@@ -40,6 +43,35 @@ class Trace:
         self.origin: list[dict[int, int]] = [{} for _ in range(P)]  # candidate -> position of its starting row
         self.next_id = [0] * P
         self.cancelled: set[int] = set()  # prompts whose rows left because their request went away (no result)
+
+    def admit(
+        self,
+        ref: PromptRef,
+        n: int,
+        policy: str,
+        winner: WinnerRule,
+        all_candidates: bool,
+        decode_text: Callable[[list[int]], str],
+    ) -> int:
+        """A prompt that joined the batch (an open source's) with its rows at the start and its own policy name,
+        winner rule, whether its result lists every candidate, and its text of a response (cut at its stop
+        strings); returns its batch key (after the others')."""
+        p = len(self.prompts)
+        self.prompts.append(ref)
+        self.n_of.append(n)
+        self.own[p] = (policy, winner, all_candidates, decode_text)
+        self.partial.append({})
+        self.final.append({})
+        self.rounds.append([])
+        self.parent.append({})
+        self.origin.append({})
+        self.next_id.append(0)
+        return p
+
+    def forget(self, p: int) -> None:
+        """Prompt ``p``'s result was given: its rows are no longer kept (an open source's prompts come and go)."""
+        self.left = [r for r in self.left if r.prompt != p]
+        self.partial[p], self.final[p], self.parent[p], self.origin[p] = {}, {}, {}, {}
 
     def start(self, prompt_of: Sequence[int] | np.ndarray, cands: Sequence[int] | np.ndarray) -> None:
         """The starting rows (after prefill): each is its own origin; copies take ids above them."""
@@ -129,6 +161,9 @@ class Trace:
         return done
 
     def result(self, p: int, compute: Compute) -> PromptResult:
+        policy, winner, all_candidates, text = self.own.get(
+            p, (self.policy, self.winner, self.all_candidates, self.decode_text)
+        )
         cands = []
         for f in (f for f in self.left if f.prompt == p):
             rejected = f.reason == "rejected"
@@ -137,7 +172,7 @@ class Trace:
                 Candidate(
                     candidate_id=f.candidate_id,
                     token_ids=f.token_ids,
-                    text=self.decode_text(f.token_ids),
+                    text=text(f.token_ids),
                     score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
                     finished=not rejected,
                     stop_reason=f.reason,
@@ -146,16 +181,16 @@ class Trace:
                     forked_round=rnd,
                 )
             )
-        choice = self.winner.choose([c for c in cands if c.finished])
+        choice = winner.choose([c for c in cands if c.finished])
         return PromptResult(
             prompt_index=self.prompts[p].index,
             prompt=self.prompts[p].text,
             best=choice.best,
-            n_start=self.n,
+            n_start=self.n_of[p],
             rounds=self.rounds[p],
-            candidates=cands if self.all_candidates else None,
+            candidates=cands if all_candidates else None,
             compute=compute,
-            policy=self.policy,
+            policy=policy,
             reward=self.reward,
             winner=choice.rule,
             answer=choice.answer,

@@ -1,0 +1,165 @@
+"""An open source of prompts (``rodeco.open_loop.decode_open``): prompts join the running batch as they arrive, each
+on its own clock with its own budget, settings and policy, and a seeded prompt gets the answer it gets alone
+(``decode_batch`` of that prompt), under Best-of-N, Speculative Rejection and a search policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from rodeco.budget import Budget
+from rodeco.contracts import Scorer
+from rodeco.loop import LoopSettings, decode_batch
+from rodeco.open_loop import Request, decode_open
+from rodeco.plugins import BuildContext, default_plugins
+from rodeco.state import PromptRef, PromptResult, SamplingParams
+from rodeco.validation import ConfigError
+
+TEXTS = ["write a haiku about autumn leaves", "give three tips", "the quick brown fox jumps", "why is the sky blue"]
+
+
+class Arrivals:
+    """A source whose requests arrive at given calls of ``take`` (each call is an admission point of the loop)."""
+
+    def __init__(self, at: dict[int, list[Request]]) -> None:
+        self.at, self.calls = at, 0
+
+    def take(self, wait: bool) -> list[Request] | None:
+        for _ in range(1000):  # bounded: a waiting call skips ahead to the next arrival
+            got = self.at.pop(self.calls, [])
+            self.calls += 1
+            if got or not wait or not self.at:
+                return got if got or self.at else None
+        raise AssertionError("no arrival")
+
+
+def reward(gen):
+    return Scorer(
+        default_plugins().build_reward({"name": "logprob", "form": "mean"}, BuildContext(generator=gen)), "logprob"
+    )
+
+
+def policy(name: str, **kw):
+    return default_plugins().build_policy({"name": name, **kw}, BuildContext())
+
+
+def settings(gen, text: str, name: str, n: int, max_new: int, sampling: SamplingParams) -> LoopSettings:
+    """Its own budget: so small that 16 rows meet decision points (the prompt and 4 rows of 10 tokens where the
+    prompt is stored once, 16 rows of the prompt and 3 tokens where each row holds it)."""
+    P = len(gen.encode(text))
+    kv = P + 4 * 10 if gen.kv.shares_prefix else 16 * (P + 3)
+    return LoopSettings(
+        n=n, sampling=sampling, max_new_tokens=max_new, budget=Budget(kv, 2), seed=0, all_candidates=True,
+        policy_name=name,
+    )  # fmt: skip
+
+
+CASES = [  # (text, policy, its parameters, n, max_new_tokens, sampling)
+    (TEXTS[0], "fixed", {"alpha": 0.5}, 16, 24, SamplingParams()),
+    (TEXTS[1], "none", {}, 3, 12, SamplingParams(temperature=0.7, top_k=20)),
+    (TEXTS[2], "beam", {"decision_tokens": 6}, 8, 20, SamplingParams(top_k=0, top_p=0.9)),
+    (TEXTS[3], "fixed", {"alpha": 0.3}, 12, 16, SamplingParams()),
+]
+
+
+def summary(r: PromptResult):
+    cands = sorted((c.candidate_id, c.token_ids, c.stop_reason) for c in r.candidates or [])
+    return r.best.token_ids, cands, [(x.tokens_generated, x.kept_ids) for x in r.rounds]
+
+
+def solo(gen, i: int) -> PromptResult:
+    text, name, kw, n, max_new, sp = CASES[i]
+    s = settings(gen, text, name, n, max_new, sp)
+    (res,), _ = decode_batch(gen, reward(gen), policy(name, **kw), [PromptRef(i, text, seed=100 + i)], s)
+    return res
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_each_prompt_gets_its_solo_answer_whenever_it_arrives(tiny_gen, engine):
+    gen = tiny_gen(engine)
+    done: dict[int, PromptResult] = {}
+
+    def request(i: int) -> Request:
+        text, name, kw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        return Request(
+            PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: done.__setitem__(r.prompt_index, r)
+        )
+
+    source = Arrivals({0: [request(0)], 2: [request(1), request(2)], 5: [request(3)]})
+    stats = decode_open(gen, reward(gen), source, kv_tokens=None, check_tokens=3)
+    assert sorted(done) == [0, 1, 2, 3] and stats.admitted == 4
+    assert max(stats.step_prompts) >= 3  # prompts did share steps
+    for i in range(4):
+        assert summary(done[i]) == summary(solo(gen, i)), CASES[i][1]
+    assert any(done[0].rounds) and any(done[2].rounds)  # decision points were met
+    for r in done.values():
+        assert r.compute.gen_decode_tokens > 0 and r.compute.gen_flops > 0
+
+
+def test_admission_waits_in_arrival_order_for_room(tiny_gen):
+    """With room for one prompt's budget at a time, the second waits for the first to finish, and a third that
+    would fit behind it does not pass it."""
+    gen = tiny_gen("fast")
+    order: list[int] = []
+
+    def request(i: int) -> Request:
+        text, name, kw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        return Request(PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: order.append(r.prompt_index))
+
+    reqs = [request(0), request(1), request(3)]
+    room = max(int(r.settings.budget.kv_tokens) for r in reqs)
+    stats = decode_open(gen, reward(gen), Arrivals({0: reqs}), kv_tokens=room, check_tokens=4)
+    assert order == [0, 1, 3] and max(stats.step_prompts) == 1 and stats.peak_reserved <= room
+
+
+def test_a_request_larger_than_the_whole_budget_is_refused_by_name(tiny_gen):
+    gen = tiny_gen("fast")
+    errors: list[Exception] = []
+    text, name, kw, n, max_new, sp = CASES[1]
+    s = settings(gen, text, name, n, max_new, sp)
+    req = Request(PromptRef(1, text), s, policy(name, **kw), lambda r: None, on_error=errors.append)
+    decode_open(gen, reward(gen), Arrivals({0: [req]}), kv_tokens=10)
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError) and "budget.kv_tokens" in str(errors[0])
+
+
+class Counting:
+    """A reward that scores by length and keeps a tally, as the model rewards do: a token and 10 FLOPs a token."""
+
+    def __init__(self) -> None:
+        from rodeco.protocols import RewardCost
+
+        self.cost = RewardCost()
+
+    def score(self, requests):
+        n = sum(len(r.response_ids) for r in requests)
+        self.cost.tokens += n
+        self.cost.flops += 10.0 * n
+        self.cost.calls += 1
+        return [float(len(r.response_ids) % 7) for r in requests]
+
+
+def test_a_prompt_is_charged_its_own_compute_not_a_share_of_what_ran_before(tiny_gen):
+    """Two prompts one after the other through one open decode: the second is charged what it costs alone (its
+    decode, its reward's tokens, FLOPs and calls), not a share of the decode's totals."""
+    gen = tiny_gen("fast")
+    done: dict[int, PromptResult] = {}
+
+    def request(i: int) -> Request:
+        text, name, kw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        return Request(PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: done.__setitem__(i, r))
+
+    scorer = Scorer(Counting(), "counting")
+    decode_open(gen, scorer, Arrivals({0: [request(0)], 900: [request(3)]}), kv_tokens=None)
+    text, name, kw, n, max_new, sp = CASES[3]
+    (alone,), _ = decode_batch(
+        gen, Scorer(Counting(), "counting"), policy(name, **kw), [PromptRef(3, text, seed=103)],
+        settings(gen, text, name, n, max_new, sp),
+    )  # fmt: skip
+    a, b = done[3].compute, alone.compute
+    assert done[3].best.token_ids == alone.best.token_ids
+    assert (a.gen_decode_tokens, a.gen_flops, a.reward_tokens, a.reward_flops, a.reward_calls) == (
+        b.gen_decode_tokens, b.gen_flops, b.reward_tokens, b.reward_flops, b.reward_calls,
+    )  # fmt: skip
+    assert a.partial_reward_flops == b.partial_reward_flops > 0
