@@ -36,6 +36,14 @@ PROMPTS = [
     "the quick brown fox jumps over the lazy dog",
 ]
 RODECO = Path(sys.executable).with_name("rodeco")
+LONG_BODY = {  # a request that decodes for a while: Best-of-8 up to 100 tokens
+    "model": "tiny",
+    "messages": [{"role": "user", "content": PROMPTS[0]}],
+    "best_of": 8,
+    "max_tokens": 100,
+    "seed": 3,
+    "rodeco": {"policy": "none"},
+}
 
 
 def chat(c, prompt: str, **kw):
@@ -182,14 +190,7 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
 
 def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen):
     gen = SlowGen(tiny_gen("fast"), delay=0.05)
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": PROMPTS[0]}],
-        "best_of": 8,
-        "max_tokens": 100,
-        "seed": 3,
-        "rodeco": {"policy": "none"},
-    }
+    body = LONG_BODY
     with running(gen, ["serve.check_tokens=4", "serve.batch_wait_s=0.2"]) as (url, state):
         other = {}
         t = threading.Thread(
@@ -218,6 +219,32 @@ def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen
         assert rows_after <= 8  # only the other request's rows remain
         r = chat(client(url), PROMPTS[2], best_of=2, max_tokens=4, seed=1)  # and the next request is served
         assert r.choices[0].message.content is not None
+
+
+def test_a_short_request_joins_a_running_long_one_and_is_answered_first(tiny_gen):
+    """A 4-token request sent while a 100-token Best-of-8 request decodes joins the running batch (it does not wait
+    for it), is answered while the long one still decodes, and gets the answer it gets alone."""
+    gen = SlowGen(tiny_gen("fast"), delay=0.05)
+    body = LONG_BODY
+    with running(gen, ["serve.check_tokens=4"]) as (url, state):
+        long: dict = {}
+        t = threading.Thread(
+            target=lambda: long.update(r=httpx.post(f"{url}/v1/chat/completions", timeout=120, json=body))
+        )
+        t.start()
+        end = time.monotonic() + 30
+        while metric(httpx.get(f"{url}/metrics").text, "rodeco_admissions_total") < 1:
+            assert time.monotonic() < end, "the long request was not admitted"
+            time.sleep(0.02)
+        short = chat(client(url), PROMPTS[2], best_of=2, max_tokens=4, seed=1, rodeco={"policy": "none"})
+        still_running = t.is_alive()
+        t.join(120)
+        alone = chat(client(url), PROMPTS[2], best_of=2, max_tokens=4, seed=1, rodeco={"policy": "none"})
+        text = httpx.get(f"{url}/metrics").text
+    assert still_running and long["r"].status_code == 200
+    assert short.model_extra["rodeco"]["batch_requests"] == 2  # it decoded beside the long one
+    assert short.choices[0].message.content == alone.choices[0].message.content
+    assert metric(text, "rodeco_admissions_total") == 3 and metric(text, "rodeco_batches_total") == 0
 
 
 def test_a_cancelled_prompt_leaves_within_check_tokens_and_changes_no_other_answer(tiny_gen):
@@ -463,7 +490,7 @@ def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
             )
         with pytest.raises(Exception, match="serve.max_batch_rows"):
             chat(c, PROMPTS[0], best_of=9, max_tokens=4)
-    assert sorted(r.model_extra["rodeco"]["batch_requests"] for r in rs) == [1, 2, 2]
+    assert max(r.model_extra["rodeco"]["batch_requests"] for r in rs) == 2  # never three at once (12 rows)
 
 
 def test_search_policies_serve_n_choices_and_their_parameters_are_checked(tiny_gen):

@@ -52,6 +52,7 @@ class Job:
     stream: bool = False
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
+    shared: int = 0  # the most requests that decoded beside it (itself included), in the open batch
     future: Future = field(default_factory=Future)
     cancelled: bool = False
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # round-by-round progress, for streams

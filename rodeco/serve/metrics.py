@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320)
+COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
@@ -17,7 +18,17 @@ class Metrics:
         self.queue_depth = Gauge("rodeco_queue_depth", "requests waiting for a batch", registry=r)
         self.batch_requests = Gauge("rodeco_batch_requests", "requests in the batch decoding now", registry=r)
         self.batch_rows = Gauge("rodeco_batch_rows", "candidate rows in the batch decoding now", registry=r)
-        self.batches = Counter("rodeco_batches", "batches decoded", registry=r)
+        self.batches = Counter("rodeco_batches", "batches decoded (engines that do not admit)", registry=r)
+        self.admissions = Counter("rodeco_admissions", "requests admitted into the running batch", registry=r)
+        self.step_requests = Histogram(
+            "rodeco_step_requests", "requests in the batch, per stretch of decoding", buckets=COUNT_BUCKETS, registry=r
+        )
+        self.step_rows = Histogram(
+            "rodeco_step_rows",
+            "candidate rows in the batch, per stretch of decoding",
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
         self.budget = Gauge("rodeco_kv_budget_tokens", "the server's KV budget in tokens (-1: unlimited)", registry=r)
         self.batch_budget = Gauge("rodeco_batch_kv_budget_tokens", "the running batch's KV budget", registry=r)
         self.peak_kv = Gauge("rodeco_kv_peak_tokens", "the largest KV cache any batch held, in tokens", registry=r)

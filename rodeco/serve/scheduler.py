@@ -1,11 +1,14 @@
-"""The batcher: one thread that owns the decoder and decodes queued jobs in batches.
+"""The batcher: one thread that owns the decoder and decodes queued jobs.
 
-Jobs queue (bounded: a full queue is a 429). When the decoder is free, the batch is the oldest job and the jobs
-after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
-budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; jobs with other settings wait
-for a later batch. A batch runs to its end
-(admitting jobs mid-batch needs per-prompt step counts: not done). Between decision points the loop pauses every
-``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave the batch, their rows and
+Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts into a running batch
+(``EngineInfo.admits``: the fast engine's eager step and ``hf``), every job joins the running batch within
+``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
+(the server's budget; in arrival order: a job waits only for jobs that arrived before it), and decodes on its own
+clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.open_loop``). Elsewhere (the
+compiled step, vLLM's lockstep session) jobs decode in batches: the oldest job and the jobs after it with the same
+``BatchKey``, in arrival order, while their budgets (padding included) fit the server's budget, their rows
+``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end. Either way the loop
+pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and
 memory freed, whatever the policy, Best-of-N included.
 """
 
@@ -22,11 +25,12 @@ import numpy as np
 
 from rodeco.api import Decoder
 from rodeco.contracts import policy_info
+from rodeco.open_loop import Cancelled, Request
 from rodeco.protocols import Policy, Session, StartChooser
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Counts, PromptResult, RoundView, StartView
+from rodeco.state import Counts, PromptResult, PromptView, RoundView, StartView
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,9 @@ class Scheduler:
 
     # -- the batcher thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.dec.gen.info.admits:
+            self._serve_open()
+            return
         while True:
             jobs = self._take()
             if jobs is None:
@@ -164,6 +171,97 @@ class Scheduler:
                     self.running = []
                 self.metrics.batch_requests.set(0)
                 self.metrics.batch_rows.set(0)
+
+    def _serve_open(self) -> None:
+        """Jobs join the running batch as they arrive: one open decode for as long as the server runs (restarted,
+        its jobs failed, if it fails)."""
+        m = self.metrics
+
+        def observe(waiting: int, prompts: int, rows: int) -> None:
+            m.queue_depth.set(waiting)
+            m.batch_requests.set(prompts)
+            m.batch_rows.set(rows)
+            m.step_requests.observe(prompts)
+            m.step_rows.observe(rows)
+            with self.cond:
+                for j in self.running:
+                    if j.started is not None:
+                        j.shared = max(j.shared, prompts)
+
+        while not self.stopped:
+            try:
+                self.dec.serve_open(
+                    _Jobs(self),
+                    kv_tokens=self.budget.kv_tokens,
+                    check_tokens=self.serve.check_tokens,
+                    observe=observe,
+                    max_rows=self.serve.max_batch_rows,
+                    max_prompts=self.serve.batch_requests,
+                )
+            except Exception as e:  # a failed decode fails its jobs, never the server
+                log.exception("the open batch failed")
+                with self.cond:
+                    failed, self.running = self.running, []
+                for j in failed:
+                    if not j.future.done():
+                        j.future.set_exception(e)
+
+    def _request(self, j: Job) -> Request:
+        """A job as a request of the open batch: its settings and budget, its policy kept to its ``n``, and what
+        its answer, progress events, cancellation and metrics need."""
+        m, k = self.metrics, j.key
+
+        def leave() -> None:
+            with self.cond:
+                if j in self.running:
+                    self.running.remove(j)
+
+        def on_admit() -> None:
+            j.started = time.monotonic()
+            m.queue_wait.observe(j.started - j.submitted)
+            m.admissions.inc()
+
+        def on_done(r: PromptResult) -> None:
+            leave()
+            self.dec.plugins.prompt_done(r)
+            c = r.compute
+            m.decode_tokens.inc(c.gen_decode_tokens)
+            m.prefill_tokens.inc(c.gen_prefill_tokens)
+            m.flops.inc(c.total_flops)
+            self.peak_kv = max(self.peak_kv, c.peak_kv_tokens)
+            m.peak_kv.set(self.peak_kv)
+            if not j.future.done():
+                j.future.set_result(self._answer(j, r, j.started or time.monotonic(), max(1, j.shared)))
+
+        def on_error(e: Exception) -> None:
+            leave()
+            if isinstance(e, Cancelled):
+                m.cancelled_rows.inc(e.rows)
+            if not j.future.done():
+                j.future.set_exception(
+                    APIError(499, "the request was cancelled", code="cancelled") if isinstance(e, Cancelled) else e
+                )
+
+        def on_round(view: RoundView, counts: list[Counts]) -> None:
+            if j.stream:
+                j.events.put(_progress(view.round, view.prompts[0], counts[0]))
+            self.dec.plugins.round_end(view, counts)
+
+        return self.dec.request(
+            j.ref,
+            n=k.best_of,
+            on_done=on_done,
+            policy=j.policy,
+            sampling=k.sampling,
+            max_new_tokens=k.max_tokens,
+            kv_tokens=j.kv_tokens,
+            stop=k.stop,
+            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n}, str(j.policy.get("name", ""))),
+            on_round=on_round,
+            on_admit=on_admit,
+            on_error=on_error,
+            cancelled=lambda: j.cancelled or self.stopped,
+        )
 
     def _take(self) -> list[Job] | None:
         """The next batch (see the module doc), or None once stopped."""
@@ -213,15 +311,7 @@ class Scheduler:
             for pv, c in zip(view.prompts, counts):
                 j = by_id.get(pv.prompt_index)
                 if j is not None and j.stream:
-                    j.events.put(
-                        {
-                            "round": view.round,
-                            "tokens": pv.tokens_generated,
-                            "rows": pv.k,
-                            "kept": c.total,
-                            "best_partial": float(np.max(pv.scores)),
-                        }
-                    )
+                    j.events.put(_progress(view.round, pv, c))
             self.dec.plugins.round_end(view, counts)
 
         dropped: set[int] = set()
@@ -285,7 +375,38 @@ class Scheduler:
         return Answer(r, bon, (j.started or t0) - j.submitted, time.monotonic() - t0, batch)
 
 
+def _progress(rnd: int, pv: PromptView, c: Counts) -> dict[str, Any]:
+    """A streaming request's progress event at one of its decision points (its own step, on its own clock)."""
+    return {
+        "round": rnd,
+        "tokens": pv.tokens_generated,
+        "rows": pv.k,
+        "kept": c.total,
+        "best_partial": float(np.max(pv.scores)),
+    }
+
+
 def batch_kv_tokens(jobs: list[Job], gen: Any) -> int:
     """A batch's budget: its jobs' budgets, each with the padding of its prompt to the batch's longest."""
     longest = max(j.prompt_tokens for j in jobs)
     return sum(j.padded(longest, gen) for j in jobs)
+
+
+class _Jobs:
+    """The queue as an open source (``rodeco.open_loop.Source``): the jobs queued since the last call, moved to
+    ``running``; None once the server stopped."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    def take(self, wait: bool) -> list[Request] | None:
+        s = self.sched
+        with s.cond:
+            while wait and not s.queue and not s.stopped:
+                s.cond.wait(0.5)
+            if s.stopped:
+                return None
+            jobs = [j for j in s.queue if not j.cancelled]
+            s.queue.clear()
+            s.running += jobs
+        return [s._request(j) for j in jobs]
