@@ -145,6 +145,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch threads of the client-side scorer (0: torch's default, one per core)",
     )
     ap.add_argument("--skip-vllm", action="store_true", help="run only rodeco's server (sr and bon)")
+    ap.add_argument("--skip-bon", action="store_true", help="no Best-of-N phase on rodeco's server")
+    ap.add_argument(
+        "--vllm-best-of",
+        type=int,
+        default=None,
+        help="vLLM's n (default: --best-of): another N than rodeco's, to compare at matched reward in one run",
+    )
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument(
         "--judges",
@@ -341,14 +348,14 @@ class Bench:
         a, port = self.a, free_port()
         env = {"HYDRA_FULL_ERROR": "1", **({"OMP_NUM_THREADS": str(a.rodeco_threads)} if a.rodeco_threads > 0 else {})}
         with launched("rodeco", rodeco_argv(a, port), port, a.out / "logs", a.start_timeout, env=env) as srv:
-            for name in ("sr", "bon"):
+            for name in ("sr",) if a.skip_bon else ("sr", "bon"):
                 policy = self.POLICIES[name](a)
                 self.phase(name, srv, rodeco_sender(srv.url, a.generator, a, policy), {"request_rodeco": policy})
 
     def rescore(self, scorer: Scorer) -> None:
         """Rescoring rodeco's winners client-side checks that the scorer is the server's reward."""
         prompt_of = {p.index: p.text for p in self.prompts}
-        for name in ("sr", "bon"):
+        for name in [x for x in ("sr", "bon") if x in self.doc["servers"]]:
             done = [r for r in self.doc["servers"][name]["records"] if r["ok"]]
             if done:
                 again = [scorer.score(prompt_of[r["prompt_index"]], [r["server"]["text"]])[0][0] for r in done]
@@ -379,7 +386,8 @@ def ratios_of(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def report(doc: dict[str, Any], summary: dict[str, dict[str, Any]], a: argparse.Namespace, k: int) -> None:
     print(
-        f"\n{k} requests per server, rate {a.rate}/s, best_of {a.best_of}, max_tokens {a.max_tokens}, "
+        f"\n{k} requests per server, rate {a.rate}/s, best_of {a.best_of} (vLLM's n {a.vllm_best_of or a.best_of}), "
+        f"max_tokens {a.max_tokens}, "
         f"alpha {a.alpha}, KV {a.kv_tokens} tokens; CIs: {a.bootstrap} bootstrap resamples of the requests"
     )
     print_table(summary, doc["ratios"])

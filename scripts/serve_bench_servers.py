@@ -377,7 +377,7 @@ def vllm_sender(url: str, model: str, a: argparse.Namespace, scorer: Scorer) -> 
             temperature=a.temperature,
             top_p=1.0,
             seed=seed,
-            n=a.best_of,
+            n=a.vllm_best_of or a.best_of,
             extra_body=extra,
         )
         d = raw.http_response.json()
