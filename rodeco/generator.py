@@ -104,7 +104,7 @@ class TorchGenerator(ModelGenerator):
                 linear=weights.linear if weights is not None else "torch",
                 draws_on_device=dev != "cpu",
                 counts_finished_late=dev == "cuda",
-                admits=step is None,
+                admits=step is None or not step.graphs,
             )
         return self._info
 

@@ -129,7 +129,8 @@ def decode_open(
             "generator",
             f"{gen.info.name}{' (compiled)' if gen.info.compiled else ''}",
             "does not admit prompts into a running batch",
-            "use generator.engine=fast or hf with generator.compile=false, or decode closed batches (decode_batch)",
+            "use generator.engine=fast or hf (on CUDA with generator.compile=false: the compiled step runs as CUDA "
+            "graphs there), or decode closed batches (decode_batch)",
         )
     decider = partial or scorer
     waiting: deque[Request] = deque()

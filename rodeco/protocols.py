@@ -47,7 +47,8 @@ class EngineInfo:
     draws_on_device: bool = False
     counts_finished_late: bool = False
     # prompts may join its running batch (``TorchSession.admit``: rows of different lengths, each prompt on its own
-    # clock; ``rodeco.open_loop``): the eager fast engine and hf; not the compiled step, vLLM's lockstep or a replay
+    # clock; ``rodeco.open_loop``): the fast engine, eager or compiled, and hf; not the compiled step as CUDA graphs,
+    # vLLM's lockstep or a replay
     admits: bool = False
 
 

@@ -93,3 +93,32 @@ def test_a_closed_batch_keeps_one_clock(tiny_gen):
     sess.prefill([gen.encode(X)])
     sess.decode(until=4)
     assert sess.steps() == 4 and not sess.admitted
+
+
+@pytest.mark.slow  # compiles
+def test_the_compiled_step_admits_without_a_compile_per_admission(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
+    """On the compiled step (fp32) a prompt admitted into a running batch gets its solo candidates, and rows of
+    different lengths are one more graph: later admissions, at other steps with other prompts and rows, compile
+    nothing new."""
+    from rodeco.generator import TorchGenerator
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    comp = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny", compile="true")
+    assert comp.info.compiled and comp.info.admits
+
+    def joined(at: int, text: str, joining: OpenPrompt) -> list[Row]:
+        sess = comp.open_session(spec_of(RUNNING))
+        sess.prefill([comp.encode(X)])
+        rows = sess.decode(until=at)
+        (key,) = sess.admit([comp.encode(text)], [joining])
+        return [r for r in rows + drain(sess) if r.prompt == key]
+
+    first = joined(9, Y, JOINING)
+    assert len(first) == JOINING.n
+    assert of(first, 1) == alone(comp, Y, JOINING)
+    compiles = comp.compiled.compiles
+    other = OpenPrompt(n=3, max_new_tokens=20, sampling=SamplingParams(), seed=2, stream_key=8)
+    for at, text in ((3, Z), (17, Y + " please")):
+        rows = joined(at, text, other)
+        assert of(rows, 1) == alone(comp, text, other)
+    assert comp.compiled.compiles == compiles  # no compile for the later admissions

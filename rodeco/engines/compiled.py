@@ -204,21 +204,33 @@ class _Step(torch.nn.Module):
         vp: list[torch.Tensor],
         k: list[torch.Tensor],
         v: list[torch.Tensor],
+        at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden] embedded tokens, cos/sin [B, 1, D], pbias [G, P] the prompts' bias, grp [B] each row's
         prompt, ``s`` the own slot written this step (with ``graphs``: a tensor [1] on the device, and attention reads
         the round's whole own capacity, masked past ``s``) -> (logits [B, V], the final normed hidden state [B,
-        hidden])."""
+        hidden]). ``at`` [B]: rows of different lengths (prompts that joined a running batch): each row writes its
+        own slot ``at[row]`` (``s`` is the longest row's) and reads its own slots up to it, by inductor's attention
+        (rodeco's kernel reads every row to ``s``)."""
         B, g, w = x.shape[0], self.h // self.hkv, self.w
         hd, kd = self.h * self.d, self.hkv * self.d
-        bias = None if self.kernel else pbias.index_select(0, grp)[:, None, None, :]  # [B, 1, 1, P]
+        kernel = self.kernel and at is None
+        bias = None if kernel else pbias.index_select(0, grp)[:, None, None, :]  # [B, 1, 1, P]
         own = torch.arange(k[0].shape[2], device=x.device) <= s if self.graphs else None  # [capacity]
+        if at is not None:  # [B, 1, 1, s + 1]: each row's own slots
+            own = (torch.arange(k[0].shape[2], device=x.device)[: s + 1][None] <= at[:, None])[:, None, None]
         for li in range(len(w.qkv)):
             qkv = self._linear(rms_norm(x, w.ln1[li], self.eps), "qkv", li)
             q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
             q = rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
             kn = rope(kn.view(B, self.hkv, self.d), cos, sin)[:, :, None]
-            if self.graphs:  # the slot from a tensor: one graph (and one CUDA graph) serves every step of a round
+            if at is not None:  # each row its own slot
+                assert isinstance(s, int)  # rows of different lengths run without graphs
+                slot = at[:, None, None, None].expand(B, self.hkv, 1, self.d)
+                k[li].scatter_(2, slot, kn)
+                v[li].scatter_(2, slot, vn.view(B, self.hkv, 1, self.d))
+                ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
+            elif self.graphs:  # the slot from a tensor: one graph (and one CUDA graph) serves every step of a round
                 assert isinstance(s, torch.Tensor)  # with graphs, ``s`` is the slot tensor
                 k[li].index_copy_(2, s, kn)
                 v[li].index_copy_(2, s, vn.view(B, self.hkv, 1, self.d))
@@ -227,7 +239,7 @@ class _Step(torch.nn.Module):
                 k[li].narrow(2, s, 1).copy_(kn)
                 v[li].narrow(2, s, 1).copy_(vn.view(B, self.hkv, 1, self.d))  # narrow: ``[:, :, s] =`` specializes s
                 ks, vs = k[li][:, :, : s + 1], v[li][:, :, : s + 1]
-            if self.kernel:
+            if kernel:
                 o = native.decode_attention(q, kp[li], vp[li], grp, pbias, ks, vs, self.scale)
             else:
                 assert bias is not None  # computed above for attention without the kernel

@@ -205,9 +205,10 @@ class FastLlamaEngine:
         """Prompts joining a running batch: each is forwarded once and gets one row, appended after the rows there
         are, holding no generated token yet (the session fans it out with ``select``). The prompts' caches are
         left-padded to the longest prompt, old and new (the pad masked); rows keep their own token counts
-        (``own``). Returns the new prompts' last logits [P', V]. The compiled step does not admit."""
-        if self.compiled is not None:
-            raise NotImplementedError("the compiled step does not admit prompts into a running batch")
+        (``own``). Returns the new prompts' last logits [P', V]. The compiled step admits (its steps over rows of
+        different lengths are one more graph); as CUDA graphs (``graphs``) it does not."""
+        if self.graphs:
+            raise NotImplementedError("the compiled step as CUDA graphs does not admit prompts into a running batch")
         if self._rows is not None:
             self._realloc(self.capacity)
         G0, B0, P = self.pbias.shape[0], self.pos.shape[0], ids.shape[0]
@@ -309,21 +310,24 @@ class FastLlamaEngine:
         B, S, own = tokens.shape[0], self.sfx, self.own
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
-        if self.compiled is not None and own is None:
+        if self.compiled is not None:
             s = self.s_dev if self.graphs else S
-            logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, s, self.kp, self.vp, self.k, self.v)
+            at = () if own is None else (own,)  # rows of different lengths: each row's own column (one more graph)
+            logits, hidden = self.compiled(x, cos, sin, self.pbias, self.grp, s, self.kp, self.vp, self.k, self.v, *at)
             self.last_hidden = hidden if self.keep_hidden else None
             self.sfx, self.pos = S + 1, self.pos + 1
             if self.graphs:
                 assert self.s_dev is not None  # set by prefill when the step runs as graphs
                 self.s_dev.add_(1)
+            if own is not None:
+                self._set_own(own + 1)
             return logits
         bias = self.pbias.index_select(0, self.grp)[:, None, None, :]  # [B, 1, 1, P]
         obias = None  # rows of different lengths: each row's own columns past its token are masked
         if own is not None:
             cols = torch.arange(S + 1, device=own.device)
             obias = torch.zeros(B, S + 1, device=own.device).masked_fill_(cols > own[:, None], float("-inf"))
-            obias, at = obias[:, None, None, :], (torch.arange(B, device=own.device), own)
+            obias, cell = obias[:, None, None, :], (torch.arange(B, device=own.device), own)
         g = self.h // self.hkv
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
@@ -332,8 +336,8 @@ class FastLlamaEngine:
                 self.k[li][:, :, S] = rope(k, cos, sin)
                 self.v[li][:, :, S] = v
             else:  # each row's next column
-                self.k[li].transpose(1, 2)[at] = rope(k, cos, sin)
-                self.v[li].transpose(1, 2)[at] = v
+                self.k[li].transpose(1, 2)[cell] = rope(k, cos, sin)
+                self.v[li].transpose(1, 2)[cell] = v
             o = self._attend(q, li, bias, obias)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o.reshape(B, -1), lay)
         self.sfx, self.pos = S + 1, self.pos + 1
