@@ -5,7 +5,8 @@
 - ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
 - ``admit(ids [P, L], mask [P, L]) -> logits [P, V]``: prompts joining the running rows, one row each, after them,
-  holding no generated token yet (rows of different lengths; the compiled step as CUDA graphs and a replay's layouts refuse);
+  holding no generated token yet (rows of different lengths; the compiled step as CUDA graphs and a replay's
+  layouts refuse);
 - ``length``: cached tokens per row (padding included), ``rows``: batch size,
   ``allocated_tokens``: cache slots held now (what the budget bounds);
 - ``name``: the engine's stable id (``generator.engine``'s value, what a pool records);

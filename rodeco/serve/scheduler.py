@@ -7,9 +7,9 @@ Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts in
 clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.open_loop``). Elsewhere
 (the compiled step as CUDA graphs, vLLM's lockstep session) jobs decode in batches: the oldest job and the jobs
 after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
-budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end. Either way the loop
-pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and
-memory freed, whatever the policy, Best-of-N included.
+budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end.
+Either way the loop pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout)
+leave, their rows and memory freed, whatever the policy, Best-of-N included.
 """
 
 from __future__ import annotations
