@@ -6,8 +6,8 @@ Each round runs ``rodeco experiment=engine_bench`` once with each build (its sou
 the order alternates round by round, old-new then new-old, so that drifts in machine load hit both alike) and reads
 every engine's tokens a second from its ``engine_bench.json``. Prints, per engine, the paired ratio new/old: the
 geometric mean of the rounds' ratios with a 95% bootstrap CI over rounds, and writes every run to
-``OUT/build_pairs.json``. ``--`` passes further overrides to ``engine_bench`` (default: the fast engine's eager and
-compiled steps, one timed repeat a run). Run it on a quiet machine.
+``OUT/build_pairs.json``. ``--set KEY=VALUE`` passes overrides to ``engine_bench`` (repeat it; default: the fast
+engine's eager and compiled steps, one timed repeat a run). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("new", type=Path, help="the new build's source tree")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("overrides", nargs="*", help="engine_bench overrides (after --)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="an engine_bench override (repeat)")
     a = ap.parse_args(argv)
     overrides = a.overrides or DEFAULT
     runs: list[dict] = []
