@@ -7,7 +7,8 @@ the order alternates round by round, old-new then new-old, so that drifts in mac
 every engine's tokens a second from its ``engine_bench.json``. Prints, per engine, the paired ratio new/old: the
 geometric mean of the rounds' ratios with a 95% bootstrap CI over rounds, and writes every run to
 ``OUT/build_pairs.json``. ``--set KEY=VALUE`` passes overrides to ``engine_bench`` (repeat it; default: the fast
-engine's eager and compiled steps, one timed repeat a run). Run it on a quiet machine.
+engine's eager step, one timed repeat a run; ``--set 'experiment_args.engines=[fast,fast-compiled]'`` adds the
+compiled step). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT = ["experiment_args.repeats=1", "experiment_args.engines=[fast,fast-compiled]"]
+DEFAULT = ["experiment_args.repeats=1", "experiment_args.engines=[fast]"]
 
 
 def bench(tree: Path, out: Path, overrides: list[str]) -> dict[str, float]:
