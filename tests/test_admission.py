@@ -113,12 +113,15 @@ def test_the_compiled_step_admits_without_a_compile_per_admission(tiny_model, ti
         (key,) = sess.admit([comp.encode(text)], [joining])
         return [r for r in rows + drain(sess) if r.prompt == key]
 
-    first = joined(9, Y, JOINING)
-    assert len(first) == JOINING.n
-    assert of(first, 1) == alone(comp, Y, JOINING)
+    # at 9: rows of different lengths (one more graph); at 0: rows of one length, two prompts (rodeco's attention
+    # kernel reads the prompts' keys by column, as admission lays them out)
+    for at, text in ((9, Y), (0, Y)):
+        first = joined(at, text, JOINING)
+        assert len(first) == JOINING.n
+        assert of(first, 1) == alone(comp, text, JOINING)
     compiles = comp.compiled.compiles
     other = OpenPrompt(n=3, max_new_tokens=20, sampling=SamplingParams(), seed=2, stream_key=8)
-    for at, text in ((3, Z), (17, Y + " please")):
+    for at, text in ((3, Z), (0, Z), (17, Y + " please")):
         rows = joined(at, text, other)
         assert of(rows, 1) == alone(comp, text, other)
     assert comp.compiled.compiles == compiles  # no compile for the later admissions

@@ -215,8 +215,8 @@ class FastLlamaEngine:
         kp, vp, pbias, pos, logits = self._prompts(ids, mask)
         L = max(self.plen, ids.shape[1])
         pad = lambda c, t: _pad_prompt(c, L, t)  # noqa: E731
-        self.kp = [torch.cat([pad(a, self.prompt_t), pad(b, self.prompt_t)]) for a, b in zip(self.kp, kp)]
-        self.vp = [torch.cat([pad(a, False), pad(b, False)]) for a, b in zip(self.vp, vp)]
+        self.kp = [_cat(pad(a, self.prompt_t), pad(b, self.prompt_t), self.prompt_t) for a, b in zip(self.kp, kp)]
+        self.vp = [_cat(pad(a, False), pad(b, False), False) for a, b in zip(self.vp, vp)]
         self.pbias = torch.cat([_pad_bias(self.pbias, L), _pad_bias(pbias, L)])
         self.plen = L
         dev = self.pos.device
@@ -384,6 +384,14 @@ def _pad_prompt(cache: torch.Tensor, length: int, transposed: bool) -> torch.Ten
     new[:, :, : length - P].zero_()
     new[:, :, length - P :] = cache
     return new
+
+
+def _cat(a: torch.Tensor, b: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """Caches ``a`` then ``b`` along the rows, in their layout (``torch.cat`` alone lays a transposed pair out plainly,
+    and rodeco's attention kernel reads the prompt keys by column)."""
+    if transposed:
+        return torch.cat([a.transpose(-1, -2), b.transpose(-1, -2)]).transpose(-1, -2)
+    return torch.cat([a, b])
 
 
 def _pad_bias(bias: torch.Tensor, length: int) -> torch.Tensor:
