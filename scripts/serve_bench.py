@@ -105,7 +105,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--generator", default="smollm2", help="a generator option of rodeco's; vLLM serves its weights")
     ap.add_argument("--reward", default="minilm_rm", help="a reward option: rodeco's, and vLLM's client-side scorer")
     ap.add_argument("--dtype", default="auto", help="both servers: auto (float32 on CPU, bfloat16 on CUDA), ...")
-    ap.add_argument("--max-in-flight", type=int, default=32, help="client threads (requests in flight at most)")
+    ap.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="client threads (requests in flight at most; default: every request, an open loop: a request that "
+        "waits for a thread is counted as client_capped)",
+    )
+    ap.add_argument(
+        "--latency-target",
+        type=float,
+        default=60.0,
+        help="seconds from arrival to answer within which a request counts toward goodput",
+    )
+    ap.add_argument(
+        "--search",
+        default=None,
+        help="a search policy option (e.g. beam): one more phase on rodeco's server, requests with this policy "
+        "at its defaults and best_of=N (serve.policies offers it)",
+    )
     ap.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take")
     ap.add_argument("--warmup", type=int, default=1, help="untimed requests per phase before it starts")
     ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds rodeco's server may take to start")
@@ -161,6 +179,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "client-side after the phases (default: every offline judge of AlpacaEval prompts; none: skip)",
     )
     a = ap.parse_args(argv)
+    if a.max_in_flight is None:
+        a.max_in_flight = a.requests + a.warmup
+    if not a.latency_target > 0:
+        ap.error(f"--latency-target {a.latency_target}: must be a number of seconds > 0")
     for k in ("requests", "best_of", "max_tokens", "kv_tokens", "max_in_flight", "bootstrap"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be at least 1")
@@ -302,7 +324,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 class Bench:
     """One run's prompts, arrivals and seeds (the same for every server), and what each phase recorded."""
 
-    POLICIES = {"sr": lambda a: {"policy": "fixed", "params": {"alpha": a.alpha}}, "bon": lambda a: {"policy": "none"}}
+    POLICIES = {
+        "sr": lambda a: {"policy": "fixed", "params": {"alpha": a.alpha}},
+        "bon": lambda a: {"policy": "none"},
+        "search": lambda a: {"policy": a.search},
+    }
 
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -328,7 +354,7 @@ class Bench:
         before, load = scrape(srv.url), os.getloadavg()
         recs, _ = run_phase(name, send, self.prompts, self.times, self.seeds, self.a)
         after = scrape(srv.url)
-        fig = self.summary[name] = figures(recs, self.idx)
+        fig = self.summary[name] = figures(recs, self.idx, self.a.latency_target)
         ends = [r.end for r in recs if r.ok]
         span = (max(ends) - min(r.arrival for r in recs)) if ends else float("nan")
         self.doc["servers"][name] = {
@@ -344,18 +370,19 @@ class Bench:
         write(self.a.out, self.doc)
 
     def rodeco_phases(self) -> None:
-        """Servers 1 and 2: rodeco's server, Speculative Rejection then Best-of-N, in separate phases."""
+        """rodeco's server: Speculative Rejection, Best-of-N and the search policy (``--search``), in phases."""
         a, port = self.a, free_port()
         env = {"HYDRA_FULL_ERROR": "1", **({"OMP_NUM_THREADS": str(a.rodeco_threads)} if a.rodeco_threads > 0 else {})}
+        names = ["sr"] + ([] if a.skip_bon else ["bon"]) + (["search"] if a.search else [])
         with launched("rodeco", rodeco_argv(a, port), port, a.out / "logs", a.start_timeout, env=env) as srv:
-            for name in ("sr",) if a.skip_bon else ("sr", "bon"):
+            for name in names:
                 policy = self.POLICIES[name](a)
                 self.phase(name, srv, rodeco_sender(srv.url, a.generator, a, policy), {"request_rodeco": policy})
 
     def rescore(self, scorer: Scorer) -> None:
         """Rescoring rodeco's winners client-side checks that the scorer is the server's reward."""
         prompt_of = {p.index: p.text for p in self.prompts}
-        for name in [x for x in ("sr", "bon") if x in self.doc["servers"]]:
+        for name in [x for x in ("sr", "bon", "search") if x in self.doc["servers"]]:
             done = [r for r in self.doc["servers"][name]["records"] if r["ok"]]
             if done:
                 again = [scorer.score(prompt_of[r["prompt_index"]], [r["server"]["text"]])[0][0] for r in done]
@@ -376,11 +403,13 @@ class Bench:
 def ratios_of(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Speculative Rejection against vLLM (when it ran) and against rodeco's Best-of-N, paired over requests."""
     out: dict[str, Any] = {}
-    for other in ("vllm", "bon"):
-        if other in summary:
-            out[f"sr_over_{other}_requests_per_s"] = ratio(summary["sr"], summary[other], "requests_per_s")
-            out[f"{other}_over_sr_p50_latency"] = ratio(summary[other], summary["sr"], "p50_latency_s")
-            out[f"sr_minus_{other}_mean_reward"] = diff(summary["sr"], summary[other], "mean_reward")
+    for one, other in (("sr", "vllm"), ("sr", "bon"), ("search", "vllm")):
+        if one in summary and other in summary:
+            out[f"{one}_over_{other}_requests_per_s"] = ratio(summary[one], summary[other], "requests_per_s")
+            out[f"{one}_over_{other}_goodput"] = ratio(summary[one], summary[other], "goodput_per_s")
+            out[f"{other}_over_{one}_p50_latency"] = ratio(summary[other], summary[one], "p50_latency_s")
+            out[f"{other}_over_{one}_p95_latency"] = ratio(summary[other], summary[one], "p95_latency_s")
+            out[f"{one}_minus_{other}_mean_reward"] = diff(summary[one], summary[other], "mean_reward")
     return out
 
 

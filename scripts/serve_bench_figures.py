@@ -34,9 +34,10 @@ def bootstrap_index(n: int, reps: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(reps, n))
 
 
-def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
-    """requests/s, p50/p95 latency and mean reward over the requests, and the same on each resample of the requests
-    (the rows of ``idx``, the same for every server: paired over prompts).
+def figures(recs: list[Record], idx: np.ndarray, target_s: float = math.inf) -> dict[str, Any]:
+    """requests/s, goodput (requests/s answered within ``target_s`` of their arrival), p50/p95/p99 latency, mean
+    queue wait (the server's own ``queue_seconds`` where it reports one) and mean reward over the requests, and the
+    same on each resample of the requests (the rows of ``idx``, the same for every server: paired over prompts).
 
     requests/s is completed requests over first arrival (the phase's start) to last completion; a resample's is its
     completed requests over the phase's start to its own last completion. A resample that misses the last request
@@ -48,6 +49,8 @@ def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
     arr = np.array([r.arrival for r in recs])
     lat = np.where(ok, [r.latency for r in recs], np.nan)
     rew = np.where(ok, [r.reward for r in recs], np.nan)
+    good = ok & (np.nan_to_num(lat, nan=math.inf) <= target_s)
+    queue = np.array([_num(r.server.get("queue_seconds")) if r.ok else np.nan for r in recs], dtype=np.float64)
 
     def stats(ix: np.ndarray) -> dict[str, np.ndarray]:
         o = ok[ix]
@@ -55,8 +58,11 @@ def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
             span = np.nanmax(arr[ix] + lat[ix], axis=-1) - arr.min()
             return {
                 "requests_per_s": np.where(o.any(-1), o.sum(-1) / span, np.nan),
+                "goodput_per_s": np.where(o.any(-1), good[ix].sum(-1) / span, np.nan),
                 "p50_latency_s": np.nanquantile(lat[ix], 0.5, axis=-1),
                 "p95_latency_s": np.nanquantile(lat[ix], 0.95, axis=-1),
+                "p99_latency_s": np.nanquantile(lat[ix], 0.99, axis=-1),
+                "mean_queue_s": np.nanmean(queue[ix], axis=-1),
                 "mean_reward": np.nanmean(rew[ix], axis=-1),
             }
 
@@ -64,12 +70,23 @@ def figures(recs: list[Record], idx: np.ndarray) -> dict[str, Any]:
     boot = stats(idx)
     from rodeco.experiments.bootstrap import ci
 
-    out: dict[str, Any] = {"sent": len(recs), "completed": int(ok.sum()), "errors": int((~ok).sum())}
+    out: dict[str, Any] = {
+        "sent": len(recs),
+        "completed": int(ok.sum()),
+        "errors": int((~ok).sum()),
+        "latency_target_s": target_s,
+        # requests that waited for a client thread (more in flight than --max-in-flight): 0 in an open loop
+        "client_capped": int(sum(r.sent - r.arrival > 0.5 for r in recs if math.isfinite(r.sent))),
+    }
     for k in point:
         out[k] = float(point[k])
         out[k + "_ci"] = ci(boot[k])
     out["_boot"] = boot
     return out
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) else math.nan
 
 
 @contextlib.contextmanager
@@ -100,7 +117,7 @@ def server_side(name: str, recs: list[Record], delta: dict[str, float], span: fl
     (generation, waiting for the scorer, scoring), and /metrics' histogram means and counters over the phase."""
     ok = [r for r in recs if r.ok]
     out: dict[str, Any] = {"span_s": span}
-    if ok and name in ("sr", "bon"):
+    if ok and name != "vllm":
         for k in RODECO_KEYS + ("completion_tokens", "prompt_tokens"):
             vals = [r.server.get(k) for r in ok if isinstance(r.server.get(k), (int, float))]
             out[f"mean_{k}"] = float(np.mean(vals)) if vals else None
@@ -138,16 +155,21 @@ def print_table(summary: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> N
         lo, hi = x[k + "_ci"]
         return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
-    print(
-        f"\n{'server':>6} {'done':>7} {'requests/s [95% CI]':>26} {'p50 latency s':>26} {'p95 latency s':>26} "
-        f"{'mean reward':>28}"
-    )
+    cols = [
+        ("requests/s", "requests_per_s", ".3f"),
+        ("goodput/s", "goodput_per_s", ".3f"),
+        ("p50 latency s", "p50_latency_s", ".1f"),
+        ("p95 latency s", "p95_latency_s", ".1f"),
+        ("p99 latency s", "p99_latency_s", ".1f"),
+        ("mean queue s", "mean_queue_s", ".1f"),
+        ("mean reward", "mean_reward", ".3f"),
+    ]
+    print(f"\n{'server':>6} {'done':>7} " + " ".join(f"{c[0] + ' [95% CI]':>26}" for c in cols))
     for name, x in summary.items():
-        print(
-            f"{name:>6} {x['completed']:>3}/{x['sent']:<3} {f(x, 'requests_per_s', '.3f'):>26} "
-            f"{f(x, 'p50_latency_s', '.2f'):>26} {f(x, 'p95_latency_s', '.2f'):>26} "
-            f"{f(x, 'mean_reward', '.3f'):>28}"
-        )
+        print(f"{name:>6} {x['completed']:>3}/{x['sent']:<3} " + " ".join(f"{f(x, k, fmt):>26}" for _, k, fmt in cols))
+    if summary:
+        x = next(iter(summary.values()))
+        print(f"goodput: requests answered within {x['latency_target_s']:g} s of their arrival, per second")
     for k, r in ratios.items():
         v = r.get("ratio", r.get("diff"))
         print(f"{k}: {v:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]")

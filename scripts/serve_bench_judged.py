@@ -1,7 +1,8 @@
 """Judges of ``scripts/serve_bench.py``'s answers, client-side and outside every latency: each server's winners
-(rodeco's Speculative Rejection and Best-of-N, vLLM's Best-of-N) scored by judges the servers never saw, with each
-server's mean and the differences SR − vLLM and SR − Best-of-N paired over the requests all of them answered
-(bootstrap 95% CIs over those requests), as ``judge_*`` lines. serve_bench runs it after its phases; a run
+(rodeco's Speculative Rejection, Best-of-N and search policy, vLLM's Best-of-N) scored by judges the servers never
+saw, with each server's mean and the differences ``PAIRS`` (SR − vLLM, SR − Best-of-N, search − vLLM, SR − search)
+paired over the requests all of them answered (bootstrap 95% CIs over those requests), as ``judge_*`` lines.
+serve_bench runs it after its phases; a run
 written before (its ``serve_bench.json``, or a snapshot of one) is judged again from its texts::
 
     python scripts/serve_bench_judged.py docs/data/serve_bench_af32_bo8.json --out runs/sb8_judged
@@ -19,7 +20,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 JUDGES = ["chrf", "ref_sim", "smollm_judge"]  # every offline judge of AlpacaEval prompts
-SERVERS = ("sr", "bon", "vllm")
+SERVERS = ("sr", "bon", "search", "vllm")
+PAIRS = (("sr", "vllm"), ("sr", "bon"), ("search", "vllm"), ("sr", "search"))  # differences reported, paired
 
 
 def judge_servers(
@@ -64,10 +66,10 @@ def judge_servers(
         fig: dict[str, Any] = {}
         for s in servers:
             fig[s] = {"mean": float(np.nanmean(x[s])), "ci": ci(np.nanmean(x[s][idx], 1))} if both else None
-        for other in ("vllm", "bon"):
-            if other in servers and both:
-                d = x["sr"] - x[other]
-                fig[f"sr_minus_{other}"] = {"mean": float(np.nanmean(d)), "ci": ci(np.nanmean(d[idx], 1))}
+        for one, other in PAIRS:
+            if one in servers and other in servers and both:
+                d = x[one] - x[other]
+                fig[f"{one}_minus_{other}"] = {"mean": float(np.nanmean(d)), "ci": ci(np.nanmean(d[idx], 1))}
         out["figures"][name] = fig
         lines += [
             f"judge_{name}_{key}: {v['mean']:+.4f} [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]"

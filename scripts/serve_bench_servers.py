@@ -198,7 +198,13 @@ def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
         f"serve.max_best_of={max(64, a.best_of)}",
         f"serve.max_queue={max(64, a.requests + a.warmup)}",
         f"serve.request_timeout_s={a.request_timeout}",
-        "serve.drain_timeout_s=5",  # serve.policies: the default offers fixed (alpha in [0, 0.95]) and none
+        "serve.drain_timeout_s=5",
+        # the default offers fixed (alpha in [0, 0.95]) and none; --search adds its policy at its defaults
+        *(
+            [f"serve.policies=[{{name: fixed, alpha: [0.0, 0.95]}}, {{name: none}}, {{name: {a.search}}}]"]
+            if a.search
+            else []
+        ),
         f"hydra.run.dir={a.out / 'hydra'}",
         *a.rodeco_arg,
     ]

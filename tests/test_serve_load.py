@@ -1,0 +1,110 @@
+"""``scripts/serve_load.py`` and serve_bench's load figures: goodput within a latency target, p99 latency, queue
+wait, requests that waited for a client thread, and runs at several rates collected without rerunning a finished
+one. No server is started here."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import serve_bench_figures as figs  # noqa: E402
+import serve_load as load  # noqa: E402
+
+
+def recs(latencies: list[float], queue: list[float | None]) -> list:
+    out = []
+    for i, (lat, q) in enumerate(zip(latencies, queue)):
+        r = figs.Record(i, i, i, arrival=float(i))
+        r.sent, r.ok = float(i) + (2.0 if i == 3 else 0.0), math.isfinite(lat)  # request 3 waited for a thread
+        r.latency, r.end, r.reward = lat, i + lat, -float(i)
+        r.server = {} if q is None else {"queue_seconds": q}
+        out.append(r)
+    return out
+
+
+def test_goodput_counts_only_the_requests_answered_within_the_target():
+    rs = recs([10.0, 50.0, 70.0, 30.0, math.nan], [1.0, 3.0, 5.0, 7.0, None])  # the last one failed
+    idx = figs.bootstrap_index(len(rs), 200, 0)
+    f = figs.figures(rs, idx, target_s=60.0)
+    span = max(r.arrival + r.latency for r in rs if r.ok)  # 2 + 70 = 72: first arrival 0 to last answer
+    assert f["completed"] == 4 and f["errors"] == 1
+    assert f["requests_per_s"] == pytest.approx(4 / span)
+    assert f["goodput_per_s"] == pytest.approx(3 / span)  # 70 s is over the target
+    assert f["p99_latency_s"] == pytest.approx(np.quantile([10, 50, 70, 30], 0.99))
+    assert f["p99_latency_s"] > f["p95_latency_s"] > f["p50_latency_s"]
+    assert f["mean_queue_s"] == pytest.approx(4.0)
+    assert f["client_capped"] == 1 and f["latency_target_s"] == 60.0
+    lo, hi = f["goodput_per_s_ci"]
+    assert lo <= f["goodput_per_s"] <= hi or lo == pytest.approx(f["goodput_per_s"])
+    assert figs.figures(rs, idx)["goodput_per_s"] == pytest.approx(f["requests_per_s"])  # no target: all count
+
+
+def test_a_server_that_reports_no_queue_has_no_queue_figure():
+    f = figs.figures(recs([5.0, 6.0], [None, None]), figs.bootstrap_index(2, 50, 0), target_s=60.0)
+    assert math.isnan(f["mean_queue_s"]) and all(math.isnan(x) for x in f["mean_queue_s_ci"])
+
+
+def fake_run(rate: float, complete: bool = True) -> dict:
+    summary = {
+        "sent": 4,
+        "completed": 4,
+        "latency_target_s": 60.0,
+        **{k: rate for k in ("requests_per_s", "goodput_per_s", "mean_reward")},
+        **{k: 10.0 / rate for k in ("p50_latency_s", "p95_latency_s", "p99_latency_s", "mean_queue_s")},
+    }
+    summary |= {k + "_ci": [summary[k] * 0.9, summary[k] * 1.1] for k in list(summary) if k.endswith(("_s", "_per_s"))}
+    summary["mean_reward_ci"] = [rate - 0.1, rate + 0.1]
+    server = {"summary": summary, "server_side": {"decode_tokens_per_s": 100.0, "metrics_means": {}}}
+    doc = {
+        "args": {"rate": rate},
+        "servers": {"sr": server, "vllm": server},
+        "ratios": {"sr_over_vllm_goodput": {"ratio": 1.0, "ci": [0.9, 1.1]}, "other": {"ratio": 2.0, "ci": [1, 3]}},
+        "judged": {"figures": {"chrf": {"sr": {"mean": 17.0}, "sr_minus_vllm": {"mean": 0.5, "ci": [-1.0, 2.0]}}}},
+    }
+    if complete:
+        doc["wall_seconds"] = 1.0
+    return doc
+
+
+def test_finished_rates_are_not_run_again_and_every_rate_is_tabled(tmp_path, monkeypatch):
+    for rate in (0.5, 1.0):
+        (tmp_path / f"rate_{rate:g}").mkdir()
+        (tmp_path / f"rate_{rate:g}" / "serve_bench.json").write_text(json.dumps(fake_run(rate)))
+    (tmp_path / "rate_2").mkdir()  # stopped before its end: run again
+    (tmp_path / "rate_2" / "serve_bench.json").write_text(json.dumps(fake_run(2.0, complete=False)))
+    ran = []
+
+    def run(cmd, check):
+        ran.append(cmd)
+        (tmp_path / "rate_2" / "serve_bench.json").write_text(json.dumps(fake_run(2.0)))
+
+    monkeypatch.setattr(load.subprocess, "run", run)
+    table = load.main(["--rates", "0.5", "1", "2", "--out", str(tmp_path), "--", "--requests", "4"])
+    assert len(ran) == 1 and ran[0][-6:] == ["--requests", "4", "--rate", "2", "--out", str(tmp_path / "rate_2")]
+    assert list(table["rates"]) == ["0.5", "1", "2"]
+    r = table["rates"]["1"]
+    assert r["servers"]["sr"]["judges"] == {"chrf": 17.0} and r["servers"]["vllm"]["judges"] == {"chrf": None}
+    assert list(r["ratios"]) == ["sr_over_vllm_goodput"]  # only the load ratios
+    text = "\n".join(load.lines(table))
+    assert "| 2 | sr | 4/4 | 2.000 [1.800, 2.200] |" in text
+    assert "rate 0.5: judge_chrf_sr_minus_vllm +0.5000 [-1.0000, +2.0000]" in text
+    assert json.loads((tmp_path / "serve_load.json").read_text())["rates"]["2"]["args"] == {"rate": 2.0}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rates", "0", "--out", "x"], "--rates 0.0: each rate must be"),
+        (["--rates", "1", "--out", "x", "--", "--rate", "2"], "--rate: serve_load sets serve_bench's --rate"),
+    ],
+)
+def test_bad_rates_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load.parse(argv)
+    assert message in capsys.readouterr().err
