@@ -95,6 +95,27 @@ def test_a_closed_batch_keeps_one_clock(tiny_gen):
     assert sess.steps() == 4 and not sess.admitted
 
 
+def test_an_open_batch_holds_its_longest_rows_tokens_not_its_steps(tiny_gen):
+    """Prompts that come and go keep the batch open for more steps than any row lives, its rows never of one length:
+    the engine's own columns are the longest row's tokens, not the steps since the batch opened, and every prompt
+    still draws its solo candidates."""
+    gen = tiny_gen("fast")
+    sess = gen.open_session(spec_of(RUNNING))  # 40 tokens: its rows leave at step 40
+    sess.prefill([gen.encode(X)])
+    sess.decode(until=20)
+    (y,) = sess.admit([gen.encode(Y)], [JOINING])  # 24 tokens: to step 44
+    rows = sess.decode(until=30)
+    late = OpenPrompt(n=2, max_new_tokens=30, sampling=SamplingParams(), seed=4, stream_key=2)
+    (z,) = sess.admit([gen.encode(Z)], [late])  # 30 tokens: to step 60
+    rows += sess.decode(until=43) + sess.retire_finished()
+    assert set(sess.prompt_of.tolist()) == {y, z}
+    assert sess.clock(y) == 23 and sess.clock(z) == 13 and sess.t == 43
+    # the longest row's 22 cached tokens (its 23rd is fed at the next step), not the 42 of the batch's steps
+    assert sess.engine.sfx == 22
+    rows += drain(sess)
+    assert of(rows, y) == alone(gen, Y, JOINING) and of(rows, z) == alone(gen, Z, late)
+
+
 @pytest.mark.slow  # compiles
 def test_the_compiled_step_admits_without_a_compile_per_admission(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
     """On the compiled step (fp32) a prompt admitted into a running batch gets its solo candidates, and rows of

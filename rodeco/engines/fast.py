@@ -161,10 +161,13 @@ class FastLlamaEngine:
             self.compiled.adopt([*self.k, *self.v, *self.kp, *self.vp, self.pbias, self.grp, self.s_dev])
 
     def _set_own(self, own: torch.Tensor | None) -> None:
-        """Rows' own token counts: kept per row while they differ; once every row holds as many (the later rows
-        caught up, or the others left), ``sfx`` is that count again and nothing is masked."""
+        """Rows' own token counts: kept per row while they differ, ``sfx`` the longest row's (an open batch's
+        steps grow without end, its rows' lengths do not); once every row holds as many (the later rows caught up, or
+        the others left), ``sfx`` is that count and nothing is masked."""
         if own is not None and (own.numel() == 0 or bool((own == own[0]).all())):
             self.sfx, own = int(own[0]) if own.numel() else 0, None
+        elif own is not None:  # the longest row's count: no row reads past it (not the steps since the batch opened)
+            self.sfx = int(own.max())
         self.own = own
 
     def _group(self) -> None:
