@@ -4,7 +4,8 @@ of every server at every rate: requests/s, goodput within the latency target, p5
 wait and mean reward (bootstrap 95% CIs over requests), each judge's mean, and the paired ratios against vLLM.
 
 Resumable: a rate whose ``serve_bench.json`` is complete (it has ``wall_seconds``) is not run again, so a stopped run
-goes on where it stopped. Every argument it does not know is serve_bench's, passed to each run as it is::
+goes on where it stopped. The arguments after ``--`` are serve_bench's, passed to each run as they are (checked
+by serve_bench's parser first)::
 
     python scripts/serve_load.py --rates 0.15 0.3 0.6 --out runs/load -- --requests 64 --best-of 16 --search beam
 """
@@ -37,7 +38,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", type=float, nargs="+", required=True, help="Poisson arrivals per second, one run each")
     ap.add_argument("--out", type=Path, required=True, help="directory: rate_R/ per rate and serve_load.json")
-    a, rest = ap.parse_known_args(argv)
+    ap.add_argument("bench", nargs=argparse.REMAINDER, help="after --: serve_bench's arguments, for every rate")
+    a = ap.parse_args(argv)
+    rest = a.bench
     bad = [r for r in a.rates if not (math.isfinite(r) and r > 0)]
     if bad:
         ap.error(
@@ -48,6 +51,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
     taken = [x for x in rest if x.split("=")[0] in ("--rate", "--out")]
     if taken:
         ap.error(f"{taken[0]}: serve_load sets serve_bench's --rate and --out itself (use --rates and --out)")
+    from serve_bench import parse as bench_parse
+
+    bench_parse([*rest, "--out", str(a.out)])  # serve_bench's errors now, not after a rate has run
     return a, rest
 
 

@@ -102,6 +102,7 @@ def test_finished_rates_are_not_run_again_and_every_rate_is_tabled(tmp_path, mon
     [
         (["--rates", "0", "--out", "x"], "--rates 0.0: each rate must be"),
         (["--rates", "1", "--out", "x", "--", "--rate", "2"], "--rate: serve_load sets serve_bench's --rate"),
+        (["--rates", "1", "--out", "x", "--", "--best-of", "0"], "--best-of must be at least 1"),
     ],
 )
 def test_bad_rates_are_named(argv, message, capsys):
