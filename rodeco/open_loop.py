@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -28,8 +28,7 @@ from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
 from rodeco.loop import LoopSettings, apply_counts, prompt_view, rows_per_prompt, score_rows, session_spec
-from rodeco.protocols import Generator, Policy
-from rodeco.session import TorchSession
+from rodeco.protocols import Generator, OpenSession, Policy
 from rodeco.state import Counts, OpenPrompt, PromptRef, PromptResult, RoundView, Row
 from rodeco.stops import StopStrings
 from rodeco.trace import Trace
@@ -123,15 +122,18 @@ def decode_open(
     exceeds it is refused with a ``ConfigError``. ``check_tokens``: the most tokens decoded between admissions.
     ``observe(waiting, prompts, rows)`` is told, before each stretch of decoding, the requests waiting for room and
     the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running prompts start
-    with and their number (a request asking more rows than ``max_rows`` is refused)."""
+    with and their number (a request asking more rows than ``max_rows`` is refused); the engine's own bound
+    (``EngineInfo.max_rows``) applies too."""
     if not gen.info.admits:
         raise ConfigError(
             "generator",
             f"{gen.info.name}{' (compiled)' if gen.info.compiled else ''}",
             "does not admit prompts into a running batch",
-            "use generator.engine=fast or hf (on CUDA with generator.compile=false: the compiled step runs as CUDA "
-            "graphs there), or decode closed batches (decode_batch)",
+            "use generator.engine=fast, hf or vllm (on CUDA with generator.compile=false: the compiled step runs as "
+            "CUDA graphs there), or decode closed batches (decode_batch)",
         )
+    if gen.info.max_rows is not None:
+        max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     decider = partial or scorer
     waiting: deque[Request] = deque()
     running: dict[int, _Running] = {}
@@ -225,12 +227,12 @@ def decode_open(
 
 
 def _round_ends(
-    sess: TorchSession, trace: Trace, acct: Accounting, scorer: Scorer, running: dict[int, _Running]
+    sess: OpenSession, trace: Trace, acct: Accounting, scorer: Scorer, running: dict[int, _Running]
 ) -> None:
     """The prompts whose round ends here (at their decision point, or with no unfinished row): their finished rows
     leave and are scored with the round's others, as a closed batch scores them, one call for all such prompts
     (one per distinct set of stop strings, each cutting its own text)."""
-    fin = sess.finished.cpu().numpy()
+    fin = sess.finished_rows()
     ending = [p for p, r in running.items() if sess.clock(p) >= r.until or fin[sess.prompt_of == p].all()]
     for row in sess.retire_finished(ending):
         running[row.prompt].left.append(row)
@@ -246,14 +248,14 @@ def _round_ends(
 
 def _admit(
     gen: Generator,
-    sess: TorchSession | None,
+    sess: OpenSession | None,
     trace: Trace,
     acct: Accounting,
     running: dict[int, _Running],
     joining: Sequence[tuple[_Running, list[int]]],
     scorer: Scorer,
     decider: Scorer,
-) -> TorchSession:
+) -> OpenSession:
     """Prompts join the batch (the first opens it): forwarded, fanned out, entered in the trace and accounting."""
     keys_new = joining
     for run, _ in joining:
@@ -270,9 +272,7 @@ def _admit(
             spec = session_spec(
                 first, joining[0][0].n, [joining[0][0].req.ref], needs_logprobs=logprobs, needs_hidden=hidden
             )
-            opened = gen.open_session(spec)
-            assert isinstance(opened, TorchSession)  # a generator whose info admits opens a torch session
-            sess = opened
+            sess = cast(OpenSession, gen.open_session(spec))  # its info admits: its sessions are open ones
             sess.prefill([joining[0][1]])
             joining = joining[1:]
         if joining:
@@ -308,7 +308,7 @@ def _text(run: _Running, gen: Generator) -> Callable[[list[int]], str]:
     return StopStrings(tuple(run.req.settings.stop)).text(gen.decode_text)
 
 
-def _decide(sess: TorchSession, trace: Trace, acct: Accounting, decider: Scorer, p: int, run: _Running) -> None:
+def _decide(sess: OpenSession, trace: Trace, acct: Accounting, decider: Scorer, p: int, run: _Running) -> None:
     """Prompt ``p`` at its decision point: its rows scored, its policy asked, its counts applied."""
     s, clock = run.req.settings, sess.clock(p)
     rows = np.nonzero(sess.prompt_of == p)[0]

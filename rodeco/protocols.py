@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import Counts, RoundView, Row, ScoreRequest, SessionSpec, SessionStats, StartView
+from rodeco.state import Counts, OpenPrompt, RoundView, Row, ScoreRequest, SessionSpec, SessionStats, StartView
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,10 +46,11 @@ class EngineInfo:
     # counted one step late, so a step waits for no copy to the host (CUDA)
     draws_on_device: bool = False
     counts_finished_late: bool = False
-    # prompts may join its running batch (``TorchSession.admit``: rows of different lengths, each prompt on its own
-    # clock; ``rodeco.open_loop``): the fast engine, eager or compiled, and hf; not the compiled step as CUDA graphs,
-    # vLLM's lockstep or a replay
+    # prompts may join its running batch (its sessions are ``OpenSession``s: each prompt on its own clock;
+    # ``rodeco.open_loop``): the fast engine, eager or compiled, hf and vLLM; not the compiled step as CUDA graphs or
+    # a replay
     admits: bool = False
+    max_rows: int | None = None  # the rows a batch may hold at most (vLLM's max_num_seqs), None: the budget's
 
 
 @runtime_checkable
@@ -118,6 +119,16 @@ class Session(Protocol):
     def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]: ...
     def active(self) -> list[Row]: ...
     def close(self) -> None: ...
+
+
+class OpenSession(Session, Protocol):
+    """A session prompts may join while it runs (``EngineInfo.admits``; ``rodeco.open_loop``), each prompt on its
+    own clock: its rows hold ``clock(prompt)`` tokens, where ``t`` counts the session's steps."""
+
+    def admit(self, prompt_ids: list[list[int]], prompts: list[OpenPrompt]) -> list[int]: ...
+    def clock(self, prompt: int) -> int: ...
+    def finished_rows(self) -> np.ndarray: ...  # [rows] bool: finished, not yet retired
+    def retire_finished(self, prompts: Collection[int] | None = None) -> list[Row]: ...
 
 
 @runtime_checkable

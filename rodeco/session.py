@@ -365,6 +365,10 @@ class TorchSession:
             self.finished[hit] = True
             self.stopped[hit] = True
 
+    def finished_rows(self) -> np.ndarray:
+        """[rows] whether each row has finished (EOS, a stop string, its length) and waits to be retired."""
+        return self.finished.cpu().numpy()
+
     def retire_finished(self, prompts: Collection[int] | None = None) -> list[Row]:
         """Move the rows that reached EOS out of the batch (``prompts``: only those prompts' rows); returns them."""
         which = self.finished

@@ -98,6 +98,50 @@ def test_speculative_rejection_survivors_are_the_best_of_n_samples_within_budget
     assert c.gen_decode_tokens < bon.compute.gen_decode_tokens
 
 
+def test_a_prompt_admitted_mid_run_draws_its_solo_samples_without_preemption(vgen):
+    """A prompt joins a running vLLM session after 0 and 9 steps, with other rows, length, sampling and seed: its
+    candidates are the ones it draws alone (each row's request seeded as alone), the running prompt keeps its own,
+    each prompt's rows stay on its own clock, and nothing is preempted."""
+    from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
+
+    running = OpenPrompt(n=3, max_new_tokens=NEW, sampling=SamplingParams(), seed=3, stream_key=11)
+    joining = OpenPrompt(
+        n=4, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=20), seed=9, stream_key=5
+    )
+
+    def spec(p: OpenPrompt) -> SessionSpec:
+        return SessionSpec(p.n, p.sampling, p.max_new_tokens, p.seed, (p.stream_key,))
+
+    def drain(sess) -> list:
+        rows = []
+        for _ in range(1000):  # bounded: each pass decodes to the end or retires rows
+            if not sess.rows:
+                return rows
+            rows += sess.decode(until=10**6)
+        raise AssertionError("the session did not drain")
+
+    def alone(text: str, p: OpenPrompt) -> list:
+        sess = vgen.open_session(spec(p))
+        sess.prefill([vgen.encode(text)])
+        return sorted((r.candidate_id, r.token_ids, r.reason) for r in drain(sess))
+
+    def of(rows, key) -> list:
+        return sorted((r.candidate_id, r.token_ids, r.reason) for r in rows if r.prompt == key)
+
+    for at in (0, 9):
+        sess = vgen.open_session(spec(running))
+        sess.prefill([vgen.encode(PROMPTS[0])])
+        rows = sess.decode(until=at) if at else []
+        (key,) = sess.admit([vgen.encode(PROMPTS[1])], [joining])
+        assert sess.clock(key) == 0 and sess.clock(0) == at
+        rows += sess.decode(until=at + 5)
+        assert {len(r.token_ids) for r in sess.active() if r.prompt == key} <= {5}  # its own clock
+        rows += drain(sess)
+        assert sess.stats.preemptions == 0
+        assert of(rows, key) == alone(PROMPTS[1], joining), at
+        assert of(rows, 0) == alone(PROMPTS[0], running), at
+
+
 def streams_of(res) -> dict[int, int]:
     """Each candidate's random stream from its lineage (``rodeco.sampling.copy_stream``)."""
     from rodeco.sampling import copy_stream

@@ -1,11 +1,11 @@
 """The batcher: one thread that owns the decoder and decodes queued jobs.
 
 Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts into a running batch
-(``EngineInfo.admits``: the fast engine, eager or compiled, and ``hf``), every job joins the running batch within
+(``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job joins the running batch within
 ``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
 (the server's budget; in arrival order: a job waits only for jobs that arrived before it), and decodes on its own
 clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.open_loop``). Elsewhere
-(the compiled step as CUDA graphs, vLLM's lockstep session) jobs decode in batches: the oldest job and the jobs
+(the compiled step as CUDA graphs) jobs decode in batches: the oldest job and the jobs
 after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
 budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end.
 Either way the loop pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout)
