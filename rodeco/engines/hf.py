@@ -96,6 +96,14 @@ class HFEngine:
         assert self.cache is not None  # rows are selected after prefill
         self.cache.batch_select_indices(rows)
         self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
+        # the leading positions no row reads (padding left by rows that left): dropped, so an open batch's cache is
+        # its longest row's length, not the steps since it opened (positions are the rows' own: nothing moves)
+        read = self.mask.any(0)
+        first = int(read.int().argmax()) if bool(read.any()) else 0
+        if first:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
 
     def reserve(self, capacity: int) -> None:  # the DynamicCache grows by itself
         pass
