@@ -101,7 +101,8 @@ class HFEngine:
         read = self.mask.any(0)
         first = int(read.int().argmax()) if bool(read.any()) else 0
         if first:
-            for layer in self.cache.layers:
+            layers: list[Any] = list(self.cache.layers)  # full-attention layers: keys, values [rows, heads, L, D]
+            for layer in layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
             self.mask = self.mask[:, first:]
 
