@@ -150,20 +150,25 @@ def server_side(name: str, recs: list[Record], delta: dict[str, float], span: fl
     return out
 
 
-def print_table(summary: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> None:
-    def f(x: dict[str, Any], k: str, fmt: str) -> str:
-        lo, hi = x[k + "_ci"]
-        return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+COLUMNS = (  # a phase's figures as tables show them: (heading, summary key, format)
+    ("requests/s", "requests_per_s", ".3f"),
+    ("goodput/s", "goodput_per_s", ".3f"),
+    ("p50 latency s", "p50_latency_s", ".1f"),
+    ("p95 latency s", "p95_latency_s", ".1f"),
+    ("p99 latency s", "p99_latency_s", ".1f"),
+    ("mean queue s", "mean_queue_s", ".1f"),
+    ("mean reward", "mean_reward", ".3f"),
+)
 
-    cols = [
-        ("requests/s", "requests_per_s", ".3f"),
-        ("goodput/s", "goodput_per_s", ".3f"),
-        ("p50 latency s", "p50_latency_s", ".1f"),
-        ("p95 latency s", "p95_latency_s", ".1f"),
-        ("p99 latency s", "p99_latency_s", ".1f"),
-        ("mean queue s", "mean_queue_s", ".1f"),
-        ("mean reward", "mean_reward", ".3f"),
-    ]
+
+def with_ci(x: dict[str, Any], k: str, fmt: str) -> str:
+    """Summary figure ``k`` and its 95% CI as ``value [lo, hi]``."""
+    lo, hi = x.get(k + "_ci", (math.nan, math.nan))
+    return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def print_table(summary: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> None:
+    f, cols = with_ci, COLUMNS
     print(f"\n{'server':>6} {'done':>7} " + " ".join(f"{c[0] + ' [95% CI]':>26}" for c in cols))
     for name, x in summary.items():
         print(f"{name:>6} {x['completed']:>3}/{x['sent']:<3} " + " ".join(f"{f(x, k, fmt):>26}" for _, k, fmt in cols))

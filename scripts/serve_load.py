@@ -104,19 +104,9 @@ def collect(docs: dict[float, dict[str, Any]]) -> dict[str, Any]:
 
 
 def lines(table: dict[str, Any]) -> list[str]:
-    def f(x: dict[str, Any], k: str, fmt: str) -> str:
-        lo, hi = x.get(k + "_ci", (math.nan, math.nan))
-        return f"{x[k]:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+    from serve_bench_figures import COLUMNS as cols
+    from serve_bench_figures import with_ci as f
 
-    cols = [
-        ("requests/s", "requests_per_s", ".3f"),
-        ("goodput/s", "goodput_per_s", ".3f"),
-        ("p50 s", "p50_latency_s", ".0f"),
-        ("p95 s", "p95_latency_s", ".0f"),
-        ("p99 s", "p99_latency_s", ".0f"),
-        ("queue s", "mean_queue_s", ".1f"),
-        ("mean reward", "mean_reward", ".3f"),
-    ]
     out = ["| rate/s | server | done | " + " | ".join(c[0] for c in cols) + " | judges (mean) |"]
     out.append("|" + "---|" * (len(cols) + 4))
     for rate, r in table["rates"].items():

@@ -290,8 +290,8 @@ class VLLMSession:
         st.decode_tokens = np.append(st.decode_tokens, np.zeros(len(prompt_ids), np.int64))
         st.decode_flops = np.append(st.decode_flops, np.zeros(len(prompt_ids)))
         keys = range(P0, P0 + len(prompt_ids))
-        once = {f"w{self.uid}-{i}": i for i in keys if block_shared(self.prompt_lens[i], self.gen.kv.block)}
-        once = once if warm else {}
+        shared = [i for i in keys if warm and block_shared(self.prompt_lens[i], self.gen.kv.block)]
+        once = {f"w{self.uid}-{i}": i for i in shared}
         for rid, j in once.items():
             llm.add_request(rid, TokensPrompt(prompt_token_ids=self.prompt_ids[j]), self._params(1, None, j))
         while once:  # no other request is running: prefill opens the session
