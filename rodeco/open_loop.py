@@ -134,96 +134,143 @@ def decode_open(
         )
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
-    decider = partial or scorer
-    waiting: deque[Request] = deque()
-    running: dict[int, _Running] = {}
-    stats, closed, sess = OpenStats(), False, None
-    trace = Trace([], 0, gen.decode_text)
-    acct = Accounting(gen, 0, per_call=True)
-
-    def start(req: Request) -> tuple[_Running, list[int]]:
-        s = req.settings
-        ids = gen.encode(req.ref.source)
-        budget, base = s.budget.for_batch([len(ids)], gen.kv)
-        s.budget.check_feasible(1, len(ids), len(ids) + s.max_new_tokens, gen.kv)
-        n = rows_per_prompt(s, budget, base, 1, req.policy)
-        reserved = int(s.budget.kv_tokens) if s.budget.kv_tokens is not None else 0
-        if kv_tokens is not None and reserved > kv_tokens:
-            raise ConfigError("budget.kv_tokens", reserved, f"exceeds the open batch's {kv_tokens}", "ask for less")
-        if max_rows is not None and n > max_rows:
-            raise ConfigError("n", n, f"more rows than the open batch's {max_rows}", f"ask for at most {max_rows}")
-        every = policy_info(req.policy, s.policy_name).decision_tokens
-        return _Running(req, budget, base, n, every, reserved), ids
-
+    b = _OpenBatch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts))
+    closed = False
     while True:
-        if observe is not None and not running:  # idle: nothing in the batch
-            observe(len(waiting), 0, 0)
-        got = source.take(wait=not running and not waiting)
+        if observe is not None and not b.running:  # idle: nothing in the batch
+            observe(len(b.waiting), 0, 0)
+        got = source.take(wait=not b.running and not b.waiting)
         if got is None:
             closed = True
         else:
-            waiting.extend(got)
-        if closed and not waiting and not running:
-            return stats
-        for req in [r for r in waiting if r.cancelled is not None and r.cancelled()]:
-            waiting.remove(req)
+            b.waiting.extend(got)
+        if closed and not b.waiting and not b.running:
+            return b.stats
+        b.cancel()
+        b.admit()
+        if observe is not None:
+            observe(len(b.waiting), len(b.running), b.sess.rows if b.sess is not None else 0)
+        if b.sess is None or not b.running:
+            continue
+        b.decode(check_tokens)
+        _round_ends(b.sess, b.trace, b.acct, scorer, b.running)
+        b.finish()
+        for p, run in b.running.items():  # each prompt at its own decision point
+            if b.sess.clock(p) >= run.until:
+                _decide(b.sess, b.trace, b.acct, b.decider, p, run)
+                run.until = -1
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What the running prompts may hold together: their budgets (``kv_tokens``), their rows at the start
+    (``max_rows``) and their number (``max_prompts``); None: no bound."""
+
+    kv_tokens: int | None
+    max_rows: int | None
+    max_prompts: int | None
+
+
+class _OpenBatch:
+    """The open decode's state: the requests waiting and running, the session, the trace and the accounting, and
+    the steps of ``decode_open``'s loop (cancel, admit, decode, finish)."""
+
+    def __init__(self, gen: Generator, scorer: Scorer, decider: Scorer, limits: _Limits) -> None:
+        self.gen, self.scorer, self.decider, self.limits = gen, scorer, decider, limits
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, _Running] = {}
+        self.stats = OpenStats()
+        self.sess: OpenSession | None = None
+        self.trace = Trace([], 0, gen.decode_text)
+        self.acct = Accounting(gen, 0, per_call=True)
+
+    def start(self, req: Request) -> tuple[_Running, list[int]]:
+        """A request's budget, rows and decision interval, checked against the limits (``ConfigError`` naming
+        the key)."""
+        s, lim = req.settings, self.limits
+        ids = self.gen.encode(req.ref.source)
+        budget, base = s.budget.for_batch([len(ids)], self.gen.kv)
+        s.budget.check_feasible(1, len(ids), len(ids) + s.max_new_tokens, self.gen.kv)
+        n = rows_per_prompt(s, budget, base, 1, req.policy)
+        reserved = int(s.budget.kv_tokens) if s.budget.kv_tokens is not None else 0
+        if lim.kv_tokens is not None and reserved > lim.kv_tokens:
+            raise ConfigError("budget.kv_tokens", reserved, f"exceeds the open batch's {lim.kv_tokens}", "ask for less")
+        if lim.max_rows is not None and n > lim.max_rows:
+            raise ConfigError(
+                "n", n, f"more rows than the open batch's {lim.max_rows}", f"ask for at most {lim.max_rows}"
+            )
+        every = policy_info(req.policy, s.policy_name).decision_tokens
+        return _Running(req, budget, base, n, every, reserved), ids
+
+    def cancel(self) -> None:
+        """Requests whose ``cancelled()`` says so: refused while waiting, their rows rejected while running."""
+        for req in [r for r in self.waiting if r.cancelled is not None and r.cancelled()]:
+            self.waiting.remove(req)
             _refuse(req, Cancelled("cancelled before it was admitted"))
-        if sess is not None:
-            for p in [p for p, r in running.items() if r.req.cancelled is not None and r.req.cancelled()]:
-                rows = [i for i, q in enumerate(sess.prompt_of.tolist()) if q == p]
-                stats.cancelled_rows += len(rows)
-                trace.cancel({p}, sess.reject(rows) if rows else [])
-                trace.forget(p)
-                _refuse(running.pop(p).req, Cancelled("cancelled while decoding", len(rows)))
-        # admission, in arrival order: the first that does not fit waits, and so do all behind it
+        if self.sess is None:
+            return
+        for p in [p for p, r in self.running.items() if r.req.cancelled is not None and r.req.cancelled()]:
+            rows = [i for i, q in enumerate(self.sess.prompt_of.tolist()) if q == p]
+            self.stats.cancelled_rows += len(rows)
+            self.trace.cancel({p}, self.sess.reject(rows) if rows else [])
+            self.trace.forget(p)
+            _refuse(self.running.pop(p).req, Cancelled("cancelled while decoding", len(rows)))
+
+    def admit(self) -> None:
+        """Waiting requests join, in arrival order: the first that does not fit waits, and so do all behind it."""
+        lim = self.limits
         joining: list[tuple[_Running, list[int]]] = []
-        while waiting:
+        while self.waiting:
             try:
-                run, ids = start(waiting[0])
+                run, ids = self.start(self.waiting[0])
             except (ConfigError, ValueError) as e:
-                _refuse(waiting.popleft(), e)
+                _refuse(self.waiting.popleft(), e)
                 continue
-            held = sum(r.reserved for r in running.values()) + sum(r.reserved for r, _ in joining)
-            started = sum(r.n for r in running.values()) + sum(r.n for r, _ in joining)
+            held = sum(r.reserved for r in self.running.values()) + sum(r.reserved for r, _ in joining)
+            started = sum(r.n for r in self.running.values()) + sum(r.n for r, _ in joining)
             if (
-                (kv_tokens is not None and held + run.reserved > kv_tokens)
-                or (max_rows is not None and started + run.n > max_rows)
-                or (max_prompts is not None and len(running) + len(joining) >= max_prompts)
+                (lim.kv_tokens is not None and held + run.reserved > lim.kv_tokens)
+                or (lim.max_rows is not None and started + run.n > lim.max_rows)
+                or (lim.max_prompts is not None and len(self.running) + len(joining) >= lim.max_prompts)
             ):
                 break
-            waiting.popleft()
+            self.waiting.popleft()
             joining.append((run, ids))
-        if joining:
-            sess = _admit(gen, sess, trace, acct, running, joining, scorer, decider)
-            stats.admitted += len(joining)
-            stats.peak_reserved = max(stats.peak_reserved, sum(r.reserved for r in running.values()))
+        if not joining:
+            return
+        self.sess = _admit(self.gen, self.sess, self.trace, self.acct, self.running, joining, self.scorer, self.decider)
+        self.stats.admitted += len(joining)
+        self.stats.peak_reserved = max(self.stats.peak_reserved, sum(r.reserved for r in self.running.values()))
         for run, _ in joining:
             if run.req.on_admit is not None:
                 run.req.on_admit()
-        if observe is not None:
-            observe(len(waiting), len(running), sess.rows if sess is not None else 0)
-        if sess is None or not running:
-            continue
+
+    def decode(self, check_tokens: int) -> None:
+        """Each prompt's decision point fixed as its round starts; then decode to the earliest, at most
+        ``check_tokens`` tokens."""
+        sess, running = self.sess, self.running
+        assert sess is not None  # a prompt is running
         for p, r in running.items():  # a round starts: its decision point is fixed for the round, as a batch's is
             if r.until < 0:
                 r.until = r.next_point(int((sess.prompt_of == p).sum()), sess.clock(p))
         ahead = min(r.until - sess.clock(p) for p, r in running.items())
-        if ahead > 0:
-            stats.step_rows.append(sess.rows)
-            stats.step_prompts.append(len(running))
-            with acct.timed("decode", np.bincount(sess.prompt_of, minlength=acct.n_prompts).astype(float)):
-                for row in sess.decode(until=sess.t + min(ahead, check_tokens)):
-                    running[row.prompt].left.append(row)
-        _round_ends(sess, trace, acct, scorer, running)
-        for p in [p for p in running if p not in set(sess.prompt_of.tolist())]:  # no row left: its result
-            run = running.pop(p)
-            result = trace.result(p, acct.prompt(p, sess.stats))
-            trace.forget(p)
+        if ahead <= 0:
+            return
+        self.stats.step_rows.append(sess.rows)
+        self.stats.step_prompts.append(len(running))
+        with self.acct.timed("decode", np.bincount(sess.prompt_of, minlength=self.acct.n_prompts).astype(float)):
+            for row in sess.decode(until=sess.t + min(ahead, check_tokens)):
+                running[row.prompt].left.append(row)
+
+    def finish(self) -> None:
+        """A prompt with no row left gets its result."""
+        assert self.sess is not None
+        live = set(self.sess.prompt_of.tolist())
+        for p in [p for p in self.running if p not in live]:
+            run = self.running.pop(p)
+            result = self.trace.result(p, self.acct.prompt(p, self.sess.stats))
+            self.trace.forget(p)
             run.req.on_done(result)
-        for p, run in running.items():  # each prompt at its own decision point
-            if sess.clock(p) >= run.until:
-                _decide(sess, trace, acct, decider, p, run)
-                run.until = -1
 
 
 def _round_ends(

@@ -1,7 +1,7 @@
 """Which prompt, candidate and random stream each active row of a session is, in batch order: the bookkeeping every
 session shares (``rodeco.session.TorchSession``, which replays a pool's rows too, and
-``rodeco.engines.vllm.VLLMSession``), with the two things each needs of it: reordering (selections and copies) and a
-leaving row's response (the EOS token is not part of it)."""
+``rodeco.engines.vllm_session.VLLMSession``), with the two things each needs of it: reordering (selections and
+copies) and a leaving row's response (the EOS token is not part of it)."""
 
 from __future__ import annotations
 

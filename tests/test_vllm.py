@@ -23,7 +23,7 @@ from helpers import compare_survivors  # noqa: E402
 import rodeco  # noqa: E402
 from rodeco.contracts import Scorer  # noqa: E402
 from rodeco.data import Prompt  # noqa: E402
-from rodeco.engines.vllm import request_seed  # noqa: E402
+from rodeco.engines.vllm_session import request_seed  # noqa: E402
 from rodeco.experiments.record import pool_reward, record  # noqa: E402
 from rodeco.loading import load_generator  # noqa: E402
 from rodeco.plugins import BuildContext, default_plugins  # noqa: E402
