@@ -25,7 +25,7 @@ from rodeco.pool import Pool, PoolPrompt
 from rodeco.protocols import EngineInfo, Generator
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec
-from rodeco.state import SamplingParams, SessionSpec
+from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
 from rodeco.validation import ConfigError
 
 
@@ -47,7 +47,9 @@ class ReplayGenerator:
         self.dtype = s.get("dtype", "")
         self.eos_tensor = torch.tensor(self.eos_ids)
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
-        self.info = EngineInfo(name=s["engine"])  # replayed on the CPU: torch's top-k, no host syncs to spare
+        # replayed on the CPU: torch's top-k, no host syncs to spare; prompts may join (the layouts admit as the
+        # engines do), so an arrival trace replays through the open loop (``rodeco.replay_open.replay_arrivals``)
+        self.info = EngineInfo(name=s["engine"], admits=True)
         self.layout = LAYOUTS[self.info.name]
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
@@ -56,6 +58,7 @@ class ReplayGenerator:
         self._live: TorchGenerator | None = None
         self.continuation_seconds = 0.0  # spent decoding copies' continuations that the pool did not hold
         self.continued = 0  # continuations decoded (the rest served from the pool)
+        self.opened: TorchSession | None = None  # the last session opened (what a modelled clock reads its steps from)
 
     def continuations(
         self, index: int, stream_key: int, parents: list[int], step: int, prefixes: list[list[int]], streams: list[int]
@@ -148,9 +151,10 @@ class ReplayGenerator:
     def open_session(self, spec: SessionSpec) -> TorchSession:
         # the torch session over the engine's model-free layout, its rows' tokens the recorded ones; finished rows
         # leave the batch when they would live (compact_fraction)
-        return TorchSession(
+        self.opened = TorchSession(
             self, spec, self.layout(self.kv.block), self.layout.compact_fraction, source=RecordedRows(self, spec)
         )
+        return self.opened
 
 
 class RecordedRows:
@@ -166,34 +170,57 @@ class RecordedRows:
         self.rec = torch.empty(0, 0, dtype=torch.long)  # [B, T] each row's recorded tokens (EOS included)
         self.rec_lp = torch.empty(0, 0)  # [B, T] their log-probs
 
-    def started(self, sess: TorchSession) -> None:
-        sess.cand = sess.cand % self.pool.candidates  # pool candidate ids
-        sess.stream = sess.cand.copy()
-        B, T = sess.rows, sess.max_new
-        self.rec = torch.full((B, T), self.gen.pad_id, dtype=torch.long)
-        self.rec_lp = torch.zeros((B, T))
-        for r, (p, c) in enumerate(zip(self.indices[sess.prompt_of], sess.cand)):
-            cand = self.pool.prompt(int(p)).candidates[int(c)]
+    def _recorded(self, sess: TorchSession, rows: range, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recorded tokens (EOS included) and log-probs of ``rows``, ``T`` wide; their ids made pool ids."""
+        sess.cand[rows.start : rows.stop] %= self.pool.candidates  # pool candidate ids
+        sess.stream[rows.start : rows.stop] = sess.cand[rows.start : rows.stop]
+        rec = torch.full((len(rows), T), self.gen.pad_id, dtype=torch.long)
+        lp = torch.zeros((len(rows), T))
+        for j, r in enumerate(rows):
+            cand = self.pool.prompt(int(self.indices[sess.prompt_of[r]])).candidates[int(sess.cand[r])]
             toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
-            self.rec[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            self.rec_lp[r, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
+            rec[j, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            lp[j, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
+        return rec, lp
+
+    def started(self, sess: TorchSession) -> None:
+        self.rec, self.rec_lp = self._recorded(sess, range(sess.rows), sess.max_new)
+
+    def admitted(self, sess: TorchSession, prompts: list[OpenPrompt], rows: range) -> None:
+        """Prompts joined the batch: their ``rows`` (the last ones) emit their recorded candidates from their own
+        step 0; the recordings widen to the longest length asked (the pool's at most: ``check_replayable``)."""
+        self.indices = np.append(self.indices, [op.index for op in prompts]).astype(np.int64)
+        T = max(self.rec.shape[1], *(op.max_new_tokens for op in prompts))
+        rec, lp = self._recorded(sess, rows, T)
+        self.rec = torch.cat([_widen(self.rec, T, self.gen.pad_id), rec])
+        self.rec_lp = torch.cat([_widen(self.rec_lp, T, 0.0), lp])
+
+    def _at(self, buf: torch.Tensor, steps: int | np.ndarray) -> torch.Tensor:
+        """Each row's entry at its own step (its prompt's clock)."""
+        if isinstance(steps, int):
+            return buf[:, steps]
+        return buf[torch.arange(buf.shape[0]), torch.from_numpy(steps)]
 
     def tokens(self, sess: TorchSession) -> torch.Tensor:
-        return self.rec[:, sess.t]
+        return self._at(self.rec, sess.steps())
 
     def logprobs(self, sess: TorchSession, tok: torch.Tensor) -> torch.Tensor:
-        return self.rec_lp[:, sess.t]
+        return self._at(self.rec_lp, sess.steps())
 
     def hidden(self, sess: TorchSession) -> torch.Tensor | None:
-        """The recorded state that sampled each row's latest token."""
-        if sess.t == 0:
+        """The recorded state that sampled each row's latest token (zeros for a row that joined and has none yet:
+        a prompt is scored only at its own decision points, never at its step 0)."""
+        steps = np.broadcast_to(np.asarray(sess.steps(), dtype=np.int64), (sess.rows,))
+        if not sess.rows or int(steps.max()) == 0:
             return None
         idx = torch.from_numpy(self.indices[sess.prompt_of])
         parts = {p: self.pool.hidden(p) for p in idx.unique().tolist()}
         out = torch.empty(sess.rows, next(iter(parts.values())).shape[-1])
         for p, h in parts.items():
-            rows = (idx == p).nonzero()[:, 0]
-            out[rows] = torch.from_numpy(np.asarray(h[sess.cand[rows.numpy()], sess.t - 1], dtype=np.float32))
+            rows = (idx == p).nonzero()[:, 0].numpy()
+            at = np.maximum(steps[rows] - 1, 0)
+            got = torch.from_numpy(np.asarray(h[sess.cand[rows], at], dtype=np.float32))
+            out[rows] = torch.where(torch.from_numpy(steps[rows] > 0)[:, None], got, 0.0)
         return out
 
     def selected(self, rows: torch.Tensor) -> None:
@@ -213,8 +240,9 @@ class RecordedRows:
         by_prompt: dict[int, list[int]] = {}
         for j, r in enumerate(slots):
             by_prompt.setdefault(int(sess.prompt_of[r]), []).append(j)
-        T, t = sess.max_new, sess.t
+        T = self.rec.shape[1]
         for p, js in by_prompt.items():
+            t = sess.clock(p)
             conts = self.gen.continuations(
                 int(self.indices[p]),
                 int(sess.stream_keys[p]),
@@ -242,3 +270,10 @@ def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
     if compile_step:
         node.compile = True
     return load_generator(node)
+
+
+def _widen(buf: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    """``buf`` [B, W] widened to ``width`` columns of ``fill``."""
+    if buf.shape[1] >= width:
+        return buf
+    return torch.cat([buf, buf.new_full((buf.shape[0], width - buf.shape[1]), fill)], dim=1)

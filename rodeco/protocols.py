@@ -47,8 +47,8 @@ class EngineInfo:
     draws_on_device: bool = False
     counts_finished_late: bool = False
     # prompts may join its running batch (its sessions are ``OpenSession``s: each prompt on its own clock;
-    # ``rodeco.open_loop``): the fast engine, eager or compiled, hf and vLLM; not the compiled step as CUDA graphs or
-    # a replay
+    # ``rodeco.open_loop``): the fast engine, eager or compiled, hf, vLLM and a pool's replay; not the compiled step
+    # as CUDA graphs
     admits: bool = False
     max_rows: int | None = None  # the rows a batch may hold at most (vLLM's max_num_seqs), None: the budget's
 

@@ -47,6 +47,7 @@ class RowSource(Protocol):
     def logprobs(self, sess: TorchSession, tok: torch.Tensor) -> torch.Tensor: ...  # [B] their log-probs
     def hidden(self, sess: TorchSession) -> torch.Tensor | None: ...  # [B, hidden] or None
     def selected(self, rows: torch.Tensor) -> None: ...  # the rows were kept / repeated / reordered so
+    def admitted(self, sess: TorchSession, prompts: list[OpenPrompt], rows: range) -> None: ...  # prompts joined
     def forking(self, sess: TorchSession) -> None: ...  # before a fork: may refuse it
     def forked(self, sess: TorchSession, parent_streams: list[int], slots: list[int], streams: list[int]) -> None: ...
 
@@ -272,8 +273,6 @@ class TorchSession:
         rows after the rows there are, and it starts its own clock; the rows there feed their pending tokens first,
         so every row samples its next token at the next step. Returns the new prompts' batch keys. Every prompt's
         rows draw on their own clock (``steps``), so a prompt's candidates are the samples it would draw alone."""
-        if self.source is not None:
-            raise NotImplementedError("a replayed pool's session does not admit prompts")
         if self.pending is not None and self.rows:
             t0 = time.perf_counter()
             self._step(self.pending)
@@ -318,6 +317,8 @@ class TorchSession:
         self.finished = torch.cat([self.finished, torch.zeros(rows, dtype=torch.bool, device=dev)])
         self.stopped = torch.cat([self.stopped, torch.zeros(rows, dtype=torch.bool, device=dev)])
         self._draw_keys, self._fin_pending = None, False
+        if self.source is not None:
+            self.source.admitted(self, prompts, range(B0, B0 + rows))
         self._track_memory()
         return list(range(P0, P0 + P))
 

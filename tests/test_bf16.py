@@ -11,7 +11,8 @@ tokens with ``scripts/gpu_check.py``'s engine step):
   "Write a haiku about autumn." in every setting but the ``hf`` engine alone); 6 of 16 rows had none;
 - pruning is exact: a pruned session's rows continue bit for bit as the same rows of a session never pruned, and as
   close to the fp32 model as a fresh bf16 forward;
-- so Speculative Rejection's survivors are Best-of-N's samples with the same ids, and the rejected ones prefixes.
+- so Speculative Rejection's survivors are Best-of-N's samples with the same ids, and the rejected ones prefixes;
+- a prompt joining a running batch (admission) is bounded the same way: equal to ``generate()`` up to a bf16 tie.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rodeco.budget import budget_from_device, full_length_tokens
 from rodeco.config import make_budget
 from rodeco.sampling import SamplingParams
 from rodeco.session import TorchSession
-from rodeco.state import SessionSpec
+from rodeco.state import OpenPrompt, SessionSpec
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
 NEW = 12
@@ -95,6 +96,42 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
             margin = logit(row, ref[d], gen.eos_ids) - logit(row, got[d], gen.eos_ids)
             assert 0 <= margin <= TIE_ULPS * bf16_ulp(float(row.max())), (p, d, margin)
     assert whole  # a row with no tie on its way is generate()'s to the end
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_a_prompt_joining_a_running_batch_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
+    """Admission in bf16: the second prompt joins after 4 steps of the first (its cache padded to the other's
+    length, the rows at different steps): every row of both equals ``generate()`` up to its first divergence, and
+    there ``generate()``'s logits of the two tokens are within ``TIE_ULPS`` bf16 ulps, as in a batch that started
+    together."""
+    gen = smollm2_bf16(engine)
+    greedy = SamplingParams(temperature=0.0)
+    running = SessionSpec(2, greedy, NEW, 0, (0,))
+    sess = gen.open_session(running)
+    sess.prefill([gen.encode(PROMPTS[0])])
+    rows = sess.decode(until=4)
+    (key,) = sess.admit(
+        [gen.encode(PROMPTS[1])], [OpenPrompt(n=2, max_new_tokens=NEW, sampling=greedy, seed=0, stream_key=1)]
+    )
+    for _ in range(100):  # bounded: each pass decodes or retires
+        if not sess.rows:
+            break
+        rows += sess.decode(until=10**6) + sess.retire_finished()
+    assert sorted(r.prompt for r in rows) == [0, 0, key, key]
+    parts = []  # each row's first divergence from generate() (its length where there is none)
+    for r in rows:
+        ref, logits = references[PROMPTS[0 if r.prompt == 0 else 1]]
+        got = r.token_ids + [EOS] * (r.reason == "eos")
+        d = first_divergence(got, ref)
+        parts.append(len(got) if d is None else d)
+        if d is None:
+            assert got == ref
+            continue
+        row = logits[d]
+        margin = logit(row, ref[d], gen.eos_ids) - logit(row, got[d], gen.eos_ids)
+        assert 0 <= margin <= TIE_ULPS * bf16_ulp(float(row.max())), (r.prompt, d, margin)
+    assert min(parts) >= 5  # no row parts before the known tie after 5 tokens (seen: 5 or never)
 
 
 def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[TorchSession, TorchSession]:

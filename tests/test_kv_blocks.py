@@ -78,6 +78,25 @@ def test_the_vllm_layout_allocates_blocks_as_vllm_holds_them():
     assert lay.allocated_tokens == 64 + 2 * 32 and lay.length == 70 + 25  # tail 6 + 25 tokens: one block
 
 
+def test_the_vllm_layout_holds_a_joining_prompt_in_each_of_its_rows():
+    """A prompt that joins a running vLLM batch is prefilled by each of its rows (``rodeco.engines.vllm``), so its
+    rows hold its prompt in their own blocks, nothing shared, and count their own tokens."""
+    lay = VLLMLayout(32)
+    lay.prefill(torch.zeros(1, 70, dtype=torch.long), torch.ones(1, 70, dtype=torch.long))
+    lay.select(torch.zeros(3, dtype=torch.long))
+    for _ in range(10):
+        lay.step(torch.zeros(lay.rows, dtype=torch.long))
+    lay.admit(torch.zeros(1, 40, dtype=torch.long), torch.ones(1, 40, dtype=torch.long))
+    lay.select(torch.tensor([0, 1, 2, 3, 3]))
+    for _ in range(5):
+        lay.step(torch.zeros(lay.rows, dtype=torch.long))
+    running = 64 + 3 * 32  # its 2 full blocks once, each row its 6-token tail and 15 tokens: one block
+    joined = 2 * 64  # each row: 40 prompt tokens and 5 of its own, two blocks
+    assert lay.allocated_tokens == running + joined and lay.length == 70 + 15
+    lay.select(torch.tensor([3, 4]))  # the first prompt's rows leave
+    assert lay.allocated_tokens == joined and lay.length == 70 + 5
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_vllm_engine_without_vllm_names_the_extra():
     from rodeco.loading import load_generator

@@ -4,6 +4,7 @@ on its own clock with its own budget, settings and policy, and a seeded prompt g
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rodeco.budget import Budget
@@ -111,6 +112,61 @@ def test_admission_waits_in_arrival_order_for_room(tiny_gen):
     room = max(int(r.settings.budget.kv_tokens) for r in reqs)
     stats = decode_open(gen, reward(gen), Arrivals({0: reqs}), kv_tokens=room, check_tokens=4)
     assert order == [0, 1, 3] and max(stats.step_prompts) == 1 and stats.peak_reserved <= room
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, engine):
+    """At every step of an open batch, each prompt's rows hold at most its own budget (its prompt, stored once on
+    ``fast`` and in every row on ``hf``, and its rows' tokens on its own clock), and the running prompts together at
+    most the open batch's ``kv_tokens``. These are the tokens the budget counts; what the engine allocates besides
+    (each prompt's cache padded to the longest prompt, every row the longest row's columns) is not in them."""
+    gen = tiny_gen(engine)
+    held: list[dict[int, int]] = []  # per step: each request's tokens held
+    admitted: list[int] = []  # the requests in the order they joined: batch key k is request admitted[k]
+    budgets = {i: int(settings(gen, c[0], c[1], c[3], c[4], c[5]).budget.kv_tokens) for i, c in enumerate(CASES)}
+    opened = gen.open_session
+
+    def opening(spec):
+        sess = opened(spec)
+        step = sess._step
+
+        def counted(pending):
+            step(pending)
+            rows, lengths = np.bincount(sess.prompt_of), sess.stats.prefill_tokens
+            keys = np.unique(sess.prompt_of).tolist()
+            held.append({admitted[k]: _held(gen, int(lengths[k]), int(rows[k]), sess.clock(k)) for k in keys})
+
+        sess._step = counted
+        return sess
+
+    monkeypatch.setattr(gen, "open_session", opening)
+    done: dict[int, PromptResult] = {}
+
+    def request(i: int) -> Request:
+        text, name, kw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        return Request(
+            PromptRef(i, text, seed=100 + i),
+            s,
+            policy(name, **kw),
+            lambda r: done.__setitem__(i, r),
+            on_admit=lambda: admitted.append(i),
+        )
+
+    room = budgets[0] + budgets[2]  # two of the four at a time
+    source = Arrivals({0: [request(0)], 3: [request(2), request(1), request(3)]})
+    decode_open(gen, reward(gen), source, room, check_tokens=3)
+    assert sorted(done) == [0, 1, 2, 3] and held
+    assert max(len(h) for h in held) == 2  # two prompts did share steps
+    for h in held:
+        assert all(tokens <= budgets[i] for i, tokens in h.items()), (h, budgets)
+        assert sum(h.values()) <= room
+    assert any(h[i] > budgets[i] * 0.75 for h in held for i in h)  # and came near their budgets
+
+
+def _held(gen, prompt: int, rows: int, clock: int) -> int:
+    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.budget)."""
+    return prompt + rows * clock if gen.kv.shares_prefix else rows * (prompt + clock)
 
 
 def test_a_request_larger_than_the_whole_budget_is_refused_by_name(tiny_gen):

@@ -4,12 +4,14 @@ on both engines; the model-free engine layouts allocate as the real engines do."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 from omegaconf import open_dict
 
 import rodeco
@@ -19,7 +21,8 @@ from rodeco.engines.layout import LAYOUTS
 from rodeco.experiments.record import pool_reward, record
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.pool import Pool
-from rodeco.replay import check_replayable, open_pool, replay_prompt
+from rodeco.replay import check_replayable, open_pool, replay_batch, replay_prompt
+from rodeco.replay_open import Arrival, replay_arrivals
 from rodeco.runner import loop_settings, run_decode
 from rodeco.validation import ConfigError
 
@@ -38,7 +41,6 @@ def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
     layout = LAYOUTS[real.name](1)
     ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    tok = lambda b: torch.full((b,), 12, dtype=torch.long)  # noqa: E731
     ops = [
         ("prefill", (ids, mask)),
         ("select", (torch.arange(2).repeat_interleave(3),)),
@@ -53,14 +55,49 @@ def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
         ("reserve", (20,)),
         ("step", None),
     ]
+    same_allocation(real, layout, ops)
+
+
+def same_allocation(real, layout, ops) -> None:
+    """Each op on both, then the same rows, length and memory (a step feeds one token a row)."""
     for i, (op, args) in enumerate(ops):
         for e in (real, layout):
-            getattr(e, op)(*(args if args is not None else (tok(e.rows),)))
+            getattr(e, op)(*(args if args is not None else (torch.full((e.rows,), 12, dtype=torch.long),)))
         assert (layout.rows, layout.length, layout.allocated_tokens) == (
             real.rows,
             real.length,
             real.allocated_tokens,
         ), f"after op {i} ({op})"
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_layouts_admit_as_the_real_engines(tiny_gen, engine):
+    """Prompts joining a running batch (longer and shorter than the rows there), rows leaving while the rows are of
+    different lengths, and the batch's first rows all leaving: the layout's rows, length and memory stay the
+    engine's."""
+    real = tiny_gen(engine).new_engine()
+    layout = LAYOUTS[real.name](1)
+    ops = [
+        ("prefill", (torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]]))),
+        ("select", (torch.arange(2).repeat_interleave(2),)),
+        ("reserve", (7,)),
+        *[("step", None)] * 3,
+        ("admit", (torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 1, 1, 1, 1]]))),  # longer than the rows there
+        ("select", (torch.tensor([0, 1, 2, 3, 4, 4, 4]),)),
+        ("reserve", (12,)),
+        *[("step", None)] * 2,
+        ("select", (torch.tensor([0, 3, 4, 6]),)),  # rows of different lengths leave
+        *[("step", None)] * 4,  # overflows
+        ("admit", (torch.tensor([[0, 0, 6, 7], [2, 3, 4, 5]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))),
+        ("select", (torch.tensor([0, 1, 2, 3, 4, 4, 5]),)),
+        *[("step", None)] * 2,
+        ("select", (torch.tensor([2, 3, 4, 5, 6]),)),  # the first prompts' rows all leave
+        ("reserve", (16,)),
+        *[("step", None)] * 3,
+        ("select", (torch.tensor([2, 3, 4]),)),  # only the last admission's rows: one length again
+        ("step", None),
+    ]
+    same_allocation(real, layout, ops)
 
 
 @pytest.fixture(scope="module")
@@ -372,3 +409,103 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
     assert live.seen and live.seen.keys() == replayed.seen.keys()
     for k, h in live.seen.items():  # float16 in the pool
         np.testing.assert_allclose(replayed.seen[k], h, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("policy, params, kv", [("none", {}, None), ("fixed", {"alpha": 0.5}, 70)])
+def test_a_pool_replayed_with_staggered_arrivals_gives_each_prompt_its_closed_batch_result(
+    pools, engine, policy, params, kv
+):
+    """An arrival trace replayed through the open loop over a pool: the prompts join a running batch at different
+    steps (each with its own budget), and each gets what a closed batch of it alone gets from the same pool
+    (``replay_prompt``): winners, candidates and rounds; Best-of-N also what the closed batch of all
+    three gets. The modelled clock orders arrival, admission and completion."""
+    gen, path = pools[engine]
+    kv = kv if kv is None or engine == "fast" else 240  # hf stores the prompt in every row
+    ov = [*BASE, f"policy={policy}", *[f"policy.{k}={v}" for k, v in params.items()], "n=8"]
+    cfg = rodeco.load_config([*ov, "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}"])
+    with open_dict(cfg):
+        cfg.output.all_candidates = True
+    plugins = default_plugins()
+    pool, rgen = open_pool(path, live=lambda: gen)
+    reward = Scorer(pool_reward(cfg, plugins, pool, rgen), "logprob")
+    build = lambda: plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))  # noqa: E731
+    s = loop_settings(cfg, rgen, policy, "logprob")
+    arrivals = [Arrival(0.0, 0), Arrival(0.05, 1), Arrival(0.12, 2)]  # a step: 10 ms
+    out, stats, clock = replay_arrivals(
+        pool, rgen, reward, build, arrivals, s, step=lambda rows, ctx: 0.01, check_tokens=2
+    )
+    assert stats.admitted == 3 and max(stats.step_prompts) >= 2  # prompts shared steps
+    # each joined after it arrived, while the first was still running (its prefill and rewards on the clock too)
+    assert out[0].admitted_s == 0.0 and all(a.arrival.at <= a.admitted_s < out[0].done_s for a in out[1:])
+    for r in out:
+        assert r.modelled_queue_s >= 0 and r.modelled_latency_s > r.modelled_queue_s and r.result is not None
+        alone, _, _ = replay_prompt(pool, rgen, reward, build(), r.arrival.index, s)
+        assert summary(r.result) == summary(alone)
+        # its decode tokens are its rows' steps, which include finished rows' padding while they wait to leave: that
+        # depends on the batch they wait in, so only the candidates are compared
+        assert r.result.compute.gen_decode_tokens > 0
+    if policy == "none":
+        closed, _, _ = replay_batch(pool, rgen, reward, build(), [0, 1, 2], s)
+        assert [summary(r.result) for r in out] == [summary(c) for c in closed]
+    else:
+        assert any(r.result.rounds for r in out)  # decision points were met
+    with pytest.raises(ConfigError) as e:
+        longer = dataclasses.replace(s, max_new_tokens=NEW + 1)
+        replay_arrivals(pool, rgen, reward, build, arrivals, longer, step=lambda rows, ctx: 0.01)
+    assert e.value.key == "sampling.max_new_tokens"
+
+
+def summary(r):
+    cands = sorted((c.candidate_id, c.token_ids, c.stop_reason, c.rejected_at_round) for c in r.candidates or [])
+    rounds = [(x.tokens_generated, x.rows_before, x.kept_ids, x.rejected_ids) for x in r.rounds]
+    return r.best.candidate_id, r.best.token_ids, r.best.score, cands, rounds
+
+
+def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_path, capsys):
+    """``scripts/replay_trace.py`` over a snapshot whose requests arrived 0.05 s apart, each with the budget the
+    server gave it: every request replayed, modelled latencies printed beside the measured ones."""
+    replay_trace = load_script("replay_trace")
+    _, path = pools["fast"]
+    records = [
+        {
+            "prompt_index": i,
+            "arrival": 0.05 * i,
+            "latency": 1.0 + i,
+            "ok": True,
+            "server": {"kv_tokens": 70, "queue_seconds": 0.1},
+        }
+        for i in range(3)
+    ]
+    args = {
+        "rate": 20.0,
+        "best_of": 8,
+        "reward": "logprob",
+        "max_tokens": NEW,
+        "top_k": 50,
+        "temperature": 1.0,
+        "alpha": 0.5,
+        "kv_tokens": 140,
+    }
+    trace = tmp_path / "serve_bench.json"
+    trace.write_text(json.dumps({"args": args, "servers": {"sr": {"records": records}}}))
+    out = tmp_path / "replayed.json"
+    (row,) = replay_trace.main(
+        [
+            "--pool",
+            str(path),
+            "--trace",
+            str(trace),
+            "--check-tokens",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            "budget.min_tokens_per_round=2",
+        ]
+    )
+    assert [r["prompt_index"] for r in row["requests_replayed"]] == [0, 1, 2]
+    assert all(r["modelled_latency_s"] > r["modelled_queue_s"] >= 0 for r in row["requests_replayed"])
+    assert row["measured"]["p50_latency_s"] == 2.0 and row["mean_requests_per_step_modelled"] > 1
+    assert json.loads(out.read_text()) == [row]
+    assert "| 20 | 3 | 2.0 / " in capsys.readouterr().out

@@ -1,0 +1,176 @@
+"""Replay serve_bench's recorded arrivals over a pool, without a model: the open batch's scheduling studied offline.
+
+    python scripts/replay_trace.py --pool DIR --trace runs/load/rate_0.2/serve_bench.json [--trace ...] \
+        [--phase sr] [--check-tokens 16] [--out FILE] [-- <rodeco overrides>]
+
+Each ``--trace`` is a ``serve_bench.py`` snapshot: its ``--phase`` requests arrive at their recorded times, each with
+the budget the server gave it (its ``kv_tokens``), and decode through the open loop (``rodeco.replay_open``) over the
+pool's candidates under the phase's policy (``sr``: ``fixed`` with the run's ``--alpha``; ``bon``: ``none``), the
+running requests' budgets within the server's ``--kv-tokens``. The clock is modelled (``TimeModel`` fitted to the
+pool's measured step times, the pool's prefills, rewards as computed), so its latencies are modelled latencies; they
+are printed beside the server's measured ones for the same requests. The pool must hold the trace's prompts (record
+it with ``rodeco experiment=pool`` on the same data, candidates at least the phase's ``best_of``); its seed is one
+for all requests, where the server's requests had their own, so the candidates are other samples of the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("replay_trace")
+
+POLICIES = {"sr": lambda args: ["policy=fixed", f"policy.alpha={args['alpha']}"], "bon": lambda args: ["policy=none"]}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pool", type=Path, required=True, help="a pool recorded on the trace's prompts")
+    ap.add_argument("--trace", type=Path, action="append", required=True, help="a serve_bench.json (repeatable)")
+    ap.add_argument("--phase", default="sr", choices=sorted(POLICIES), help="the trace's phase to replay")
+    ap.add_argument("--check-tokens", type=int, default=16, help="serve.check_tokens: tokens between admissions")
+    ap.add_argument("--out", type=Path, default=None, help="write every request's modelled times here (JSON)")
+    ap.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then rodeco overrides")
+    a = ap.parse_args(argv)
+    a.overrides = [o for o in a.overrides if o != "--"]
+    for t in a.trace:
+        if not t.is_file():
+            ap.error(f"--trace {t}: no such file (a serve_bench.py snapshot)")
+    return a
+
+
+def replay_one(a: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
+    import rodeco
+    from rodeco.experiments.analysis import TimeModel
+    from rodeco.experiments.record import pool_roles
+    from rodeco.plugins import default_plugins
+    from rodeco.pool_rewards import PoolReward
+    from rodeco.replay import open_pool
+    from rodeco.replay_open import Arrival, replay_arrivals
+    from rodeco.roles import choose_roles
+    from rodeco.runner import loop_settings
+
+    args, recs = doc["args"], doc["servers"][a.phase]["records"]
+    cfg = rodeco.load_config(
+        [
+            *POLICIES[a.phase](args),
+            f"pool={a.pool}",
+            f"n={args['best_of']}",
+            f"reward={args['reward']}",
+            f"sampling.max_new_tokens={args['max_tokens']}",
+            f"sampling.top_k={args['top_k']}",
+            f"sampling.temperature={args['temperature']}",
+            *a.overrides,
+        ]
+    )
+    plugins = default_plugins()
+    pool, gen = open_pool(a.pool)
+    roles = pool_roles(cfg, plugins, pool, gen).roles(choose_roles(cfg, plugins, live=False))
+    s = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
+    missing = sorted({r["prompt_index"] for r in recs} - set(pool.indices()))
+    if missing:
+        raise SystemExit(
+            f"--pool {a.pool} lacks {len(missing)} of the trace's prompts (e.g. {missing[:3]}): record them"
+        )
+    budgets = [int(_server(r)["kv_tokens"]) for r in recs]
+    arrivals = [Arrival(float(r["arrival"]), int(r["prompt_index"]), kv) for r, kv in zip(recs, budgets)]
+    tm = TimeModel.fit(pool, sorted({x.index for x in arrivals}))
+    policy = lambda: plugins.build_policy(cfg.policy, _context(plugins))  # noqa: E731
+    out, stats, _ = replay_arrivals(
+        pool,
+        gen,
+        roles.reward,
+        policy,
+        arrivals,
+        s,
+        step=tm.step,
+        kv_tokens=int(args["kv_tokens"]),
+        partial=roles.partial,
+        check_tokens=a.check_tokens,
+    )
+    for scorer in (roles.reward, roles.partial):
+        if scorer is not None and isinstance(scorer.reward, PoolReward):
+            scorer.reward.save()
+    measured = [float(r["latency"]) for r in recs if r["ok"]]
+    queue = [float(_server(r)["queue_seconds"]) for r in recs if r["ok"]]
+    modelled = [x.modelled_latency_s for x in out]
+    return {
+        "trace": str(a.trace),
+        "rate": args["rate"],
+        "requests": len(recs),
+        "time_model": dataclasses.asdict(tm),
+        "measured": _summary(measured, queue),
+        "modelled": _summary(modelled, [x.modelled_queue_s for x in out]),
+        "mean_rows_per_step_modelled": float(np.mean(stats.step_rows)) if stats.step_rows else 0.0,
+        "mean_requests_per_step_modelled": float(np.mean(stats.step_prompts)) if stats.step_prompts else 0.0,
+        "mean_best_reward_replayed": float(np.mean([x.result.best.score for x in out if x.result is not None])),
+        "requests_replayed": [
+            {
+                "prompt_index": x.arrival.index,
+                "arrival": x.arrival.at,
+                "kv_tokens": x.arrival.kv_tokens,
+                "modelled_queue_s": x.modelled_queue_s,
+                "modelled_latency_s": x.modelled_latency_s,
+                "best_score": x.result.best.score if x.result is not None else None,
+            }
+            for x in out
+        ],
+    }
+
+
+def _server(rec: dict[str, Any]) -> dict[str, Any]:
+    """A request's server block (kept as a dict, or its repr in older snapshots)."""
+    import ast
+
+    s = rec["server"]
+    return s if isinstance(s, dict) else ast.literal_eval(s)
+
+
+def _context(plugins: Any) -> Any:
+    from rodeco.plugins import BuildContext
+
+    return BuildContext(plugins=plugins)
+
+
+def _summary(latency: list[float], queue: list[float]) -> dict[str, float]:
+    x = np.asarray(latency)
+    return {
+        "p50_latency_s": float(np.percentile(x, 50)),
+        "p95_latency_s": float(np.percentile(x, 95)),
+        "mean_queue_s": float(np.mean(queue)),
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    a = parse(argv)
+    rows = []
+    for t in a.trace:
+        rows.append(replay_one(a, json.loads(t.read_text())))
+        log.info("replayed %s", t)
+    print(
+        "| rate (req/s) | requests | p50 latency s: measured / modelled | p95: measured / modelled |"
+        " mean queue s: measured / modelled | rows a step (modelled) |"
+    )
+    print("|---:|---:|---|---|---|---:|")
+    for r in rows:
+        m, x = r["measured"], r["modelled"]
+        print(
+            f"| {r['rate']:g} | {r['requests']} | {m['p50_latency_s']:.1f} / {x['p50_latency_s']:.1f} | "
+            f"{m['p95_latency_s']:.1f} / {x['p95_latency_s']:.1f} | {m['mean_queue_s']:.1f} / {x['mean_queue_s']:.1f} "
+            f"| {r['mean_rows_per_step_modelled']:.1f} |"
+        )
+    if a.out is not None:
+        a.out.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
