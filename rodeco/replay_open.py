@@ -110,9 +110,11 @@ def replay_arrivals(
     kv_tokens: int | None = None,
     partial: Scorer | None = None,
     check_tokens: int = 16,
+    max_prompts: int | None = None,
 ) -> tuple[list[Replayed], OpenStats, ModelledClock]:
     """The requests of ``arrivals`` through the open loop over the pool under ``s`` (each with its own budget,
-    ``s.budget``, and a policy from ``policy()``), the running ones' budgets adding up to at most ``kv_tokens``.
+    ``s.budget``, and a policy from ``policy()``), the running ones' budgets adding up to at most ``kv_tokens`` and
+    their number to ``max_prompts`` (a server's ``serve.batch_requests``).
     Returns each request's result and modelled times, in arrival order, what the open decode did, and its clock.
     A prompt's own settings are checked as ``replay_batch`` checks them (``check_replayable``: at most the pool's
     ``max_new_tokens`` and candidates, its sampling and seed)."""
@@ -130,8 +132,9 @@ def replay_arrivals(
             else replace(s, budget=replace(s.budget, kv_tokens=rec.arrival.kv_tokens))
         )
         requests.append((rec.arrival.at, _request(rec, p.text, p.prefill_seconds, own, policy(), clock)))
+    source = TraceSource(requests, clock)
     stats = decode_open(
-        gen, reward, TraceSource(requests, clock), kv_tokens, partial=partial, check_tokens=check_tokens
+        gen, reward, source, kv_tokens, partial=partial, check_tokens=check_tokens, max_prompts=max_prompts
     )
     return out, stats, clock
 

@@ -1,7 +1,7 @@
 """Replay serve_bench's recorded arrivals over a pool, without a model: the open batch's scheduling studied offline.
 
     python scripts/replay_trace.py --pool DIR --trace runs/load/rate_0.2/serve_bench.json [--trace ...] \
-        [--phase sr] [--check-tokens 16] [--out FILE] [-- <rodeco overrides>]
+        [--phase sr] [--check-tokens 16] [--batch-requests 16] [--out FILE] [-- <rodeco overrides>]
 
 Each ``--trace`` is a ``serve_bench.py`` snapshot: its ``--phase`` requests arrive at their recorded times, each with
 the budget the server gave it (its ``kv_tokens``), and decode through the open loop (``rodeco.replay_open``) over the
@@ -36,6 +36,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace", type=Path, action="append", required=True, help="a serve_bench.json (repeatable)")
     ap.add_argument("--phase", default="sr", choices=sorted(POLICIES), help="the trace's phase to replay")
     ap.add_argument("--check-tokens", type=int, default=16, help="serve.check_tokens: tokens between admissions")
+    ap.add_argument(
+        "--batch-requests", type=int, default=16, help="serve.batch_requests: the most requests in the open batch"
+    )
     ap.add_argument("--out", type=Path, default=None, help="write every request's modelled times here (JSON)")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then rodeco overrides")
     a = ap.parse_args(argv)
@@ -46,7 +49,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def replay_one(a: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
+def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[str, Any]:
     import rodeco
     from rodeco.experiments.analysis import TimeModel
     from rodeco.experiments.record import pool_roles
@@ -94,20 +97,36 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
         kv_tokens=int(args["kv_tokens"]),
         partial=roles.partial,
         check_tokens=a.check_tokens,
+        max_prompts=a.batch_requests,
     )
     for scorer in (roles.reward, roles.partial):
         if scorer is not None and isinstance(scorer.reward, PoolReward):
             scorer.reward.save()
-    measured = [float(r["latency"]) for r in recs if r["ok"]]
+    target = float(args.get("latency_target", 60.0))
+    summary = doc["servers"][a.phase]["summary"]
     queue = [float(_server(r)["queue_seconds"]) for r in recs if r["ok"]]
-    modelled = [x.modelled_latency_s for x in out]
+    measured = {
+        "requests_per_s": summary["requests_per_s"],
+        "goodput_per_s": summary["goodput_per_s"],
+        **_summary([float(r["latency"]) for r in recs if r["ok"]], queue),
+    }
+    lat = np.asarray([x.modelled_latency_s for x in out])
+    span = max(x.done_s for x in out) - min(x.arrival.at for x in out)
+    modelled = {
+        "requests_per_s": len(out) / span,
+        "goodput_per_s": float((lat <= target).sum()) / span,
+        **_summary(lat.tolist(), [x.modelled_queue_s for x in out]),
+    }
     return {
-        "trace": str(a.trace),
+        "trace": trace,
         "rate": args["rate"],
         "requests": len(recs),
+        "check_tokens": a.check_tokens,
+        "batch_requests": a.batch_requests,
         "time_model": dataclasses.asdict(tm),
-        "measured": _summary(measured, queue),
-        "modelled": _summary(modelled, [x.modelled_queue_s for x in out]),
+        "latency_target_s": target,
+        "measured": measured,
+        "modelled": modelled,
         "mean_rows_per_step_modelled": float(np.mean(stats.step_rows)) if stats.step_rows else 0.0,
         "mean_requests_per_step_modelled": float(np.mean(stats.step_prompts)) if stats.step_prompts else 0.0,
         "mean_best_reward_replayed": float(np.mean([x.result.best.score for x in out if x.result is not None])),
@@ -126,11 +145,8 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _server(rec: dict[str, Any]) -> dict[str, Any]:
-    """A request's server block (kept as a dict, or its repr in older snapshots)."""
-    import ast
-
-    s = rec["server"]
-    return s if isinstance(s, dict) else ast.literal_eval(s)
+    """A request's server block: the budget the server gave it (``kv_tokens``), its queue wait."""
+    return rec["server"]
 
 
 def _context(plugins: Any) -> Any:
@@ -153,22 +169,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     a = parse(argv)
     rows = []
     for t in a.trace:
-        rows.append(replay_one(a, json.loads(t.read_text())))
+        rows.append(replay_one(a, json.loads(t.read_text()), f"{t.parent.name}/{t.name}"))
         log.info("replayed %s", t)
     print(
-        "| rate (req/s) | requests | p50 latency s: measured / modelled | p95: measured / modelled |"
-        " mean queue s: measured / modelled | rows a step (modelled) |"
+        "| rate (req/s) | requests | batch requests | requests/s | goodput/s | p50 latency s | p95 latency s |"
+        " mean queue s | rows a step (modelled) |"
     )
-    print("|---:|---:|---|---|---|---:|")
-    for r in rows:
-        m, x = r["measured"], r["modelled"]
+    print("|---:|---:|---:|---|---|---|---|---|---:|")
+    for r in rows:  # each figure: measured (the snapshot's server, at serve.batch_requests 16) / modelled
+
+        def pair(k: str, f: str, r: dict[str, Any] = r) -> str:
+            return f"{r['measured'][k]:{f}} / {r['modelled'][k]:{f}}"
+
         print(
-            f"| {r['rate']:g} | {r['requests']} | {m['p50_latency_s']:.1f} / {x['p50_latency_s']:.1f} | "
-            f"{m['p95_latency_s']:.1f} / {x['p95_latency_s']:.1f} | {m['mean_queue_s']:.1f} / {x['mean_queue_s']:.1f} "
-            f"| {r['mean_rows_per_step_modelled']:.1f} |"
+            f"| {r['rate']:g} | {r['requests']} | {r['batch_requests']} | {pair('requests_per_s', '.3f')} | "
+            f"{pair('goodput_per_s', '.3f')} | {pair('p50_latency_s', '.1f')} | {pair('p95_latency_s', '.1f')} | "
+            f"{pair('mean_queue_s', '.1f')} | {r['mean_rows_per_step_modelled']:.1f} |"
         )
-    if a.out is not None:
-        a.out.write_text(json.dumps(rows, indent=1))
+    if a.out is not None:  # no path of this machine: the pool and traces by their names
+        a.out.write_text(json.dumps({"pool": a.pool.name, "replays": rows}, indent=1))
     return rows
 
 

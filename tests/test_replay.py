@@ -488,7 +488,8 @@ def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_pa
         "kv_tokens": 140,
     }
     trace = tmp_path / "serve_bench.json"
-    trace.write_text(json.dumps({"args": args, "servers": {"sr": {"records": records}}}))
+    summary = {"requests_per_s": 0.5, "goodput_per_s": 0.5}
+    trace.write_text(json.dumps({"args": args, "servers": {"sr": {"records": records, "summary": summary}}}))
     out = tmp_path / "replayed.json"
     (row,) = replay_trace.main(
         [
@@ -507,5 +508,8 @@ def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_pa
     assert [r["prompt_index"] for r in row["requests_replayed"]] == [0, 1, 2]
     assert all(r["modelled_latency_s"] > r["modelled_queue_s"] >= 0 for r in row["requests_replayed"])
     assert row["measured"]["p50_latency_s"] == 2.0 and row["mean_requests_per_step_modelled"] > 1
-    assert json.loads(out.read_text()) == [row]
-    assert "| 20 | 3 | 2.0 / " in capsys.readouterr().out
+    assert json.loads(out.read_text()) == {"pool": path.name, "replays": [row]}
+    assert (
+        row["modelled"]["requests_per_s"] > 0 and row["modelled"]["goodput_per_s"] == row["modelled"]["requests_per_s"]
+    )
+    assert "| 20 | 3 | 16 | 0.500 / " in capsys.readouterr().out
