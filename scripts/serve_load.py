@@ -103,6 +103,21 @@ def collect(docs: dict[float, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def same_answers(docs: dict[float, dict[str, Any]]) -> dict[str, dict[str, list[int]]]:
+    """Per server and pair of consecutive rates, ``[same, both]``: of the requests answered at both rates (request
+    ``i`` has the same prompt and seed at every rate), how many got the same winner text. A seeded request's answer
+    should not depend on the traffic it met."""
+    rates = sorted(docs)
+    out: dict[str, dict[str, list[int]]] = {}
+    for lo, hi in zip(rates, rates[1:]):
+        for name in docs[lo]["servers"].keys() & docs[hi]["servers"].keys():
+            a, b = ({r["i"]: r for r in docs[x]["servers"][name]["records"] if r["ok"]} for x in (lo, hi))
+            both = sorted(a.keys() & b.keys())
+            same = sum(a[i]["server"].get("text") == b[i]["server"].get("text") for i in both)
+            out.setdefault(name, {})[f"{lo:g}-{hi:g}"] = [same, len(both)]
+    return out
+
+
 def lines(table: dict[str, Any]) -> list[str]:
     from serve_bench_figures import COLUMNS as cols
     from serve_bench_figures import with_ci as f
@@ -123,6 +138,9 @@ def lines(table: dict[str, Any]) -> list[str]:
         for j, d in r["judged"].items():
             for k, v in d.items():
                 out.append(f"rate {rate}: judge_{j}_{k} {v['mean']:+.4f} [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]")
+    for name, pairs in table.get("same_answers", {}).items():
+        said = ", ".join(f"{same}/{both} at {rates}" for rates, (same, both) in pairs.items())
+        out.append(f"{name}: the same winner at two rates (requests answered at both): {said}")
     return out
 
 
@@ -130,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a, rest = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     docs = {rate: run_rate(rate, a.out, rest) for rate in a.rates}
-    table = collect(docs)
+    table = {**collect(docs), "same_answers": same_answers(docs)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "serve_load.json").write_text(json.dumps(table, indent=1, default=str) + "\n", encoding="utf-8")
     print("\n".join(lines(table)))

@@ -60,7 +60,15 @@ def fake_run(rate: float, complete: bool = True) -> dict:
     }
     summary |= {k + "_ci": [summary[k] * 0.9, summary[k] * 1.1] for k in list(summary) if k.endswith(("_s", "_per_s"))}
     summary["mean_reward_ci"] = [rate - 0.1, rate + 0.1]
-    server = {"summary": summary, "server_side": {"decode_tokens_per_s": 100.0, "metrics_means": {}}}
+    records = [{"i": i, "ok": True, "server": {"text": f"answer {i}"}} for i in range(4)]
+    if rate == 2.0:  # request 2 timed out, request 3 got another answer
+        records[2] = {"i": 2, "ok": False, "server": None}
+        records[3]["server"]["text"] = "another answer"
+    server = {
+        "summary": summary,
+        "server_side": {"decode_tokens_per_s": 100.0, "metrics_means": {}},
+        "records": records,
+    }
     doc = {
         "args": {"rate": rate},
         "servers": {"sr": server, "vllm": server},
@@ -95,6 +103,9 @@ def test_finished_rates_are_not_run_again_and_every_rate_is_tabled(tmp_path, mon
     assert "| 2 | sr | 4/4 | 2.000 [1.800, 2.200] |" in text
     assert "rate 0.5: judge_chrf_sr_minus_vllm +0.5000 [-1.0000, +2.0000]" in text
     assert json.loads((tmp_path / "serve_load.json").read_text())["rates"]["2"]["args"] == {"rate": 2.0}
+    # a seeded request's answer at two rates: compared where it was answered at both
+    assert table["same_answers"]["sr"] == {"0.5-1": [4, 4], "1-2": [2, 3]}
+    assert "sr: the same winner at two rates (requests answered at both): 4/4 at 0.5-1, 2/3 at 1-2" in text
 
 
 @pytest.mark.parametrize(
