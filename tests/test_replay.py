@@ -463,14 +463,15 @@ def summary(r):
 
 
 def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_path, capsys):
-    """``scripts/replay_trace.py`` over a snapshot whose requests arrived 0.05 s apart, each with the budget the
-    server gave it: every request replayed, modelled latencies printed beside the measured ones."""
+    """``scripts/replay_trace.py`` over a snapshot whose first two requests arrived together and the third 0.05 s
+    later, each with the budget the server gave it: every request replayed, modelled latencies printed beside the
+    measured ones."""
     replay_trace = load_script("replay_trace")
     _, path = pools["fast"]
     records = [
         {
             "prompt_index": i,
-            "arrival": 0.05 * i,
+            "arrival": 0.05 * max(0, i - 1),
             "latency": 1.0 + i,
             "ok": True,
             "server": {"kv_tokens": 70, "queue_seconds": 0.1},
