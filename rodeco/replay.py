@@ -61,6 +61,12 @@ def check_replayable(pool: Pool, s: LoopSettings, n: int | str) -> None:
         )
 
 
+def pool_served(*scorers: Scorer | None) -> list[PoolReward]:
+    """The pool-served rewards behind the scorers (each once): what a replay charges and saves."""
+    served = [sc.reward for sc in scorers if sc is not None and isinstance(sc.reward, PoolReward)]
+    return list({id(r): r for r in served}.values())
+
+
 def replay_prompt(
     pool: Pool,
     gen: ReplayGenerator,
@@ -97,8 +103,7 @@ def replay_batch(
     ps = [pool.prompt(i) for i in indices]
     for p in ps:
         gen.add(p)
-    served = [reward.reward] + ([partial.reward] if partial is not None else [])
-    charged = list({id(r): r for r in served if isinstance(r, PoolReward)}.values())
+    charged = pool_served(reward, partial)
     seconds0 = sum(r.seconds for r in charged)
     if s.n in ("auto", START_BY_POLICY):
         budget, base = s.budget.for_batch([len(p.prompt_ids) for p in ps], gen.kv)

@@ -21,7 +21,7 @@ from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
 from rodeco.protocols import Policy
-from rodeco.replay import check_replayable
+from rodeco.replay import check_replayable, pool_served
 from rodeco.state import PromptRef, PromptResult
 
 
@@ -60,7 +60,7 @@ class ModelledClock:
     def __init__(
         self, gen: ReplayGenerator, step: Callable[[int, int], float], rewards: Sequence[PoolReward] = ()
     ) -> None:
-        self.gen, self.step, self.rewards = gen, step, list({id(r): r for r in rewards}.values())
+        self.gen, self.step, self.rewards = gen, step, list(rewards)  # each once (``rodeco.replay.pool_served``)
         self.reward0 = sum(r.seconds for r in self.rewards)
         self.decode, self.counted, self.other = 0.0, 0, 0.0  # decode: the first ``counted`` steps of the session
 
@@ -119,8 +119,7 @@ def replay_arrivals(
     A prompt's own settings are checked as ``replay_batch`` checks them (``check_replayable``: at most the pool's
     ``max_new_tokens`` and candidates, its sampling and seed)."""
     check_replayable(pool, s, s.n)
-    served = [reward.reward] + ([partial.reward] if partial is not None else [])
-    clock = ModelledClock(gen, step, [r for r in served if isinstance(r, PoolReward)])
+    clock = ModelledClock(gen, step, pool_served(reward, partial))
     out = [Replayed(a) for a in arrivals]
     requests = []
     for rec in out:

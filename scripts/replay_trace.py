@@ -50,47 +50,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[str, Any]:
-    import rodeco
+    """One snapshot's phase replayed over the pool: its figures measured (the snapshot's) and modelled."""
     from rodeco.experiments.analysis import TimeModel
-    from rodeco.experiments.record import pool_roles
-    from rodeco.plugins import default_plugins
-    from rodeco.pool_rewards import PoolReward
-    from rodeco.replay import open_pool
+    from rodeco.plugins import BuildContext, default_plugins
+    from rodeco.replay import open_pool, pool_served
     from rodeco.replay_open import Arrival, replay_arrivals
-    from rodeco.roles import choose_roles
-    from rodeco.runner import loop_settings
 
     args, recs = doc["args"], doc["servers"][a.phase]["records"]
-    cfg = rodeco.load_config(
-        [
-            *POLICIES[a.phase](args),
-            f"pool={a.pool}",
-            f"n={args['best_of']}",
-            f"reward={args['reward']}",
-            f"sampling.max_new_tokens={args['max_tokens']}",
-            f"sampling.top_k={args['top_k']}",
-            f"sampling.temperature={args['temperature']}",
-            *a.overrides,
-        ]
-    )
     plugins = default_plugins()
     pool, gen = open_pool(a.pool)
-    roles = pool_roles(cfg, plugins, pool, gen).roles(choose_roles(cfg, plugins, live=False))
-    s = loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
+    cfg, roles, s = _settings(a, args, plugins, pool, gen)
     missing = sorted({r["prompt_index"] for r in recs} - set(pool.indices()))
     if missing:
         raise SystemExit(
             f"--pool {a.pool} lacks {len(missing)} of the trace's prompts (e.g. {missing[:3]}): record them"
         )
-    budgets = [int(_server(r)["kv_tokens"]) for r in recs]
-    arrivals = [Arrival(float(r["arrival"]), int(r["prompt_index"]), kv) for r, kv in zip(recs, budgets)]
+    arrivals = [Arrival(float(r["arrival"]), int(r["prompt_index"]), int(r["server"]["kv_tokens"])) for r in recs]
     tm = TimeModel.fit(pool, sorted({x.index for x in arrivals}))
-    policy = lambda: plugins.build_policy(cfg.policy, _context(plugins))  # noqa: E731
     out, stats, _ = replay_arrivals(
         pool,
         gen,
         roles.reward,
-        policy,
+        lambda: plugins.build_policy(cfg.policy, BuildContext(plugins=plugins)),
         arrivals,
         s,
         step=tm.step,
@@ -99,24 +80,8 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[s
         check_tokens=a.check_tokens,
         max_prompts=a.batch_requests,
     )
-    for scorer in (roles.reward, roles.partial):
-        if scorer is not None and isinstance(scorer.reward, PoolReward):
-            scorer.reward.save()
-    target = float(args.get("latency_target", 60.0))
-    summary = doc["servers"][a.phase]["summary"]
-    queue = [float(_server(r)["queue_seconds"]) for r in recs if r["ok"]]
-    measured = {
-        "requests_per_s": summary["requests_per_s"],
-        "goodput_per_s": summary["goodput_per_s"],
-        **_summary([float(r["latency"]) for r in recs if r["ok"]], queue),
-    }
-    lat = np.asarray([x.modelled_latency_s for x in out])
-    span = max(x.done_s for x in out) - min(x.arrival.at for x in out)
-    modelled = {
-        "requests_per_s": len(out) / span,
-        "goodput_per_s": float((lat <= target).sum()) / span,
-        **_summary(lat.tolist(), [x.modelled_queue_s for x in out]),
-    }
+    for served in pool_served(roles.reward, roles.partial):
+        served.save()
     return {
         "trace": trace,
         "rate": args["rate"],
@@ -124,9 +89,7 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[s
         "check_tokens": a.check_tokens,
         "batch_requests": a.batch_requests,
         "time_model": dataclasses.asdict(tm),
-        "latency_target_s": target,
-        "measured": measured,
-        "modelled": modelled,
+        **_figures(doc["servers"][a.phase], out, float(args.get("latency_target", 60.0))),
         "mean_rows_per_step_modelled": float(np.mean(stats.step_rows)) if stats.step_rows else 0.0,
         "mean_requests_per_step_modelled": float(np.mean(stats.step_prompts)) if stats.step_prompts else 0.0,
         "mean_best_reward_replayed": float(np.mean([x.result.best.score for x in out if x.result is not None])),
@@ -144,15 +107,46 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[s
     }
 
 
-def _server(rec: dict[str, Any]) -> dict[str, Any]:
-    """A request's server block: the budget the server gave it (``kv_tokens``), its queue wait."""
-    return rec["server"]
+def _settings(a: argparse.Namespace, args: dict[str, Any], plugins: Any, pool: Any, gen: Any) -> tuple[Any, Any, Any]:
+    """The run's config, roles (rewards served from the pool) and loop settings: the snapshot's server settings."""
+    import rodeco
+    from rodeco.experiments.record import pool_roles
+    from rodeco.roles import choose_roles
+    from rodeco.runner import loop_settings
+
+    cfg = rodeco.load_config(
+        [
+            *POLICIES[a.phase](args),
+            f"pool={a.pool}",
+            f"n={args['best_of']}",
+            f"reward={args['reward']}",
+            f"sampling.max_new_tokens={args['max_tokens']}",
+            f"sampling.top_k={args['top_k']}",
+            f"sampling.temperature={args['temperature']}",
+            *a.overrides,
+        ]
+    )
+    roles = pool_roles(cfg, plugins, pool, gen).roles(choose_roles(cfg, plugins, live=False))
+    return cfg, roles, loop_settings(cfg, gen, roles.choices.policy.name, roles.choices.reward.name)
 
 
-def _context(plugins: Any) -> Any:
-    from rodeco.plugins import BuildContext
-
-    return BuildContext(plugins=plugins)
+def _figures(phase: dict[str, Any], out: list[Any], target: float) -> dict[str, Any]:
+    """The phase's figures as the server measured them, and as the replay modelled them (goodput within
+    ``target`` seconds)."""
+    recs = [r for r in phase["records"] if r["ok"]]
+    measured = {
+        "requests_per_s": phase["summary"]["requests_per_s"],
+        "goodput_per_s": phase["summary"]["goodput_per_s"],
+        **_summary([float(r["latency"]) for r in recs], [float(r["server"]["queue_seconds"]) for r in recs]),
+    }
+    lat = np.asarray([x.modelled_latency_s for x in out])
+    span = max(x.done_s for x in out) - min(x.arrival.at for x in out)
+    modelled = {
+        "requests_per_s": len(out) / span,
+        "goodput_per_s": float((lat <= target).sum()) / span,
+        **_summary(lat.tolist(), [x.modelled_queue_s for x in out]),
+    }
+    return {"latency_target_s": target, "measured": measured, "modelled": modelled}
 
 
 def _summary(latency: list[float], queue: list[float]) -> dict[str, float]:

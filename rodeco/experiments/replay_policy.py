@@ -14,8 +14,7 @@ from omegaconf import DictConfig
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.experiments.record import pool_roles, served
 from rodeco.plugins import Plugins
-from rodeco.pool_rewards import PoolReward
-from rodeco.replay import open_pool, replay_batch
+from rodeco.replay import open_pool, pool_served, replay_batch
 from rodeco.results import ResultsWriter
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings
@@ -54,9 +53,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
         if writer is not None:
             for r in res:
                 writer.write(r.to_dict())
-    for scorer in (roles.reward, roles.partial):
-        if scorer is not None and isinstance(scorer.reward, PoolReward):
-            scorer.reward.save()
+    for served_reward in pool_served(roles.reward, roles.partial):
+        served_reward.save()
     seconds = time.perf_counter() - t0
     mean = sum(best_score(r) for r in results) / max(1, len(results))
     computed = served(roles.reward.reward).computed
