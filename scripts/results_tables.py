@@ -3,8 +3,8 @@ rather than copied by hand.
 
     python scripts/results_tables.py snapshot RUN_DIR docs/data/NAME.json   # the run's figures, to commit
     python scripts/results_tables.py render docs/data/NAME.json TABLE       # print one table
-    python scripts/results_tables.py write docs/results.md                  # regenerate the marked blocks
-    python scripts/results_tables.py check docs/results.md                  # fails, with a diff, where one differs
+    python scripts/results_tables.py write docs/results/*.md                # regenerate the marked blocks
+    python scripts/results_tables.py check docs/results/*.md                # fails, with a diff, where one differs
 
 A snapshot is the run's JSON with sorted keys: to ``NAME.json.gz`` whole and gzip-compressed, ``per_prompt``
 included (every prompt's measurements and, where the run keeps them, its winners' texts and scores: what a reader

@@ -1,9 +1,9 @@
-"""Every command shown in README.md, docs/ and the example package's README works. ``rodeco`` command lines are
-composed through Hydra's compose API and put through the run's config checks (nothing heavy runs). Every other
-command (fenced, or inline code) is run when cheap, or parsed and checked against what it names: a Makefile
-target (dry-run, its rodeco recipe composed), a script's own argparse parser given the documented arguments, a
-``pip install`` of a project or extra this repository defines, a pytest selection that selects tests, a file of
-the docs that a named test runs. A documented command that does not work fails here."""
+"""Every command shown in README.md, docs/ (its subfolders too) and the example package's README works. ``rodeco``
+command lines are composed through Hydra's compose API and put through the run's config checks (nothing heavy
+runs). Every other command (fenced, or inline code) is run when cheap, or parsed and checked against what it names:
+a Makefile target (dry-run, its rodeco recipe composed), a script's own argparse parser given the documented
+arguments, a ``pip install`` of a project or extra this repository defines, a pytest selection that selects tests,
+a file of the docs that a named test runs. A documented command that does not work fails here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from rodeco.config import validate
 from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, get_plugin_manager
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]
 PLACEHOLDER = re.compile(r"NAME|<[^>]*>|\bmy_|\.\.\.")  # prose such as `rodeco experiment=NAME`
 COMMAND = re.compile(r"^(rodeco|rodeco-serve|make|pip|python|pytest)( |$)")
 INLINE = " (inline)"  # where an inline code span was found: `python scripts/x.py` alone names the script
@@ -53,13 +53,14 @@ def documented_commands() -> list[tuple[str, str]]:
     out = []
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
+        name = doc.relative_to(REPO / "docs").as_posix() if doc.is_relative_to(REPO / "docs") else doc.name
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
             for line in block.splitlines():
                 if COMMAND.match(line.strip()):
-                    out.append((doc.name, line.strip()))
+                    out.append((name, line.strip()))
         for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
             if COMMAND.match(span) and " " in span and not PLACEHOLDER.search(span):
-                out.append((doc.name if span.startswith("rodeco ") else doc.name + INLINE, span))
+                out.append((name if span.startswith("rodeco ") else name + INLINE, span))
     return sorted(set(out), key=out.index)
 
 
