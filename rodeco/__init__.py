@@ -19,8 +19,8 @@ from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.params import take_params
-from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
-from rodeco.protocols import EngineInfo, Policy, Reward, RewardCost
+from rodeco.plugins import BuildContext, Plugins, default_plugins, get_plugin_manager
+from rodeco.protocols import EngineInfo, Policy, Reward, RewardCost, TaskSource
 from rodeco.ranking import best_first, keep_best, keep_top
 from rodeco.results import ResultsWriter, atomic_write
 from rodeco.state import (
@@ -48,7 +48,7 @@ _LAZY = {
     "PoolReward": "rodeco.pool_rewards",
     "pool_served": "rodeco.roles",
     "check_training_prompts": "rodeco.experiments.calibrate",
-    "prompts_of": "rodeco.data",
+    "prompts_of": "rodeco.tasks",
     "data_root": "rodeco.data",
     "find_data_file": "rodeco.data",
 }
@@ -65,6 +65,8 @@ __all__ = [
     "BuildContext",
     "Plugins",
     "get_plugin_manager",
+    "default_plugins",
+    "TaskSource",
     "Policy",
     "Reward",
     "RewardCost",

@@ -150,9 +150,9 @@ class Decoder:
         **kw: Any,
     ) -> RunOutput:
         """Decode ``prompts`` as ``rodeco.decode`` would with the decoder's settings plus this call's."""
-        from rodeco.data import prompts_of
         from rodeco.roles import choose_roles
         from rodeco.runner import DecodeRun
+        from rodeco.tasks import prompts_of
         from rodeco.validation import ConfigError
 
         if self.overrides is None:

@@ -171,6 +171,27 @@ class DataConfig:
         default=1, metadata={"help": "split the prompts into this many shards (batches dealt round-robin)"}
     )
     shard: int = field(default=0, metadata={"help": "which shard to run, 0 to num_shards - 1"})
+    source: Optional[str] = field(
+        default=None,
+        metadata={"help": "a registered task source (reasoning_gym): data.size problems of data.task, generated"},
+    )
+    task: Optional[str] = field(default=None, metadata={"help": "data.source's task, by its name there (chain_sum)"})
+    size: Optional[int] = field(default=None, metadata={"help": "how many problems data.source generates, exactly"})
+    seed: int = field(default=0, metadata={"help": "the seed data.source draws its problems from"})
+    task_config: Any = field(
+        default=None, metadata={"help": "the task's own settings ({min_terms: 2}): its difficulty (null: its defaults)"}
+    )
+    template: str = field(
+        default="{question}", metadata={"help": "the prompt made of a generated problem's {question}"}
+    )
+    holdout_seed: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "problems that repeat the held-out set (this task, this seed, holdout_size) are dropped and "
+            "replaced: set it on training and selection sets to keep report problems out"
+        },
+    )
+    holdout_size: int = field(default=0, metadata={"help": "the held-out set's size (with holdout_seed)"})
     field: str = "prompt"  # the record key that holds the prompt text (defined last: it shadows `field`)
 
 

@@ -25,14 +25,25 @@ class RewardInfo:
     needs_logprobs: bool = False  # requests carry the generator's token log-probabilities
     needs_hidden_states: bool = False  # partial requests carry the generator's hidden state
     identity: str | None = None  # e.g. a trained head's hash: cached scores are keyed by it
+    needs_top_logprobs: int = 0  # k: requests carry the k most likely tokens' log-probs at each position
+    needs_meta: tuple[str, ...] = ()  # fields every prompt's record must hold (``gold_answer``): checked before a run
 
 
 def reward_info(reward: Reward) -> RewardInfo:
-    """The reward's ``needs_logprobs``, ``needs_hidden_states`` and ``identity`` (defaults where it has none)."""
+    """The reward's ``needs_logprobs``, ``needs_hidden_states``, ``identity`` and ``needs_top_logprobs`` (defaults
+    where it has none); a ``needs_top_logprobs`` that is not a whole number of at least 0 is a ``PluginError``."""
+    k = getattr(reward, "needs_top_logprobs", 0) or 0
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise PluginError(
+            f"reward {type(reward).__name__}: needs_top_logprobs is {k!r}; declare how many of the most likely "
+            "tokens' log-probs it reads at each position, a whole number (0: none)"
+        )
     return RewardInfo(
         bool(getattr(reward, "needs_logprobs", False)),
         bool(getattr(reward, "needs_hidden_states", False)),
         identity_of(reward),
+        k,
+        tuple(getattr(reward, "needs_meta", ()) or ()),
     )
 
 
@@ -57,6 +68,7 @@ class Scorer:
         self.reward, self.name, self.role = reward, name, role
         info = reward_info(reward)
         self.needs_logprobs, self.needs_hidden_states = info.needs_logprobs, info.needs_hidden_states
+        self.needs_top_logprobs, self.needs_meta = info.needs_top_logprobs, info.needs_meta
         if self.needs_hidden_states and role == "reward":
             raise ConfigError(
                 "reward",

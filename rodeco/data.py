@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ def find_data_file(path: str | Path, key: str, root: str | None = None, root_key
 class Prompt:
     index: int  # position in the source: results are keyed and resumed by it
     text: str
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # the record beyond its text
 
 
 def _check_text(text: object, where: str, key: str) -> str:
@@ -105,14 +107,15 @@ def load_prompts(
             "e.g. data.path=prompts.jsonl, data.prompts='[\"Hello\"]' or "
             "data.hf=tatsu-lab/alpaca_eval, the others null",
         )
+    records: list[tuple[str, dict[str, Any]]]
     if prompts is not None:
-        texts = [_check_text(t, f"prompt {i}", "data.prompts") for i, t in enumerate(prompts)]
+        records = [(_check_text(t, f"prompt {i}", "data.prompts"), {}) for i, t in enumerate(prompts)]
     elif hf is not None:
-        texts = hf.texts(field)
+        records = [(t, {}) for t in hf.texts(field)]
     else:
         assert path is not None  # exactly one source was given
-        texts = _read_file(find_data_file(path, "data.path", root), field)
-    out = [Prompt(i, t) for i, t in enumerate(texts)]
+        records = _read_file(find_data_file(path, "data.path", root), field)
+    out = [Prompt(i, t, meta) for i, (t, meta) in enumerate(records)]
     if indices is not None:
         bad = [i for i in indices if not 0 <= int(i) < len(out)]
         if bad:
@@ -207,7 +210,8 @@ def shard_of(prompts: list[Prompt], num_shards: int, shard: int, batch: int = 1)
     return [p for b in batches_of(prompts, max(1, batch))[shard::num_shards] for p in b]
 
 
-def _read_file(path: Path, field: str) -> list[str]:
+def _read_file(path: Path, field: str) -> list[tuple[str, dict[str, Any]]]:
+    """Each record's prompt (its ``field``) and its other fields (a ``gold_answer``: the prompt's ``meta``)."""
     if not path.is_file():
         raise ConfigError(
             "data.path",
@@ -245,12 +249,13 @@ def _read_file(path: Path, field: str) -> list[str]:
                     f"line {lineno} is not valid JSON ({e.msg})",
                     f"fix line {lineno}: each line must be one JSON object",
                 ) from None
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for where, rec in numbered:
         if isinstance(rec, str):
-            out.append(_check_text(rec, f"{path}, {where}", "data.path"))
+            out.append((_check_text(rec, f"{path}, {where}", "data.path"), {}))
         elif isinstance(rec, dict) and field in rec:
-            out.append(_check_text(rec[field], f"{path}, {where}", "data.path"))
+            meta = {k: v for k, v in rec.items() if k != field}
+            out.append((_check_text(rec[field], f"{path}, {where}", "data.path"), meta))
         else:
             keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
             raise ConfigError(

@@ -54,6 +54,18 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def rodeco_register_sources(register: Callable[..., None]) -> None:
+    """Register task sources, generators of problems by name (``data.source``): ``register(name, factory,
+    description="")``.
+
+    ``factory() -> TaskSource`` (``rodeco.protocols.TaskSource``): it generates ``data.size`` problems of
+    ``data.task`` from ``data.seed`` with ``data.task_config``, each a prompt and its record (the gold answer and
+    what the task's checker reads), and checks an answer against a record (the ``gold`` judge asks it). A name
+    registered twice is an error.
+    """
+
+
+@hookspec
 def rodeco_config_dirs() -> list[str]:
     """Directories of Hydra config files (``reward/*.yaml``, ``policy/*.yaml``, ``experiment/*.yaml``, ...) that a
     plugin adds. The results of all implementations go on Hydra's search path, after rodeco's own ``conf/``."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rodeco.contracts import Scorer
 from rodeco.protocols import RewardCost
-from rodeco.state import JudgeScore, PromptResult, ScoreRequest, judge_entries, judge_field
+from rodeco.state import GOLD, JudgeScore, PromptResult, ScoreRequest, judge_entries, judge_field
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -78,14 +78,28 @@ class Judges:
         return {j.name: r for j in self.judges if (r := j.scorer.report())}
 
     def score(
-        self, prompt: str, index: int, items: Sequence[Item], only: Iterable[str] | None = None
+        self,
+        prompt: str,
+        index: int,
+        items: Sequence[Item],
+        only: Iterable[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> dict[int, list[JudgeScore]]:
-        """Each item's scores by every judge (or those named in ``only``), keyed by candidate id. A judge that
-        raises gives ``score=None`` and its error for these items; the others still score."""
+        """Each item's scores by every judge (or those named in ``only``), keyed by candidate id; ``meta`` is the
+        prompt's record (its gold answer). A judge that raises gives ``score=None`` and its error for these items; the
+        others still score."""
         wanted = set(self.names if only is None else only)
         out: dict[int, list[JudgeScore]] = {it.candidate_id: [] for it in items}
         reqs = [
-            ScoreRequest(prompt, it.text, it.token_ids, partial=False, prompt_index=index, candidate_id=it.candidate_id)
+            ScoreRequest(
+                prompt,
+                it.text,
+                it.token_ids,
+                partial=False,
+                prompt_index=index,
+                candidate_id=it.candidate_id,
+                meta=meta or {},
+            )
             for it in items
         ]
         for j in self.judges:
@@ -118,7 +132,7 @@ class Judges:
         items = {c.candidate_id: Item(c.candidate_id, c.text, tuple(c.token_ids)) for c in cands}
         best = result.best
         items.setdefault(best.candidate_id, Item(best.candidate_id, best.text, tuple(best.token_ids)))
-        scores = self.score(result.prompt, result.prompt_index, list(items.values()))
+        scores = self.score(result.prompt, result.prompt_index, list(items.values()), meta=result.meta)
         result.judge = scores[best.candidate_id]
         for c in cands:
             c.judge = scores[c.candidate_id]
@@ -136,7 +150,8 @@ class Judges:
         items = {int(best["candidate_id"]): Item(int(best["candidate_id"]), best["text"], tuple(best["token_ids"]))}
         for c in targets[1:]:
             items.setdefault(int(c["candidate_id"]), Item(int(c["candidate_id"]), c["text"], tuple(c["token_ids"])))
-        scores = self.score(rec["prompt"], int(rec["prompt_index"]), list(items.values()), only=missing)
+        meta = {**rec.get("record", {}), **({GOLD: rec[GOLD]} if GOLD in rec else {})}
+        scores = self.score(rec["prompt"], int(rec["prompt_index"]), list(items.values()), only=missing, meta=meta)
         _merge(rec, scores[int(best["candidate_id"])])
         for c in targets[1:]:
             _merge(c, scores[int(c["candidate_id"])])

@@ -117,6 +117,7 @@ def decode_batch(
             refs,
             needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
             needs_hidden=decider.needs_hidden_states,
+            top_logprobs=max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
             first=first,
         )
     )
@@ -241,6 +242,8 @@ def score_rows(
                 logprobs=tuple(r.logprobs) if r.logprobs is not None else None,
                 hidden_state=r.hidden,
                 stream=r.stream,
+                top_logprobs=tuple(map(tuple, r.top_logprobs)) if r.top_logprobs is not None else None,
+                meta=prompts[r.prompt].meta,
             )
             for r in rows
         ]

@@ -317,7 +317,12 @@ def _admit(
     with acct.timed("prefill", weights):
         if sess is None:
             spec = session_spec(
-                first, joining[0][0].n, [joining[0][0].req.ref], needs_logprobs=logprobs, needs_hidden=hidden
+                first,
+                joining[0][0].n,
+                [joining[0][0].req.ref],
+                needs_logprobs=logprobs,
+                needs_hidden=hidden,
+                top_logprobs=max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
             )
             sess = cast(OpenSession, gen.open_session(spec))  # its info admits: its sessions are open ones
             sess.prefill([joining[0][1]])

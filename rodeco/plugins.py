@@ -4,7 +4,7 @@ Entry points of the ``rodeco`` group are loaded once per manager, when it is bui
 Environment switches for reproducible runs:
 
 - ``RODECO_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points except the built-ins (``rewards``, ``policies``,
-  ``experiments``);
+  ``experiments``, ``tasks``);
 - ``RODECO_LOAD_PLUGINS=a,b``: load only these entry points (by entry-point name), plus the built-ins.
 
 ``BuildContext`` is what a reward or policy factory receives; ``Plugins.build_reward`` and ``build_policy`` turn a
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco import hookspecs
 from rodeco.config import split_node
 from rodeco.params import check_params, is_schema
-from rodeco.protocols import Policy, Reward
+from rodeco.protocols import Policy, Reward, TaskSource
 from rodeco.state import Compute, Counts, PromptResult, RoundView
 from rodeco.validation import ConfigError
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GROUP = "rodeco"
-BUILTIN_ENTRY_POINTS = ("rewards", "policies", "experiments")
+BUILTIN_ENTRY_POINTS = ("rewards", "policies", "experiments", "tasks")
 
 
 @dataclass
@@ -180,9 +180,11 @@ class Plugins:
         self.rewards = Registry("reward", "reward.name")
         self.policies = Registry("policy", "policy.name")
         self.experiments = Registry("experiment", "experiment")
+        self.sources = Registry("task source", "data.source")
         self._fill(self.pm.hook.rodeco_register_rewards, self.rewards)
         self._fill(self.pm.hook.rodeco_register_policies, self.policies)
         self._fill(self.pm.hook.rodeco_register_experiments, self.experiments)
+        self._fill(self.pm.hook.rodeco_register_sources, self.sources)
 
     @staticmethod
     def _fill(hook: Any, registry: Registry) -> None:
@@ -195,6 +197,10 @@ class Plugins:
                 registry.register(name, factory, description, plugin=_p, **kw)
 
             impl.function(register=register)
+
+    def source(self, name: str) -> TaskSource:
+        """The task source registered as ``name`` (``data.source``), built by its factory."""
+        return cast("TaskSource", self.sources.get(name).factory())
 
     def config_dirs(self) -> list[str]:
         return [d for dirs in self.pm.hook.rodeco_config_dirs() for d in dirs]

@@ -3,7 +3,9 @@ in a directory so that any rejection policy can be replayed over them (``rodeco.
 
     DIR/pool.json                 settings (generator, sampling, seed, M, max_new_tokens, model shape, engine)
     DIR/tokenizer/                the generator's tokenizer (replay decodes partial responses with it)
-    DIR/prompts/<index>.json      one prompt: its token ids, each candidate's tokens, text, log-probs and stop
+    DIR/prompts/<index>.json      one prompt: its token ids, its data record beyond its text (``meta``: a task's
+                                  gold answer), each candidate's tokens, text, log-probs (and, where the pool
+                                  records them, the ``top_logprobs`` k most likely tokens' at each position) and stop
                                   token, the measured prefill and per-step decode costs
     DIR/hidden/<index>.npy        the generator's final-layer hidden states [M, max_new_tokens, hidden] (float16):
                                   [c, t] sampled candidate c's token t (what a reward that needs hidden states
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ class PoolCandidate:
     text: str
     logprobs: list[float]  # the generator's log-probability of each response token
     stop: int | None  # the EOS token that ended it, None if it reached max_new_tokens
+    top_logprobs: list[list[float]] = field(default_factory=list)  # [tokens][k] (pools that record them)
 
 
 @dataclass
@@ -56,6 +60,8 @@ class PoolPrompt:
     prefill_seconds: float
     steps: dict[str, list[float]] = field(default_factory=dict)  # rows, context, seconds of each decode step
     record_seconds: float = 0.0  # wall time of recording this prompt (prefill, decode, final rewards)
+    meta: dict[str, Any] = field(default_factory=dict)  # the data record beyond its text (a task's gold answer)
+    batch_prompts: int = 1  # prompts recorded together in one session (its costs shared among them)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PoolPrompt:
@@ -77,10 +83,25 @@ class PoolPrompt:
             candidate_id=i,
             logprobs=tuple(c.logprobs[: len(ids)]),
             hidden_state=hidden,
+            top_logprobs=tuple(map(tuple, c.top_logprobs[: len(ids)])) if c.top_logprobs else None,
+            meta=self.meta,
         )
 
     def final_requests(self) -> list[ScoreRequest]:
         return [self.request(i) for i in range(len(self.candidates))]
+
+
+TOP_DIGITS = 4  # decimals a pool keeps of the top-k log-probs
+
+
+def rounded_top(top: list[list[float]] | None) -> list[list[float]]:
+    """Top-k log-probs as a pool stores them (``TOP_DIGITS`` decimals; empty where none were recorded)."""
+    return [[round(x, TOP_DIGITS) for x in row] for row in top or []]
+
+
+def top_k_of(settings: Mapping[str, Any]) -> int:
+    """How many of the most likely tokens' log-probs a pool records at each position (0: none)."""
+    return int(settings.get("top_logprobs", 0))
 
 
 STEP_COSTS, OLD_STEP_COSTS = "step_costs.json", "calibration.json"  # the second: pools recorded before the rename

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from rodeco.contracts import reward_cost, reward_info
-from rodeco.pool import Pool
+from rodeco.pool import Pool, top_k_of
 from rodeco.protocols import Reward, RewardCost
 from rodeco.sampling import COPY_BIT
 from rodeco.state import ScoreRequest
+from rodeco.validation import ConfigError
 
 
 class PoolReward:
@@ -29,6 +30,17 @@ class PoolReward:
         self.pool, self.reward, self.key = pool, reward, key
         self.info = reward_info(reward)
         self.needs_logprobs, self.needs_hidden_states = self.info.needs_logprobs, self.info.needs_hidden_states
+        self.needs_top_logprobs = self.info.needs_top_logprobs
+        if self.needs_top_logprobs > top_k_of(pool.settings):  # else scored on fewer columns (or none) unnoticed
+            k = self.needs_top_logprobs
+            raise ConfigError(
+                "reward",
+                f"needs_top_logprobs={k}",
+                f"the pool at {pool.path} records the {top_k_of(pool.settings)} most likely tokens' log-probs at "
+                "each position",
+                f"use a reward that reads at most {top_k_of(pool.settings)}, or record a pool with "
+                f"experiment_args.top_logprobs={k}",
+            )
         self.cost = RewardCost()
         self.seconds = 0.0  # charged: what the requests served took when they were computed
         self.computed = 0  # requests computed (cache misses)
@@ -80,6 +92,8 @@ class PoolReward:
                 candidate_id=candidate,
                 logprobs=tuple(c["logprobs"]),
                 stream=stream,
+                top_logprobs=tuple(map(tuple, c["top_logprobs"])) if c.get("top_logprobs") else None,
+                meta=p.meta,
             )
         else:
             req = p.request(candidate)

@@ -21,7 +21,7 @@ import torch
 
 from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import TorchGenerator
-from rodeco.pool import Pool, PoolPrompt
+from rodeco.pool import Pool, PoolPrompt, rounded_top, top_k_of
 from rodeco.protocols import EngineInfo, Generator
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec
@@ -77,7 +77,13 @@ class ReplayGenerator:
             sampling = SamplingParams(**ps["sampling"])
             sess = live.open_session(
                 SessionSpec(
-                    len(miss), sampling, int(ps["max_new_tokens"]), int(ps["seed"]), (stream_key,), needs_logprobs=True
+                    len(miss),
+                    sampling,
+                    int(ps["max_new_tokens"]),
+                    int(ps["seed"]),
+                    (stream_key,),
+                    needs_logprobs=True,
+                    top_logprobs=top_k_of(ps),
                 )
             )
             sess.prefill([self.pool.prompt(index).prompt_ids])
@@ -94,6 +100,7 @@ class ReplayGenerator:
                     "step": step,
                     "tokens": r.token_ids,
                     "logprobs": r.logprobs,
+                    **({"top_logprobs": rounded_top(r.top_logprobs)} if r.top_logprobs is not None else {}),
                     "stop": r.stop,
                     "seconds": seconds,
                     "text": live.decode_text(r.token_ids),
@@ -169,31 +176,46 @@ class RecordedRows:
         self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
         self.rec = torch.empty(0, 0, dtype=torch.long)  # [B, T] each row's recorded tokens (EOS included)
         self.rec_lp = torch.empty(0, 0)  # [B, T] their log-probs
+        self.k = top_k_of(self.pool.settings)  # the top-k log-probs the pool records at each position
+        if spec.top_logprobs > self.k:
+            raise ConfigError(
+                "reward",
+                f"needs_top_logprobs={spec.top_logprobs}",
+                f"the pool at {self.pool.path} records the {self.k} most likely tokens' log-probs at each position",
+                f"use a reward that reads at most {self.k} (e.g. reward.top_k={self.k}), or record a pool with "
+                f"experiment_args.top_logprobs={spec.top_logprobs}",
+            )
+        self.rec_top = torch.empty(0, 0, self.k)  # [B, T, k] the k most likely tokens' log-probs
 
-    def _recorded(self, sess: TorchSession, rows: range, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recorded tokens (EOS included) and log-probs of ``rows``, ``T`` wide; their ids made pool ids."""
+    def _recorded(self, sess: TorchSession, rows: range, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The recorded tokens (EOS included), log-probs and top-k log-probs of ``rows``, ``T`` wide; their ids
+        made pool ids."""
         sess.cand[rows.start : rows.stop] %= self.pool.candidates  # pool candidate ids
         sess.stream[rows.start : rows.stop] = sess.cand[rows.start : rows.stop]
         rec = torch.full((len(rows), T), self.gen.pad_id, dtype=torch.long)
         lp = torch.zeros((len(rows), T))
+        top = torch.zeros((len(rows), T, self.k))
         for j, r in enumerate(rows):
             cand = self.pool.prompt(int(self.indices[sess.prompt_of[r]])).candidates[int(sess.cand[r])]
             toks = (cand.token_ids + ([cand.stop] if cand.stop is not None else []))[:T]
             rec[j, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             lp[j, : min(len(cand.logprobs), T)] = torch.tensor(cand.logprobs[:T])
-        return rec, lp
+            if self.k and cand.top_logprobs:
+                top[j, : min(len(cand.top_logprobs), T)] = torch.tensor(cand.top_logprobs[:T])
+        return rec, lp, top
 
     def started(self, sess: TorchSession) -> None:
-        self.rec, self.rec_lp = self._recorded(sess, range(sess.rows), sess.max_new)
+        self.rec, self.rec_lp, self.rec_top = self._recorded(sess, range(sess.rows), sess.max_new)
 
     def admitted(self, sess: TorchSession, prompts: list[OpenPrompt], rows: range) -> None:
         """Prompts joined the batch: their ``rows`` (the last ones) emit their recorded candidates from their own
         step 0; the recordings widen to the longest length asked (the pool's at most: ``check_replayable``)."""
         self.indices = np.append(self.indices, [op.index for op in prompts]).astype(np.int64)
         T = max(self.rec.shape[1], *(op.max_new_tokens for op in prompts))
-        rec, lp = self._recorded(sess, rows, T)
+        rec, lp, top = self._recorded(sess, rows, T)
         self.rec = torch.cat([_widen(self.rec, T, self.gen.pad_id), rec])
         self.rec_lp = torch.cat([_widen(self.rec_lp, T, 0.0), lp])
+        self.rec_top = torch.cat([_widen(self.rec_top, T, 0.0), top])
 
     def _at(self, buf: torch.Tensor, steps: int | np.ndarray) -> torch.Tensor:
         """Each row's entry at its own step (its prompt's clock)."""
@@ -206,6 +228,9 @@ class RecordedRows:
 
     def logprobs(self, sess: TorchSession, tok: torch.Tensor) -> torch.Tensor:
         return self._at(self.rec_lp, sess.steps())
+
+    def top_logprobs(self, sess: TorchSession, k: int) -> torch.Tensor:
+        return self._at(self.rec_top, sess.steps())[:, :k]
 
     def hidden(self, sess: TorchSession) -> torch.Tensor | None:
         """The recorded state that sampled each row's latest token (zeros for a row that joined and has none yet:
@@ -224,7 +249,7 @@ class RecordedRows:
         return out
 
     def selected(self, rows: torch.Tensor) -> None:
-        self.rec, self.rec_lp = self.rec[rows], self.rec_lp[rows]
+        self.rec, self.rec_lp, self.rec_top = self.rec[rows], self.rec_lp[rows], self.rec_top[rows]
 
     def forking(self, sess: TorchSession) -> None:
         if sess.needs_hidden:
@@ -257,6 +282,9 @@ class RecordedRows:
                 self.rec[r, t:] = self.gen.pad_id
                 self.rec[r, t : len(toks)] = torch.tensor(toks[t:], dtype=torch.long)
                 self.rec_lp[r, t : min(len(c["logprobs"]), T)] = torch.tensor(c["logprobs"][t:T])
+                top = c.get("top_logprobs") or []
+                if self.k and len(top) > t:
+                    self.rec_top[r, t : min(len(top), T)] = torch.tensor(top[t:T])
 
 
 def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
@@ -273,7 +301,7 @@ def live_generator(pool: Pool, compile_step: bool = False) -> Generator:
 
 
 def _widen(buf: torch.Tensor, width: int, fill: float) -> torch.Tensor:
-    """``buf`` [B, W] widened to ``width`` columns of ``fill``."""
+    """``buf`` [B, W, ...] widened to ``width`` columns of ``fill``."""
     if buf.shape[1] >= width:
         return buf
-    return torch.cat([buf, buf.new_full((buf.shape[0], width - buf.shape[1]), fill)], dim=1)
+    return torch.cat([buf, buf.new_full((buf.shape[0], width - buf.shape[1], *buf.shape[2:]), fill)], dim=1)

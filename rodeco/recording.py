@@ -11,16 +11,20 @@ import numpy as np
 
 from rodeco.data import Prompt
 from rodeco.loop import LoopSettings, session_spec
-from rodeco.pool import Pool, PoolCandidate, PoolPrompt
+from rodeco.pool import Pool, PoolCandidate, PoolPrompt, rounded_top, top_k_of
 from rodeco.protocols import Generator
 from rodeco.state import PromptRef, SessionSpec
+from rodeco.validation import ConfigError
 
 # ModelShape fields a pool's settings leave out: pools recorded before they existed must still extend
 UNRECORDED_SHAPE = ("vocab_size", "hidden_size")
 
 
-def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cfg: dict[str, Any]) -> dict[str, Any]:
-    """What a pool's candidates depend on; replaying needs the same, extending the pool too."""
+def pool_settings(
+    gen: Generator, s: LoopSettings, candidates: int, generator_cfg: dict[str, Any], top_logprobs: int = 0
+) -> dict[str, Any]:
+    """What a pool's candidates depend on; replaying needs the same, extending the pool too. ``top_logprobs``: the
+    k most likely tokens' log-probs recorded at each position (left out at 0, as pools recorded before it)."""
     return {
         "candidates": candidates,
         "max_new_tokens": s.max_new_tokens,
@@ -33,6 +37,7 @@ def pool_settings(gen: Generator, s: LoopSettings, candidates: int, generator_cf
         "eos_ids": gen.eos_ids,
         "pad_id": gen.pad_id,
         **({"kv_block": gen.kv.block} if gen.kv.block != 1 else {}),
+        **({"top_logprobs": top_logprobs} if top_logprobs else {}),
     }  # pools of rodeco's engines: as before
 
 
@@ -42,37 +47,70 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -
     hidden states ``[M, max_new_tokens, hidden]`` (float16): ``[c, t]`` is the state that sampled candidate ``c``'s
     token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end), or
     None where the engine keeps them to itself (vLLM)."""
+    ((rec, hidden),) = record_prompts(gen, pool, [prompt], s, hidden=gen.provides_hidden)
+    return rec, hidden
+
+
+def record_prompts(
+    gen: Generator, pool: Pool, prompts: list[Prompt], s: LoopSettings, hidden: bool = False
+) -> list[tuple[PoolPrompt, np.ndarray | None]]:
+    """``record_prompt`` of several prompts decoded together in one session (``pool.candidates`` rows each, the
+    same random streams: each prompt's candidates are its own samples), so that the steps hold more rows; each
+    prompt is charged its share of the prefill and the batch's steps (``PoolPrompt.batch_prompts``). ``hidden``:
+    record the hidden states too (one prompt at a time only)."""
+    if hidden and len(prompts) > 1:
+        raise ConfigError(
+            "experiment_args.batch_prompts",
+            len(prompts),
+            "hidden states are recorded one prompt at a time",
+            "set experiment_args.batch_prompts=1, or experiment_args.hidden_states=false",
+        )
     t0 = time.perf_counter()
+    refs = [PromptRef(p.index, p.text, meta=p.meta) for p in prompts]
     sess = gen.open_session(
         session_spec(
             s,
             pool.candidates,
-            [PromptRef(prompt.index, prompt.text)],
+            refs,
             needs_logprobs=True,
-            record_hidden=gen.provides_hidden,
+            record_hidden=hidden,
+            top_logprobs=top_k_of(pool.settings),
         )
     )
-    ids = gen.encode(prompt.text)
-    sess.prefill([ids])
+    ids = [gen.encode(p.text) for p in prompts]
+    sess.prefill(ids)
     prefill_s = time.perf_counter() - t0
     rows = sess.decode(until=s.max_new_tokens) + sess.retire_finished()
-    rows.sort(key=lambda r: r.candidate_id)
+    rows.sort(key=lambda r: (r.prompt, r.candidate_id))
     st = sess.stats
-    hidden = None
+    states = None
     if sess.hidden_log:
         width = sess.hidden_log[0][2].shape[-1]
-        hidden = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
+        states = np.zeros((pool.candidates, s.max_new_tokens, width), dtype=np.float16)
         for t, cand, h in sess.hidden_log:
-            hidden[cand, t] = h.float().cpu().numpy()
-    return PoolPrompt(
-        index=prompt.index,
-        text=prompt.text,
-        prompt_ids=ids,
-        prefill_seconds=prefill_s,
-        candidates=[PoolCandidate(r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop) for r in rows],
-        steps={"rows": list(st.step_rows), "context": list(st.step_context), "seconds": st.step_seconds},
-        record_seconds=time.perf_counter() - t0,
-    ), hidden
+            states[cand, t] = h.float().cpu().numpy()
+    seconds, P = time.perf_counter() - t0, len(prompts)
+    out = []
+    for b, p in enumerate(prompts):
+        mine = [r for r in rows if r.prompt == b]
+        rec = PoolPrompt(
+            index=p.index,
+            text=p.text,
+            prompt_ids=ids[b],
+            prefill_seconds=prefill_s / P,
+            candidates=[
+                PoolCandidate(
+                    r.token_ids, gen.decode_text(r.token_ids), r.logprobs or [], r.stop, rounded_top(r.top_logprobs)
+                )
+                for r in mine
+            ],
+            steps={"rows": list(st.step_rows), "context": list(st.step_context), "seconds": st.step_seconds},
+            record_seconds=seconds / P,
+            meta=dict(p.meta),
+            batch_prompts=P,
+        )
+        out.append((rec, states))
+    return out
 
 
 def measure_step_costs(

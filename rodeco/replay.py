@@ -113,7 +113,7 @@ def replay_batch(
         gen,
         reward,
         policy,
-        [PromptRef(p.index, p.text) for p in ps],
+        [PromptRef(p.index, p.text, meta=p.meta) for p in ps],
         s,
         on_round=on_round,
         partial=partial,

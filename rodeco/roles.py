@@ -15,6 +15,7 @@ Two steps, so that a misspelled name fails before any model is loaded:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from rodeco.plugins import BuildContext, Entry, Plugins
 from rodeco.pool import reward_key
 from rodeco.pool_rewards import OracleReward, PoolReward
 from rodeco.protocols import Policy, Reward
+from rodeco.state import GOLD
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -149,6 +151,27 @@ class Roles:
     def partial_name(self) -> str:
         return self.choices.partial.name
 
+    def check_records(self, prompts: Sequence[Any]) -> None:
+        """Every prompt's record holds the fields each role's reward and each judge needs (``needs_meta``: the
+        ``gold`` judge needs a ``gold_answer``): else a ``ConfigError`` naming the role and the first such prompt,
+        before anything is decoded. ``prompts`` have ``index``, ``text`` and ``meta``."""
+        scorers = [("reward", self.reward)] + ([("partial_reward", self.partial)] if self.partial is not None else [])
+        scorers += [(f"judge.{j.name}", j.scorer) for j in self.judges.judges]
+        for key, sc in scorers:
+            for name in sc.needs_meta:
+                bad = [p for p in prompts if p.meta.get(name) is None]
+                if bad:
+                    shown = " ".join(bad[0].text.split())[:60]
+                    what = "gold answer" if name == GOLD else f"{name!r} field"
+                    raise ConfigError(
+                        key,
+                        sc.name,
+                        f"{len(bad)} of {len(prompts)} prompts have no {what} (the first: prompt {bad[0].index}, "
+                        f"{shown!r}); {sc.name} scores against it",
+                        "decode a task whose records carry it (data=reasoning_gym, or a JSONL file with a "
+                        f"{name} field beside the prompt), or drop {key}",
+                    )
+
 
 def pool_served(plugins: Plugins, pool: Pool, node: Any, key: str = "reward") -> PoolReward:
     """The reward ``node`` names, built and served from (and filling) ``pool``'s score cache: what an experiment
@@ -219,14 +242,14 @@ class RoleBuilder:
 
     def judges(self, choices: tuple[Choice, ...]) -> Judges:
         """The judges, built once like the other rewards (from a pool: served from and filling its cache). They
-        read the response's text and token ids only: a reward that needs the decode's log-probs or hidden states,
-        which results do not keep, is refused."""
+        read the response's text and token ids only: a reward that needs the decode's log-probs (the sampled
+        tokens' or the top-k) or hidden states, which results do not keep, is refused."""
         out = []
         for c in choices:
             option = c.key.partition(".")[2]
             scorer = Scorer(self.reward(c), option, "judge")
-            if scorer.needs_logprobs or scorer.needs_hidden_states:
-                what = "log-probs" if scorer.needs_logprobs else "hidden states"
+            if scorer.needs_logprobs or scorer.needs_top_logprobs or scorer.needs_hidden_states:
+                what = "log-probs" if scorer.needs_logprobs or scorer.needs_top_logprobs else "hidden states"
                 raise ConfigError(
                     c.key,
                     c.name,

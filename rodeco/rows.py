@@ -59,15 +59,32 @@ class RowBook:
         self.cand[slots], self.stream[slots] = ids, streams
         return order, slots
 
-    def leaving(self, i: int, ids: list[int], logprobs: list[float] | None, reason: str, eos_ids: Any = ()) -> Row:
-        """Row ``i`` as it leaves the batch with its tokens ``ids`` (and their log-probs), for ``reason``; a response
-        that ended by EOS (``reason == "eos"`` and its last token one of ``eos_ids``) leaves without that token, which
-        is kept as the row's ``stop``."""
+    def leaving(
+        self,
+        i: int,
+        ids: list[int],
+        logprobs: list[float] | None,
+        reason: str,
+        eos_ids: Any = (),
+        top: list[list[float]] | None = None,
+    ) -> Row:
+        """Row ``i`` as it leaves the batch with its tokens ``ids`` (and their log-probs, and the top-k log-probs at
+        each position), for ``reason``; a response that ended by EOS (``reason == "eos"`` and its last token one of
+        ``eos_ids``) leaves without that token, which is kept as the row's ``stop``."""
         stop = None
         if reason == "eos" and ids and ids[-1] in eos_ids:
-            stop, ids, logprobs = ids[-1], ids[:-1], (logprobs[:-1] if logprobs is not None else None)
+            stop, ids = ids[-1], ids[:-1]
+            logprobs = logprobs[:-1] if logprobs is not None else None
+            top = top[:-1] if top is not None else None
         return Row(
-            int(self.prompt_of[i]), int(self.cand[i]), list(ids), logprobs, reason, stop, stream=int(self.stream[i])
+            int(self.prompt_of[i]),
+            int(self.cand[i]),
+            list(ids),
+            logprobs,
+            reason,
+            stop,
+            stream=int(self.stream[i]),
+            top_logprobs=top,
         )
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget, winner_rule
-from rodeco.data import Prompt, batches_of, prompts_of
+from rodeco.data import Prompt, batches_of
 from rodeco.judging import Judges, check_specs
 from rodeco.judging import summarize as summarize_judges
 from rodeco.loop import LoopSettings, decode_batch
@@ -26,7 +26,8 @@ from rodeco.protocols import Generator
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, Counts, PromptResult, RoundView, RunOutput
+from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput
+from rodeco.tasks import prompts_of
 from rodeco.validation import ConfigError, Interrupted, PluginError, node_dict
 from rodeco.working import WorkingMemory, working_memory
 
@@ -157,6 +158,7 @@ class DecodeRun:
     ) -> None:
         self.cfg, self.plugins, self.gen, self.roles, self.prompts = cfg, plugins, gen, roles, prompts
         self.out_dir = out_dir
+        roles.check_records(prompts)  # a judge's gold answers: before any prompt is decoded
         key = "data.path" if cfg.data.path else "data.prompts"
         lens = check_lengths(gen, prompts, cfg.sampling.max_new_tokens, key)  # each prompt encoded once
         self.working = row_working_memory(cfg, gen, roles, max(lens, default=1))
@@ -237,7 +239,7 @@ class DecodeRun:
                     self.gen,
                     self.roles.reward,
                     self.roles.policy,
-                    [(p.index, p.text) for p in part],
+                    [PromptRef(p.index, p.text, meta=p.meta) for p in part],
                     self.settings,
                     on_round=self.on_round,
                     on_done=self.on_done,

@@ -17,7 +17,7 @@ pool stores its continuation under that stream).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,13 +40,20 @@ class SamplingParams:
 class PromptRef:
     """One prompt of a batch: its dataset index, its text, its stream key (None: the dataset index), its own seed
     (None: the run's ``seed``; a server's requests each bring theirs) and, for a conversation, its messages (what the
-    chat template encodes; ``text`` is then the conversation as the rewards read it)."""
+    chat template encodes; ``text`` is then the conversation as the rewards read it). ``meta`` holds the data
+    record's fields beyond its prompt (a task's gold answer): rewards and judges receive it as ``ScoreRequest.meta``."""
 
     index: int
     text: str
     stream: int | None = None
     seed: int | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content) pairs
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def gold_answer(self) -> str | None:
+        """The record's gold answer as a string (``meta["gold_answer"]``), or None where it has none."""
+        return gold_answer_of(self.meta)
 
     @property
     def stream_key(self) -> int:
@@ -61,6 +68,15 @@ class PromptRef:
         return self.text if self.messages is None else [{"role": r, "content": c} for r, c in self.messages]
 
 
+GOLD = "gold_answer"  # the meta field that holds a record's gold answer
+
+
+def gold_answer_of(meta: Mapping[str, Any] | None) -> str | None:
+    """``meta``'s gold answer as a string, or None where it has none."""
+    g = (meta or {}).get(GOLD)
+    return None if g is None else str(g)
+
+
 @dataclass
 class Row:
     """A candidate's response so far: an active row, or one that left the batch (EOS, max_new_tokens, rejected)."""
@@ -73,6 +89,7 @@ class Row:
     stop: int | None = None  # the EOS token that ended it (reason "eos")
     hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
     stream: int | None = None  # the random-stream key within its prompt (None: the candidate id)
+    top_logprobs: list[list[float]] | None = None  # [tokens][k] the k most likely tokens' log-probs (when asked)
 
 
 class Counts(tuple):
@@ -133,6 +150,7 @@ class SessionSpec:
     indices: tuple[int, ...] = ()  # per prompt of the batch: its dataset index (a replay's key into its pool)
     needs_logprobs: bool = False
     needs_hidden: bool = False
+    top_logprobs: int = 0  # k: record the k most likely tokens' log-probs at each step (0: none)
     ignore_eos: bool = False
     record_hidden: bool = False
     first: int = 0
@@ -168,7 +186,10 @@ class ScoreRequest:
     when the reward declares ``needs_logprobs = True``. ``hidden_state`` is the generator's final-layer hidden state
     (the final norm's output) at the position that sampled the response's last token, i.e. after reading the prompt
     and all response tokens but the last; it is filled for partial requests when the reward declares
-    ``needs_hidden_states = True`` (finished responses get ``None``).
+    ``needs_hidden_states = True`` (finished responses get ``None``). ``top_logprobs`` holds, for each response token,
+    the log-probabilities of the generator's ``k`` most likely tokens at that position (descending), filled when the
+    reward declares ``needs_top_logprobs = k``. ``meta`` holds the prompt's data record beyond its text (a task's
+    ``gold_answer``, its checker's fields); empty where the record has none.
     """
 
     prompt: str
@@ -180,6 +201,8 @@ class ScoreRequest:
     logprobs: tuple[float, ...] | None = None
     hidden_state: np.ndarray | None = field(default=None, compare=False)
     stream: int | None = None  # the candidate's random stream (a copy's names its lineage; a pool keys copies by it)
+    top_logprobs: tuple[tuple[float, ...], ...] | None = None  # [tokens][k]
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -379,6 +402,9 @@ class PromptResult:
     reward: str = ""
     winner: str = "reward"  # the rule that chose ``best`` (rodeco.winner); left out of records at its default
     answer: str | None = None  # the answer a vote chose by (left out when None)
+    gold_answer: str | None = None  # the prompt's gold answer, where its record has one (left out when None)
+    # the prompt's record (what judges check against): written as ``record`` beside a gold answer, else left out
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     judge: list[JudgeScore] | None = None  # the winner's judge scores, set after the decode (left out when None)
 
     @property
@@ -406,8 +432,12 @@ class PromptResult:
                 del r["copies"]
         if d["winner"] == "reward":
             del d["winner"]
-        if d["answer"] is None:
-            del d["answer"]
+        for k in ("answer", "gold_answer"):
+            if d[k] is None:
+                del d[k]
+        meta = d.pop("meta")
+        if self.gold_answer is not None:
+            d["record"] = {k: v for k, v in meta.items() if k != GOLD}
         return d
 
 

@@ -194,4 +194,6 @@ class Trace:
             reward=self.reward,
             winner=choice.rule,
             answer=choice.answer,
+            gold_answer=self.prompts[p].gold_answer,
+            meta=self.prompts[p].meta,
         )

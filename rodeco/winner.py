@@ -8,7 +8,8 @@
   positive on any reward scale (a preference RM's logits as a PRM's probabilities); a large ``temperature`` is the
   plain majority, a small one the highest reward.
 
-Extractors: ``boxed`` (the last ``\\boxed{...}``, nested braces allowed), ``last_number``, ``regex`` (``pattern``:
+Extractors: ``boxed`` (the last ``\\boxed{...}``, nested braces allowed), ``last_number``, ``first_line`` (the
+first line with text, an ``Answer:`` label dropped: a word, a list or a sentence), ``regex`` (``pattern``:
 its first group, or the whole match), or ``package.module:function`` (a callable ``str -> str | None``: any
 installed package can provide one). Answers are normalized (spaces, ``$``, thousands separators, ``2.0`` is ``2``).
 Candidates without an answer do not vote; if none has one, the highest reward wins and the result says so
@@ -28,7 +29,7 @@ from rodeco.state import Candidate
 from rodeco.validation import ConfigError
 
 RULES = ("reward", "majority", "weighted")
-EXTRACTORS = ("boxed", "last_number", "regex")
+EXTRACTORS = ("boxed", "last_number", "first_line", "regex")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -50,6 +51,18 @@ def last_number(text: str) -> str | None:
     return found[-1] if found else None
 
 
+_LABEL = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\b\s*(?:is\b)?\s*[:=]?\s*", re.IGNORECASE)
+
+
+def first_line(text: str) -> str | None:
+    """The first line that holds text, without an ``Answer:`` label, or None."""
+    for line in text.splitlines():
+        line = _LABEL.sub("", line.strip()).strip()
+        if line:
+            return line
+    return None
+
+
 def normalize(answer: str) -> str:
     a = answer.strip().strip("$").strip().rstrip(".").replace(" ", "")
     num = a.replace(",", "")
@@ -66,6 +79,8 @@ def extractor(name: str, pattern: str | None = None) -> Callable[[str], str | No
         return boxed
     if name == "last_number":
         return last_number
+    if name == "first_line":
+        return first_line
     if name == "regex":
         if not pattern:
             raise ConfigError(

@@ -203,7 +203,7 @@ def load_prompts(a: argparse.Namespace) -> tuple[list[Any], list[str]]:
 
 def _load(a: argparse.Namespace, limit: int) -> list[Any]:
     import rodeco
-    from rodeco.data import prompts_of
+    from rodeco.tasks import prompts_of
 
     d = rodeco.load_config([f"data={a.data}", f"data.limit={limit}"]).data
     return prompts_of(d)

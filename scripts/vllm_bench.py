@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
     import rodeco
     from rodeco.budget import full_length_tokens
-    from rodeco.data import prompts_of
     from rodeco.loading import load_generator, weights
+    from rodeco.tasks import prompts_of
 
     vllm = a.engine == "vllm"
     base = [

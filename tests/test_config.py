@@ -21,9 +21,9 @@ from rodeco.budget import budget_from_device
 from rodeco.compose import conf_dir
 from rodeco.config import make_budget, split_node, validate
 from rodeco.contracts import Scorer, select_checked
-from rodeco.data import prompts_of
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.state import PromptView, RoundView, ScoreRequest
+from rodeco.tasks import prompts_of
 from rodeco.validation import ConfigError, PluginError
 
 
@@ -38,7 +38,10 @@ def options(group: str) -> list[str]:
 def test_the_option_lists_are_what_ships():
     assert {"cpu", "cuda", "unlimited"} <= set(options("budget"))
     assert {"fixed", "none", "adaptive", "correlation"} <= set(options("policy"))
-    assert {"minilm_rm", "logprob", "preference_rm", "composite", "custom"} <= set(options("reward"))
+    assert {"minilm_rm", "logprob", "preference_rm", "composite", "custom", "confidence", "gold", "arith_gold"} <= set(
+        options("reward")
+    )
+    assert {"reasoning_gym"} <= set(options("data"))
     assert {"efficiency", "perplexity", "correlation", "engine_bench", "rm_train", "rm_eval", "rm_bench"} <= set(
         options("experiment")
     )
@@ -80,36 +83,56 @@ def check_params_reached(opt: str, params: dict, obj) -> None:
 
 
 REFERENCE_JUDGES = {"chrf", "ref_sim"}  # they score AlpacaEval prompts only, against the reference answer
-# the prompt and responses a reward of each kind can score (the default: a haiku)
+# the prompt, responses and record a reward option can score (the default: a haiku, no record), by option name
 TINY_PROMPTS = {
     "chrf": "How did US states get their names?",
     "ref_sim": "How did US states get their names?",
     "arith_gold": "What is 23 + 7? Answer with the number.",
+    "gold": "What is 23 + 7? Answer with the number.",
 }
-TINY_TEXTS = {"arith_gold": ["It is 30.", "23 + 7 = 31", "The answer: 30"]}
+TINY_TEXTS = {
+    "arith_gold": ["It is 30.", "23 + 7 = 31", "The answer: 30"],
+    "gold": ["It is 30.", "23 + 7 = 31", "The answer: 30"],
+}
+TINY_RECORDS = {"gold": {"gold_answer": "30"}}
 
 
-def tiny_requests(reward, name: str = "") -> list[ScoreRequest]:
-    """Three responses of different lengths to one prompt, carrying what the reward says it needs (log-probs;
-    hidden states, which only partial responses carry)."""
+def tiny_requests(reward, option: str = "") -> list[ScoreRequest]:
+    """Three responses of different lengths to one prompt, carrying what the reward says it needs (log-probs; the
+    top-k log-probs at each position; hidden states, which only partial responses carry; the prompt's record)."""
     partial = bool(getattr(reward, "needs_hidden_states", False))
     dim = len(reward.head.mean) - 2 if partial else 0  # the head reads [hidden state, 2 position features]
+    k = int(getattr(reward, "needs_top_logprobs", 0))
     rng = np.random.default_rng(0)
     texts = TINY_TEXTS.get(
-        name, ["Leaves fall.", "Red leaves drift down the cold river at dusk.", "Autumn wind, " * 8 + "and rain."]
+        option, ["Leaves fall.", "Red leaves drift down the cold river at dusk.", "Autumn wind, " * 8 + "and rain."]
     )
+
+    def top(n: int) -> tuple[tuple[float, ...], ...] | None:  # [n][k], each position's descending
+        return tuple(tuple(sorted(-rng.exponential(size=k), reverse=True)) for _ in range(n)) if k else None
+
     return [
         ScoreRequest(
-            TINY_PROMPTS.get(name, "Write a haiku about autumn."),
+            TINY_PROMPTS.get(option, "Write a haiku about autumn."),
             text,
             tuple(range(1, 3 + 4 * i)),
             partial=partial,
             candidate_id=i,
             logprobs=tuple(-0.2 * (j % 5 + i) for j in range(2 + 4 * i)),
             hidden_state=rng.normal(size=dim) if partial else None,
+            top_logprobs=top(2 + 4 * i),
+            meta=TINY_RECORDS.get(option, {}),
         )
         for i, text in enumerate(texts)
     ]
+
+
+def _confidence(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[float] | None:
+    """-mean of the top-k log-probs over the whole response: what every form gives a response no longer than its
+    window and tail (None: a longer one, not worked out here)."""
+    if any(len(r.top_logprobs) > min(p["window"], p["tail"]) for r in reqs):
+        return None
+    return [-float(np.mean([x[: p["top_k"]] for x in r.top_logprobs])) for r in reqs]
 
 
 def _composite(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[float]:
@@ -124,7 +147,8 @@ def _composite(p: dict, reqs: list[ScoreRequest], ctx: BuildContext) -> list[flo
 # What a reward of each registered kind must score on ``tiny_requests``, from its option file's parameters ``p``.
 EXPECTED_SCORES = {
     "custom": lambda p, reqs, ctx: [float(len(r.response)) for r in reqs] if p["function"] == "length" else None,
-    "arith_gold": lambda p, reqs, ctx: [1.0, 0.0, 1.0],
+    "gold": lambda p, reqs, ctx: [1.0, 0.0, 1.0],
+    "confidence": _confidence,
     "logprob": lambda p, reqs, ctx: [{"mean": np.mean, "sum": np.sum}[p["form"]](r.logprobs) for r in reqs],
     "composite": _composite,
     "example_length": lambda p, reqs, ctx: [
@@ -137,7 +161,7 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
     built = []
     for opt, name, params, reward, ctx in built_options("reward", tiny_gen):
         check_params_reached(opt, params, reward)
-        reqs = tiny_requests(reward, name)
+        reqs = tiny_requests(reward, opt)
         role = "partial_reward" if reqs[0].partial else "reward"
         scores = Scorer(reward, name, role)(reqs)  # one finite float per request, or a PluginError
         assert Scorer(reward, name, role)(reqs).tolist() == scores.tolist(), opt  # the same input, the same scores
@@ -147,6 +171,7 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
             assert expected is not None and scores.tolist() == pytest.approx(expected, abs=1e-9), (opt, scores)
         built.append(opt)
     assert {"composite", "custom", "logprob", "minilm_rm", "minilm_prefix", "text_value", "value_head"} <= set(built)
+    assert {"arith_gold", "confidence", "gold"} <= set(built)
 
 
 def tiny_view(min_reject: int) -> RoundView:

@@ -1,6 +1,7 @@
 """The judges that need no service: ``chrf`` and ``ref_sim`` (AlpacaEval reference answers), ``arith_gold`` (the
-seeded arithmetic problems of scripts/arith_bench.py). Hand-computed chrF values, the prompt -> reference mapping,
-the errors, and ``ref_sim``'s vectors against a manual forward (a tiny Llama) and under the embedded SmolLM2."""
+``gold`` judge with its answer solved from the seeded arithmetic problems of scripts/arith_bench.py). Hand-computed
+chrF values, the prompt -> reference mapping, the errors, and ``ref_sim``'s vectors against a manual forward (a tiny
+Llama) and under the embedded SmolLM2."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import rodeco
 from rodeco.plugins import BuildContext
 from rodeco.state import ScoreRequest
 from rodeco.validation import ConfigError
-from rodeco_rewards.gold import ArithGold, answer_of, build_arith_gold, is_correct
+from rodeco_rewards.gold import Gold, answer_of, build_gold, is_correct
 from rodeco_rewards.reference import (
     ChrfReward,
     HiddenStateEncoder,
@@ -293,16 +294,26 @@ def test_thousands_separators():
 @pytest.mark.parametrize("prompt", ["Write a haiku about autumn.", "What is 2 + 3 and 4 * 5?"])
 def test_a_prompt_that_is_not_one_problem_is_an_error(prompt):
     with pytest.raises(ConfigError) as e:
-        ArithGold().score([req(prompt, "5")])
+        Gold(answer_from="arith").score([req(prompt, "5")])
     assert e.value.key == "judge.arith_gold" and prompt[:20] in str(e.value) and "arith_bench" in e.value.fix
 
 
+def test_arith_gold_scores_as_is_correct():
+    g = Gold(extractor="last_number", answer_from="arith")
+    responses = ["30", "The answer is 30.", "It is 30, not 31.", "thirty", "30.0", ""]
+    assert g.score([req(Q, r) for r in responses]) == [float(is_correct(Q, r)) for r in responses]
+    assert g.score([req("What is 50 * 20?", "It is 1,000.")]) == [1.0]
+    assert g.cost.calls == 2 and g.cost.flops == 0
+
+
 def test_arith_gold_through_the_registry():
-    r = rodeco.get_plugin_manager().build_reward({"name": "arith_gold"}, BuildContext())
-    assert r.score([req(Q, "30"), req(Q, "29")]) == [1.0, 0.0]
+    node = {"name": "gold", "answer_from": "arith", "extractor": "last_number"}  # the arith_gold option
+    r = rodeco.get_plugin_manager().build_reward(node, BuildContext())
+    assert isinstance(r, Gold) and r.score([req(Q, "30"), req(Q, "29")]) == [1.0, 0.0]
+    assert dict(rodeco.load_config(["judge=arith_gold"]).judge.arith_gold) == node
     with pytest.raises(ConfigError) as e:
-        build_arith_gold({"tolerance": 1}, BuildContext())
-    assert e.value.key == "judge.arith_gold.tolerance"
+        build_gold({"answer_from": "arith", "tolerance": 1}, BuildContext())
+    assert e.value.key == "judge.gold.tolerance"
 
 
 @pytest.fixture

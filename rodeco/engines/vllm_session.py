@@ -61,6 +61,7 @@ class VLLMSession:
         self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
         self.seeds = [int(x) for x in spec.prompt_seeds()]  # per prompt: its seed
         self.stream_keys, self.needs_logprobs = [int(k) for k in spec.stream_keys], spec.needs_logprobs
+        self.top_k = spec.top_logprobs  # each position's k most likely tokens' log-probs (vLLM's logprobs=k)
         self.ignore_eos, self.first = spec.ignore_eos, spec.first
         # per prompt: its settings (a prompt that joins brings its own) and the step it joined at (its clock's 0);
         # stop strings are checked here on each new token (rodeco.stops), as live rows are
@@ -91,7 +92,7 @@ class VLLMSession:
             top_p=s.top_p,
             seed=seed,  # top_k 0: off, as in rodeco
             max_tokens=max_tokens,
-            logprobs=0 if self.needs_logprobs else None,
+            logprobs=self.top_k if self.top_k else 0 if self.needs_logprobs else None,
             detokenize=False,
             ignore_eos=self.ignore_eos,
             stop_token_ids=[] if self.ignore_eos else list(self.gen.eos_ids),
@@ -111,6 +112,7 @@ class VLLMSession:
         self.ids: list[str] = []  # per row: vLLM's request id
         self.tokens: list[list[int]] = []
         self.lps: list[list[float]] = []
+        self.tops: list[list[list[float]]] = []  # per row: [tokens][k]
         self.done: list[str] = []  # "eos" | "length" | "stop" once the row finished
         self.fresh: list[int] = []  # its request's prompt length until its first output (from a prefill), then 0
         self.row_of: dict[str, int] = {}
@@ -175,6 +177,7 @@ class VLLMSession:
         self.row_of = {rid: r for r, rid in enumerate(self.ids)}
         self.tokens += [[] for _ in new]
         self.lps += [[] for _ in new]
+        self.tops += [[] for _ in new]
         self.done += ["" for _ in new]
         self.fresh += [self.prompt_lens[self.prompt_of[r]] for r in new]
         for r in new:
@@ -215,8 +218,10 @@ class VLLMSession:
                 flops[p] += self.gen.flops_per_token(self.prompt_lens[p] + len(self.tokens[r]) + j)
             counts[p] += k
             self.tokens[r] += new
-            if self.needs_logprobs and c.logprobs:
-                self.lps[r] += [next(iter(d.values())).logprob for d in c.logprobs]
+            if c.logprobs and (self.needs_logprobs or self.top_k):
+                lps, tops = _logprobs(c.logprobs, new, self.top_k)
+                self.lps[r] += lps
+                self.tops[r] += tops
             if o.finished:
                 self.done[r] = "eos" if c.finish_reason == "stop" else "length"
             elif (
@@ -278,6 +283,7 @@ class VLLMSession:
                 list(self.lps[r]) if self.needs_logprobs else None,
                 reason or self.done[r],
                 self.gen.eos_ids,
+                [list(x) for x in self.tops[r]] if self.top_k else None,
             )
             for r in rows
         ]
@@ -293,6 +299,7 @@ class VLLMSession:
         self.ids = [self.ids[r] for r in order]
         self.tokens = [self.tokens[r] for r in order]
         self.lps = [self.lps[r] for r in order]
+        self.tops = [self.tops[r] for r in order]
         self.done = [self.done[r] for r in order]
         self.fresh = [self.fresh[r] for r in order]
 
@@ -311,6 +318,7 @@ class VLLMSession:
         self._reorder(order)
         for r in slots:
             self.tokens[r], self.lps[r] = list(self.tokens[r]), list(self.lps[r])  # its own, from its parent's
+            self.tops[r] = list(self.tops[r])
             p = int(self.prompt_of[r])
             clock = self.clock(p)
             self.ids[r], self.fresh[r] = f"r{self.uid}-{p}-{int(self.cand[r])}", self.prompt_lens[p] + clock
@@ -328,11 +336,30 @@ class VLLMSession:
 
     def active(self) -> list[Row]:
         return [
-            Row(int(p), int(c), list(t), list(lp) if self.needs_logprobs else None, stream=int(k))
-            for p, c, k, t, lp in zip(self.prompt_of, self.cand, self.stream, self.tokens, self.lps)
+            Row(
+                int(p),
+                int(c),
+                list(t),
+                list(lp) if self.needs_logprobs else None,
+                stream=int(k),
+                top_logprobs=[list(x) for x in top] if self.top_k else None,
+            )
+            for p, c, k, t, lp, top in zip(self.prompt_of, self.cand, self.stream, self.tokens, self.lps, self.tops)
         ]
 
     def close(self) -> None:
         """Abort whatever is still running (a run stopped between decision points)."""
         if self.rows:
             self.gen.llm.abort_request(list(self.ids))
+
+
+def _logprobs(positions: Any, tokens: list[int], k: int) -> tuple[list[float], list[list[float]]]:
+    """vLLM's per-position log-prob dicts (token id -> ``Logprob`` with its ``rank``; with ``logprobs=k``: the k most
+    likely tokens and the sampled one) as the sampled tokens' log-probs and each position's top k (descending)."""
+    lps, tops = [], []
+    for d, tok in zip(positions, tokens):
+        lps.append(d[tok].logprob if tok in d else next(iter(d.values())).logprob)
+        if k:
+            ranked = sorted((x for x in d.values() if x.rank is not None and x.rank <= k), key=lambda x: x.rank)
+            tops.append([float(x.logprob) for x in ranked[:k]])
+    return lps, tops

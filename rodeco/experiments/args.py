@@ -71,6 +71,9 @@ class EfficiencyArgs:
 @dataclass
 class PoolArgs:
     candidates: int = required("M: candidates recorded per prompt")
+    top_logprobs: int = required("k: the k most likely tokens' log-probs recorded at each position (0: none)")
+    batch_prompts: int = required("prompts recorded together in one session (more rows a step: faster)")
+    hidden_states: bool = required("record the generator's hidden states (one prompt at a time; what value heads read)")
 
 
 @dataclass

@@ -23,13 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rodeco.calibration import Calibration, standardize
 from rodeco.compose import option_file
-from rodeco.data import HubSource, load_prompts, prompts_of
+from rodeco.data import HubSource, load_prompts
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
 from rodeco.experiments.record import pool_dir, pool_roles, record, served
 from rodeco.plugins import Plugins
 from rodeco.replay import open_pool
 from rodeco.roles import ORACLE, choose_roles
 from rodeco.state import Compute, RunOutput
+from rodeco.tasks import prompts_of
 from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rodeco.compose import option_node
-from rodeco.data import prompts_of
 from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
@@ -35,6 +34,7 @@ from rodeco.replay import open_pool
 from rodeco.results import ResultsWriter
 from rodeco.roles import pool_served
 from rodeco.state import Compute, RunOutput, ScoreRequest
+from rodeco.tasks import prompts_of
 from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
 from rodeco.contracts import Scorer, identity_of
-from rodeco.data import prompts_of
 from rodeco.experiments import analysis, render
 from rodeco.experiments.efficiency_judged import judge_efficiency, judges_of
 from rodeco.experiments.live_check import live_check, matched_bon
@@ -59,6 +58,7 @@ from rodeco.results import ResultsWriter
 from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
 from rodeco.runner import loop_settings
 from rodeco.state import Compute, RunOutput
+from rodeco.tasks import prompts_of
 from rodeco.validation import ConfigError, check_number, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)

@@ -12,16 +12,17 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rodeco.config import candidate_settings
-from rodeco.data import Prompt, prompts_of
+from rodeco.data import Prompt, batches_of
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
 from rodeco.protocols import Generator, Reward
-from rodeco.recording import measure_step_costs, pool_settings, record_prompt
+from rodeco.recording import measure_step_costs, pool_settings, record_prompts
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings
 from rodeco.state import Compute, RunOutput
+from rodeco.tasks import prompts_of
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,18 @@ def pool_reward(cfg: DictConfig, plugins: Plugins, pool: Pool, gen=None) -> Pool
 
 
 def record(
-    cfg: DictConfig, plugins: Plugins, path: Path, prompts: list[Prompt], candidates: int, gen: Generator | None = None
+    cfg: DictConfig,
+    plugins: Plugins,
+    path: Path,
+    prompts: list[Prompt],
+    candidates: int,
+    gen: Generator | None = None,
+    top_logprobs: int = 0,
+    batch_prompts: int = 1,
+    hidden_states: bool = True,
 ) -> Pool:
-    """Record into the pool at ``path`` every prompt of ``prompts`` it lacks, with the run's reward's final scores."""
+    """Record into the pool at ``path`` every prompt of ``prompts`` it lacks, with the run's reward's final scores
+    (``top_logprobs``: each position's k most likely tokens' log-probs too)."""
     from tqdm.auto import tqdm
 
     from rodeco.loading import load_generator
@@ -71,7 +81,7 @@ def record(
     gen = gen or load_generator(cfg.generator)
     s = loop_settings(cfg, gen)
     check_lengths(gen, prompts, s.max_new_tokens, "data.path" if cfg.data.path else "data.prompts")
-    pool = Pool.create(path, pool_settings(gen, s, candidates, candidate_settings(cfg.generator)))
+    pool = Pool.create(path, pool_settings(gen, s, candidates, candidate_settings(cfg.generator), top_logprobs))
     if not (path / "tokenizer").is_dir():
         tmp = Path(tempfile.mkdtemp(dir=path, prefix=".tokenizer-"))
         gen.tokenizer.save_pretrained(tmp)
@@ -81,14 +91,18 @@ def record(
     todo = [p for p in prompts if not pool.has(p.index)]
     if len(todo) < len(prompts):
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
-    for p in tqdm(todo, desc="pool", unit="prompt", disable=not cfg.output.progress):
-        rec, hidden = record_prompt(gen, pool, p, s)
-        scorer(rec.final_requests())  # the final rewards, cached with their cost
-        reward.save()
-        if hidden is not None:  # vLLM keeps its hidden states: such a pool has none
-            pool.write_hidden(p.index, hidden)
-        pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards and hidden states
-        log.info("prompt %d: %d candidates in %.1f s", p.index, len(rec.candidates), rec.record_seconds)
+    hidden = hidden_states and gen.provides_hidden  # vLLM keeps its hidden states: such a pool has none
+    bar = tqdm(total=len(todo), desc="pool", unit="prompt", disable=not cfg.output.progress)
+    for batch in batches_of(todo, batch_prompts):
+        for rec, states in record_prompts(gen, pool, batch, s, hidden):
+            scorer(rec.final_requests())  # the final rewards, cached with their cost
+            reward.save()
+            if states is not None:
+                pool.write_hidden(rec.index, states)
+            pool.write_prompt(rec)  # last: a prompt in the pool has its final rewards and hidden states
+            log.info("prompt %d: %d candidates in %.1f s", rec.index, len(rec.candidates), rec.record_seconds)
+        bar.update(len(batch))
+    bar.close()
     if pool.step_costs is None:  # once the pool is complete, on a machine as quiet as the recording's
         log.info("measuring decode step times at 1 to %d rows", candidates)
         pool.write_step_costs(measure_step_costs(gen, prompts[0], s, candidates))
@@ -98,7 +112,17 @@ def record(
 def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     path = pool_dir(cfg, out_dir)
     prompts = prompts_of(cfg.data)
-    pool = record(cfg, plugins, path, prompts, int(cfg.experiment_args.candidates))
+    a = cfg.experiment_args
+    pool = record(
+        cfg,
+        plugins,
+        path,
+        prompts,
+        int(a.candidates),
+        top_logprobs=int(a.get("top_logprobs", 0)),
+        batch_prompts=int(a.get("batch_prompts", 1)),
+        hidden_states=bool(a.get("hidden_states", True)),
+    )
     seconds = sum(pool.prompt(p.index).record_seconds for p in prompts)
     n_cands = sum(len(pool.prompt(p.index).candidates) for p in prompts)
     print(f"pool: {path} ({len(prompts)} prompts, {n_cands} candidates)")
