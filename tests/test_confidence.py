@@ -355,3 +355,34 @@ def test_pool_served_confidence_refuses_a_pool_without_enough_top_k(pool_path, t
     (first, *_) = ok.score(pool.prompt(0).final_requests())
     c = pool.prompt(0).candidates[0]
     assert first == pytest.approx(-np.mean(c.top_logprobs), abs=1e-9)
+
+
+def test_prompts_recorded_together_are_the_candidates_recorded_one_by_one(pool_path, tmp_path):
+    """``batch_prompts``: several prompts in one session draw the samples each draws alone (same tokens, log-probs
+    and top-k to float rounding), carry their records, and share the batch's costs; hidden states are recorded one prompt at a time."""
+    gen, alone = pool_path
+    path = tmp_path / "pool"
+    prompts = [Prompt(p.index, p.text, {"gold_answer": str(p.index)}) for p in POOL_PROMPTS]
+    cfg, plugins = rodeco.load_config(BASE), default_plugins()
+    record(cfg, plugins, path, prompts, 8, gen=gen, top_logprobs=K, batch_prompts=2, hidden_states=False)
+    together, one = Pool(path), Pool(alone)
+    for p in prompts:
+        a, b = together.prompt(p.index), one.prompt(p.index)
+        assert a.meta == {"gold_answer": str(p.index)} and a.batch_prompts == 2 and b.batch_prompts == 1
+        for x, y in zip(a.candidates, b.candidates):
+            assert x.token_ids == y.token_ids  # the same samples; their log-probs to float rounding (other shapes)
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+            assert np.allclose(x.top_logprobs, y.top_logprobs, atol=2e-4)
+    with pytest.raises(ConfigError) as e:
+        record(
+            rodeco.load_config(BASE),
+            default_plugins(),
+            tmp_path / "hidden",
+            prompts,
+            8,
+            gen=gen,
+            top_logprobs=K,
+            batch_prompts=2,
+            hidden_states=True,
+        )
+    assert e.value.key == "experiment_args.batch_prompts"

@@ -11,7 +11,7 @@ import pytest
 
 import rodeco
 from rodeco import ConfigError
-from rodeco.data import prompts_of
+from rodeco.tasks import prompts_of
 
 TEXTS = [f"Prompt number {i}?" for i in range(6)]
 

@@ -29,7 +29,7 @@ from conftest import REPO, SHARED_DATA
 
 import rodeco
 from rodeco.config import validate
-from rodeco.data import prompts_of
+from rodeco.tasks import prompts_of
 from rodeco.plugins import BuildContext, get_plugin_manager
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]

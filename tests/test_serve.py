@@ -545,3 +545,22 @@ def test_keep_at_least_takes_back_the_best_rejected_rows_within_the_budgets_rows
     assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 1, 0])]  # best first; finished ones count
     view.max_rows_next = 4  # room for two rows more than the policy kept: the first prompt's take them
     assert wrapped.select(view) == [Counts([0, 1, 1, 1]), Counts([1, 0, 0])]
+
+
+def test_a_requests_record_reaches_the_rewards(tiny_gen):
+    """``rodeco.record`` travels with the prompt: the server's reward reads it as ``ScoreRequest.meta`` (the gold
+    reward, which raises on a prompt without a gold answer, scores with it), and a request without the record the
+    reward reads gets 400 naming ``rodeco.record``, before anything is decoded."""
+    from rodeco.serve.schema import ChatRequest
+
+    with running(tiny_gen("fast"), ["reward=gold"]) as (url, state):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "rodeco": {"record": {}}}
+        body["rodeco"]["record"] = {"gold_answer": "7", "task": "sums"}
+        assert state.planner.plan(ChatRequest.model_validate(body)).ref.meta == {"gold_answer": "7", "task": "sums"}
+        c = client(url)
+        r = chat(
+            c, PROMPTS[0], max_tokens=6, seed=0, best_of=2, rodeco={"policy": "none", "record": {"gold_answer": "7"}}
+        )
+        assert r.choices[0].message.content is not None
+        with pytest.raises(Exception, match="400.*rodeco.record.*gold_answer"):
+            chat(c, PROMPTS[0], max_tokens=6, seed=0, best_of=2, rodeco={"policy": "none"})

@@ -464,3 +464,28 @@ def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen)
         assert metric(text, "rodeco_cancelled_requests_total") == 1
         assert metric(text, "rodeco_cancelled_rows_total") >= 1
         assert not vgen.llm.has_unfinished_requests()  # the gone client's requests were aborted, not left running
+
+
+def test_top_logprobs_are_each_positions_most_likely_and_change_no_sample(vgen):
+    """vLLM records each position's k most likely tokens' log-probs (its ``logprobs=k``) when a reward asks: k of
+    them, descending, the first at least the sampled token's, one row per response token; and the samples are the
+    ones drawn without them."""
+    from rodeco.state import SamplingParams, SessionSpec
+
+    ids = vgen.encode(PROMPTS[0])
+    rows = {}
+    for k in (0, 3):
+        sess = vgen.open_session(
+            SessionSpec(4, SamplingParams(1.0, 50, 1.0), 12, 0, (0,), needs_logprobs=True, top_logprobs=k)
+        )
+        sess.prefill([ids])
+        rows[k] = sorted(sess.decode(until=12) + sess.retire_finished(), key=lambda r: r.candidate_id)
+        sess.close()
+    assert [r.token_ids for r in rows[0]] == [r.token_ids for r in rows[3]]
+    for r in rows[3]:
+        assert r.top_logprobs is not None and len(r.top_logprobs) == len(r.token_ids) == len(r.logprobs)
+        for top, lp in zip(r.top_logprobs, r.logprobs):
+            assert len(top) == 3 and top == sorted(top, reverse=True) and top[0] >= lp - 1e-5
+    assert all(r.top_logprobs is None for r in rows[0])
+    out = decode(vgen, ["policy=none", "n=4", "budget=engine", "reward=confidence"], PROMPTS[:1])
+    assert all(c.score != 0.0 for c in out.results[0].candidates if c.token_ids)  # read from the top-k, not empty

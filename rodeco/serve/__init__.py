@@ -141,7 +141,9 @@ def build_state(cfg: DictConfig, plugins: Plugins | None = None, generator: Gene
     metrics = Metrics()
     scheduler = Scheduler(dec, cfg.serve, metrics)
     default = node_dict(cfg.policy)
-    planner = Planner(dec.gen, cfg.serve, policies, default, scheduler.budget, cfg.sampling, plugins, model)
+    roles = dec.builder.roles(dec.choices)  # built once: the decoder's own
+    needs = tuple(dict.fromkeys(f for sc in (roles.reward, roles.partial) if sc is not None for f in sc.needs_meta))
+    planner = Planner(dec.gen, cfg.serve, policies, default, scheduler.budget, cfg.sampling, plugins, model, needs)
     scheduler.start()
     return State(planner, scheduler, metrics, cfg.serve, api_key(cfg), model)
 

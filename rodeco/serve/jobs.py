@@ -83,8 +83,10 @@ class Planner:
         sampling: Any,
         plugins: Plugins,
         model: str,
+        needs_record: tuple[str, ...] = (),
     ) -> None:
         self.gen, self.serve, self.budget, self.plugins, self.model = gen, serve, budget, plugins, model
+        self.needs_record = needs_record  # the fields the server's rewards read of a request's record
         self.sampling = sampling  # the server config's sampling node: top_k and the defaults
         self.default_policy = default_policy
         self.offered = offered  # option name -> the ranges of the parameters a request may set
@@ -144,7 +146,16 @@ class Planner:
         sampling = SamplingParams(temperature, int(self.sampling.top_k), top_p)
         with self.lock:
             jid = next(self.ids)
-        ref = PromptRef(index=jid, text=ref_text, stream=0, seed=seed, messages=messages)
+        record = dict(req.rodeco.record) if req.rodeco is not None else {}  # what the rewards read beside the text
+        for name in self.needs_record:
+            if record.get(name) is None:
+                raise bad_field(
+                    "rodeco.record",
+                    record,
+                    f"the server's reward scores against the prompt's {name}, and the request gives none",
+                    f'send "rodeco": {{"record": {{"{name}": ...}}}}',
+                )
+        ref = PromptRef(index=jid, text=ref_text, stream=0, seed=seed, messages=messages, meta=record)
         ids = self.gen.encode(ref.source)
         if self.gen.max_context and len(ids) + max_tokens > self.gen.max_context:
             raise bad_field(

@@ -53,7 +53,7 @@ FIXES = {
     "best_of": "give a whole number of at least n",
     "stream": "give true or false",
     "user": "give a string",
-    "rodeco": 'send {"policy": NAME, "params": {...}, "kv_tokens": N}; every key is optional',
+    "rodeco": 'send {"policy": NAME, "params": {...}, "kv_tokens": N, "record": {...}}; every key is optional',
 }
 
 
@@ -63,11 +63,13 @@ class _Strict(BaseModel):
 
 class RodecoOptions(_Strict):
     """What a request may choose of rodeco's: a policy the server offers, its parameters within their ranges, and
-    its budget in KV tokens."""
+    its budget in KV tokens; and the prompt's record beyond its text (``record``: a ``gold_answer``), which the
+    server's rewards receive with each request (``ScoreRequest.meta``)."""
 
     policy: StrictStr | None = None
     params: dict[StrictStr, Union[StrictBool, StrictInt, StrictFloat, StrictStr]] = Field(default_factory=dict)
     kv_tokens: StrictInt | None = None
+    record: dict[StrictStr, Union[StrictBool, StrictInt, StrictFloat, StrictStr]] = Field(default_factory=dict)
 
 
 class ContentPart(_Strict):
