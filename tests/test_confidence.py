@@ -359,7 +359,8 @@ def test_pool_served_confidence_refuses_a_pool_without_enough_top_k(pool_path, t
 
 def test_prompts_recorded_together_are_the_candidates_recorded_one_by_one(pool_path, tmp_path):
     """``batch_prompts``: several prompts in one session draw the samples each draws alone (same tokens, log-probs
-    and top-k to float rounding), carry their records, and share the batch's costs; hidden states are recorded one prompt at a time."""
+    and top-k to float rounding), carry their records, and share the batch's costs; hidden states are recorded one
+    prompt at a time."""
     gen, alone = pool_path
     path = tmp_path / "pool"
     prompts = [Prompt(p.index, p.text, {"gold_answer": str(p.index)}) for p in POOL_PROMPTS]

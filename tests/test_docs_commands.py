@@ -29,8 +29,8 @@ from conftest import REPO, SHARED_DATA
 
 import rodeco
 from rodeco.config import validate
-from rodeco.tasks import prompts_of
 from rodeco.plugins import BuildContext, get_plugin_manager
+from rodeco.tasks import prompts_of
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md")), REPO / "plugins" / "rodeco_example" / "README.md"]
 PLACEHOLDER = re.compile(r"NAME|<[^>]*>|\bmy_|\.\.\.")  # prose such as `rodeco experiment=NAME`
