@@ -1,0 +1,486 @@
+"""Gold accuracy against FLOPs on reasoning-gym tasks: every method replayed over one recorded pool per task, each
+winner checked by the task's own checker (``judge=gold``), which no method sees.
+
+Four steps, each resumable (results are written per problem as they finish)::
+
+    python scripts/gold_bench.py select --out runs/gold        # candidate tasks on selection seeds: which to keep
+    python scripts/gold_bench.py record --out runs/gold        # the report pools: 150 problems x 32 candidates a task
+    python scripts/gold_bench.py run --out runs/gold           # every method x guide replayed over the pools
+    python scripts/gold_bench.py report --out runs/gold --snapshot docs/data/gold_rg.json.gz
+
+**Selection.** Each candidate task (``CANDIDATES``: easy settings) is recorded on a selection seed (``SELECT_SEED``,
+the report problems held out). A task is eligible when a sample's mean gold accuracy is above 0 and at most 0.5 and
+any-of-16 at least twice it (room for a guide to help, a right answer often among the samples); the ``--tasks``
+eligible tasks with the highest any-of-16 are kept. Nothing else is chosen: every method runs at its defaults.
+
+**Methods** (``methods``), each with each guide (``GUIDES``: the generator's mean log-prob, its token confidence,
+the default reward model) as the reward and the partial reward, and each winner picked three ways among its finished
+candidates (the guide's argmax, a majority vote over the extracted answers, a guide-weighted vote):
+
+- ``bon_N``: Best-of-N for N in ``BON``, averaged over the pool's disjoint groups of N candidates;
+- ``sr_fixed_16`` / ``sr_fixed_auto``: Speculative Rejection (``fixed``, alpha 0.5) from 16 rows / as many as the
+  first round fits; ``sr_adaptive_16`` / ``sr_adaptive_auto`` the same with ``adaptive``;
+- ``beam_16``, ``dvts_16``, ``pf_16``: search from 16 rows, a decision every 8 tokens (copies continue with the
+  pool's continuations, decoded once on demand by the live model).
+
+Every method but Best-of-N runs at Best-of-4's memory (the KV cache Best-of-4 fills at full length). FLOPs are what
+the loop charges a method: prefill, every row's decode, copies, every guide call (the judge is never charged).
+
+**Figures** (``report``), per task and pooled, with 95% CIs from a paired bootstrap over problems: gold accuracy
+and FLOPs per method; the Best-of-N curve (at each N the better of the guide's argmax and majority vote, per guide,
+and the best over guides); each method's FLOPs speedup at matched gold accuracy against that curve (the FLOPs the
+curve needs, interpolated in log N, over the method's); any-of-N, the ceiling; each guide's Best-of-16 against
+any-of-16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+REPORT_SEED, SELECT_SEED = 7, 1000  # far apart: reasoning-gym's problem i of seed s is problem i - 1 of seed s + 1
+MAX_NEW = 64
+TOP_K = 5
+# task -> reasoning-gym settings tried on the selection seed (easy: a 135M model gets some right)
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+        "operators": ["+", "-"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+    "leg_counting": {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 3},
+    "letter_counting": {"min_words": 3, "max_words": 5},
+}
+GUIDES = ("logprob", "confidence", "minilm_rm")
+RULES = ("reward", "majority", "weighted")
+BON = (1, 2, 4, 8, 16, 32)
+SEARCH = {"beam": "beam", "dvts": "dvts", "pf": "particle_filter"}
+
+
+def task_config(cfg: dict[str, Any]) -> str:
+    return "data.task_config=" + json.dumps(cfg).replace('"', "'")
+
+
+def record_pool(task: str, cfg: dict[str, Any], path: Path, size: int, seed: int, candidates: int, held: int) -> None:
+    """``rodeco experiment=pool`` of one task (resumable: a rerun records the problems missing)."""
+    cmd = [
+        str(Path(sys.executable).parent / "rodeco"),
+        "experiment=pool",
+        "data=reasoning_gym",
+        f"data.task={task}",
+        task_config(cfg),
+        f"data.size={size}",
+        f"data.seed={seed}",
+        "reward=logprob",
+        f"sampling.max_new_tokens={MAX_NEW}",
+        f"experiment_args.candidates={candidates}",
+        f"experiment_args.top_logprobs={TOP_K}",
+        "experiment_args.batch_prompts=4",
+        "experiment_args.hidden_states=false",
+        f"pool={path}",
+        f"hydra.run.dir={path.parent / ('run_' + path.name)}",
+        "output.progress=false",
+    ]
+    if seed != REPORT_SEED:
+        cmd += [f"data.holdout_seed={REPORT_SEED}", f"data.holdout_size={held}"]
+    subprocess.run(cmd, check=True, cwd=REPO)
+
+
+class Gold:
+    """The ``gold`` judge over a pool's texts, each (problem, text) checked once."""
+
+    def __init__(self) -> None:
+        import rodeco
+
+        self.plugins = rodeco.get_plugin_manager()
+        self.judge = self.plugins.build_reward({"name": "gold"}, rodeco.BuildContext(plugins=self.plugins))
+        self.cache: dict[tuple[int, str], float] = {}
+
+    def __call__(self, p: Any, text: str) -> float:
+        from rodeco import ScoreRequest
+
+        key = (p.index, text)
+        if key not in self.cache:
+            req = ScoreRequest(p.text, text, (), partial=False, prompt_index=p.index, meta=p.meta)
+            self.cache[key] = self.judge.score([req])[0]
+        return self.cache[key]
+
+
+def pool_gold(pool: Any, gold: Gold) -> dict[int, list[float]]:
+    """Every pool candidate's gold score, per problem: the any-of-N ceiling."""
+    return {i: [gold(pool.prompt(i), c.text) for c in pool.prompt(i).candidates] for i in pool.indices()}
+
+
+# --- select ---------------------------------------------------------------------------------------------------------
+
+
+def select(a: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    gold = Gold()
+    from rodeco.pool import Pool
+
+    for task, cfg in CANDIDATES.items():
+        path = a.out / "select" / task
+        if a.record:
+            record_pool(task, cfg, path, a.select_problems, SELECT_SEED, 16, a.problems)
+        pool = Pool(path)
+        g = np.array([v[:16] for v in pool_gold(pool, gold).values()])
+        acc, any16 = float(g.mean()), float(g.max(axis=1).mean())
+        ok = 0 < acc <= 0.5 and any16 >= 2 * acc
+        out[task] = {"config": cfg, "problems": len(g), "sample_accuracy": acc, "any_of_16": any16, "eligible": ok}
+    eligible = sorted((t for t in out if out[t]["eligible"]), key=lambda t: -out[t]["any_of_16"])
+    for task, v in out.items():  # the TASKS eligible tasks with the most room (any-of-16) are kept
+        v["kept"] = task in eligible[: a.tasks]
+        print(
+            f"{task:18s} sample accuracy {v['sample_accuracy']:.3f}  any-of-16 {v['any_of_16']:.3f}  "
+            f"{'kept' if v['kept'] else 'eligible, not kept' if v['eligible'] else 'not eligible'}"
+        )
+    (a.out / "select.json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def chosen(a: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    f = a.out / "select.json"
+    if not f.is_file():
+        raise SystemExit(f"no {f}: run `python scripts/gold_bench.py select --out {a.out}` first")
+    sel = json.loads(f.read_text())
+    return {t: v["config"] for t, v in sel.items() if v["kept"]}
+
+
+def record(a: argparse.Namespace) -> None:
+    for task, cfg in chosen(a).items():
+        record_pool(task, cfg, a.out / "pools" / task, a.problems, REPORT_SEED, a.candidates, a.problems)
+
+
+# --- run ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    label: str
+    policy: dict[str, Any]
+    n: int | str
+    groups: int = 1  # Best-of-N: disjoint groups of N candidates averaged
+
+
+def methods(candidates: int, search: bool) -> list[Method]:
+    out = [Method(f"bon_{n}", {"name": "none"}, n, candidates // n) for n in BON if n <= candidates]
+    for kind in ("fixed", "adaptive"):
+        node = {"name": kind, **({"alpha": 0.5} if kind == "fixed" else {})}
+        out += [Method(f"sr_{kind}_16", node, 16), Method(f"sr_{kind}_auto", node, "auto")]
+    if search:
+        out += [Method(f"{k}_16", {"name": v, "decision_tokens": 8}, 16) for k, v in SEARCH.items()]
+    return out
+
+
+class Replayer:
+    """One task's pool, one guide: every method replayed through the real loop (``rodeco.replay.replay_batch``)."""
+
+    def __init__(self, pool_path: Path, guide: str) -> None:
+        from rodeco.compose import load_config
+        from rodeco.experiments.record import pool_roles
+        from rodeco.plugins import default_plugins
+        from rodeco.replay import open_pool
+        from rodeco.roles import choose_roles
+        from rodeco.runner import loop_settings
+
+        self.plugins = default_plugins()
+        cfg = load_config(
+            [f"reward={guide}", "partial_reward=same", f"sampling.max_new_tokens={MAX_NEW}", "budget=unlimited"],
+            self.plugins,
+        )
+        self.cfg = cfg
+        self.pool, self.gen = open_pool(pool_path)
+        self.builder = pool_roles(cfg, self.plugins, self.pool, self.gen)
+        self.choices = choose_roles(cfg, self.plugins, live=False)
+        self.base = dataclasses.replace(loop_settings(cfg, self.gen, "", guide), all_candidates=True)
+        self.roles: dict[str, Any] = {}
+
+    def policy_roles(self, node: dict[str, Any]) -> Any:
+        key = json.dumps(node, sort_keys=True)
+        if key not in self.roles:
+            self.roles[key] = self.builder.roles(self.choices.with_(self.plugins, policy=node))
+        return self.roles[key]
+
+    def run(self, m: Method, index: int, first: int) -> dict[str, Any]:
+        from rodeco.budget import Budget, full_length_tokens
+        from rodeco.replay import replay_batch
+
+        roles = self.policy_roles(m.policy)
+        p = self.pool.prompt(index)
+        kv = None if m.policy["name"] == "none" else full_length_tokens(4, [len(p.prompt_ids)], MAX_NEW, self.gen.kv)
+        s = dataclasses.replace(
+            self.base, n=m.n, policy_name=m.policy["name"], budget=Budget(kv, self.base.budget.min_tokens_per_round)
+        )
+        (res,), c, _ = replay_batch(
+            self.pool, self.gen, roles.reward, roles.policy, [index], s, first, None, roles.partial
+        )
+        cands = [(x.candidate_id, float(x.score), x.text) for x in res.candidates or [] if x.finished]
+        return {"flops": c.total_flops, "gen_flops": c.gen_flops, "n_start": res.n_start, "cands": cands}
+
+    def save(self) -> None:
+        from rodeco.replay import pool_served
+
+        for r in self.roles.values():
+            for served in pool_served(r.reward, r.partial):
+                served.save()
+
+
+def winners(cands: list[tuple[int, float, str]], gold_of: Any, extractor: str) -> dict[str, float]:
+    """The gold score of the winner under each rule (0 when no candidate finished)."""
+    from rodeco import Candidate, WinnerRule
+
+    if not cands:
+        return dict.fromkeys(RULES, 0.0)
+    cs = [Candidate(i, [], t, s, True) for i, s, t in cands]
+    out = {}
+    for rule in RULES:
+        best = WinnerRule(rule=rule, extractor=extractor).choose(cs).best
+        out[rule] = gold_of(best.text)
+    return out
+
+
+def run(a: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    gold = Gold()
+    for task in chosen(a):
+        path = a.out / "pools" / task
+        for guide in a.guides:
+            rep = Replayer(path, guide)
+            src = gold.plugins.source("reasoning_gym")
+            extractor = src.extractor(task)
+            out_f = a.out / "runs" / task / f"{guide}.jsonl"
+            out_f.parent.mkdir(parents=True, exist_ok=True)
+            done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
+            todo = [i for i in rep.pool.indices() if i not in done][: a.limit]
+            ms = methods(rep.pool.candidates, a.search)
+            for index in tqdm(todo, desc=f"{task} {guide}", unit="problem"):
+                p = rep.pool.prompt(index)
+                rec: dict[str, Any] = {"index": index, "methods": {}}
+                t0 = time.perf_counter()
+                for m in ms:
+                    runs = [rep.run(m, index, g * int(m.n) if m.groups > 1 else 0) for g in range(m.groups)]
+                    rec["methods"][m.label] = [
+                        {
+                            "flops": r["flops"],
+                            "n_start": r["n_start"],
+                            **winners(r["cands"], lambda t, p=p: gold(p, t), extractor),
+                            "best": max(r["cands"], key=lambda c: c[1])[2] if r["cands"] else "",
+                        }
+                        for r in runs
+                    ]
+                rec["seconds"] = time.perf_counter() - t0
+                with out_f.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                rep.save()
+
+
+# --- report ---------------------------------------------------------------------------------------------------------
+
+
+def load_runs(a: argparse.Namespace) -> tuple[dict, dict]:
+    """{task: {guide: {index: record}}} and {task: {index: [gold of every pool candidate]}}."""
+    from rodeco.pool import Pool
+
+    gold = Gold()
+    runs: dict[str, dict[str, dict[int, dict]]] = {}
+    ceiling: dict[str, dict[int, list[float]]] = {}
+    for task in chosen(a):
+        ceiling[task] = pool_gold(Pool(a.out / "pools" / task), gold)
+        for guide in GUIDES:
+            f = a.out / "runs" / task / f"{guide}.jsonl"
+            if f.is_file():
+                recs = [json.loads(line) for line in f.open()]
+                runs.setdefault(task, {})[guide] = {r["index"]: r for r in recs}
+    return runs, ceiling
+
+
+def table(runs: dict, ceiling: dict, tasks: list[str], resamples: int, seed: int = 0) -> dict[str, Any]:
+    """Per (guide, method, rule): accuracy and FLOPs (means over problems, with bootstrap CIs); the Best-of-N curve
+    and each method's speedup at matched accuracy, paired over the same resampled problems."""
+    guides = sorted({g for t in tasks for g in runs.get(t, {})})
+    # problems every guide has, per task
+    keys = [(t, i) for t in tasks for i in sorted(set.intersection(*(set(runs[t][g]) for g in guides)))]
+    P = len(keys)
+    labels = list(next(iter(runs[keys[0][0]][guides[0]].values()))["methods"]) if P else []
+    acc: dict[tuple[str, str, str], np.ndarray] = {}
+    flops: dict[tuple[str, str], np.ndarray] = {}
+    for g in guides:
+        for m in labels:
+            recs = [runs[t][g][i]["methods"][m] for t, i in keys]
+            flops[g, m] = np.array([np.mean([r["flops"] for r in rs]) for rs in recs])
+            for rule in RULES:
+                acc[g, m, rule] = np.array([np.mean([r[rule] for r in rs]) for rs in recs])
+    anyof = {n: np.array([_any_of(ceiling[t][i], n) for t, i in keys]) for n in BON}
+    rng = np.random.default_rng(seed)
+    boots = [rng.integers(0, P, P) for _ in range(resamples)]
+
+    def ci(f):
+        vals = np.array([f(b) for b in boots])
+        vals = vals[np.isfinite(vals)]
+        full = f(np.arange(P))
+        if not len(vals):
+            return [full, math.nan, math.nan]
+        return [full, float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+
+    bon = [f"bon_{n}" for n in BON if f"bon_{n}" in labels]
+
+    def curve(idx):  # the best Best-of-N curve: at each N the best guide x (argmax, majority)
+        pts = []
+        for m in bon:
+            best = max(acc[g, m, r][idx].mean() for g in guides for r in ("reward", "majority"))
+            pts.append((float(np.mean([flops[g, m][idx].mean() for g in guides])), best))
+        return pts
+
+    def speedup(g, m, rule, idx):
+        return matched_speedup(curve(idx), acc[g, m, rule][idx].mean(), flops[g, m][idx].mean())
+
+    out: dict[str, Any] = {"problems": P, "tasks": tasks, "guides": guides, "rows": {}}
+    for g in guides:
+        for m in labels:
+            for rule in RULES:
+                out["rows"][f"{g}/{m}/{rule}"] = {
+                    "accuracy": ci(lambda b, k=(g, m, rule): acc[k][b].mean()),
+                    "gflops": ci(lambda b, k=(g, m): flops[k][b].mean() / 1e9),
+                    "speedup_at_matched_accuracy": ci(lambda b, g=g, m=m, r=rule: speedup(g, m, r, b)),
+                }
+    out["any_of"] = {str(n): ci(lambda b, n=n: anyof[n][b].mean()) for n in BON}
+    out["bon_curve"] = curve(np.arange(P))
+    target = max(out["bon_curve"][bon.index("bon_16")][1], 0.0) if "bon_16" in bon else math.nan
+    out["best_bon16_accuracy"] = target
+    out["goal"] = goal(out)
+    return out
+
+
+def _any_of(g: list[float], n: int) -> float:
+    """Any of N right, averaged over the pool's disjoint groups of N candidates."""
+    groups = [g[k : k + n] for k in range(0, len(g) - n + 1, n)]
+    return float(np.mean([max(x) for x in groups]))
+
+
+def matched_speedup(curve: list[tuple[float, float]], accuracy: float, flops: float) -> float:
+    """The FLOPs the Best-of-N curve needs to reach ``accuracy`` (interpolated between its points in log FLOPs), over
+    ``flops``; NaN where the curve never reaches it, its Best-of-1 FLOPs where it starts above it."""
+    best = -1.0
+    for (f0, a0), (f1, a1) in zip(curve, curve[1:]):
+        best = max(best, a0)
+        if a0 >= accuracy:
+            return f0 / flops
+        if a1 >= accuracy > a0:
+            w = (accuracy - a0) / (a1 - a0)
+            return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0))) / flops
+    return curve[-1][0] / flops if curve and curve[-1][1] >= accuracy else math.nan
+
+
+def report(a: argparse.Namespace) -> None:
+    runs, ceiling = load_runs(a)
+    tasks = [t for t in runs if runs[t]]
+    out = {"pooled": table(runs, ceiling, tasks, a.resamples)}
+    for t in tasks:
+        out[t] = table(runs, ceiling, [t], a.resamples)
+    out["selection"] = json.loads((a.out / "select.json").read_text())
+    for name, tab in out.items():
+        if name == "selection":
+            continue
+        print_table(name, tab)
+    if a.snapshot:
+        winners_texts = {
+            t: {
+                g: {i: {m: r["methods"][m][0].get("best", "") for m in r["methods"]} for i, r in rs.items()}
+                for g, rs in gs.items()
+            }
+            for t, gs in runs.items()
+        }
+        blob = json.dumps({"figures": out, "winners": winners_texts, "command": " ".join(sys.argv)})
+        with gzip.open(a.snapshot, "wt") as f:
+            f.write(blob)
+        print(f"snapshot: {a.snapshot}")
+
+
+def fmt(x: list[float], d: int = 3) -> str:
+    v, lo, hi = x
+    if not math.isfinite(v):
+        return "–"
+    return f"{v:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]" if math.isfinite(lo) else f"{v:.{d}f}"
+
+
+def print_table(name: str, tab: dict[str, Any]) -> None:
+    """A compact view: per guide and method, FLOPs, the three rules' accuracies, and the speedup at matched accuracy
+    of its best rule; then the goal's check."""
+    print(f"\n## {name}: {tab['problems']} problems ({', '.join(tab['tasks'])})")
+    print(f"best Best-of-16 gold accuracy (any guide, argmax or vote): {tab['best_bon16_accuracy']:.3f}")
+    print("any-of-N (the ceiling): " + ", ".join(f"{n}: {fmt(v)}" for n, v in tab["any_of"].items()))
+    rows = tab["rows"]
+    print("| guide | method | GFLOPs/problem | argmax | majority | weighted | speedup at matched accuracy (best rule) |")
+    print("|---|---|---|---|---|---|---|")
+    for key in [k for k in rows if k.endswith("/reward")]:
+        g, m, _ = key.split("/")
+        accs = {r: rows[f"{g}/{m}/{r}"] for r in RULES}
+        best = max(RULES, key=lambda r: accs[r]["accuracy"][0])
+        print(
+            f"| {g} | {m} | {fmt(rows[key]['gflops'], 1)} | "
+            + " | ".join(fmt(accs[r]["accuracy"]) for r in RULES)
+            + f" | {fmt(accs[best]['speedup_at_matched_accuracy'], 2)} ({best}) |"
+        )
+    for g in tab["guides"]:
+        b16 = rows.get(f"{g}/bon_16/reward")
+        if b16 is not None:
+            print(f"{g}: Best-of-16 argmax {fmt(b16['accuracy'])} against any-of-16 {fmt(tab['any_of']['16'])}")
+    goal = tab["goal"]
+    print(f"goal_best_method: {goal['label']}  speedup {fmt(goal['speedup'], 2)}  (goal: >= 3, its CI's low end >= 2)")
+
+
+def goal(tab: dict[str, Any]) -> dict[str, Any]:
+    """The method (not Best-of-N) that reaches the best Best-of-16 accuracy with the largest speedup at matched
+    accuracy, by the low end of its CI; none where no method reaches it."""
+    target, best = tab["best_bon16_accuracy"], {"label": None, "speedup": [math.nan] * 3}
+    for key, row in tab["rows"].items():
+        if "/bon_" in key or row["accuracy"][0] < target:
+            continue
+        sp = row["speedup_at_matched_accuracy"]
+        if best["label"] is None or (sp[1] if math.isfinite(sp[1]) else -1) > best["speedup"][1]:
+            best = {"label": key, "speedup": sp}
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("step", choices=["select", "record", "run", "report"])
+    ap.add_argument("--out", type=Path, default=Path("runs/gold"))
+    ap.add_argument("--problems", type=int, default=150, help="report problems a task")
+    ap.add_argument("--select-problems", type=int, default=30, help="selection problems a candidate task")
+    ap.add_argument("--tasks", type=int, default=4, help="select: keep this many eligible tasks (most any-of-16)")
+    ap.add_argument("--candidates", type=int, default=32, help="pool candidates a report problem")
+    ap.add_argument("--guides", nargs="+", default=list(GUIDES))
+    ap.add_argument(
+        "--record", action=argparse.BooleanOptionalAction, default=True, help="select: record what the pools lack"
+    )
+    ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True, help="beam, dvts, particle filter")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many problems a task and guide (run)")
+    ap.add_argument("--resamples", type=int, default=1000)
+    ap.add_argument("--snapshot", type=Path, default=None)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    {"select": select, "record": record, "run": run, "report": report}[a.step](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
