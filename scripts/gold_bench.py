@@ -428,7 +428,7 @@ def print_table(name: str, tab: dict[str, Any]) -> None:
     print(f"best Best-of-16 gold accuracy (any guide, argmax or vote): {tab['best_bon16_accuracy']:.3f}")
     print("any-of-N (the ceiling): " + ", ".join(f"{n}: {fmt(v)}" for n, v in tab["any_of"].items()))
     rows = tab["rows"]
-    print("| guide | method | GFLOPs/problem | argmax | majority | weighted | speedup at matched accuracy (best rule) |")
+    print("| guide | method | GFLOPs/problem | argmax | majority | weighted | speedup at matched accuracy (its rule) |")
     print("|---|---|---|---|---|---|---|")
     for key in [k for k in rows if k.endswith("/reward")]:
         g, m, _ = key.split("/")

@@ -46,7 +46,7 @@ def test_winner_rules_score_their_winners_gold():
 
 
 def synthetic(P: int = 40) -> tuple[dict, dict]:
-    """Best-of-N getting better with N at linear FLOPs; a method with Best-of-16's accuracy at a quarter of its FLOPs."""
+    """Best-of-N better with N at linear FLOPs; a method near Best-of-16's accuracy at a quarter of its FLOPs."""
     rng = np.random.default_rng(0)
     runs: dict = {"t": {"g": {}}}
     ceiling = {"t": {i: list(rng.integers(0, 2, 32).astype(float)) for i in range(P)}}
