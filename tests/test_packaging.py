@@ -71,6 +71,8 @@ def test_the_wheel_carries_configs_plugins_and_assets(wheel: Path):
         "rodeco_rewards/conf/reward/minilm_rm.yaml",
         "rodeco_rewards/conf/experiment/rm_train.yaml",
         "rodeco_policies/conf/policy/fixed.yaml",
+        "rodeco_tasks/conf/data/reasoning_gym.yaml",
+        "rodeco_tasks/reasoning_gym.py",
         "rodeco_rewards/assets/minilm_bt_head.safetensors",
         "rodeco/searchpath.py",
         "rodeco/engines/fast.py",
