@@ -262,6 +262,8 @@ def run(a: argparse.Namespace) -> None:
     gold = Gold()
     for task in chosen(a):
         path = a.out / "pools" / task
+        if a.only and task not in a.only or not (path / "pool.json").is_file():
+            continue  # another task asked for, or its pool not recorded yet
         for guide in a.guides:
             rep = Replayer(path, guide)
             src = gold.plugins.source("reasoning_gym")
@@ -269,7 +271,7 @@ def run(a: argparse.Namespace) -> None:
             out_f = a.out / "runs" / task / f"{guide}.jsonl"
             out_f.parent.mkdir(parents=True, exist_ok=True)
             done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
-            todo = [i for i in rep.pool.indices() if i not in done][: a.limit]
+            todo = [i for i in rep.pool.indices()[: a.limit] if i not in done]  # the first --limit problems
             ms = methods(rep.pool.candidates, a.search)
             for index in tqdm(todo, desc=f"{task} {guide}", unit="problem"):
                 p = rep.pool.prompt(index)
@@ -303,6 +305,8 @@ def load_runs(a: argparse.Namespace) -> tuple[dict, dict]:
     runs: dict[str, dict[str, dict[int, dict]]] = {}
     ceiling: dict[str, dict[int, list[float]]] = {}
     for task in chosen(a):
+        if not (a.out / "pools" / task / "pool.json").is_file():
+            continue
         ceiling[task] = pool_gold(Pool(a.out / "pools" / task), gold)
         for guide in GUIDES:
             f = a.out / "runs" / task / f"{guide}.jsonl"
@@ -312,10 +316,13 @@ def load_runs(a: argparse.Namespace) -> tuple[dict, dict]:
     return runs, ceiling
 
 
-def table(runs: dict, ceiling: dict, tasks: list[str], resamples: int, seed: int = 0) -> dict[str, Any]:
-    """Per (guide, method, rule): accuracy and FLOPs (means over problems, with bootstrap CIs); the Best-of-N curve
-    and each method's speedup at matched accuracy, paired over the same resampled problems."""
-    guides = sorted({g for t in tasks for g in runs.get(t, {})})
+def table(
+    runs: dict, ceiling: dict, tasks: list[str], resamples: int, guides: list[str], seed: int = 0
+) -> dict[str, Any]:
+    """Per (guide, method, rule): accuracy and FLOPs (means over the problems every guide ran, with bootstrap CIs);
+    the best Best-of-N curve over these guides and each method's speedup at matched accuracy against it, paired over
+    the same resampled problems."""
+    guides = [g for g in guides if all(g in runs.get(t, {}) for t in tasks)]
     # problems every guide has, per task
     keys = [(t, i) for t in tasks for i in sorted(set.intersection(*(set(runs[t][g]) for g in guides)))]
     P = len(keys)
@@ -377,7 +384,8 @@ def _any_of(g: list[float], n: int) -> float:
 
 def matched_speedup(curve: list[tuple[float, float]], accuracy: float, flops: float) -> float:
     """The FLOPs the Best-of-N curve needs to reach ``accuracy`` (interpolated between its points in log FLOPs), over
-    ``flops``; NaN where the curve never reaches it, its Best-of-1 FLOPs where it starts above it."""
+    ``flops``; its Best-of-1 FLOPs where it starts above it; where the curve never reaches it, its last point's
+    FLOPs (a lower bound: the curve would need more)."""
     best = -1.0
     for (f0, a0), (f1, a1) in zip(curve, curve[1:]):
         best = max(best, a0)
@@ -386,15 +394,17 @@ def matched_speedup(curve: list[tuple[float, float]], accuracy: float, flops: fl
         if a1 >= accuracy > a0:
             w = (accuracy - a0) / (a1 - a0)
             return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0))) / flops
-    return curve[-1][0] / flops if curve and curve[-1][1] >= accuracy else math.nan
+    return curve[-1][0] / flops if curve else math.nan
 
 
 def report(a: argparse.Namespace) -> None:
     runs, ceiling = load_runs(a)
     tasks = [t for t in runs if runs[t]]
-    out = {"pooled": table(runs, ceiling, tasks, a.resamples)}
+    own = [g for g in GUIDES if g != "minilm_rm"]  # the generator's own guides: every problem
+    out = {"pooled": table(runs, ceiling, tasks, a.resamples, own)}
     for t in tasks:
-        out[t] = table(runs, ceiling, [t], a.resamples)
+        out[t] = table(runs, ceiling, [t], a.resamples, own)
+    out["pooled_with_minilm_rm"] = table(runs, ceiling, tasks, a.resamples, list(GUIDES))  # its problems only
     out["selection"] = json.loads((a.out / "select.json").read_text())
     for name, tab in out.items():
         if name == "selection":
@@ -473,7 +483,8 @@ def main() -> int:
         "--record", action=argparse.BooleanOptionalAction, default=True, help="select: record what the pools lack"
     )
     ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True, help="beam, dvts, particle filter")
-    ap.add_argument("--limit", type=int, default=None, help="at most this many problems a task and guide (run)")
+    ap.add_argument("--limit", type=int, default=None, help="run: the first this many problems a task and guide")
+    ap.add_argument("--only", nargs="+", default=None, help="run: only these tasks")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--snapshot", type=Path, default=None)
     a = ap.parse_args()

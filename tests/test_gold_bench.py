@@ -23,7 +23,7 @@ CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2
         (0.3, 10.0, math.exp((math.log(20) + math.log(40)) / 2) / 10),  # halfway: interpolated in log FLOPs
         (0.05, 20.0, 0.5),  # below the curve's start: Best-of-1's FLOPs
         (0.4, 40.0, 1.0),
-        (0.5, 10.0, math.nan),  # the curve never reaches it
+        (0.5, 10.0, 4.0),  # the curve never reaches it: its last point's FLOPs, a lower bound
     ],
 )
 def test_matched_speedup(accuracy, flops, want):
@@ -63,7 +63,8 @@ def synthetic(P: int = 40) -> tuple[dict, dict]:
 
 def test_the_table_and_the_goal_over_synthetic_runs():
     runs, ceiling = synthetic()
-    tab = gb.table(runs, ceiling, ["t"], resamples=200)
+    tab = gb.table(runs, ceiling, ["t"], resamples=200, guides=["g", "absent"])
+    assert tab["guides"] == ["g"]
     assert tab["problems"] == 40 and set(tab["any_of"]) == {str(n) for n in gb.BON}
     sr = tab["rows"]["g/sr/reward"]
     v, lo, hi = sr["speedup_at_matched_accuracy"]
