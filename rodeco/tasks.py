@@ -77,7 +77,12 @@ def generated(data: Any, plugins: Plugins) -> list[Prompt]:
 def _draw(source: TaskSource, task: str, size: int, seed: int, config: dict[str, Any]) -> list[tuple[str, dict]]:
     out = source.generate(task, size, seed, config)
     if len(out) != size:
-        raise ConfigError("data.size", size, f"the task source gave {len(out)} problems of {task}, not {size}", "")
+        raise ConfigError(
+            "data.size",
+            size,
+            f"the task source gave {len(out)} problems of {task}, not {size}",
+            "ask for at most as many as the task can generate, or fix its source",
+        )
     for q, rec in out:
         if GOLD not in rec:
             raise ConfigError("data.source", task, f"a generated problem has no {GOLD}: {q[:60]!r}", "fix the source")
