@@ -19,7 +19,7 @@ from rodeco.config import required
 from rodeco.contracts import Scorer
 from rodeco.hookspecs import hookimpl
 from rodeco.params import take_params
-from rodeco.plugins import BuildContext, Plugins, default_plugins, get_plugin_manager
+from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.protocols import EngineInfo, Policy, Reward, RewardCost, TaskSource
 from rodeco.ranking import best_first, keep_best, keep_top
 from rodeco.results import ResultsWriter, atomic_write
@@ -65,7 +65,6 @@ __all__ = [
     "BuildContext",
     "Plugins",
     "get_plugin_manager",
-    "default_plugins",
     "TaskSource",
     "Policy",
     "Reward",

@@ -138,6 +138,12 @@ class WinnerRule:
         if self.rule != "reward":
             self.extract  # noqa: B018  resolved now: a bad extractor fails at start-up, not at the first prompt
 
+    @staticmethod
+    def normalize(answer: str) -> str:
+        """An answer as votes compare it (``normalize``): spaces, ``$`` and thousands separators dropped, ``2.0`` is
+        ``2``."""
+        return normalize(answer)
+
     @cached_property
     def extract(self) -> Callable[[str], str | None]:
         """The extractor, resolved once (a regex compiled, a function imported) for every prompt it reads."""

@@ -105,7 +105,7 @@ DATACLASSES = {
     "RunOutput": set(),
     "Calibration": set(),
 }
-PROTOCOLS = {"Policy": "select", "Reward": "score"}
+PROTOCOLS = {"Policy": "select", "Reward": "score", "TaskSource": "generate"}
 EXCEPTIONS = {"ConfigError", "PluginError"}
 CLASSES = {"Plugins", "Scorer", "ResultsWriter", "PoolReward", "Counts", "Decoder"}
 

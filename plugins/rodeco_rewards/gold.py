@@ -3,9 +3,9 @@
 The gold answer travels with the prompt (``ScoreRequest.meta["gold_answer"]``): a generated task's record
 (``data=reasoning_gym``), or a field of a JSONL record beside its prompt. The answer is extracted from the response
 by ``extractor`` (null: the one the task's source declares, else ``last_number`` for a numeric gold answer and
-``first_line`` otherwise; any ``rodeco.winner`` extractor). A record that names its source (``meta["source"]``) is
+``first_line`` otherwise; any ``winner.extractor``). A record that names its source (``meta["source"]``) is
 checked by that source (``rodeco.protocols.TaskSource.check``: reasoning-gym's ``score_answer``), and a partial
-credit below 1.0 counts as 0; other records by equality after ``rodeco.winner.normalize`` (spaces, ``$``, thousands
+credit below 1.0 counts as 0; other records by equality after ``WinnerRule.normalize`` (spaces, ``$``, thousands
 separators, ``2.0`` is ``2``).
 
 ``answer_from: arith`` (the ``arith_gold`` option) reads the gold answer from the prompt instead: the seeded
@@ -61,10 +61,8 @@ def answer_of(prompt: str) -> int:
 
 
 def same_answer(answer: str | None, gold: str) -> bool:
-    """``answer`` equals ``gold`` after ``rodeco.winner.normalize`` (numbers compared as numbers)."""
-    from rodeco.winner import normalize
-
-    return answer is not None and normalize(answer) == normalize(gold)
+    """``answer`` equals ``gold`` after ``WinnerRule.normalize`` (numbers compared as numbers)."""
+    return answer is not None and WinnerRule.normalize(answer) == WinnerRule.normalize(gold)
 
 
 def is_correct(prompt: str, response: str) -> bool:
@@ -88,9 +86,11 @@ class Gold:
         return self._extractors[name]
 
     def _source(self, name: str):
-        from rodeco import default_plugins
+        if self.plugins is None:  # built outside a run: the installed plugins, once
+            from rodeco import get_plugin_manager
 
-        return (self.plugins or default_plugins()).source(name)
+            self.plugins = get_plugin_manager()
+        return self.plugins.source(name)
 
     def check(self, r: ScoreRequest) -> float:
         if self.answer_from == "arith":
@@ -122,10 +122,8 @@ class Gold:
 
 
 def _default_extractor(gold: str) -> str:
-    from rodeco.winner import normalize
-
     try:
-        float(normalize(gold))
+        float(WinnerRule.normalize(gold))
         return "last_number"
     except ValueError:
         return "first_line"
