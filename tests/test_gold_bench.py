@@ -71,7 +71,8 @@ def test_the_table_and_the_goal_over_synthetic_runs():
     assert lo <= v <= hi and sr["gflops"][0] == pytest.approx(4.0)
     bon16 = tab["rows"]["g/bon_16/reward"]["accuracy"][0]
     assert tab["best_bon16_accuracy"] == pytest.approx(bon16)
+    assert sr["bon16_flops_ratio"][0] == pytest.approx(4.0)  # Best-of-16's 16 GFLOPs over its 4
     if sr["accuracy"][0] >= bon16:
-        assert tab["goal"]["label"] == "g/sr/reward"
+        assert tab["goal"]["label"] in {f"g/sr/{r}" for r in gb.RULES} and tab["goal"]["ratio"][0] == pytest.approx(4)
     else:
         assert tab["goal"]["label"] is None

@@ -47,7 +47,7 @@ def fake_plugin_module(name: str, reward: str) -> types.ModuleType:
 @pytest.fixture()
 def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two third-party entry points, ``alpha`` and ``beta``, next to the real built-ins."""
-    builtin = [ep for ep in entry_points(group="rodeco") if ep.name in ("rewards", "policies", "experiments")]
+    builtin = [ep for ep in entry_points(group="rodeco") if ep.name in ("rewards", "policies", "experiments", "tasks")]
     fakes = []
     for name in ("alpha", "beta"):
         module = f"rodeco_fake_{name}"
@@ -135,7 +135,7 @@ def test_example_package_entry_points_load(installed_example: None) -> None:
     assert not str(conf).startswith(str(EXAMPLE)), "the example must run from its installed copy"
     assert "example" not in disabled["plugins"] and "example_length" not in disabled["rewards"]
     assert {"logprob"} <= set(disabled["rewards"]) and {"fixed", "none"} <= set(disabled["policies"])
-    assert only["plugins"] == sorted(["example", "experiments", "rewards", "policies"])
+    assert only["plugins"] == sorted(["example", "experiments", "rewards", "policies", "tasks"])
     assert "example_length" in only["rewards"]
 
 
