@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,16 @@ def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) ->
     )
 
 
+def recorded_for(scorer: Scorer, decider: Scorer) -> dict[str, Any]:
+    """What a session records for the roles (``session_spec``'s keywords): the token log-probs either reads, the
+    hidden states the partial scorer reads, the most top-k log-probs either reads."""
+    return {
+        "needs_logprobs": scorer.needs_logprobs or decider.needs_logprobs,
+        "needs_hidden": decider.needs_hidden_states,
+        "top_logprobs": max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
+    }
+
+
 def decode_batch(
     gen: Generator,
     scorer: Scorer,
@@ -110,17 +121,7 @@ def decode_batch(
     s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
     budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
     n = rows_per_prompt(s, budget, base, len(ids), policy)
-    sess = gen.open_session(
-        session_spec(
-            s,
-            n,
-            refs,
-            needs_logprobs=scorer.needs_logprobs or decider.needs_logprobs,
-            needs_hidden=decider.needs_hidden_states,
-            top_logprobs=max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
-            first=first,
-        )
-    )
+    sess = gen.open_session(session_spec(s, n, refs, first=first, **recorded_for(scorer, decider)))
     text = StopStrings(tuple(s.stop)).text(gen.decode_text)  # a response as rewards and results read it
     trace = Trace(
         refs, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner

@@ -27,7 +27,15 @@ import numpy as np
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.loop import LoopSettings, apply_counts, prompt_view, rows_per_prompt, score_rows, session_spec
+from rodeco.loop import (
+    LoopSettings,
+    apply_counts,
+    prompt_view,
+    recorded_for,
+    rows_per_prompt,
+    score_rows,
+    session_spec,
+)
 from rodeco.protocols import Generator, OpenSession, Policy
 from rodeco.state import Counts, OpenPrompt, PromptRef, PromptResult, RoundView, Row
 from rodeco.stops import StopStrings
@@ -311,19 +319,11 @@ def _admit(
         running[p] = run
     acct.admit(len(joining))
     first = joining[0][0].req.settings
-    logprobs, hidden = scorer.needs_logprobs or decider.needs_logprobs, decider.needs_hidden_states
     weights = np.zeros(len(trace.prompts))
     weights[len(trace.prompts) - len(joining) :] = [len(ids) for _, ids in joining]
     with acct.timed("prefill", weights):
         if sess is None:
-            spec = session_spec(
-                first,
-                joining[0][0].n,
-                [joining[0][0].req.ref],
-                needs_logprobs=logprobs,
-                needs_hidden=hidden,
-                top_logprobs=max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
-            )
+            spec = session_spec(first, joining[0][0].n, [joining[0][0].req.ref], **recorded_for(scorer, decider))
             sess = cast(OpenSession, gen.open_session(spec))  # its info admits: its sessions are open ones
             sess.prefill([joining[0][1]])
             joining = joining[1:]
