@@ -115,7 +115,11 @@ def load_prompts(
     else:
         assert path is not None  # exactly one source was given
         records = _read_file(find_data_file(path, "data.path", root), field)
-    out = [Prompt(i, t, meta) for i, (t, meta) in enumerate(records)]
+    return selected([Prompt(i, t, meta) for i, (t, meta) in enumerate(records)], indices, offset, limit)
+
+
+def selected(out: list[Prompt], indices: list[int] | None, offset: int = 0, limit: int | None = None) -> list[Prompt]:
+    """``indices`` picks positions of ``out`` (in that order), then ``offset`` and ``limit`` apply."""
     if indices is not None:
         bad = [i for i in indices if not 0 <= int(i) < len(out)]
         if bad:

@@ -104,6 +104,21 @@ def top_k_of(settings: Mapping[str, Any]) -> int:
     return int(settings.get("top_logprobs", 0))
 
 
+def check_top_k(pool: Pool, k: int) -> int:
+    """The pool's top-k (``top_k_of``), which must be at least the ``k`` a reward reads: else a ``ConfigError`` on
+    ``reward`` (it would be scored on fewer columns, or none, unnoticed)."""
+    have = top_k_of(pool.settings)
+    if k > have:
+        raise ConfigError(
+            "reward",
+            f"needs_top_logprobs={k}",
+            f"the pool at {pool.path} records the {have} most likely tokens' log-probs at each position",
+            f"use a reward that reads at most {have} (e.g. reward.top_k={have}), or record a pool with "
+            f"experiment_args.top_logprobs={k}",
+        )
+    return have
+
+
 STEP_COSTS, OLD_STEP_COSTS = "step_costs.json", "calibration.json"  # the second: pools recorded before the rename
 
 

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from rodeco.contracts import reward_cost, reward_info
-from rodeco.pool import Pool, top_k_of
+from rodeco.pool import Pool, check_top_k
 from rodeco.protocols import Reward, RewardCost
 from rodeco.sampling import COPY_BIT
 from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 
 
 class PoolReward:
@@ -31,16 +30,7 @@ class PoolReward:
         self.info = reward_info(reward)
         self.needs_logprobs, self.needs_hidden_states = self.info.needs_logprobs, self.info.needs_hidden_states
         self.needs_top_logprobs = self.info.needs_top_logprobs
-        if self.needs_top_logprobs > top_k_of(pool.settings):  # else scored on fewer columns (or none) unnoticed
-            k = self.needs_top_logprobs
-            raise ConfigError(
-                "reward",
-                f"needs_top_logprobs={k}",
-                f"the pool at {pool.path} records the {top_k_of(pool.settings)} most likely tokens' log-probs at "
-                "each position",
-                f"use a reward that reads at most {top_k_of(pool.settings)}, or record a pool with "
-                f"experiment_args.top_logprobs={k}",
-            )
+        check_top_k(pool, self.needs_top_logprobs)
         self.cost = RewardCost()
         self.seconds = 0.0  # charged: what the requests served took when they were computed
         self.computed = 0  # requests computed (cache misses)

@@ -21,7 +21,7 @@ import torch
 
 from rodeco.engines.layout import LAYOUTS
 from rodeco.generator import TorchGenerator
-from rodeco.pool import Pool, PoolPrompt, rounded_top, top_k_of
+from rodeco.pool import Pool, PoolPrompt, check_top_k, rounded_top, top_k_of
 from rodeco.protocols import EngineInfo, Generator
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec
@@ -176,15 +176,7 @@ class RecordedRows:
         self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
         self.rec = torch.empty(0, 0, dtype=torch.long)  # [B, T] each row's recorded tokens (EOS included)
         self.rec_lp = torch.empty(0, 0)  # [B, T] their log-probs
-        self.k = top_k_of(self.pool.settings)  # the top-k log-probs the pool records at each position
-        if spec.top_logprobs > self.k:
-            raise ConfigError(
-                "reward",
-                f"needs_top_logprobs={spec.top_logprobs}",
-                f"the pool at {self.pool.path} records the {self.k} most likely tokens' log-probs at each position",
-                f"use a reward that reads at most {self.k} (e.g. reward.top_k={self.k}), or record a pool with "
-                f"experiment_args.top_logprobs={spec.top_logprobs}",
-            )
+        self.k = check_top_k(self.pool, spec.top_logprobs)  # the top-k log-probs the pool records at each position
         self.rec_top = torch.empty(0, 0, self.k)  # [B, T, k] the k most likely tokens' log-probs
 
     def _recorded(self, sess: TorchSession, rows: range, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

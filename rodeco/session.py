@@ -184,7 +184,7 @@ class TorchSession:
         self.book.fan_out(P, n, self.spec.first)
         B = P * n
         self.out = torch.full((B, self.max_new), gen.pad_id, dtype=torch.long, device=dev)
-        self.lp = torch.zeros((B, self.max_new), device=dev) if self.needs_logprobs or self.top_k else None
+        self.lp = torch.zeros((B, self.max_new), device=dev) if self.needs_logprobs else None
         self.top = torch.zeros((B, self.max_new, self.top_k), device=dev) if self.top_k else None
         self.n_tok = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row (EOS included)
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -226,9 +226,10 @@ class TorchSession:
                 self.hidden_log.append((self.t, self.cand.copy(), self._hidden()))
             tok = torch.where(self.finished, self.gen.pad_id, self._next_tokens())
             steps = self.steps()
-            if self.lp is not None:
+            if self.lp is not None or self.top is not None:
                 lp, top = self._logprobs(tok)
-                _put(self.lp, steps, lp)
+                if self.lp is not None:
+                    _put(self.lp, steps, lp)
                 if self.top is not None and top is not None:
                     _put(self.top, steps, top)
             _put(self.out, steps, tok)
@@ -395,7 +396,7 @@ class TorchSession:
         return left
 
     def _finished(self, i: int, n: int, reason: str) -> Row:
-        lps = self.lp[i, :n].tolist() if self.needs_logprobs and self.lp is not None else None
+        lps = self.lp[i, :n].tolist() if self.lp is not None else None
         top = self.top[i, :n].tolist() if self.top is not None else None
         return self.book.leaving(i, self.out[i, :n].tolist(), lps, reason, self.gen.eos_ids, top)
 
@@ -460,11 +461,15 @@ class TorchSession:
     def active(self) -> list[Row]:
         """Every active row's response so far, in batch order."""
         steps = self.steps()
-        n_of = [steps] * self.rows if isinstance(steps, int) else [int(n) for n in steps]
-        ids = [r[:n] for r, n in zip(self.out.tolist(), n_of)]
-        lp = self.lp if self.needs_logprobs else None
-        lps = [r[:n] for r, n in zip(lp.tolist(), n_of)] if lp is not None else [None] * self.rows
-        tops = [r[:n] for r, n in zip(self.top.tolist(), n_of)] if self.top is not None else [None] * self.rows
+
+        def cut(buf: torch.Tensor | None) -> list:  # each row's entries up to its own step
+            if buf is None:
+                return [None] * self.rows
+            if isinstance(steps, int):
+                return buf[:, :steps].tolist()
+            return [r[:n] for r, n in zip(buf.tolist(), steps)]
+
+        ids, lps, tops = cut(self.out), cut(self.lp), cut(self.top)
         h = self._hidden() if self.needs_hidden else None
         hs = list(h.float().cpu().numpy()) if h is not None else [None] * self.rows
         return [

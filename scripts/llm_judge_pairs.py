@@ -220,11 +220,10 @@ def table(summary: dict[str, Any], cost: dict[str, Any]) -> list[str]:
 
 
 def server_argv(a: argparse.Namespace, port: int, run_dir: Path) -> list[str]:
-    exe = Path(sys.executable).parent / "rodeco"
-    if not exe.is_file():
-        exe = ROOT / ".venv" / "bin" / "rodeco"
+    from serve_bench_servers import rodeco_exe
+
     return [
-        str(exe),
+        str(rodeco_exe()),
         "task=serve",
         "serve.host=127.0.0.1",
         f"serve.port={port}",

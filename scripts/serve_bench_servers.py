@@ -179,12 +179,15 @@ def dtype_of(a: argparse.Namespace) -> str:
     return a.dtype if a.dtype != "auto" else ("bfloat16" if on_cuda() else "float32")
 
 
+def rodeco_exe(given: str | Path | None = None) -> Path:
+    """The ``rodeco`` command: ``given``, else this interpreter's, else the checkout's ``.venv``'s."""
+    exe = Path(given or Path(sys.executable).parent / "rodeco")
+    return exe if exe.is_file() else ROOT / ".venv" / "bin" / "rodeco"
+
+
 def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
-    exe = a.rodeco_bin or Path(sys.executable).parent / "rodeco"
-    if not Path(exe).is_file():
-        exe = ROOT / ".venv" / "bin" / "rodeco"
     return [
-        str(exe),
+        str(rodeco_exe(a.rodeco_bin)),
         "task=serve",
         "serve.host=127.0.0.1",
         f"serve.port={port}",
