@@ -1,11 +1,12 @@
 """Gold accuracy against FLOPs on reasoning-gym tasks: every method replayed over one recorded pool per task, each
 winner checked by the task's own checker (``judge=gold``), which no method sees.
 
-Four steps, each resumable (results are written per problem as they finish)::
+Five steps, each resumable (results are written per problem as they finish)::
 
     python scripts/gold_bench.py select --out runs/gold        # candidate tasks on selection seeds: which to keep
     python scripts/gold_bench.py record --out runs/gold        # the report pools: 150 problems x 32 candidates a task
     python scripts/gold_bench.py run --out runs/gold           # every method x guide replayed over the pools
+    python scripts/gold_bench.py search --out runs/gold --limit 24  # beam, dvts, particle filter, live
     python scripts/gold_bench.py report --out runs/gold --snapshot docs/data/gold_rg.json.gz
 
 **Selection.** Each candidate task (``CANDIDATES``: easy settings) is recorded on a selection seed (``SELECT_SEED``,
@@ -20,8 +21,10 @@ candidates (the guide's argmax, a majority vote over the extracted answers, a gu
 - ``bon_N``: Best-of-N for N in ``BON``, averaged over the pool's disjoint groups of N candidates;
 - ``sr_fixed_16`` / ``sr_fixed_auto``: Speculative Rejection (``fixed``, alpha 0.5) from 16 rows / as many as the
   first round fits; ``sr_adaptive_16`` / ``sr_adaptive_auto`` the same with ``adaptive``;
-- ``beam_16``, ``dvts_16``, ``pf_16``: search from 16 rows, a decision every 8 tokens (copies continue with the
-  pool's continuations, decoded once on demand by the live model).
+- ``beam_16``, ``dvts_16``, ``pf_16``: search from 16 rows, a decision every 8 tokens. These run live (``search``
+  step) on the first ``--limit`` problems of each pool, with the pool's generator and sampling: a copy's continuation
+  decoded from a pool costs more than the live copy (every copy decodes to the end by itself), so live is the cheaper
+  exact run. Their samples are their own, not the pool's; the report compares them on their problems only.
 
 Every method but Best-of-N runs at Best-of-4's memory (the KV cache Best-of-4 fills at full length). FLOPs are what
 the loop charges a method: prefill, every row's decode, copies, every guide call (the judge is never charged).
@@ -179,14 +182,25 @@ class Method:
     groups: int = 1  # Best-of-N: disjoint groups of N candidates averaged
 
 
-def methods(candidates: int, search: bool) -> list[Method]:
+def methods(candidates: int) -> list[Method]:
+    """What the ``run`` step replays over a pool: Best-of-N and Speculative Rejection."""
     out = [Method(f"bon_{n}", {"name": "none"}, n, candidates // n) for n in BON if n <= candidates]
     for kind in ("fixed", "adaptive"):
         node = {"name": kind, **({"alpha": 0.5} if kind == "fixed" else {})}
         out += [Method(f"sr_{kind}_16", node, 16), Method(f"sr_{kind}_auto", node, "auto")]
-    if search:
-        out += [Method(f"{k}_16", {"name": v, "decision_tokens": 8}, 16) for k, v in SEARCH.items()]
     return out
+
+
+def search_methods() -> list[Method]:
+    """What the ``search`` step runs live: the copying policies from 16 rows, a decision every 8 tokens."""
+    return [Method(f"{k}_16", {"name": v, "decision_tokens": 8}, 16) for k, v in SEARCH.items()]
+
+
+def memory(prompt_tokens: int, kv: Any) -> int:
+    """Best-of-4's memory: the KV cache four rows of this prompt fill at full length."""
+    from rodeco.budget import full_length_tokens
+
+    return full_length_tokens(4, [prompt_tokens], MAX_NEW, kv)
 
 
 class Replayer:
@@ -219,12 +233,12 @@ class Replayer:
         return self.roles[key]
 
     def run(self, m: Method, index: int, first: int) -> dict[str, Any]:
-        from rodeco.budget import Budget, full_length_tokens
+        from rodeco.budget import Budget
         from rodeco.replay import replay_batch
 
         roles = self.policy_roles(m.policy)
         p = self.pool.prompt(index)
-        kv = None if m.policy["name"] == "none" else full_length_tokens(4, [len(p.prompt_ids)], MAX_NEW, self.gen.kv)
+        kv = None if m.policy["name"] == "none" else memory(len(p.prompt_ids), self.gen.kv)
         s = dataclasses.replace(
             self.base, n=m.n, policy_name=m.policy["name"], budget=Budget(kv, self.base.budget.min_tokens_per_round)
         )
@@ -240,6 +254,39 @@ class Replayer:
         for r in self.roles.values():
             for served in pool_served(r.reward, r.partial):
                 served.save()
+
+
+class Live:
+    """One task's pool, one guide: a live decoder with the pool's generator and sampling, for the search policies."""
+
+    def __init__(self, pool_path: Path, guide: str) -> None:
+        import rodeco
+        from rodeco.pool_session import live_generator
+        from rodeco.replay import open_pool
+
+        self.pool, _ = open_pool(pool_path)
+        self.gen = live_generator(self.pool)
+        sampling = [f"sampling.{k}={v}" for k, v in self.pool.settings["sampling"].items()]
+        self.decoder = rodeco.Decoder(
+            generator=self.gen,
+            overrides=[f"reward={guide}", "partial_reward=same", f"sampling.max_new_tokens={MAX_NEW}", *sampling],
+        )
+
+    def run(self, m: Method, index: int) -> dict[str, Any]:
+        from rodeco.state import PromptRef
+
+        p = self.pool.prompt(index)
+        ids = self.gen.encode(p.text)
+        if ids != list(p.prompt_ids):
+            raise SystemExit(f"problem {index}: the live generator encodes its prompt unlike the pool")
+        (res,), c = self.decoder.batch(
+            [PromptRef(p.index, p.text, meta=p.meta)],
+            n=int(m.n),
+            policy=m.policy,
+            kv_tokens=memory(len(ids), self.gen.kv),
+        )
+        cands = [(x.candidate_id, float(x.score), x.text) for x in res.candidates or [] if x.finished]
+        return {"flops": c.total_flops, "gen_flops": c.gen_flops, "n_start": res.n_start, "cands": cands}
 
 
 def winners(cands: list[tuple[int, float, str]], gold_of: Any, extractor: str) -> dict[str, float]:
@@ -272,48 +319,89 @@ def run(a: argparse.Namespace) -> None:
             out_f.parent.mkdir(parents=True, exist_ok=True)
             done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
             todo = [i for i in rep.pool.indices()[: a.limit] if i not in done]  # the first --limit problems
-            ms = methods(rep.pool.candidates, a.search)
             for index in tqdm(todo, desc=f"{task} {guide}", unit="problem"):
                 p = rep.pool.prompt(index)
                 rec: dict[str, Any] = {"index": index, "methods": {}}
                 t0 = time.perf_counter()
-                for m in ms:
+                for m in methods(rep.pool.candidates):
                     runs = [rep.run(m, index, g * int(m.n) if m.groups > 1 else 0) for g in range(m.groups)]
-                    rec["methods"][m.label] = [
-                        {
-                            "flops": r["flops"],
-                            "n_start": r["n_start"],
-                            **winners(r["cands"], lambda t, p=p: gold(p, t), extractor),
-                            "best": max(r["cands"], key=lambda c: c[1])[2] if r["cands"] else "",
-                        }
-                        for r in runs
-                    ]
+                    rec["methods"][m.label] = [scored(r, lambda t, p=p: gold(p, t), extractor) for r in runs]
                 rec["seconds"] = time.perf_counter() - t0
                 with out_f.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
                 rep.save()
 
 
+def scored(r: dict[str, Any], gold_of: Any, extractor: str) -> dict[str, Any]:
+    """One run of a method as a record keeps it: FLOPs, rows started, each rule's gold score, the guide's best text."""
+    return {
+        "flops": r["flops"],
+        "n_start": r["n_start"],
+        **winners(r["cands"], gold_of, extractor),
+        "best": max(r["cands"], key=lambda c: c[1])[2] if r["cands"] else "",
+    }
+
+
+def search(a: argparse.Namespace) -> None:
+    """The search policies, live, on the first ``--limit`` problems of each pool (``<guide>.search.jsonl``)."""
+    from tqdm import tqdm
+
+    gold = Gold()
+    for task in chosen(a):
+        path = a.out / "pools" / task
+        if a.only and task not in a.only or not (path / "pool.json").is_file():
+            continue
+        extractor = gold.plugins.source("reasoning_gym").extractor(task)
+        for guide in a.guides:
+            live = Live(path, guide)
+            out_f = a.out / "runs" / task / f"{guide}.search.jsonl"
+            out_f.parent.mkdir(parents=True, exist_ok=True)
+            done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
+            todo = [i for i in live.pool.indices()[: a.limit] if i not in done]
+            for index in tqdm(todo, desc=f"{task} {guide} search", unit="problem"):
+                p = live.pool.prompt(index)
+                rec: dict[str, Any] = {"index": index, "methods": {}}
+                t0 = time.perf_counter()
+                for m in search_methods():
+                    rec["methods"][m.label] = [scored(live.run(m, index), lambda t, p=p: gold(p, t), extractor)]
+                rec["seconds"] = time.perf_counter() - t0
+                with out_f.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+
+
 # --- report ---------------------------------------------------------------------------------------------------------
 
 
-def load_runs(a: argparse.Namespace) -> tuple[dict, dict]:
-    """{task: {guide: {index: record}}} and {task: {index: [gold of every pool candidate]}}."""
+def load_runs(a: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """{task: {guide: {index: record}}} of the replayed methods; the same with the live search methods added, on the
+    problems that have both; {task: {index: [gold of every pool candidate]}}."""
     from rodeco.pool import Pool
 
     gold = Gold()
     runs: dict[str, dict[str, dict[int, dict]]] = {}
+    both: dict[str, dict[str, dict[int, dict]]] = {}
     ceiling: dict[str, dict[int, list[float]]] = {}
+
+    def read(f: Path) -> dict[int, dict]:
+        return {r["index"]: r for r in map(json.loads, f.open())} if f.is_file() else {}
+
     for task in chosen(a):
         if not (a.out / "pools" / task / "pool.json").is_file():
             continue
         ceiling[task] = pool_gold(Pool(a.out / "pools" / task), gold)
         for guide in GUIDES:
-            f = a.out / "runs" / task / f"{guide}.jsonl"
-            if f.is_file():
-                recs = [json.loads(line) for line in f.open()]
-                runs.setdefault(task, {})[guide] = {r["index"]: r for r in recs}
-    return runs, ceiling
+            replayed = read(a.out / "runs" / task / f"{guide}.jsonl")
+            if replayed:
+                runs.setdefault(task, {})[guide] = replayed
+            live = read(a.out / "runs" / task / f"{guide}.search.jsonl")
+            if live:
+                both.setdefault(task, {})[guide] = merged(replayed, live)
+    return runs, both, ceiling
+
+
+def merged(replayed: dict[int, dict], live: dict[int, dict]) -> dict[int, dict]:
+    """Each problem that ran both: its record with the replayed methods and the live ones."""
+    return {i: {**r, "methods": {**replayed[i]["methods"], **r["methods"]}} for i, r in live.items() if i in replayed}
 
 
 def table(
@@ -402,25 +490,33 @@ def matched_speedup(curve: list[tuple[float, float]], accuracy: float, flops: fl
 
 
 def report(a: argparse.Namespace) -> None:
-    runs, ceiling = load_runs(a)
+    runs, both, ceiling = load_runs(a)
     tasks = [t for t in runs if runs[t]]
     own = [g for g in GUIDES if g != "minilm_rm"]  # the generator's own guides: every problem
     out = {"pooled": table(runs, ceiling, tasks, a.resamples, own)}
     for t in tasks:
         out[t] = table(runs, ceiling, [t], a.resamples, own)
     out["pooled_with_minilm_rm"] = table(runs, ceiling, tasks, a.resamples, list(GUIDES))  # its problems only
+    searched = [t for t in tasks if both.get(t)]
+    if searched:  # the live search methods beside the replayed ones, on the problems they ran
+        guides = [g for g in GUIDES if all(g in both[t] for t in searched)]
+        out["pooled_with_search"] = table(both, ceiling, searched, a.resamples, guides)
     out["selection"] = json.loads((a.out / "select.json").read_text())
     for name, tab in out.items():
         if name == "selection":
             continue
         print_table(name, tab)
     if a.snapshot:
+        texts = {t: {g: dict(both.get(t, {}).get(g, {})) for g in gs} for t, gs in runs.items()}
+        for t, gs in runs.items():
+            for g, rs in gs.items():
+                texts[t][g] = {**rs, **texts[t][g]}  # a searched problem's record holds every method
         winners_texts = {
             t: {
                 g: {i: {m: r["methods"][m][0].get("best", "") for m in r["methods"]} for i, r in rs.items()}
                 for g, rs in gs.items()
             }
-            for t, gs in runs.items()
+            for t, gs in texts.items()
         }
         blob = json.dumps({"figures": out, "winners": winners_texts, "command": " ".join(sys.argv)})
         with gzip.open(a.snapshot, "wt") as f:
@@ -477,7 +573,7 @@ def goal(tab: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("step", choices=["select", "record", "run", "report"])
+    ap.add_argument("step", choices=["select", "record", "run", "search", "report"])
     ap.add_argument("--out", type=Path, default=Path("runs/gold"))
     ap.add_argument("--problems", type=int, default=150, help="report problems a task")
     ap.add_argument("--select-problems", type=int, default=30, help="selection problems a candidate task")
@@ -487,14 +583,15 @@ def main() -> int:
     ap.add_argument(
         "--record", action=argparse.BooleanOptionalAction, default=True, help="select: record what the pools lack"
     )
-    ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True, help="beam, dvts, particle filter")
-    ap.add_argument("--limit", type=int, default=None, help="run: the first this many problems a task and guide")
+    ap.add_argument(
+        "--limit", type=int, default=None, help="run, search: the first this many problems a task and guide"
+    )
     ap.add_argument("--only", nargs="+", default=None, help="run: only these tasks")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--snapshot", type=Path, default=None)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    {"select": select, "record": record, "run": run, "report": report}[a.step](a)
+    {"select": select, "record": record, "run": run, "search": search, "report": report}[a.step](a)
     return 0
 
 

@@ -76,3 +76,13 @@ def test_the_table_and_the_goal_over_synthetic_runs():
         assert tab["goal"]["label"] in {f"g/sr/{r}" for r in gb.RULES} and tab["goal"]["ratio"][0] == pytest.approx(4)
     else:
         assert tab["goal"]["label"] is None
+
+
+def test_live_search_records_join_the_replayed_ones_on_the_problems_both_ran():
+    replayed = {i: {"index": i, "methods": {"bon_1": [{"flops": 1.0}]}} for i in range(3)}
+    live = {i: {"index": i, "methods": {"beam_16": [{"flops": 2.0}]}, "seconds": 5.0} for i in (1, 2, 7)}
+    both = gb.merged(replayed, live)
+    assert sorted(both) == [1, 2]  # problem 7 was never replayed, 0 never searched
+    assert set(both[1]["methods"]) == {"bon_1", "beam_16"} and both[1]["seconds"] == 5.0
+    assert [m.label for m in gb.search_methods()] == ["beam_16", "dvts_16", "pf_16"]
+    assert all(m.policy["decision_tokens"] == 8 and m.n == 16 for m in gb.search_methods())

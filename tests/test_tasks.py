@@ -307,12 +307,26 @@ def test_gold_and_arith_gold_through_the_registry():
         ({"tolerance": 1}, "judge.gold.tolerance"),
         ({"answer_from": "file"}, "judge.gold.answer_from"),
         ({"extractor": "no_such_extractor"}, "judge.gold.extractor"),
+        ({"extractor": "regex"}, "judge.gold.pattern"),  # regex needs its pattern
+        ({"extractor": "regex", "pattern": "answer is ("}, "judge.gold.pattern"),
     ],
 )
 def test_bad_gold_params_name_their_key(params, key):
     with pytest.raises(ConfigError) as e:
         build_gold(params, BuildContext())
     assert e.value.key == key
+    assert "winner.pattern" not in e.value.fix
+
+
+def test_gold_reads_the_answer_with_its_own_regex():
+    g = build_gold({"extractor": "regex", "pattern": r"answer is (\S+?)\.?$"}, BuildContext())
+    num = {"gold_answer": "30"}
+    assert g.score([req("31? No: the answer is 30.", num), req("the answer is 31", num), req("30", num)]) == [
+        1.0,
+        0.0,
+        0.0,  # no match: no answer
+    ]
+    assert g.identity != build_gold({"extractor": "regex", "pattern": "(\\d+)"}, BuildContext()).identity
 
 
 # --- runs: records checked before decoding, gold answers in results -----------------------------------------------

@@ -3,10 +3,10 @@
 The gold answer travels with the prompt (``ScoreRequest.meta["gold_answer"]``): a generated task's record
 (``data=reasoning_gym``), or a field of a JSONL record beside its prompt. The answer is extracted from the response
 by ``extractor`` (null: the one the task's source declares, else ``last_number`` for a numeric gold answer and
-``first_line`` otherwise; any ``winner.extractor``). A record that names its source (``meta["source"]``) is
-checked by that source (``rodeco.protocols.TaskSource.check``: reasoning-gym's ``score_answer``), and a partial
-credit below 1.0 counts as 0; other records by equality after ``WinnerRule.normalize`` (spaces, ``$``, thousands
-separators, ``2.0`` is ``2``).
+``first_line`` otherwise; any ``winner.extractor``, with ``pattern`` for ``regex``). A record that names its source
+(``meta["source"]``) is checked by that source (``rodeco.protocols.TaskSource.check``: reasoning-gym's
+``score_answer``), and a partial credit below 1.0 counts as 0; other records by equality after
+``WinnerRule.normalize`` (spaces, ``$``, thousands separators, ``2.0`` is ``2``).
 
 ``answer_from: arith`` (the ``arith_gold`` option) reads the gold answer from the prompt instead: the seeded
 arithmetic problems of ``scripts/arith_bench.py`` ("What is 23 + 7? Answer with the number."), solved exactly. A
@@ -34,8 +34,8 @@ SHOWN = 60  # characters of a prompt an error shows
 GOLD = "gold_answer"
 
 
-def _extract(name: str):
-    return WinnerRule(extractor=name).extract
+def _extract(name: str, pattern: str | None = None):
+    return WinnerRule(extractor=name, pattern=pattern).extract
 
 
 LAST_NUMBER = _extract("last_number")  # the extractor winner.extractor=last_number uses
@@ -73,16 +73,22 @@ def is_correct(prompt: str, response: str) -> bool:
 class Gold:
     """1.0 for a response whose answer is the gold answer, else 0.0; partial responses are scored the same way."""
 
-    def __init__(self, extractor: str | None = None, answer_from: str = "record", plugins: Plugins | None = None):
-        self.extractor, self.answer_from, self.plugins = extractor, answer_from, plugins
+    def __init__(
+        self,
+        extractor: str | None = None,
+        answer_from: str = "record",
+        plugins: Plugins | None = None,
+        pattern: str | None = None,
+    ):
+        self.extractor, self.answer_from, self.plugins, self.pattern = extractor, answer_from, plugins, pattern
         self.needs_meta = (GOLD,) if answer_from == "record" else ()
-        self.identity = f"gold:{answer_from}:{extractor or 'declared'}"
+        self.identity = f"gold:{answer_from}:{extractor or 'declared'}" + (f":{pattern}" if pattern else "")
         self.cost = RewardCost()  # no model: calls only
         self._extractors: dict[str, Any] = {}
 
     def _extractor(self, name: str):
         if name not in self._extractors:
-            self._extractors[name] = _extract(name)
+            self._extractors[name] = _extract(name, self.pattern if name == self.extractor else None)
         return self._extractors[name]
 
     def _source(self, name: str):
@@ -135,6 +141,9 @@ class GoldParams:
         default=None,
         metadata={"help": "how the answer is read (null: the task's own; last_number, first_line, boxed, regex, ...)"},
     )
+    pattern: Optional[str] = field(
+        default=None, metadata={"help": "extractor=regex: the regular expression; its last match is the answer"}
+    )
     answer_from: Literal["record", "arith"] = field(
         default="record",
         metadata={"help": "record: the prompt's gold_answer; arith: solve the scripts/arith_bench.py problem"},
@@ -145,7 +154,9 @@ def build_gold(params: dict[str, Any], ctx: BuildContext) -> Gold:
     p = take_params(NODE, params, GoldParams)
     if p["extractor"] is not None:
         try:
-            WinnerRule(rule="majority", extractor=p["extractor"])  # an unknown extractor fails now, naming it
+            _extract(p["extractor"], p["pattern"])  # an unknown extractor or a bad pattern fails now, named
         except ConfigError as e:
-            raise ConfigError(f"{NODE}.extractor", p["extractor"], e.problem, e.fix) from None
-    return Gold(p["extractor"], p["answer_from"], ctx.plugins)
+            key = "pattern" if e.key == "winner.pattern" else "extractor"
+            fix = e.fix.replace("winner.pattern", f"{NODE}.pattern")
+            raise ConfigError(f"{NODE}.{key}", p[key], e.problem, fix) from None
+    return Gold(p["extractor"], p["answer_from"], ctx.plugins, p["pattern"])
