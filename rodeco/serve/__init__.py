@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.api import Decoder
+from rodeco.config import SamplingConfig, ServeConfig
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.protocols import Generator
 from rodeco.serve.app import State, make_app
@@ -131,21 +132,31 @@ def offered(policies: Any, plugins: Plugins) -> dict[str, dict[str, Any]]:
     return out
 
 
+def typed(cfg: DictConfig) -> tuple[ServeConfig, SamplingConfig]:
+    """The ``serve`` and ``sampling`` nodes as their schema's dataclasses (what the server reads them through)."""
+
+    def as_(kind: type, node: Any) -> Any:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), node))
+
+    return as_(ServeConfig, cfg.serve), as_(SamplingConfig, cfg.sampling)
+
+
 def build_state(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator | None = None) -> State:
     """The server's state from a composed config: the decoder built once, the batcher started."""
     plugins = plugins or default_plugins()
     check_binding(cfg)
     policies = check_serve(cfg, plugins)
     dec = Decoder.from_config(cfg, plugins, generator=generator)
-    model = cfg.serve.model or dec.gen.name
+    serve_cfg, sampling = typed(cfg)
+    model = serve_cfg.model or dec.gen.name
     metrics = Metrics()
-    scheduler = Scheduler(dec, cfg.serve, metrics)
+    scheduler = Scheduler(dec, serve_cfg, metrics)
     default = node_dict(cfg.policy)
     roles = dec.builder.roles(dec.choices)  # built once: the decoder's own
     needs = tuple(dict.fromkeys(f for sc in (roles.reward, roles.partial) if sc is not None for f in sc.needs_meta))
-    planner = Planner(dec.gen, cfg.serve, policies, default, scheduler.budget, cfg.sampling, plugins, model, needs)
+    planner = Planner(dec.gen, serve_cfg, policies, default, scheduler.budget, sampling, plugins, model, needs)
     scheduler.start()
-    return State(planner, scheduler, metrics, cfg.serve, api_key(cfg), model)
+    return State(planner, scheduler, metrics, serve_cfg, api_key(cfg), model)
 
 
 def serve(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator | None = None) -> None:
@@ -156,8 +167,8 @@ def serve(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator 
     state = build_state(cfg, plugins, generator)
     config = uvicorn.Config(
         make_app(state),
-        host=cfg.serve.host,
-        port=int(cfg.serve.port),
+        host=state.serve.host,
+        port=state.serve.port,
         log_level="info",
         timeout_graceful_shutdown=5,
         lifespan="off",
@@ -166,8 +177,8 @@ def serve(cfg: DictConfig, plugins: Plugins | None = None, generator: Generator 
     log.info(
         "rodeco serves %s on http://%s:%d (policies: %s)",
         state.model,
-        cfg.serve.host,
-        cfg.serve.port,
+        state.serve.host,
+        state.serve.port,
         ", ".join(state.planner.offered),
     )
     server.run()

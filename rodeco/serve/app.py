@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rodeco.config import ServeConfig
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job, Planner
 from rodeco.serve.metrics import Metrics
@@ -32,7 +33,13 @@ class State:
     """What the endpoints share: the planner, the batcher, the metrics, the limits, and whether it is draining."""
 
     def __init__(
-        self, planner: Planner, scheduler: Scheduler, metrics: Metrics, serve: Any, api_key: str | None, model: str
+        self,
+        planner: Planner,
+        scheduler: Scheduler,
+        metrics: Metrics,
+        serve: ServeConfig,
+        api_key: str | None,
+        model: str,
     ) -> None:
         self.planner, self.scheduler, self.metrics, self.serve = planner, scheduler, metrics, serve
         self.api_key, self.model = api_key, model

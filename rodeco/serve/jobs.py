@@ -16,6 +16,7 @@ from typing import Any
 
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
+from rodeco.config import SamplingConfig, ServeConfig
 from rodeco.contracts import policy_info
 from rodeco.plugins import BuildContext, Plugins
 from rodeco.protocols import Generator
@@ -76,18 +77,18 @@ class Planner:
     def __init__(
         self,
         gen: Generator,
-        serve: Any,
+        serve: ServeConfig,
         offered: dict[str, dict[str, Any]],
         default_policy: dict[str, Any],
         budget: Budget,
-        sampling: Any,
+        sampling: SamplingConfig,
         plugins: Plugins,
         model: str,
         needs_record: tuple[str, ...] = (),
     ) -> None:
         self.gen, self.serve, self.budget, self.plugins, self.model = gen, serve, budget, plugins, model
         self.needs_record = needs_record  # the fields the server's rewards read of a request's record
-        self.sampling = sampling  # the server config's sampling node: top_k and the defaults
+        self.sampling = sampling  # the server config's sampling: top_k and the defaults
         self.default_policy = default_policy
         self.offered = offered  # option name -> the ranges of the parameters a request may set
         self.ids = itertools.count(1)

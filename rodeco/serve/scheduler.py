@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rodeco.api import Decoder
+from rodeco.config import ServeConfig
 from rodeco.contracts import policy_info
 from rodeco.open_loop import Cancelled, Request
 from rodeco.protocols import Policy, Session, StartChooser
@@ -77,7 +78,7 @@ class Answer:
 
 
 class Scheduler:
-    def __init__(self, decoder: Decoder, serve: Any, metrics: Metrics) -> None:
+    def __init__(self, decoder: Decoder, serve: ServeConfig, metrics: Metrics) -> None:
         self.dec, self.serve, self.metrics = decoder, serve, metrics
         self.budget = decoder.budget()
         self.cond = threading.Condition()
