@@ -77,7 +77,20 @@ SEARCH = {"beam": "beam", "dvts": "dvts", "pf": "particle_filter"}
 
 
 def task_config(cfg: dict[str, Any]) -> str:
-    return "data.task_config=" + json.dumps(cfg).replace('"', "'")
+    """The override that sets ``data.task_config`` to ``cfg``, in Hydra's grammar (bare keys, quoted strings)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return "'" + v.replace("'", "\\'") + "'"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(map(value, v)) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {value(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+
+    return "data.task_config=" + value(cfg)
 
 
 def record_pool(task: str, cfg: dict[str, Any], path: Path, size: int, seed: int, candidates: int, held: int) -> None:

@@ -86,3 +86,13 @@ def test_live_search_records_join_the_replayed_ones_on_the_problems_both_ran():
     assert set(both[1]["methods"]) == {"bon_1", "beam_16"} and both[1]["seconds"] == 5.0
     assert [m.label for m in gb.search_methods()] == ["beam_16", "dvts_16", "pf_16"]
     assert all(m.policy["decision_tokens"] == 8 and m.n == 16 for m in gb.search_methods())
+
+
+@pytest.mark.parametrize("task", sorted(gb.CANDIDATES))
+def test_a_tasks_settings_reach_the_config_as_they_are(task):
+    from omegaconf import OmegaConf
+
+    import rodeco
+
+    cfg = rodeco.load_config(["data=reasoning_gym", f"data.task={task}", gb.task_config(gb.CANDIDATES[task])])
+    assert OmegaConf.to_container(cfg.data.task_config) == gb.CANDIDATES[task]
