@@ -551,6 +551,8 @@ def report(a: argparse.Namespace) -> None:
     if searched:  # the live search methods beside the replayed ones, on the problems they ran
         guides = [g for g in GUIDES if all(g in both[t] for t in searched)]
         out["pooled_with_search"] = table(both, ceiling, searched, a.resamples, guides)
+        for t in searched:
+            out[f"{t}_with_search"] = table(both, ceiling, [t], a.resamples, guides)
     out["selection"] = json.loads((a.out / "select.json").read_text())
     for name, tab in out.items():
         if name == "selection":
