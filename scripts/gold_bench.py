@@ -294,6 +294,8 @@ class Live:
     def run(self, m: Method, indices: list[int]) -> dict[int, dict[str, Any]]:
         """Method ``m`` on problems ``indices``, decoded together: per problem, its FLOPs, rows started and finished
         candidates (id, guide score, text)."""
+        from open_vs_closed import Arrivals
+
         from rodeco.state import PromptRef, PromptResult
 
         got: dict[int, PromptResult] = {}
@@ -312,7 +314,7 @@ class Live:
                     on_done=lambda r, i=index: got.__setitem__(i, r),
                 )
             )
-        self.decoder.serve_open(_Once(reqs), kv_tokens=None)
+        self.decoder.serve_open(Arrivals(reqs, one_at_a_time=False), kv_tokens=None)
         return {
             i: {
                 "flops": r.compute.total_flops,
@@ -322,17 +324,6 @@ class Live:
             }
             for i, r in got.items()
         }
-
-
-class _Once:
-    """An open source that gives its requests at once, then closes."""
-
-    def __init__(self, reqs: list[Any]) -> None:
-        self.reqs: list[Any] | None = reqs
-
-    def take(self, wait: bool) -> list[Any] | None:
-        reqs, self.reqs = self.reqs, None
-        return reqs
 
 
 def winners(cands: list[tuple[int, float, str]], gold_of: Any, extractor: str) -> dict[str, float]:
