@@ -19,7 +19,7 @@ from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
 
 if TYPE_CHECKING:
-    from rodeco.open_loop import OpenStats, Request, Source
+    from rodeco.loop import OpenStats, Request, Source
     from rodeco.protocols import Generator, Policy, Session
 
 __all__ = ["Decoder", "decode", "load_config", "run"]
@@ -248,7 +248,7 @@ class Decoder:
     ) -> Request:
         """One prompt for ``serve_open`` with its own settings, as ``batch`` takes them for a batch (``kv_tokens``:
         its own budget); ``callbacks``: ``Request``'s ``on_round``, ``on_admit``, ``on_error`` and ``cancelled``."""
-        from rodeco.open_loop import Request
+        from rodeco.loop import Request
         from rodeco.runner import loop_settings
 
         choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
@@ -263,13 +263,13 @@ class Decoder:
             max_new_tokens=max_new_tokens or s.max_new_tokens,
             budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
         )
-        return Request(ref, s, wrap_policy(built) if wrap_policy is not None else built, on_done, **callbacks)
+        return Request([ref], s, wrap_policy(built) if wrap_policy is not None else built, on_done, **callbacks)
 
     def serve_open(self, source: Source, *, kv_tokens: int | None, check_tokens: int = 16, **kw: Any) -> OpenStats:
         """Decode the requests ``source`` gives (``request``) as they arrive, each joining the running batch on its
-        own clock, until it closes (``rodeco.open_loop.decode_open``, with the decoder's reward and partial reward);
+        own clock, until it closes (``rodeco.loop.decode_open``, with the decoder's reward and partial reward);
         ``kv_tokens``: what the running requests' budgets may add up to."""
-        from rodeco.open_loop import decode_open
+        from rodeco.loop import decode_open
 
         roles = self.builder.roles(self.choices)
         return decode_open(self.gen, roles.reward, source, kv_tokens, roles.partial, check_tokens, **kw)

@@ -1,96 +1,173 @@
 """The decoding loop: Best-of-N, Speculative Rejection and search (particle filtering, beam search) are policies of
-this one loop.
+this one loop, and a closed batch, a server's open batch and a replayed arrival trace are sources of it.
 
-prefill each prompt once, fan its cache out to n rows
-while rows are active:
-    decode until the cache would exceed the budget, or the policy's decision_tokens  (the decision point)
-    score finished rows (reward) and active rows (partial_reward)
-    counts = policy(view of every prompt)    (0: the row leaves the cache; c > 1: c - 1 copies join it)
+A source yields cohorts (``Request``): prompts admitted together, which share a clock, a budget and each call of
+their policy. ``decode_batch`` is a source of one cohort that then closes; a server's request is a cohort of one
+prompt, joining whatever runs.
+
+while cohorts are running or may still arrive:
+    admit the waiting cohorts, in arrival order, while their budgets fit beside the running ones'
+        (each prompt forwarded once, its cache fanned out to n rows)
+    decode to the earliest decision point of a running cohort (where its rows would outgrow its budget, or its
+        policy's decision_tokens), pausing every check_tokens tokens to admit and to let cancelled prompts leave
+    score the finished rows of the cohorts at their decision point (reward); a prompt with no row left gets its result
+    each cohort at its decision point: score its active rows (partial_reward), counts = policy(view of its prompts),
+        apply them (0: the row leaves the cache; c > 1: c - 1 copies join it)
 the winner rule picks each prompt's winner among its finished candidates (by default the highest reward)
+
+A cohort's decision points are counted on its own clock from its own budget (``LoopSettings.budget``: the KV memory
+its rows may hold, as a batch of its prompts alone holds it), so a seeded cohort gets the answer it gets decoding
+alone, whatever else is running. Policies that decide across prompts (``allocate``) see their cohort's prompts.
 """
 
 from __future__ import annotations
 
-import warnings
+import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import numpy as np
 
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.protocols import Generator, Policy, Session, StartChooser
-from rodeco.sampling import copy_stream
-from rodeco.state import (
-    Compute,
-    Counts,
-    PromptRef,
-    PromptResult,
-    PromptView,
-    RoundView,
-    Row,
-    SamplingParams,
-    ScoreRequest,
-    SessionSpec,
-    StartView,
+from rodeco.protocols import Generator, OpenSession, Policy, Session
+from rodeco.rounds import (
+    START_BY_POLICY,
+    LoopSettings,
+    apply_counts,
+    recorded_for,
+    round_view,
+    rows_per_prompt,
+    score_rows,
+    session_spec,
 )
+from rodeco.state import Compute, Counts, OpenPrompt, PromptRef, PromptResult, RoundView, Row
 from rodeco.stops import StopStrings
 from rodeco.trace import Trace
-from rodeco.validation import ConfigError, PluginError
-from rodeco.winner import WinnerRule
+from rodeco.validation import ConfigError
 
-START_BY_POLICY = "policy"  # n: the policy chooses each prompt's start (PolicyInfo.chooses_start)
+__all__ = [
+    "START_BY_POLICY",
+    "Cancelled",
+    "LoopSettings",
+    "OpenStats",
+    "Request",
+    "Source",
+    "decode_batch",
+    "decode_open",
+    "session_spec",
+]
+
+
+@dataclass
+class Request:
+    """A cohort: ``prompts`` with their settings (rows, sampling, length, stop strings, seed and their budget:
+    ``settings.budget.kv_tokens`` is the memory their rows may hold, prompts included) and their policy, which sees
+    them together at each decision point. ``on_done`` receives each prompt's result as soon as it has no row left;
+    ``on_round`` each decision point; ``on_admit`` is called when the cohort joins the batch; ``on_error`` the error
+    that refused it (its settings cannot run; without it, the error ends the decode) or ``Cancelled`` once every
+    prompt of it was cancelled. ``cancelled()`` says which prompts leave now: True (all of them) or their positions in
+    ``prompts``; it is asked every ``check_tokens`` tokens and at every decision point, and a cancelled prompt's rows
+    leave and it gets no result. Its rows are candidates ``first``, ``first + 1``, ... of each prompt (a cohort that
+    opens the batch only)."""
+
+    prompts: Sequence[PromptRef]
+    settings: LoopSettings
+    policy: Policy
+    on_done: Callable[[PromptResult], None]
+    on_round: Callable[[RoundView, list[Counts]], None] | None = None
+    on_error: Callable[[Exception], None] | None = None
+    on_admit: Callable[[], None] | None = None
+    cancelled: Callable[[], bool | Collection[int]] | None = None
+    first: int = 0
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Cancelled(Exception):
+    """A request's ``cancelled()`` said so: its ``rows`` left the batch, and it gets no result."""
+
+    def __init__(self, why: str, rows: int = 0) -> None:
+        super().__init__(why)
+        self.rows = rows
+
+
+class Source(Protocol):
+    def take(self, wait: bool) -> list[Request] | None:
+        """The requests that arrived since the last call, in arrival order; with ``wait``, block until one arrives.
+        None once the source is closed and has nothing left."""
+        ...
+
+
+@dataclass
+class OpenStats:
+    """What a decode did: cohorts admitted, and per decode call the rows and prompts in the batch."""
+
+    admitted: int = 0
+    step_rows: list[int] = field(default_factory=list)
+    step_prompts: list[int] = field(default_factory=list)
+    peak_reserved: int = 0
+    cancelled_rows: int = 0
 
 
 @dataclass(frozen=True)
-class LoopSettings:
-    n: int | str  # rows per prompt; "auto": as many as the first round's budget allows; "policy": the policy's
-    sampling: SamplingParams
-    max_new_tokens: int
+class _Limits:
+    """What the running cohorts may hold together: their budgets (``kv_tokens``), their rows at the start
+    (``max_rows``) and their prompts (``max_prompts``); None: no bound."""
+
+    kv_tokens: int | None = None
+    max_rows: int | None = None
+    max_prompts: int | None = None
+
+
+@dataclass
+class _Cohort:
+    """An admitted cohort: its request, batch keys, budget (``Budget.for_batch`` of its prompts alone), start
+    length, rows per prompt at the start, decision interval, the session's step when it joined, and the decision
+    points it has passed."""
+
+    req: Request
+    ids: list[list[int]]
     budget: Budget
-    seed: int = 0
-    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
-    all_candidates: bool = False
-    policy_name: str = ""
-    reward_name: str = ""
-    winner: WinnerRule = WinnerRule()  # how each prompt's winner is chosen among its finished candidates
-    stop: tuple[str, ...] = ()  # stop strings: a row ends when its text holds one (rodeco.stops)
-    check_tokens: int | None = None  # with decode_batch's ``cancelled``: ask it at least every this many tokens
+    base: int
+    n: int
+    every: int | None
+    reserved: int
+    keys: list[int] = field(default_factory=list)
+    born: int = 0
+    rounds: int = 0
+    until: int = -1  # this round's decision point on its clock (-1: not set yet), fixed when the round starts
+    left: list[Row] = field(default_factory=list)  # rows that finished this round, scored when it ends
+    gone: set[int] = field(default_factory=set)  # keys given a result or cancelled
 
-    def __post_init__(self) -> None:
-        if self.n == "calibrated":  # the name n=policy had when only the calibrated policy chose a start
-            warnings.warn('n="calibrated" is deprecated: use n="policy"', DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "n", START_BY_POLICY)
+    @property
+    def rows_at_start(self) -> int:
+        return self.n * len(self.ids)
 
+    def clock(self, sess: Session) -> int:
+        return sess.t - self.born
 
-def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
-    """The spec of a session of ``n`` rows per prompt of ``prompts`` under the run's settings ``s``."""
-    seeds = tuple(p.seed_or(s.seed) for p in prompts)
-    return SessionSpec(
-        n,
-        s.sampling,
-        s.max_new_tokens,
-        s.seed,
-        tuple(p.stream_key for p in prompts),
-        indices=tuple(p.index for p in prompts),
-        ignore_eos=s.ignore_eos,
-        stop=tuple(s.stop),
-        seeds=seeds if any(x != s.seed for x in seeds) else (),
-        **kw,
-    )
+    def rows(self, sess: Session) -> np.ndarray:
+        """Its rows' batch indices, in order."""
+        return np.nonzero(np.isin(sess.prompt_of, self.keys))[0]
 
+    def next_point(self, sess: Session) -> int:
+        """Its next decision point on its own clock: where its rows would outgrow its budget, or its policy's next
+        ``decision_tokens``, at most its ``max_new_tokens``."""
+        s, clock = self.req.settings, self.clock(sess)
+        until = min(
+            self.budget.capacity(len(self.rows(sess)), self.base + s.max_new_tokens) - self.base, s.max_new_tokens
+        )
+        if self.every:
+            until = min(until, (clock // self.every + 1) * self.every)
+        return until
 
-def recorded_for(scorer: Scorer, decider: Scorer) -> dict[str, Any]:
-    """What a session records for the roles (``session_spec``'s keywords): the token log-probs either reads, the
-    hidden states the partial scorer reads, the most top-k log-probs either reads."""
-    return {
-        "needs_logprobs": scorer.needs_logprobs or decider.needs_logprobs,
-        "needs_hidden": decider.needs_hidden_states,
-        "top_logprobs": max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
-    }
+    def text(self, gen: Generator) -> Callable[[list[int]], str]:
+        """A response as rewards and results read it: cut at its stop strings."""
+        return StopStrings(tuple(self.req.settings.stop)).text(gen.decode_text)
 
 
 def decode_batch(
@@ -105,258 +182,347 @@ def decode_batch(
     first: int = 0,
     cancelled: Callable[[Session], Collection[int]] | None = None,
 ) -> tuple[list[PromptResult], Compute]:
-    """Decode several prompts in one batch; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
+    """Decode several prompts as one cohort; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
 
-    Returns each prompt's ``PromptResult`` and the batch's total ``Compute``. ``on_round(view, keep)`` is called at
-    each decision point and ``on_done(result)`` as soon as a prompt has no active row left. The rows are the
-    generator's session (``Generator.open_session``: live, vLLM, or a recorded pool's); they are candidates
-    ``first``, ``first + 1``, ... of each prompt. ``partial`` scores active rows at decision points (the
-    ``partial_reward`` role); by default ``scorer`` does. ``cancelled(session)`` names batch keys whose rows leave now
-    (a server's disconnected clients; it may read the session's rows and step); it is asked at every decision point
-    and every ``s.check_tokens`` tokens, and a cancelled prompt gets no result (the others' are returned, in order)."""
-    decider = partial or scorer  # the partial_reward role: by default the reward itself
+    Returns each prompt's ``PromptResult`` and the batch's total ``Compute`` (a prompt's share of time and reward
+    cost in proportion to its tokens and requests). ``on_round(view, keep)`` is called at each decision point and
+    ``on_done(result)`` as soon as a prompt has no active row left. The rows are the generator's session
+    (``Generator.open_session``: live, vLLM, or a recorded pool's); they are candidates ``first``, ``first + 1``, ...
+    of each prompt. ``partial`` scores active rows at decision points (the ``partial_reward`` role); by default
+    ``scorer`` does. ``cancelled(session)`` names batch keys whose rows leave now (a server's disconnected clients;
+    it may read the session's rows and step); it is asked at every decision point and every ``s.check_tokens``
+    tokens, and a cancelled prompt gets no result (the others' are returned, in order)."""
     refs = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
-    ids = [gen.encode(p.source) for p in refs]
-    P = max(map(len, ids))
-    s.budget.check_feasible(len(ids), P, P + s.max_new_tokens, gen.kv)
-    budget, base = s.budget.for_batch(list(map(len, ids)), gen.kv)  # the rows' share, their start length
-    n = rows_per_prompt(s, budget, base, len(ids), policy)
-    sess = gen.open_session(session_spec(s, n, refs, first=first, **recorded_for(scorer, decider)))
-    text = StopStrings(tuple(s.stop)).text(gen.decode_text)  # a response as rewards and results read it
-    trace = Trace(
-        refs, n, text, all_candidates=s.all_candidates, policy=s.policy_name, reward=s.reward_name, winner=s.winner
-    )
-    every = policy_info(policy, s.policy_name).decision_tokens
-    acct = Accounting(gen, len(refs))
-    results: dict[int, PromptResult] = {}
+    b = _Batch(gen, scorer, partial or scorer, _Limits(), per_call=False)
 
-    def report_done() -> None:  # every prompt that has no active row left, once
-        for p in sorted(trace.newly_done(set(sess.prompt_of.tolist())) - trace.cancelled):
-            results[p] = trace.result(p, acct.prompt(p, sess.stats))
-            if on_done is not None:
-                on_done(results[p])
+    def asked() -> Collection[int]:
+        return () if cancelled is None or b.sess is None else cancelled(b.sess)
 
-    with closing(sess):  # a run stopped or failed mid-batch leaves nothing decoding (vLLM's requests are aborted)
-        with acct.timed("prefill"):
-            sess.prefill(ids)
-        trace.start(sess.prompt_of, sess.cand)
-        rnd = 0
-        while sess.rows:
-            with acct.timed("decode"):
-                until = budget.capacity(sess.rows, base + s.max_new_tokens) - base
-                if every:  # the policy's own decision points; the budget's still bind
-                    until = min(until, (sess.t // every + 1) * every)
-                left = decode_round(sess, until, trace, cancelled, s.check_tokens)  # to the decision point
-                left += sess.retire_finished()  # a cancelled prompt's rows were rejected, finished ones too
-            trace.finished(left, score_rows(scorer, "reward", text, refs, left, acct))
-            report_done()
-            if not sess.rows:
-                break
-            scores = score_rows(decider, "partial_reward", text, refs, sess.active(), acct)
-            trace.scored(sess.prompt_of, sess.cand, scores)
-            with acct.timed("prune"):
-                fit = budget.max_rows(base + sess.t, base + s.max_new_tokens)
-                view, rows, keys = _round_view(rnd, sess, scores, trace, s, fit)
-                counts = select_checked(policy, s.policy_name, view)
-                if on_round is not None:
-                    on_round(view, counts)
-                apply_counts(sess, trace, rnd, rows, keys, view, counts)
-            report_done()
-            rnd += 1
-    return [results[p] for p in range(len(refs)) if p in results], acct.batch(sess.stats)
+    req = Request(refs, s, policy, on_done or (lambda r: None), on_round, cancelled=asked, first=first)
+    with closing(b):  # a run stopped or failed mid-batch leaves nothing decoding (vLLM's requests are aborted)
+        _run(b, _One(req), s.check_tokens if cancelled is not None else None)
+    if b.failed:
+        raise b.failed[0]
+    assert b.sess is not None  # the cohort was admitted, or the error above was raised
+    return [b.results[p] for p in sorted(b.results)], b.acct.batch(b.sess.stats)
 
 
-def decode_round(
-    sess: Session, until: int, trace: Trace, cancelled: Callable[[Session], Collection[int]] | None, every: int | None
-) -> list[Row]:
-    """Decode to ``until``; with ``cancelled``, pause every ``every`` tokens (and at ``until``) to let the rows of
-    cancelled prompts leave. Returns the rows that finished on the way, but for cancelled prompts'."""
-    left: list[Row] = []
-    while True:
-        pause = None if cancelled is None or not every else (sess.t // every + 1) * every
-        left += sess.decode(until=until, pause=pause)
-        if cancelled is not None:
-            gone = set(int(p) for p in cancelled(sess)) - trace.cancelled
-            if gone:
-                rows = [r for r, p in enumerate(sess.prompt_of.tolist()) if p in gone]
-                trace.cancel(gone, sess.reject(rows) if rows else [])
-                left = [r for r in left if r.prompt not in gone]
-        if pause is None or not sess.rows or sess.t >= until:
-            return left
-
-
-def apply_counts(
-    sess: Session,
-    trace: Trace,
-    rnd: int,
-    rows: list[np.ndarray],
-    keys: list[int],
-    view: RoundView,
-    counts: list[Counts],
-    at: int | None = None,
-) -> None:
-    """A decision's counts applied: rows of count 0 leave the batch, a row of count ``c > 1`` gets ``c - 1`` copies,
-    each a new candidate (the prompt's next id, a stream derived from its lineage at step ``at``: by default the
-    batch's clock ``sess.t``; a prompt on its own clock passes its own) right after its parent."""
-    at = sess.t if at is None else at
-    drop, parents, ids, streams, copies = [], [], [], [], []
-    for pr, c, key in zip(rows, counts, keys):
-        made: dict[int, list[int]] = {}
-        for local, k in enumerate(c):
-            r = int(pr[local])
-            if k == 0:
-                drop.append(r)
-            for j in range(k - 1):
-                parent = int(sess.cand[r])
-                made.setdefault(parent, []).append(trace.copy(key, parent, rnd))
-                parents.append(r)
-                ids.append(made[parent][-1])
-                streams.append(copy_stream(int(sess.stream[r]), at, j))
-        copies.append(made)
-    trace.round(view, counts, keys, copies)
-    trace.rejected(sess.reject(drop))
-    if parents:  # the parents' places once the rejected rows are gone
-        kept = np.setdiff1d(np.arange(sess.rows + len(drop)), drop)
-        sess.fork(np.searchsorted(kept, parents).tolist(), ids, streams)
-
-
-def score_rows(
+def decode_open(
+    gen: Generator,
     scorer: Scorer,
-    role: str,
-    text: Callable[[list[int]], str],
-    prompts: Sequence[PromptRef],
-    rows: Sequence[Row],
-    acct: Accounting,
-) -> np.ndarray:
-    """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
-    decision point), charged to that role; ``text`` decodes a response (cut at a stop string)."""
-    partial = role == "partial_reward"
-    with acct.scoring(role, scorer, [r.prompt for r in rows]):
-        reqs = [
-            ScoreRequest(
-                prompt=prompts[r.prompt].text,
-                response=text(r.token_ids),
-                response_ids=tuple(r.token_ids),
-                partial=partial,
-                prompt_index=prompts[r.prompt].index,
-                candidate_id=r.candidate_id,
-                logprobs=tuple(r.logprobs) if r.logprobs is not None else None,
-                hidden_state=r.hidden,
-                stream=r.stream,
-                top_logprobs=tuple(map(tuple, r.top_logprobs)) if r.top_logprobs is not None else None,
-                meta=prompts[r.prompt].meta,
-            )
-            for r in rows
-        ]
-        return scorer(reqs)
-
-
-def rows_per_prompt(
-    s: LoopSettings, budget: Budget, base: int, n_prompts: int, policy: Policy, cap: int | None = None
-) -> int:
-    """``budget``/``base``: the rows' share of the budget and their start length (``Budget.for_batch``); ``cap``:
-    at most this many rows for ``auto`` and ``policy`` (a pool's candidates)."""
-    if s.n in ("auto", START_BY_POLICY):
-        if budget.kv_tokens is None:
-            raise ConfigError(
-                "n",
-                s.n,
-                "needs a finite budget to size the start",
-                "set budget.kv_tokens (budget=cpu), budget=cuda on a GPU or budget=engine on vLLM, "
-                "or give n as a number",
-            )
-        most = budget.auto_n(n_prompts, base, base + s.max_new_tokens)
-        most = min(most, cap) if cap is not None else most
-        if s.n == "auto":
-            return most
-        if not policy_info(policy, s.policy_name).chooses_start:
-            raise ConfigError(
-                "n",
-                s.n,
-                f"policy {s.policy_name!r} does not choose a start (its info declares no chooses_start)",
-                "use a policy that does (policy=calibrated), or n=auto",
-            )
-        view = StartView(
-            kv_tokens=int(budget.kv_tokens) // n_prompts,
-            base=base,
-            max_rows=most,
-            max_new_tokens=s.max_new_tokens,
-            min_tokens_per_round=budget.min_tokens_per_round,
-        )
-        assert isinstance(policy, StartChooser)  # policy_info checked that it has choose_start
-        n = int(policy.choose_start(view))
-        if not 1 <= n <= most:
-            raise PluginError(f"policy {s.policy_name!r} chose a start of {n} rows; the budget allows 1 to {most}")
-        return n
-    n = int(s.n)
-    w = budget.row_overhead  # each row's working memory, in tokens
-    first = budget.held(base + min(budget.min_tokens_per_round, s.max_new_tokens)) + w
-    if budget.kv_tokens is not None and n * n_prompts * first > budget.kv_tokens:
-        fit = budget.kv_tokens // (first * n_prompts)
-        assert s.budget.kv_tokens is not None  # the batch's share of a finite budget (Budget.for_batch)
-        shared = s.budget.kv_tokens - budget.kv_tokens
-        held = f"{first} tokens" + (f" ({w} of them working memory)" if w else "")
+    source: Source,
+    kv_tokens: int | None,
+    partial: Scorer | None = None,
+    check_tokens: int = 16,
+    observe: Callable[[int, int, int], None] | None = None,
+    max_rows: int | None = None,
+    max_prompts: int | None = None,
+) -> OpenStats:
+    """Decode every request ``source`` gives until it closes and nothing is running (see the module doc).
+    ``kv_tokens``: the memory all running cohorts' budgets may add up to (None: no limit); a request whose own budget
+    exceeds it is refused with a ``ConfigError``. ``check_tokens``: the most tokens decoded between admissions.
+    ``observe(waiting, prompts, rows)`` is told, before each stretch of decoding, the requests waiting for room and
+    the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running cohorts start
+    with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
+    (``EngineInfo.max_rows``) applies too."""
+    if not gen.info.admits:
         raise ConfigError(
-            "n",
-            n,
-            f"{n} rows x {n_prompts} prompt(s) x {held} do not fit budget.kv_tokens="
-            f"{s.budget.kv_tokens}"
-            + (f" less the {shared} prompt tokens stored once" if shared else "")
-            + " for one round of budget.min_tokens_per_round tokens",
-            f"use n<={fit}, n=auto, or raise budget.kv_tokens",
+            "generator",
+            f"{gen.info.name}{' (compiled)' if gen.info.compiled else ''}",
+            "does not admit prompts into a running batch",
+            "use generator.engine=fast, hf or vllm (on CUDA with generator.compile=false: the compiled step runs as "
+            "CUDA graphs there), or decode closed batches (decode_batch)",
         )
-    return n
+    if gen.info.max_rows is not None:
+        max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
+    b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True)
+    with closing(b):
+        _run(b, source, check_tokens, observe)
+    if b.failed:
+        raise b.failed[0]
+    return b.stats
 
 
-def _round_view(
-    rnd: int, sess: Session, scores: np.ndarray, trace: Trace, s: LoopSettings, fit: int
-) -> tuple[RoundView, list[np.ndarray], list[int]]:
-    """The policy's view of every prompt, each prompt's batch rows (in the view's local order) and its batch key;
-    ``fit``: the most rows the budget lets decode on (copies may grow the batch up to it)."""
-    views, rows_of, keys = [], [], np.unique(sess.prompt_of)
-    shares = np.full(len(keys), fit // len(keys)) + (np.arange(len(keys)) < fit % len(keys))
-    for p, share in zip(keys, shares):
-        rows = np.nonzero(sess.prompt_of == p)[0]
-        rows_of.append(rows)
-        views.append(
-            prompt_view(rnd, int(p), sess.cand[rows].tolist(), scores[rows], trace, sess.t, int(share), s.seed)
-        )
-    _share_min_reject(views, sess.rows - fit)
-    view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=trace.n)
-    return view, rows_of, keys.tolist()
+def _run(b: _Batch, source: Source, check: int | None, observe: Callable[[int, int, int], None] | None = None) -> None:
+    """The loop of the module doc over ``b``, until ``source`` closes and nothing runs."""
+    closed = False
+    while not b.failed:
+        if observe is not None and not b.running:  # idle: nothing in the batch
+            observe(len(b.waiting), 0, 0)
+        got = source.take(wait=not b.running and not b.waiting)
+        if got is None:
+            closed = True
+        else:
+            b.waiting.extend(got)
+        if closed and not b.waiting and not b.running:
+            return
+        b.cancel()
+        b.admit()
+        sess = b.sess
+        if observe is not None:
+            observe(len(b.waiting), sum(len(c.keys) for c in b.running), sess.rows if sess is not None else 0)
+        if sess is None or not b.running:
+            continue
+        b.decode(check)
+        b.cancel()
+        b.round_ends()
+        b.finish()
+        for c in list(b.running):  # each cohort at its own decision point
+            if c.clock(sess) >= c.until and c.rows(sess).size:
+                b.decide(c)
+                c.until = -1
+        b.finish()
 
 
-def prompt_view(
-    rnd: int, p: int, cands: list[int], scores: np.ndarray, trace: Trace, tokens: int, max_rows: int, seed: int
-) -> PromptView:
-    """Prompt ``p``'s view at decision point ``rnd``: its rows' candidates and scores, what the trace knows of
-    them, its tokens so far, the most rows it may keep, and a generator seeded by the prompt and the round."""
-    ref = trace.prompts[p]
-    return PromptView(
-        prompt_index=ref.index,
-        candidate_ids=cands,
-        scores=scores,
-        history=trace.history(p, cands),
-        finished_scores=trace.finished_scores(p),
-        tokens_generated=tokens,
-        min_reject=0,
-        parents=trace.parents(p, cands),
-        origins=trace.origins(p, cands),
-        finished_ids=trace.finished_ids(p),
-        max_rows=max_rows,
-        rng=np.random.default_rng([ref.seed_or(seed) & 0xFFFFFFFF, ref.stream_key, rnd]),
+class _One:
+    """A source of one request, then closed (``decode_batch``)."""
+
+    def __init__(self, req: Request) -> None:
+        self.req: Request | None = req
+
+    def take(self, wait: bool) -> list[Request] | None:
+        req, self.req = self.req, None
+        return [req] if req is not None else None
+
+
+class _Batch:
+    """The loop's state: the cohorts waiting and running, the session, the trace and the accounting, and the steps
+    of ``_run`` (cancel, admit, decode, the rounds' ends, finish, decide). ``per_call``: each prompt is charged what
+    was done for it as it happened (``Accounting``), as an open batch's prompts come and go."""
+
+    def __init__(self, gen: Generator, scorer: Scorer, decider: Scorer, limits: _Limits, per_call: bool) -> None:
+        self.gen, self.scorer, self.decider, self.limits = gen, scorer, decider, limits
+        self.waiting: deque[Request] = deque()
+        self.running: list[_Cohort] = []
+        self.stats = OpenStats()
+        self.sess: Session | None = None
+        self.trace = Trace([], 0, gen.decode_text)
+        self.acct = Accounting(gen, 0, per_call=per_call)
+        self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
+        self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
+
+    def close(self) -> None:
+        if self.sess is not None:
+            self.sess.close()
+
+    def _refuse(self, req: Request, e: Exception) -> None:
+        """A request that gets no (more) result: its ``on_error`` is told why; without one, a cancellation is
+        dropped and any other error ends the decode."""
+        if req.on_error is not None:
+            req.on_error(e)
+        elif not isinstance(e, Cancelled):
+            self.failed.append(e)
+
+    def start(self, req: Request) -> _Cohort:
+        """A request's budget, rows and decision interval, checked against the limits (``ConfigError`` naming
+        the key)."""
+        s, lim = req.settings, self.limits
+        ids = [self.gen.encode(r.source) for r in req.prompts]
+        lens = list(map(len, ids))
+        s.budget.check_feasible(len(ids), max(lens), max(lens) + s.max_new_tokens, self.gen.kv)
+        budget, base = s.budget.for_batch(lens, self.gen.kv)  # the rows' share, their start length
+        n = rows_per_prompt(s, budget, base, len(ids), req.policy)
+        reserved = int(s.budget.kv_tokens) if s.budget.kv_tokens is not None else 0
+        if lim.kv_tokens is not None and reserved > lim.kv_tokens:
+            raise ConfigError("budget.kv_tokens", reserved, f"exceeds the open batch's {lim.kv_tokens}", "ask for less")
+        if lim.max_rows is not None and n * len(ids) > lim.max_rows:
+            raise ConfigError(
+                "n", n, f"more rows than the open batch's {lim.max_rows}", f"ask for at most {lim.max_rows}"
+            )
+        every = policy_info(req.policy, s.policy_name).decision_tokens
+        return _Cohort(req, ids, budget, base, n, every, reserved)
+
+    def cancel(self) -> None:
+        """Prompts whose ``cancelled()`` says so: refused while waiting, their rows rejected while running."""
+        for req in [r for r in self.waiting if r.cancelled is not None and r.cancelled() is True]:
+            self.waiting.remove(req)
+            self._refuse(req, Cancelled("cancelled before it was admitted"))
+        sess = self.sess
+        if sess is None:
+            return
+        for c in [c for c in self.running if c.req.cancelled is not None]:
+            said = c.req.cancelled()  # type: ignore[misc]  # not None: filtered above
+            keys = set(c.keys) if said is True else {c.keys[i] for i in (said or ())}
+            keys = keys - c.gone
+            if not keys:
+                continue
+            rows = [i for i, q in enumerate(sess.prompt_of.tolist()) if q in keys]
+            self.stats.cancelled_rows += len(rows)
+            self.trace.cancel(keys, sess.reject(rows) if rows else [])
+            c.left = [r for r in c.left if r.prompt not in keys]
+            for p in keys:
+                self.trace.forget(p)
+            c.gone |= keys
+            if c.gone == set(c.keys):
+                self.running.remove(c)
+                self._refuse(c.req, Cancelled("cancelled while decoding", len(rows)))
+
+    def admit(self) -> None:
+        """Waiting cohorts join, in arrival order: the first that does not fit waits, and so do all behind it. An
+        engine that does not admit into a running batch takes one cohort at a time, in a session of its own."""
+        lim = self.limits
+        admits = self.gen.info.admits
+        joining: list[_Cohort] = []
+        while self.waiting and (admits or (not self.running and not joining)):
+            try:
+                c = self.start(self.waiting[0])
+            except (ConfigError, ValueError) as e:
+                self._refuse(self.waiting.popleft(), e)
+                if self.failed:
+                    return
+                continue
+            held = sum(r.reserved for r in [*self.running, *joining])
+            started = sum(r.rows_at_start for r in [*self.running, *joining])
+            prompts = sum(len(r.ids) for r in [*self.running, *joining])
+            if (self.running or joining) and (
+                (lim.kv_tokens is not None and held + c.reserved > lim.kv_tokens)
+                or (lim.max_rows is not None and started + c.rows_at_start > lim.max_rows)
+                or (lim.max_prompts is not None and prompts + len(c.ids) > lim.max_prompts)
+            ):
+                break
+            self.waiting.popleft()
+            joining.append(c)
+        if not joining:
+            return
+        self._join(joining)
+        self.stats.admitted += len(joining)
+        self.stats.peak_reserved = max(self.stats.peak_reserved, sum(r.reserved for r in self.running))
+        for c in joining:
+            if c.req.on_admit is not None:
+                c.req.on_admit()
+
+    def _join(self, joining: list[_Cohort]) -> None:
+        """Cohorts join the batch (the first opens it): forwarded, fanned out, entered in the trace and accounting."""
+        gen, trace = self.gen, self.trace
+        P0 = len(trace.prompts)
+        for c in joining:
+            s = c.req.settings
+            text = c.text(gen)
+            c.keys = [trace.admit(r, c.n, s.policy_name, s.winner, s.all_candidates, text) for r in c.req.prompts]
+        trace.reward = joining[0].req.settings.reward_name
+        self.acct.admit(len(trace.prompts) - P0)
+        weights = np.zeros(len(trace.prompts))
+        weights[P0:] = [len(i) for c in joining for i in c.ids]
+        with self.acct.timed("prefill", weights):
+            if self.sess is None or not gen.info.admits:
+                if self.sess is not None:  # an engine that does not admit: the last cohort's session is done
+                    self.sess.close()
+                first = joining[0]
+                s = first.req.settings
+                spec = session_spec(
+                    s, first.n, first.req.prompts, first=first.req.first, **recorded_for(self.scorer, self.decider)
+                )
+                self.sess = gen.open_session(spec)
+                self.sess.prefill(first.ids)
+                first.born = self.sess.t
+                self.running.append(first)
+                joining = joining[1:]
+            if joining:
+                opened = cast(OpenSession, self.sess)  # its info admits: its sessions are open ones
+                prompts = [_open_prompt(c, r) for c in joining for r in c.req.prompts]
+                keys = opened.admit([i for c in joining for i in c.ids], prompts)
+                assert keys == [k for c in joining for k in c.keys]  # one key per prompt, in order
+                for c in joining:
+                    c.born = opened.t
+                    self.running.append(c)
+        sess = self.sess
+        new = sess.prompt_of >= P0
+        trace.start(sess.prompt_of[new], sess.cand[new])
+
+    def decode(self, check: int | None) -> None:
+        """Each cohort's decision point fixed as its round starts; then decode to the earliest, pausing after
+        ``check`` tokens (None: no pause)."""
+        sess = self.sess
+        assert sess is not None  # a cohort is running
+        for c in self.running:  # a round starts: its decision point is fixed for the round
+            if c.until < 0:
+                c.until = c.next_point(sess)
+        ahead = min(c.until - c.clock(sess) for c in self.running)
+        if ahead <= 0:
+            return
+        self.stats.step_rows.append(sess.rows)
+        self.stats.step_prompts.append(sum(len(c.keys) - len(c.gone) for c in self.running))
+        owner = {k: c for c in self.running for k in c.keys}
+        pause = None if not check else (sess.t // check + 1) * check
+        weights = np.bincount(sess.prompt_of, minlength=self.acct.n_prompts).astype(float)
+        with self.acct.timed("decode", weights):
+            for row in sess.decode(until=sess.t + ahead, pause=pause):
+                owner[row.prompt].left.append(row)
+
+    def round_ends(self) -> None:
+        """The cohorts whose round ends here (at their decision point, or with no unfinished row): their finished
+        rows leave and are scored with the round's others, one call for all such cohorts (one per distinct set of
+        stop strings, each cutting its own text)."""
+        sess = self.sess
+        assert sess is not None
+        if not self.gen.info.admits:  # one cohort, the session's rows: decode stops once none is unfinished
+            c = self.running[0]
+            ending = [c] if c.clock(sess) >= c.until or not sess.rows else []
+            retired = sess.retire_finished() if ending else []
+        else:
+            fin = cast(OpenSession, sess).finished_rows()
+            ending = [c for c in self.running if c.clock(sess) >= c.until or fin[c.rows(sess)].all()]
+            keys = [k for c in ending for k in c.keys]
+            retired = cast(OpenSession, sess).retire_finished(keys) if ending else []
+        owner = {k: c for c in ending for k in c.keys}
+        for row in retired:
+            owner[row.prompt].left.append(row)
+        groups: dict[tuple[str, ...], list[Row]] = {}
+        texts: dict[tuple[str, ...], Callable[[list[int]], str]] = {}
+        for c in ending:
+            stop = tuple(c.req.settings.stop)
+            groups.setdefault(stop, []).extend(c.left)
+            texts.setdefault(stop, c.text(self.gen))
+            c.left = []
+        for stop, rows in groups.items():
+            if rows:
+                scores = score_rows(self.scorer, "reward", texts[stop], self.trace.prompts, rows, self.acct)
+                self.trace.finished(rows, scores)
+
+    def finish(self) -> None:
+        """A prompt with no row left gets its result; a cohort whose prompts all have one leaves."""
+        sess = self.sess
+        assert sess is not None
+        live = set(sess.prompt_of.tolist())
+        for c in list(self.running):
+            for p in c.keys:
+                if p not in live and p not in c.gone:
+                    c.gone.add(p)
+                    result = self.trace.result(p, self.acct.prompt(p, sess.stats))
+                    self.trace.forget(p)
+                    if not self.acct.per_call:
+                        self.results[p] = result
+                    c.req.on_done(result)
+            if c.gone == set(c.keys):
+                self.running.remove(c)
+
+    def decide(self, c: _Cohort) -> None:
+        """Cohort ``c`` at its decision point: its rows scored, its policy asked, its counts applied."""
+        sess, trace, acct = self.sess, self.trace, self.acct
+        assert sess is not None
+        s, clock, rows = c.req.settings, c.clock(sess), c.rows(sess)
+        active = sess.active()
+        mine = [active[i] for i in rows]
+        scores = score_rows(self.decider, "partial_reward", c.text(self.gen), trace.prompts, mine, acct)
+        trace.scored(sess.prompt_of[rows], sess.cand[rows], scores)
+        with acct.timed("prune", np.isin(np.arange(acct.n_prompts), c.keys).astype(float)):
+            fit = c.budget.max_rows(c.base + clock, c.base + s.max_new_tokens)
+            view, rows_of, keys = round_view(c.rounds, sess, rows, np.asarray(scores), trace, s, clock, fit, c.n)
+            counts = select_checked(c.req.policy, s.policy_name, view)
+            if c.req.on_round is not None:
+                c.req.on_round(view, counts)
+            apply_counts(sess, trace, c.rounds, rows_of, keys, view, counts, at=clock)
+        c.rounds += 1
+
+
+def _open_prompt(c: _Cohort, ref: PromptRef) -> OpenPrompt:
+    s = c.req.settings
+    return OpenPrompt(
+        n=c.n,
+        max_new_tokens=s.max_new_tokens,
+        sampling=s.sampling,
+        seed=ref.seed_or(s.seed),
+        stream_key=ref.stream_key,
+        index=ref.index,
+        stop=tuple(s.stop),
     )
-
-
-def _share_min_reject(views: list[PromptView], total: int) -> None:
-    """Split the budget's minimum rejection over prompts in proportion to their rows (each keeps one)."""
-    if total <= 0:
-        return
-    rows = np.array([v.k for v in views])
-    share = np.minimum(np.floor(total * rows / rows.sum()).astype(int), rows - 1)
-    for i in np.argsort(-(rows - 1 - share), kind="stable"):  # hand out the remainder where room is left
-        if share.sum() >= total:
-            break
-        share[i] += min(total - share.sum(), rows[i] - 1 - share[i])
-    for v, m in zip(views, share):
-        v.min_reject = int(m)

@@ -47,7 +47,7 @@ class EngineInfo:
     draws_on_device: bool = False
     counts_finished_late: bool = False
     # prompts may join its running batch (its sessions are ``OpenSession``s: each prompt on its own clock;
-    # ``rodeco.open_loop``): the fast engine, eager or compiled, hf, vLLM and a pool's replay; not the compiled step
+    # ``rodeco.loop``): the fast engine, eager or compiled, hf, vLLM and a pool's replay; not the compiled step
     # as CUDA graphs
     admits: bool = False
     max_rows: int | None = None  # the rows a batch may hold at most (vLLM's max_num_seqs), None: the budget's
@@ -143,7 +143,7 @@ class Session(Protocol):
 
 
 class OpenSession(Session, Protocol):
-    """A session prompts may join while it runs (``EngineInfo.admits``; ``rodeco.open_loop``), each prompt on its
+    """A session prompts may join while it runs (``EngineInfo.admits``; ``rodeco.loop``), each prompt on its
     own clock: its rows hold ``clock(prompt)`` tokens, where ``t`` counts the session's steps."""
 
     def admit(self, prompt_ids: list[list[int]], prompts: list[OpenPrompt]) -> list[int]: ...

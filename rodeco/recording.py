@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from rodeco.data import Prompt
-from rodeco.loop import LoopSettings, session_spec
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt, rounded_top, top_k_of
 from rodeco.protocols import Generator
+from rodeco.rounds import LoopSettings, session_spec
 from rodeco.state import PromptRef, SessionSpec
 from rodeco.validation import ConfigError
 

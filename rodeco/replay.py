@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rodeco.contracts import Scorer
-from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch, rows_per_prompt
+from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
 from rodeco.protocols import Generator, Policy
+from rodeco.rounds import rows_per_prompt
 from rodeco.state import Compute, PromptRef, PromptResult
 from rodeco.validation import ConfigError
 

@@ -1,4 +1,4 @@
-"""An arrival trace replayed over a recorded pool: requests join the open batch (``rodeco.open_loop.decode_open``) at
+"""An arrival trace replayed over a recorded pool: requests join the open batch (``rodeco.loop.decode_open``) at
 their recorded arrival times on a modelled clock, so the scheduling (admission, queueing, each prompt's own clock and
 budget) is tested and studied without a live model.
 
@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from rodeco.contracts import Scorer
-from rodeco.loop import LoopSettings
-from rodeco.open_loop import OpenStats, Request, decode_open
+from rodeco.loop import LoopSettings, OpenStats, Request, decode_open
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
@@ -81,7 +80,7 @@ class ModelledClock:
 
 
 class TraceSource:
-    """``rodeco.open_loop.Source`` of requests arriving at their times on ``clock``: a call gives those that arrived
+    """``rodeco.loop.Source`` of requests arriving at their times on ``clock``: a call gives those that arrived
     by now; a waiting call (nothing running) moves the clock to the next arrival."""
 
     def __init__(self, requests: Sequence[tuple[float, Request]], clock: ModelledClock) -> None:
@@ -148,4 +147,4 @@ def _request(
     def done(r: PromptResult) -> None:
         rec.result, rec.done_s = r, clock.now()
 
-    return Request(PromptRef(rec.arrival.index, text), s, policy, done, on_admit=admitted)
+    return Request([PromptRef(rec.arrival.index, text)], s, policy, done, on_admit=admitted)

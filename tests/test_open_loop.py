@@ -1,4 +1,4 @@
-"""An open source of prompts (``rodeco.open_loop.decode_open``): prompts join the running batch as they arrive, each
+"""An open source of prompts (``rodeco.loop.decode_open``): prompts join the running batch as they arrive, each
 on its own clock with its own budget, settings and policy, and a seeded prompt gets the answer it gets alone
 (``decode_batch`` of that prompt), under Best-of-N, Speculative Rejection and a search policy."""
 
@@ -9,8 +9,7 @@ import pytest
 
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
-from rodeco.loop import LoopSettings, decode_batch
-from rodeco.open_loop import Request, decode_open
+from rodeco.loop import LoopSettings, Request, decode_batch, decode_open
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.state import PromptRef, PromptResult, SamplingParams
 from rodeco.validation import ConfigError
@@ -83,7 +82,7 @@ def test_each_prompt_gets_its_solo_answer_whenever_it_arrives(tiny_gen, engine):
         text, name, kw, n, max_new, sp = CASES[i]
         s = settings(gen, text, name, n, max_new, sp)
         return Request(
-            PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: done.__setitem__(r.prompt_index, r)
+            [PromptRef(i, text, seed=100 + i)], s, policy(name, **kw), lambda r: done.__setitem__(r.prompt_index, r)
         )
 
     source = Arrivals({0: [request(0)], 2: [request(1), request(2)], 5: [request(3)]})
@@ -106,7 +105,8 @@ def test_admission_waits_in_arrival_order_for_room(tiny_gen):
     def request(i: int) -> Request:
         text, name, kw, n, max_new, sp = CASES[i]
         s = settings(gen, text, name, n, max_new, sp)
-        return Request(PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: order.append(r.prompt_index))
+        ref = PromptRef(i, text, seed=100 + i)
+        return Request([ref], s, policy(name, **kw), lambda r: order.append(r.prompt_index))
 
     reqs = [request(0), request(1), request(3)]
     room = max(int(r.settings.budget.kv_tokens) for r in reqs)
@@ -146,7 +146,7 @@ def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, e
         text, name, kw, n, max_new, sp = CASES[i]
         s = settings(gen, text, name, n, max_new, sp)
         return Request(
-            PromptRef(i, text, seed=100 + i),
+            [PromptRef(i, text, seed=100 + i)],
             s,
             policy(name, **kw),
             lambda r: done.__setitem__(i, r),
@@ -174,7 +174,7 @@ def test_a_request_larger_than_the_whole_budget_is_refused_by_name(tiny_gen):
     errors: list[Exception] = []
     text, name, kw, n, max_new, sp = CASES[1]
     s = settings(gen, text, name, n, max_new, sp)
-    req = Request(PromptRef(1, text), s, policy(name, **kw), lambda r: None, on_error=errors.append)
+    req = Request([PromptRef(1, text)], s, policy(name, **kw), lambda r: None, on_error=errors.append)
     decode_open(gen, reward(gen), Arrivals({0: [req]}), kv_tokens=10)
     assert len(errors) == 1 and isinstance(errors[0], ConfigError) and "budget.kv_tokens" in str(errors[0])
 
@@ -204,7 +204,7 @@ def test_a_prompt_is_charged_its_own_compute_not_a_share_of_what_ran_before(tiny
     def request(i: int) -> Request:
         text, name, kw, n, max_new, sp = CASES[i]
         s = settings(gen, text, name, n, max_new, sp)
-        return Request(PromptRef(i, text, seed=100 + i), s, policy(name, **kw), lambda r: done.__setitem__(i, r))
+        return Request([PromptRef(i, text, seed=100 + i)], s, policy(name, **kw), lambda r: done.__setitem__(i, r))
 
     scorer = Scorer(Counting(), "counting")
     decode_open(gen, scorer, Arrivals({0: [request(0)], 900: [request(3)]}), kv_tokens=None)
@@ -219,3 +219,32 @@ def test_a_prompt_is_charged_its_own_compute_not_a_share_of_what_ran_before(tiny
         b.gen_decode_tokens, b.gen_flops, b.reward_tokens, b.reward_flops, b.reward_calls,
     )  # fmt: skip
     assert a.partial_reward_flops == b.partial_reward_flops > 0
+
+
+@pytest.mark.parametrize("name,kw", [("fixed", {"alpha": 0.5}), ("allocate", {})])
+def test_a_cohort_joining_a_running_batch_gets_its_closed_batch_answer(tiny_gen, name, kw):
+    """A closed batch is a cohort of the open loop: two prompts admitted together, while another request decodes,
+    share one clock, one budget and each policy call (``allocate`` weighs one against the other), and get what
+    ``decode_batch`` of those two alone gives them, rounds and compute counts included."""
+    gen = tiny_gen("fast")
+    text, _, _, n, max_new, sp = CASES[0]
+    s = settings(gen, text, name, n, max_new, sp)
+    s = LoopSettings(**{**s.__dict__, "budget": Budget(2 * int(s.budget.kv_tokens), 2)})
+    refs = [PromptRef(10, TEXTS[0], seed=7), PromptRef(11, TEXTS[3], seed=8)]
+    alone, _ = decode_batch(gen, reward(gen), policy(name, **kw), refs, s)
+    views: list[int] = []
+    done: dict[int, PromptResult] = {}
+    cohort = Request(refs, s, policy(name, **kw), lambda r: done.__setitem__(r.prompt_index, r))
+    cohort.on_round = lambda view, counts: views.append(len(view.prompts))
+    other = Request([PromptRef(3, TEXTS[2], seed=103)], *_other(gen), lambda r: done.__setitem__(3, r))
+    stats = decode_open(gen, reward(gen), Arrivals({0: [other], 2: [cohort]}), kv_tokens=None, check_tokens=3)
+    assert stats.admitted == 2 and max(stats.step_prompts) == 3  # the cohort decoded beside the other request
+    assert views and max(views) == 2  # its policy saw both prompts at once
+    for r in alone:
+        assert summary(done[r.prompt_index]) == summary(r)
+        assert done[r.prompt_index].compute.gen_decode_tokens == r.compute.gen_decode_tokens
+
+
+def _other(gen):
+    text, name, kw, n, max_new, sp = CASES[2]
+    return settings(gen, text, name, n, max_new, sp), policy(name, **kw)

@@ -4,7 +4,7 @@ Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts in
 (``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job joins the running batch within
 ``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
 (the server's budget; in arrival order: a job waits only for jobs that arrived before it), and decodes on its own
-clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.open_loop``). Elsewhere
+clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.loop``). Elsewhere
 (the compiled step as CUDA graphs) jobs decode in batches: the oldest job and the jobs
 after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
 budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end.
@@ -26,7 +26,7 @@ import numpy as np
 from rodeco.api import Decoder
 from rodeco.config import ServeConfig
 from rodeco.contracts import policy_info
-from rodeco.open_loop import Cancelled, Request
+from rodeco.loop import Cancelled, Request
 from rodeco.protocols import Policy, Session, StartChooser
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
@@ -394,7 +394,7 @@ def batch_kv_tokens(jobs: list[Job], gen: Any) -> int:
 
 
 class _Jobs:
-    """The queue as an open source (``rodeco.open_loop.Source``): the jobs queued since the last call, moved to
+    """The queue as an open source (``rodeco.loop.Source``): the jobs queued since the last call, moved to
     ``running``; None once the server stopped."""
 
     def __init__(self, sched: Scheduler) -> None:
