@@ -19,8 +19,9 @@ from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
 
 if TYPE_CHECKING:
-    from rodeco.loop import OpenStats, Request, Source
+    from rodeco.loop import LoopSettings, OpenStats, Request, Source
     from rodeco.protocols import Generator, Policy, Session
+    from rodeco.roles import Roles
 
 __all__ = ["Decoder", "decode", "load_config", "run"]
 
@@ -179,6 +180,35 @@ class Decoder:
             cfg, self.plugins, self.gen, roles, prompts_of(cfg.data), out_dir if out_dir is not None else cfg.output.dir
         ).run()
 
+    def _settings(
+        self,
+        policy: dict[str, Any] | None,
+        n: int,
+        sampling: SamplingParams | None,
+        max_new_tokens: int | None,
+        kv_tokens: int | None,
+        stop: Sequence[str],
+        all_candidates: bool,
+        check_tokens: int | None = None,
+    ) -> tuple[LoopSettings, Roles]:
+        """A call's loop settings, the decoder's with this call's in their place, and its roles (``policy``: a
+        policy node, None: the decoder's)."""
+        from rodeco.runner import loop_settings
+
+        choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
+        s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
+        s = replace(
+            s,
+            n=n,
+            all_candidates=all_candidates,
+            stop=tuple(stop),
+            check_tokens=check_tokens,
+            sampling=sampling or s.sampling,
+            max_new_tokens=max_new_tokens or s.max_new_tokens,
+            budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
+        )
+        return s, self.builder.roles(choices)
+
     def batch(
         self,
         prompts: Sequence[PromptRef],
@@ -197,32 +227,17 @@ class Decoder:
         wrap_policy: Callable[[Policy], Policy] | None = None,
     ) -> tuple[list[PromptResult], Compute]:
         """Decode ``prompts`` (``PromptRef``s: each its own index, stream key and seed) as one batch with this call's
-        settings, composing no config: what a server does for each batch of requests. ``policy`` is a policy node
-        (``{"name": "fixed", "alpha": 0.5}``; None: the decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the
-        decoder's, ``kv_tokens`` is the batch's budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see
-        ``rodeco.loop.decode_batch``, which this calls with the decoder's reward and partial reward; ``wrap_policy``
-        wraps the built policy (a server's: keep each request's ``n`` candidates to the end)."""
+        settings, composing no config. ``policy`` is a policy node (``{"name": "fixed", "alpha": 0.5}``; None: the
+        decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the decoder's, ``kv_tokens`` is the batch's
+        budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see ``rodeco.loop.decode_batch``, which
+        this calls with the decoder's reward and partial reward; ``wrap_policy`` wraps the built policy."""
         from rodeco.loop import decode_batch
-        from rodeco.runner import loop_settings
 
-        choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
-        roles = self.builder.roles(choices)
-        s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
-        s = replace(
-            s,
-            n=n,
-            all_candidates=all_candidates,
-            stop=tuple(stop),
-            check_tokens=check_tokens,
-            sampling=sampling or s.sampling,
-            max_new_tokens=max_new_tokens or s.max_new_tokens,
-            budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
-        )
-        policy_obj = wrap_policy(roles.policy) if wrap_policy is not None else roles.policy
+        s, roles = self._settings(policy, n, sampling, max_new_tokens, kv_tokens, stop, all_candidates, check_tokens)
         return decode_batch(
             self.gen,
             roles.reward,
-            policy_obj,
+            wrap_policy(roles.policy) if wrap_policy is not None else roles.policy,
             prompts,
             s,
             on_round=on_round,
@@ -233,7 +248,7 @@ class Decoder:
 
     def request(
         self,
-        ref: PromptRef,
+        prompts: Sequence[PromptRef],
         *,
         n: int,
         on_done: Callable[[PromptResult], None],
@@ -246,24 +261,14 @@ class Decoder:
         wrap_policy: Callable[[Policy], Policy] | None = None,
         **callbacks: Any,
     ) -> Request:
-        """One prompt for ``serve_open`` with its own settings, as ``batch`` takes them for a batch (``kv_tokens``:
-        its own budget); ``callbacks``: ``Request``'s ``on_round``, ``on_admit``, ``on_error`` and ``cancelled``."""
+        """A cohort for ``serve_open``: ``prompts`` admitted together with this call's settings, as ``batch`` takes
+        them (``kv_tokens``: their budget); ``callbacks``: ``Request``'s ``on_round``, ``on_admit``, ``on_error`` and
+        ``cancelled``. A server's request is a cohort of one prompt."""
         from rodeco.loop import Request
-        from rodeco.runner import loop_settings
 
-        choices = self.choices.with_(self.plugins, policy=policy) if policy is not None else self.choices
-        built = self.builder.roles(choices).policy
-        s = loop_settings(self.cfg, self.gen, choices.policy.name, choices.reward.name)
-        s = replace(
-            s,
-            n=n,
-            all_candidates=all_candidates,
-            stop=tuple(stop),
-            sampling=sampling or s.sampling,
-            max_new_tokens=max_new_tokens or s.max_new_tokens,
-            budget=s.budget if kv_tokens is None else Budget(kv_tokens, s.budget.min_tokens_per_round),
-        )
-        return Request([ref], s, wrap_policy(built) if wrap_policy is not None else built, on_done, **callbacks)
+        s, roles = self._settings(policy, n, sampling, max_new_tokens, kv_tokens, stop, all_candidates)
+        built = roles.policy
+        return Request(prompts, s, wrap_policy(built) if wrap_policy is not None else built, on_done, **callbacks)
 
     def serve_open(self, source: Source, *, kv_tokens: int | None, check_tokens: int = 16, **kw: Any) -> OpenStats:
         """Decode the requests ``source`` gives (``request``) as they arrive, each joining the running batch on its

@@ -69,11 +69,11 @@ class Request:
     ``settings.budget.kv_tokens`` is the memory their rows may hold, prompts included) and their policy, which sees
     them together at each decision point. ``on_done`` receives each prompt's result as soon as it has no row left;
     ``on_round`` each decision point; ``on_admit`` is called when the cohort joins the batch; ``on_error`` the error
-    that refused it (its settings cannot run; without it, the error ends the decode) or ``Cancelled`` once every
-    prompt of it was cancelled. ``cancelled()`` says which prompts leave now: True (all of them) or their positions in
-    ``prompts``; it is asked every ``check_tokens`` tokens and at every decision point, and a cancelled prompt's rows
-    leave and it gets no result. Its rows are candidates ``first``, ``first + 1``, ... of each prompt (a cohort that
-    opens the batch only)."""
+    that refused it (its settings cannot run; without it, the error ends the decode) or ``Cancelled`` naming the
+    prompts that were cancelled, as they leave. ``cancelled()`` says which prompts leave now: True (all of them) or
+    their positions in ``prompts``; it is asked every ``check_tokens`` tokens and at every decision point, and a
+    cancelled prompt's rows leave and it gets no result. Its rows are candidates ``first``, ``first + 1``, ... of
+    each prompt (a cohort that opens the batch only)."""
 
     prompts: Sequence[PromptRef]
     settings: LoopSettings
@@ -88,11 +88,12 @@ class Request:
 
 
 class Cancelled(Exception):
-    """A request's ``cancelled()`` said so: its ``rows`` left the batch, and it gets no result."""
+    """A request's ``cancelled()`` said so: the prompts at ``prompts`` (positions in its ``prompts``) get no result,
+    and their ``rows`` left the batch."""
 
-    def __init__(self, why: str, rows: int = 0) -> None:
+    def __init__(self, why: str, prompts: Sequence[int], rows: int = 0) -> None:
         super().__init__(why)
-        self.rows = rows
+        self.prompts, self.rows = list(prompts), rows
 
 
 class Source(Protocol):
@@ -224,15 +225,8 @@ def decode_open(
     ``observe(waiting, prompts, rows)`` is told, before each stretch of decoding, the requests waiting for room and
     the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running cohorts start
     with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
-    (``EngineInfo.max_rows``) applies too."""
-    if not gen.info.admits:
-        raise ConfigError(
-            "generator",
-            f"{gen.info.name}{' (compiled)' if gen.info.compiled else ''}",
-            "does not admit prompts into a running batch",
-            "use generator.engine=fast, hf or vllm (on CUDA with generator.compile=false: the compiled step runs as "
-            "CUDA graphs there), or decode closed batches (decode_batch)",
-        )
+    (``EngineInfo.max_rows``) applies too. An engine that does not admit into a running batch
+    (``EngineInfo.admits``: the compiled step as CUDA graphs) decodes one cohort at a time."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True)
@@ -336,7 +330,7 @@ class _Batch:
         """Prompts whose ``cancelled()`` says so: refused while waiting, their rows rejected while running."""
         for req in [r for r in self.waiting if r.cancelled is not None and r.cancelled() is True]:
             self.waiting.remove(req)
-            self._refuse(req, Cancelled("cancelled before it was admitted"))
+            self._refuse(req, Cancelled("cancelled before it was admitted", range(len(req.prompts))))
         sess = self.sess
         if sess is None:
             return
@@ -355,7 +349,8 @@ class _Batch:
             c.gone |= keys
             if c.gone == set(c.keys):
                 self.running.remove(c)
-                self._refuse(c.req, Cancelled("cancelled while decoding", len(rows)))
+            where = [i for i, k in enumerate(c.keys) if k in keys]
+            self._refuse(c.req, Cancelled("cancelled while decoding", where, len(rows)))
 
     def admit(self) -> None:
         """Waiting cohorts join, in arrival order: the first that does not fit waits, and so do all behind it. An
@@ -393,7 +388,12 @@ class _Batch:
 
     def _join(self, joining: list[_Cohort]) -> None:
         """Cohorts join the batch (the first opens it): forwarded, fanned out, entered in the trace and accounting."""
-        gen, trace = self.gen, self.trace
+        gen = self.gen
+        if self.sess is not None and not gen.info.admits:  # the last cohort's batch is done: a new one starts
+            self.sess.close()
+            self.sess, self.trace = None, Trace([], 0, gen.decode_text)
+            self.acct = Accounting(gen, 0, per_call=self.acct.per_call)
+        trace = self.trace
         P0 = len(trace.prompts)
         for c in joining:
             s = c.req.settings
@@ -404,9 +404,7 @@ class _Batch:
         weights = np.zeros(len(trace.prompts))
         weights[P0:] = [len(i) for c in joining for i in c.ids]
         with self.acct.timed("prefill", weights):
-            if self.sess is None or not gen.info.admits:
-                if self.sess is not None:  # an engine that does not admit: the last cohort's session is done
-                    self.sess.close()
+            if self.sess is None:
                 first = joining[0]
                 s = first.req.settings
                 spec = session_spec(

@@ -307,7 +307,7 @@ class Live:
                 raise SystemExit(f"problem {index}: the live generator encodes its prompt unlike the pool")
             reqs.append(
                 self.decoder.request(
-                    PromptRef(p.index, p.text, meta=p.meta),
+                    [PromptRef(p.index, p.text, meta=p.meta)],
                     n=int(m.n),
                     policy=m.policy,
                     kv_tokens=memory(len(ids), self.gen.kv),

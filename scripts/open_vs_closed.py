@@ -79,7 +79,7 @@ def decode(dec: Any, prompts: list[Any], a: argparse.Namespace, mode: str) -> Ru
         ids, kv = dec.gen.encode(p.text), dec.gen.kv
         reqs.append(
             dec.request(
-                PromptRef(p.index, p.text, seed=a.seed),
+                [PromptRef(p.index, p.text, seed=a.seed)],
                 n=a.best_of,
                 policy={"name": "fixed", "alpha": 0.5},
                 max_new_tokens=a.max_tokens,

@@ -1,15 +1,15 @@
-"""The batcher: one thread that owns the decoder and decodes queued jobs.
+"""The batcher: one thread that owns the decoder and runs the one loop (``rodeco.loop.decode_open``) over the queue.
 
 Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts into a running batch
-(``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job joins the running batch within
-``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
-(the server's budget; in arrival order: a job waits only for jobs that arrived before it), and decodes on its own
-clock with its own budget, so a seeded request gets the answer it gets alone (``rodeco.loop``). Elsewhere
-(the compiled step as CUDA graphs) jobs decode in batches: the oldest job and the jobs
-after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the server's
-budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``; a batch runs to its end.
-Either way the loop pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout)
-leave, their rows and memory freed, whatever the policy, Best-of-N included.
+(``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job is a cohort of one prompt and
+joins the running batch within ``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget
+fits beside the running jobs' (the server's budget; in arrival order: a job waits only for jobs that arrived before
+it), and decodes on its own clock with its own budget, so a seeded request gets the answer it gets alone. Elsewhere
+(the compiled step as CUDA graphs, which stays closed-batch) the loop takes one cohort at a time: the oldest job and
+the jobs after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the
+server's budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``. Either way the loop
+pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and
+memory freed, whatever the policy, Best-of-N included.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from rodeco.api import Decoder
 from rodeco.config import ServeConfig
 from rodeco.contracts import policy_info
 from rodeco.loop import Cancelled, Request
-from rodeco.protocols import Policy, Session, StartChooser
+from rodeco.protocols import Policy, StartChooser
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
@@ -153,29 +152,8 @@ class Scheduler:
 
     # -- the batcher thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
-        if self.dec.gen.info.admits:
-            self._serve_open()
-            return
-        while True:
-            jobs = self._take()
-            if jobs is None:
-                return
-            try:
-                self._decode(jobs)
-            except Exception as e:  # a failed batch fails its jobs, never the server
-                log.exception("a batch of %d request(s) failed", len(jobs))
-                for j in jobs:
-                    if not j.future.done():
-                        j.future.set_exception(e)
-            finally:
-                with self.cond:
-                    self.running = []
-                self.metrics.batch_requests.set(0)
-                self.metrics.batch_rows.set(0)
-
-    def _serve_open(self) -> None:
-        """Jobs join the running batch as they arrive: one open decode for as long as the server runs (restarted,
-        its jobs failed, if it fails)."""
+        """Jobs join the batch as they arrive (see the module doc): one decode for as long as the server runs
+        (restarted, its jobs failed, if it fails)."""
         m = self.metrics
 
         def observe(waiting: int, prompts: int, rows: int) -> None:
@@ -207,23 +185,32 @@ class Scheduler:
                     if not j.future.done():
                         j.future.set_exception(e)
 
-    def _request(self, j: Job) -> Request:
-        """A job as a request of the open batch: its settings and budget, its policy kept to its ``n``, and what
-        its answer, progress events, cancellation and metrics need."""
-        m, k = self.metrics, j.key
+    def _request(self, jobs: list[Job]) -> Request:
+        """Jobs as one cohort of the loop (one job, where the engine admits): their settings and budget (each job's
+        padded to the cohort's longest prompt), their policy kept to each job's ``n``, and what their answers,
+        progress events, cancellation and metrics need."""
+        m, k = self.metrics, jobs[0].key
+        by_id = {j.id: j for j in jobs}
+        kv = batch_kv_tokens(jobs, self.dec.gen)
 
-        def leave() -> None:
+        def leave(j: Job) -> None:
             with self.cond:
                 if j in self.running:
                     self.running.remove(j)
 
         def on_admit() -> None:
-            j.started = time.monotonic()
-            m.queue_wait.observe(j.started - j.submitted)
-            m.admissions.inc()
+            now = time.monotonic()
+            for j in jobs:
+                j.started = now
+                m.queue_wait.observe(now - j.submitted)
+            m.admissions.inc(len(jobs))
+            if not self.dec.gen.info.admits:
+                m.batches.inc()
+                m.batch_budget.set(kv)
 
         def on_done(r: PromptResult) -> None:
-            leave()
+            j = by_id[r.prompt_index]
+            leave(j)
             self.dec.plugins.prompt_done(r)
             c = r.compute
             m.decode_tokens.inc(c.gen_decode_tokens)
@@ -235,125 +222,58 @@ class Scheduler:
                 j.future.set_result(self._answer(j, r, j.started or time.monotonic(), max(1, j.shared)))
 
         def on_error(e: Exception) -> None:
-            leave()
+            gone = [jobs[i] for i in e.prompts] if isinstance(e, Cancelled) else jobs
             if isinstance(e, Cancelled):
                 m.cancelled_rows.inc(e.rows)
-            if not j.future.done():
-                j.future.set_exception(
-                    APIError(499, "the request was cancelled", code="cancelled") if isinstance(e, Cancelled) else e
-                )
+                e = APIError(499, "the request was cancelled", code="cancelled")
+            for j in gone:
+                leave(j)
+                if not j.future.done():
+                    j.future.set_exception(e)
 
         def on_round(view: RoundView, counts: list[Counts]) -> None:
-            if j.stream:
-                j.events.put(_progress(view.round, view.prompts[0], counts[0]))
-            self.dec.plugins.round_end(view, counts)
-
-        return self.dec.request(
-            j.ref,
-            n=k.best_of,
-            on_done=on_done,
-            policy=j.policy,
-            sampling=k.sampling,
-            max_new_tokens=k.max_tokens,
-            kv_tokens=j.kv_tokens,
-            stop=k.stop,
-            wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n}, str(j.policy.get("name", ""))),
-            on_round=on_round,
-            on_admit=on_admit,
-            on_error=on_error,
-            cancelled=lambda: j.cancelled or self.stopped,
-        )
-
-    def _take(self) -> list[Job] | None:
-        """The next batch (see the module doc), or None once stopped."""
-        with self.cond:
-            while not self.queue and not self.stopped:
-                self.cond.wait(0.5)
-            if self.stopped:
-                return None
-        time.sleep(self.serve.batch_wait_s)  # let requests that arrive together decode together
-        with self.cond:
-            self.queue = [j for j in self.queue if not j.cancelled]
-            if not self.queue:
-                return []
-            key = self.queue[0].key
-            chosen: list[Job] = []
-            for j in self.queue:
-                if j.key != key or len(chosen) >= self.serve.batch_requests:
-                    continue
-                trial = chosen + [j]
-                need = batch_kv_tokens(trial, self.dec.gen)
-                if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
-                    continue
-                if sum(x.key.best_of for x in trial) > self.serve.max_batch_rows and chosen:
-                    continue
-                chosen = trial
-            self.queue = [j for j in self.queue if j not in chosen]
-            self.running = chosen
-            self.metrics.queue_depth.set(len(self.queue))
-        return chosen
-
-    def _decode(self, jobs: list[Job]) -> None:
-        if not jobs:
-            return
-        t0 = time.monotonic()
-        m, k = self.metrics, jobs[0].key
-        kv = batch_kv_tokens(jobs, self.dec.gen)
-        for j in jobs:
-            j.started = t0
-            m.queue_wait.observe(t0 - j.submitted)
-        m.batches.inc()
-        m.batch_requests.set(len(jobs))
-        m.batch_budget.set(kv)
-        by_id = {j.id: j for j in jobs}
-
-        def on_round(view: RoundView, counts: list[Counts]) -> None:
-            m.batch_rows.set(sum(c.total for c in counts))
             for pv, c in zip(view.prompts, counts):
                 j = by_id.get(pv.prompt_index)
                 if j is not None and j.stream:
                     j.events.put(_progress(view.round, pv, c))
             self.dec.plugins.round_end(view, counts)
 
-        dropped: set[int] = set()
+        def cancelled() -> list[int]:
+            return [i for i, j in enumerate(jobs) if j.cancelled or self.stopped]
 
-        def cancelled(sess: Session) -> Collection[int]:
-            gone = {b for b, j in enumerate(jobs) if j.cancelled or self.stopped} - dropped
-            if gone:
-                m.cancelled_rows.inc(int(np.isin(sess.prompt_of, list(gone)).sum()))
-                dropped.update(gone)
-            m.batch_rows.set(int((~np.isin(sess.prompt_of, list(dropped))).sum()))
-            return gone
-
-        def on_done(r: PromptResult) -> None:
-            j = by_id[r.prompt_index]
-            self.dec.plugins.prompt_done(r)
-            if not j.future.done():
-                j.future.set_result(self._answer(j, r, t0, len(jobs)))
-
-        _, comp = self.dec.batch(
+        return self.dec.request(
             [j.ref for j in jobs],
             n=k.best_of,
+            on_done=on_done,
             policy=jobs[0].policy,
             sampling=k.sampling,
             max_new_tokens=k.max_tokens,
             kv_tokens=kv,
             stop=k.stop,
-            check_tokens=self.serve.check_tokens,
-            all_candidates=True,
-            on_done=on_done,
-            on_round=on_round,
-            cancelled=cancelled,
             wrap_policy=lambda p: KeepAtLeast(p, {j.id: j.n for j in jobs}, str(jobs[0].policy.get("name", ""))),
+            on_round=on_round,
+            on_admit=on_admit,
+            on_error=on_error,
+            cancelled=cancelled,
         )
-        m.decode_tokens.inc(comp.gen_decode_tokens)
-        m.prefill_tokens.inc(comp.gen_prefill_tokens)
-        m.flops.inc(comp.total_flops)
-        self.peak_kv = max(self.peak_kv, comp.peak_kv_tokens)
-        m.peak_kv.set(self.peak_kv)
-        for j in jobs:
-            if not j.future.done():  # cancelled in the batch: its rows left, no result
-                j.future.set_exception(APIError(499, "the request was cancelled", code="cancelled"))
+
+    def _batch(self) -> list[Job]:
+        """The next closed batch (an engine that does not admit): the oldest job and the jobs after it with the same
+        key, in arrival order, while they fit (see the module doc); taken off the queue (under ``cond``)."""
+        key = self.queue[0].key
+        chosen: list[Job] = []
+        for j in self.queue:
+            if j.key != key or len(chosen) >= self.serve.batch_requests:
+                continue
+            trial = chosen + [j]
+            need = batch_kv_tokens(trial, self.dec.gen)
+            if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
+                continue
+            if sum(x.key.best_of for x in trial) > self.serve.max_batch_rows and chosen:
+                continue
+            chosen = trial
+        self.queue = [j for j in self.queue if j not in chosen]
+        return chosen
 
     def _answer(self, j: Job, r: PromptResult, t0: float, batch: int) -> Answer:
         """A finished job's answer, its tallies added to the metrics."""
@@ -402,12 +322,23 @@ class _Jobs:
 
     def take(self, wait: bool) -> list[Request] | None:
         s = self.sched
+        admits = s.dec.gen.info.admits
+        if not admits and not wait:  # a closed batch is decoding, or waits: the queue stays the scheduler's
+            return []
         with s.cond:
             while wait and not s.queue and not s.stopped:
                 s.cond.wait(0.5)
             if s.stopped:
                 return None
-            jobs = [j for j in s.queue if not j.cancelled]
-            s.queue.clear()
-            s.running += jobs
-        return [s._request(j) for j in jobs]
+        if not admits:
+            time.sleep(s.serve.batch_wait_s)  # let requests that arrive together decode together
+        with s.cond:
+            s.queue = [j for j in s.queue if not j.cancelled]
+            if not s.queue:
+                return []
+            cohorts = [[j] for j in s.queue] if admits else [s._batch()]
+            if admits:
+                s.queue.clear()
+            s.running += [j for c in cohorts for j in c]
+            s.metrics.queue_depth.set(len(s.queue))
+        return [s._request(c) for c in cohorts]
