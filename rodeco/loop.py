@@ -145,6 +145,11 @@ class _Cohort:
     gone: set[int] = field(default_factory=set)  # keys given a result or cancelled
 
     @property
+    def live(self) -> int:
+        """Its prompts still decoding (neither given a result nor cancelled)."""
+        return len(self.keys) - len(self.gone)
+
+    @property
     def rows_at_start(self) -> int:
         return self.n * len(self.ids)
 
@@ -254,7 +259,7 @@ def _run(b: _Batch, source: Source, check: int | None, observe: Callable[[int, i
         b.admit()
         sess = b.sess
         if observe is not None:
-            observe(len(b.waiting), sum(len(c.keys) for c in b.running), sess.rows if sess is not None else 0)
+            observe(len(b.waiting), sum(c.live for c in b.running), sess.rows if sess is not None else 0)
         if sess is None or not b.running:
             continue
         b.decode(check)
@@ -290,7 +295,7 @@ class _Batch:
         self.running: list[_Cohort] = []
         self.stats = OpenStats()
         self.sess: Session | None = None
-        self.trace = Trace([], 0, gen.decode_text)
+        self.trace = Trace()
         self.acct = Accounting(gen, 0, per_call=per_call)
         self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
         self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
@@ -342,7 +347,7 @@ class _Batch:
                 continue
             rows = [i for i, q in enumerate(sess.prompt_of.tolist()) if q in keys]
             self.stats.cancelled_rows += len(rows)
-            self.trace.cancel(keys, sess.reject(rows) if rows else [])
+            self.trace.cancel(sess.reject(rows) if rows else [])
             c.left = [r for r in c.left if r.prompt not in keys]
             for p in keys:
                 self.trace.forget(p)
@@ -391,15 +396,15 @@ class _Batch:
         gen = self.gen
         if self.sess is not None and not gen.info.admits:  # the last cohort's batch is done: a new one starts
             self.sess.close()
-            self.sess, self.trace = None, Trace([], 0, gen.decode_text)
+            self.sess, self.trace = None, Trace()
             self.acct = Accounting(gen, 0, per_call=self.acct.per_call)
         trace = self.trace
         P0 = len(trace.prompts)
         for c in joining:
             s = c.req.settings
             text = c.text(gen)
-            c.keys = [trace.admit(r, c.n, s.policy_name, s.winner, s.all_candidates, text) for r in c.req.prompts]
-        trace.reward = joining[0].req.settings.reward_name
+            own = (s.policy_name, s.reward_name, s.winner, s.all_candidates, text)
+            c.keys = [trace.admit(r, c.n, *own) for r in c.req.prompts]
         self.acct.admit(len(trace.prompts) - P0)
         weights = np.zeros(len(trace.prompts))
         weights[P0:] = [len(i) for c in joining for i in c.ids]
@@ -439,7 +444,7 @@ class _Batch:
         if ahead <= 0:
             return
         self.stats.step_rows.append(sess.rows)
-        self.stats.step_prompts.append(sum(len(c.keys) - len(c.gone) for c in self.running))
+        self.stats.step_prompts.append(sum(c.live for c in self.running))
         owner = {k: c for c in self.running for k in c.keys}
         pause = None if not check else (sess.t // check + 1) * check
         weights = np.bincount(sess.prompt_of, minlength=self.acct.n_prompts).astype(float)

@@ -6,6 +6,7 @@ nothing of its own but the next free candidate id of a prompt."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,53 +14,50 @@ from rodeco.state import Candidate, Compute, Counts, PromptRef, PromptResult, Ro
 from rodeco.winner import WinnerRule
 
 
-class Trace:
-    """Keyed by batch key (the prompt's position in the batch) and candidate id."""
+@dataclass(frozen=True)
+class _Own:
+    """What a prompt brings to the trace: its policy's and reward's names, its winner rule, whether its result lists
+    every candidate, and its text of a response (cut at its stop strings)."""
 
-    def __init__(
-        self,
-        prompts: Sequence[PromptRef],
-        n: int,
-        decode_text: Callable[[list[int]], str],
-        *,
-        all_candidates: bool = False,
-        policy: str = "",
-        reward: str = "",
-        winner: WinnerRule | None = None,
-    ) -> None:
-        self.prompts, self.n, self.decode_text = list(prompts), n, decode_text
-        self.n_of = [n] * len(prompts)  # per prompt: its rows at the start
-        self.winner = winner or WinnerRule()
-        self.all_candidates, self.policy, self.reward = all_candidates, policy, reward
-        # per prompt: (policy, winner rule, all candidates, its text) where a prompt brings its own (an open source's)
-        self.own: dict[int, tuple[str, WinnerRule, bool, Callable[[list[int]], str]]] = {}
-        P = len(prompts)
-        self.partial: list[dict[int, list[float]]] = [{} for _ in range(P)]  # candidate -> score per round
-        self.final: list[dict[int, float]] = [{} for _ in range(P)]
-        self.rounds: list[list[Round]] = [[] for _ in range(P)]
+    policy: str
+    reward: str
+    winner: WinnerRule
+    all_candidates: bool
+    text: Callable[[list[int]], str]
+
+
+class Trace:
+    """Keyed by batch key (the prompt's position in the batch, in the order prompts were admitted) and candidate
+    id."""
+
+    def __init__(self) -> None:
+        self.prompts: list[PromptRef] = []
+        self.n_of: list[int] = []  # per prompt: its rows at the start
+        self.own: list[_Own] = []
+        self.partial: list[dict[int, list[float]]] = []  # per prompt: candidate -> score per round
+        self.final: list[dict[int, float]] = []
+        self.rounds: list[list[Round]] = []
         self.left: list[Row] = []  # rows that left the batch, in the order they left
-        self.emitted: set[int] = set()
-        self.parent: list[dict[int, tuple[int, int]]] = [{} for _ in range(P)]  # copy -> (parent, round of the fork)
-        self.origin: list[dict[int, int]] = [{} for _ in range(P)]  # candidate -> position of its starting row
-        self.next_id = [0] * P
-        self.cancelled: set[int] = set()  # prompts whose rows left because their request went away (no result)
+        self.parent: list[dict[int, tuple[int, int]]] = []  # per prompt: copy -> (parent, round of the fork)
+        self.origin: list[dict[int, int]] = []  # per prompt: candidate -> position of its starting row
+        self.next_id: list[int] = []
 
     def admit(
         self,
         ref: PromptRef,
         n: int,
         policy: str,
+        reward: str,
         winner: WinnerRule,
         all_candidates: bool,
         decode_text: Callable[[list[int]], str],
     ) -> int:
-        """A prompt that joined the batch (an open source's) with its rows at the start and its own policy name,
-        winner rule, whether its result lists every candidate, and its text of a response (cut at its stop
-        strings); returns its batch key (after the others')."""
+        """A prompt that joined the batch with its rows at the start and what it brings (``_Own``); returns its batch
+        key (after the others')."""
         p = len(self.prompts)
         self.prompts.append(ref)
         self.n_of.append(n)
-        self.own[p] = (policy, winner, all_candidates, decode_text)
+        self.own.append(_Own(policy, reward, winner, all_candidates, decode_text))
         self.partial.append({})
         self.final.append({})
         self.rounds.append([])
@@ -112,9 +110,8 @@ class Trace:
     def rejected(self, rows: Sequence[Row]) -> None:
         self.left += rows
 
-    def cancel(self, prompts: set[int], rows: Sequence[Row]) -> None:
-        """Prompts whose requests went away, with their rows that left: they get no result."""
-        self.cancelled |= prompts
+    def cancel(self, rows: Sequence[Row]) -> None:
+        """The rows that left with a prompt whose request went away (it gets no result)."""
         self.left += rows
 
     def round(
@@ -154,16 +151,8 @@ class Trace:
     def finished_ids(self, p: int) -> list[int]:
         return list(self.final[p])
 
-    def newly_done(self, active: set[int]) -> set[int]:
-        """Prompts with no active row left that were not reported yet (now marked reported)."""
-        done = {p for p in range(len(self.prompts)) if p not in active and p not in self.emitted}
-        self.emitted.update(done)
-        return done
-
     def result(self, p: int, compute: Compute) -> PromptResult:
-        policy, winner, all_candidates, text = self.own.get(
-            p, (self.policy, self.winner, self.all_candidates, self.decode_text)
-        )
+        own = self.own[p]
         cands = []
         for f in (f for f in self.left if f.prompt == p):
             rejected = f.reason == "rejected"
@@ -172,7 +161,7 @@ class Trace:
                 Candidate(
                     candidate_id=f.candidate_id,
                     token_ids=f.token_ids,
-                    text=text(f.token_ids),
+                    text=own.text(f.token_ids),
                     score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
                     finished=not rejected,
                     stop_reason=f.reason,
@@ -181,17 +170,17 @@ class Trace:
                     forked_round=rnd,
                 )
             )
-        choice = winner.choose([c for c in cands if c.finished])
+        choice = own.winner.choose([c for c in cands if c.finished])
         return PromptResult(
             prompt_index=self.prompts[p].index,
             prompt=self.prompts[p].text,
             best=choice.best,
             n_start=self.n_of[p],
             rounds=self.rounds[p],
-            candidates=cands if all_candidates else None,
+            candidates=cands if own.all_candidates else None,
             compute=compute,
-            policy=policy,
-            reward=self.reward,
+            policy=own.policy,
+            reward=own.reward,
             winner=choice.rule,
             answer=choice.answer,
             gold_answer=self.prompts[p].gold_answer,
