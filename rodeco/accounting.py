@@ -15,28 +15,12 @@ from contextlib import contextmanager
 import numpy as np
 
 from rodeco.contracts import Scorer
+from rodeco.hardware import cuda_devices, synchronize
 from rodeco.protocols import Generator
 from rodeco.state import Compute, SessionStats
 
 ROLES = ("reward", "partial_reward")
 PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key of each role's scoring
-
-
-def cuda_devices(gen: Generator) -> list[str]:
-    """The CUDA devices whose queued work a phase's wall time must wait for: none unless the generator is on CUDA
-    (a replayed pool's generator is on the CPU); with ``generator.device_map``, every one holding its layers."""
-    if gen.device.type != "cuda":
-        return []
-    return [d for d in gen.layer_devices() if d.startswith("cuda")] or [str(gen.device)]
-
-
-def synchronize(devices: list[str]) -> None:
-    """Wait for the work queued on ``devices`` (nothing to wait for, and no ``torch.cuda`` call, when empty)."""
-    if devices:
-        import torch
-
-        for d in devices:
-            torch.cuda.synchronize(d)
 
 
 class Accounting:
@@ -47,7 +31,7 @@ class Accounting:
 
     def __init__(self, gen: Generator, n_prompts: int, per_call: bool = False) -> None:
         self.gen, self.n_prompts, self.per_call = gen, n_prompts, per_call
-        self.sync = cuda_devices(gen)  # [] on CPU
+        self.sync = cuda_devices(gen.device, gen.layer_devices())  # [] on CPU
         self.times: dict[str, float] = {}
         self.requests = {r: np.zeros(n_prompts) for r in ROLES}  # requests scored per prompt, per role
         self.cost = {r: np.zeros(3) for r in ROLES}  # tokens, FLOPs, calls spent in each role

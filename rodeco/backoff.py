@@ -12,6 +12,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from rodeco.hardware import empty_cache
 from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -28,11 +29,8 @@ def is_oom(e: BaseException) -> bool:
 def free_cached_memory() -> None:
     import gc
 
-    import torch
-
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    empty_cache()
 
 
 @dataclass

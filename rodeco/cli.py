@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from rodeco.api import run
 from rodeco.compose import CONFIG_MODULE, explain, prefer_typed, prepare
+from rodeco.hardware import cuda_available
 from rodeco.merge import IncompleteMerge
 from rodeco.report import judge_line, summarize
 from rodeco.validation import ConfigError, Interrupted, PluginError
@@ -44,7 +45,7 @@ def _share_threads(cfg: DictConfig, launcher: DictConfig) -> None:
 
     if "joblib" not in str(launcher.get("_target_", "")) or cfg.generator.device not in ("auto", "cpu"):
         return
-    if cfg.generator.device == "auto" and torch.cuda.is_available():
+    if cfg.generator.device == "auto" and cuda_available():
         return
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = cpu_share(int(launcher.get("n_jobs", -1)), int(cfg.data.get("num_shards", 1)), cpus)

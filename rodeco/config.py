@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import MISSING, DictConfig
 
 from rodeco.budget import MIN_TOKENS_PER_ROUND, Budget
+from rodeco.hardware import cuda_layers, is_cuda
 from rodeco.validation import ConfigError, check_compile, node_dict
 from rodeco.winner import WinnerRule
 
@@ -427,7 +428,7 @@ def engine_pool(gen: Generator) -> int:
 
 def device_budget(b: DictConfig, gen: Generator, scale: float) -> int:
     """``budget.mode=device``: the KV tokens the free memory of the CUDA devices holding the generator allows."""
-    if gen.device.type != "cuda":
+    if not is_cuda(gen.device):
         raise ConfigError(
             "budget.mode",
             "device",
@@ -438,7 +439,7 @@ def device_budget(b: DictConfig, gen: Generator, scale: float) -> int:
 
     from rodeco.budget import budget_from_devices
 
-    layers = {d: k for d, k in gen.layer_devices().items() if d.startswith("cuda")} or {str(gen.device): 1}
+    layers = cuda_layers(gen.device, gen.layer_devices())
     free = {d: torch.cuda.mem_get_info(torch.device(d))[0] for d in layers}
     kv = budget_from_devices(
         free, layers, gen.kv_bytes_per_token, b.memory_fraction * scale, int(b.reserve_gib * 2**30)

@@ -13,6 +13,7 @@ from rodeco.engines import Engine, HFModel, engine_class
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.compiled import CompiledStep, compile_setting
 from rodeco.engines.llama import FastWeights
+from rodeco.hardware import is_cpu, is_cuda
 from rodeco.protocols import EngineInfo
 from rodeco.session import TorchSession
 from rodeco.shape import KVSpec, ModelShape
@@ -94,7 +95,6 @@ class TorchGenerator(ModelGenerator):
         """What this generator's engine does (``rodeco.protocols.EngineInfo``), declared once, when first asked."""
         if self._info is None:
             cls, weights, step = self.engine_class(), self._weights(), self._step()
-            dev = torch.device(self.device).type
             self._info = EngineInfo(
                 name=cls.name,
                 compiled=step is not None,
@@ -102,8 +102,8 @@ class TorchGenerator(ModelGenerator):
                 gathers_prompt=step is not None and not step.kernel,
                 keys_by_column=step is not None and step.keys_by_column,
                 linear=weights.linear if weights is not None else "torch",
-                draws_on_device=dev != "cpu",
-                counts_finished_late=dev == "cuda",
+                draws_on_device=not is_cpu(self.device),
+                counts_finished_late=is_cuda(self.device),
                 admits=step is None or not step.graphs,
             )
         return self._info

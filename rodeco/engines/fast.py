@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from rodeco.engines import HFModel
 from rodeco.engines.llama import FastWeights, Layer, rms_norm, rope
+from rodeco.hardware import is_cpu
 
 if TYPE_CHECKING:
     from rodeco.engines.compiled import CompiledStep
@@ -191,7 +192,7 @@ class FastLlamaEngine:
         # keys by column: rodeco's attention kernel reads them so, prompt and own (the compiled step on CPU); the
         # eager step on CPU in bf16 stores its own keys so; inductor's attention reads a key's head_dim contiguously
         by_column = self.compiled is not None and self.compiled.keys_by_column
-        self.keys_t = by_column or (dev.type == "cpu" and dt != torch.float32 and self.compiled is None)
+        self.keys_t = by_column or (is_cpu(dev) and dt != torch.float32 and self.compiled is None)
         self.prompt_t = by_column
         like = torch.empty(0, device=dev, dtype=dt)
         self.k = [_cache(like, G, self.hkv, 0, self.d, self.keys_t) for _ in self.layers]

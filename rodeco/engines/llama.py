@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rodeco.engines import HFModel, native
+from rodeco.hardware import is_cpu
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,7 @@ class Linear:
         self.w, self.b, self.packed, self.mkl = w, b, None, None
         if mkl:
             self.mkl = native.mkl_pack(w.detach())
-        elif (
-            w.device.type == "cpu"
-            and w.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available()
-        ):
+        elif is_cpu(w.device) and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
                 x = torch.zeros(1, w.shape[1], dtype=w.dtype)

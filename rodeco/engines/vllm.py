@@ -36,6 +36,7 @@ import torch
 from rodeco.engines import HFModel
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.vllm_session import VLLMSession
+from rodeco.hardware import is_cuda
 from rodeco.protocols import EngineInfo
 from rodeco.shape import KVSpec, ModelShape
 from rodeco.state import SessionSpec
@@ -153,7 +154,7 @@ class VLLMGenerator(ModelGenerator):
             "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
             "kv_cache_tokens_asked": s.kv_cache_tokens,
         }
-        if self.device.type == "cuda":
+        if is_cuda(self.device):
             free, total = torch.cuda.mem_get_info(self.device)
             out.update(
                 gpu_memory_utilization=s.gpu_memory_utilization,
