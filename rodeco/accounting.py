@@ -16,7 +16,7 @@ import numpy as np
 
 from rodeco.contracts import Scorer
 from rodeco.hardware import cuda_devices, synchronize
-from rodeco.protocols import Generator
+from rodeco.protocols import LanguageModel
 from rodeco.state import Compute, SessionStats
 
 ROLES = ("reward", "partial_reward")
@@ -29,7 +29,7 @@ class Accounting:
     charged to the prompts in it as it happens: a call's tokens, FLOPs and time by their requests in it, a decode
     stretch's time by their rows, so a prompt's figures are its own whatever ran before or beside it."""
 
-    def __init__(self, gen: Generator, n_prompts: int, per_call: bool = False) -> None:
+    def __init__(self, gen: LanguageModel, n_prompts: int, per_call: bool = False) -> None:
         self.gen, self.n_prompts, self.per_call = gen, n_prompts, per_call
         self.sync = cuda_devices(gen.device, gen.layer_devices())  # [] on CPU
         self.times: dict[str, float] = {}

@@ -22,7 +22,7 @@ from rodeco.validation import ConfigError, check_compile, node_dict
 from rodeco.winner import WinnerRule
 
 if TYPE_CHECKING:
-    from rodeco.protocols import Generator
+    from rodeco.protocols import Generator, LanguageModel, SessionMaker
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +402,7 @@ def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0, row_overhea
         kv = device_budget(b, gen, scale)
         return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round, row_overhead=row_overhead)
     kv = b.kv_tokens if b.mode == "tokens" else engine_pool(gen)
-    pool = gen.kv_pool_tokens
+    pool = gen.info.kv_pool_tokens
     if pool is not None and kv > pool:
         log.warning(
             "budget.kv_tokens=%d exceeds vLLM's KV pool (%d tokens): vLLM will queue and may preempt rows "
@@ -414,8 +414,8 @@ def make_budget(cfg: DictConfig, gen: Generator, scale: float = 1.0, row_overhea
     return Budget(kv_tokens=kv, min_tokens_per_round=b.min_tokens_per_round)
 
 
-def engine_pool(gen: Generator) -> int:
-    if gen.kv_pool_tokens is None:
+def engine_pool(gen: SessionMaker) -> int:
+    if (pool := gen.info.kv_pool_tokens) is None:
         raise ConfigError(
             "budget.mode",
             "engine",
@@ -423,10 +423,10 @@ def engine_pool(gen: Generator) -> int:
             "use budget=engine with generator.engine=vllm; else budget=cpu (budget.kv_tokens) or "
             "budget=cuda (free CUDA memory)",
         )
-    return int(gen.kv_pool_tokens)
+    return int(pool)
 
 
-def device_budget(b: DictConfig, gen: Generator, scale: float) -> int:
+def device_budget(b: DictConfig, gen: LanguageModel, scale: float) -> int:
     """``budget.mode=device``: the KV tokens the free memory of the CUDA devices holding the generator allows."""
     if not is_cuda(gen.device):
         raise ConfigError(

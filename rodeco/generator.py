@@ -49,17 +49,9 @@ class TorchGenerator(ModelGenerator):
         self._prepared: FastWeights | None = None
         self._info: EngineInfo | None = None
 
-    def layer_devices(self) -> dict[str, int]:
-        """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
-        n = self.shape.n_layers
-        stack = next((m for m in self.model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
-        if stack is None:
-            return {str(self.device): n}
-        out: dict[str, int] = {}
-        for layer in stack:
-            dev = str(next(layer.parameters(), torch.empty(0, device=self.device)).device)
-            out[dev] = out.get(dev, 0) + 1
-        return out
+    def memory_report(self) -> dict[str, Any] | None:
+        """Nothing to say: the engine's cache lives in torch's memory, counted by the budget."""
+        return None
 
     def engine_class(self) -> type[Engine]:
         """The engine ``generator.engine`` selects for this model (``auto``: fast when it can run the model)."""

@@ -34,7 +34,7 @@ import numpy as np
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.protocols import Generator, OpenSession, Policy, Session
+from rodeco.protocols import Generator, LanguageModel, OpenSession, Policy, Session
 from rodeco.rounds import (
     START_BY_POLICY,
     LoopSettings,
@@ -171,7 +171,7 @@ class _Cohort:
             until = min(until, (clock // self.every + 1) * self.every)
         return until
 
-    def text(self, gen: Generator) -> Callable[[list[int]], str]:
+    def text(self, gen: LanguageModel) -> Callable[[list[int]], str]:
         """A response as rewards and results read it: cut at its stop strings."""
         return StopStrings(tuple(self.req.settings.stop)).text(gen.decode_text)
 

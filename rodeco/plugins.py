@@ -33,7 +33,7 @@ from rodeco.state import Compute, Counts, PromptResult, RoundView
 from rodeco.validation import ConfigError
 
 if TYPE_CHECKING:
-    from rodeco.protocols import Generator
+    from rodeco.protocols import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ BUILTIN_ENTRY_POINTS = ("rewards", "policies", "experiments", "tasks")
 class BuildContext:
     """Handed to plugin factories: what they may need to build themselves."""
 
-    generator: Generator | None = None  # the run's generator, when one is loaded
+    generator: LanguageModel | None = None  # the run's model, when one is loaded (its facts, tokenizer and cost)
     device: str = "cpu"
     plugins: Plugins | None = None  # the registries, for plugins built from other plugins (composite, custom)
     # what the run's scores come from: {"generator", "reward", "partial_reward"} (rodeco.calibration.identities);

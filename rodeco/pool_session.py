@@ -34,8 +34,6 @@ class ReplayGenerator:
     candidates (``RecordedRows``) on a model-free layout of the engine the pool was recorded with."""
 
     device = torch.device("cpu")
-    provides_hidden = True  # the pool's recorded hidden states, where it has them (Pool.hidden)
-    kv_pool_tokens = None
 
     def __init__(self, pool: Pool, live: Callable[[], Generator] | None = None) -> None:
         from transformers import AutoTokenizer
@@ -49,7 +47,7 @@ class ReplayGenerator:
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
         # replayed on the CPU: torch's top-k, no host syncs to spare; prompts may join (the layouts admit as the
         # engines do), so an arrival trace replays through the open loop (``rodeco.replay_open.replay_arrivals``)
-        self.info = EngineInfo(name=s["engine"], admits=True)
+        self.info = EngineInfo(name=s["engine"], admits=True)  # hidden: the pool's recorded states, where it has them
         self.layout = LAYOUTS[self.info.name]
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))

@@ -2,9 +2,11 @@
 
 - ``Reward`` and ``Policy``: what a plugin implements; ``rodeco.contracts`` holds every call to a plugin to them.
 - ``Generator`` and ``Session``: what an engine implements (the torch engines: ``rodeco.generator``; vLLM:
-  ``rodeco.engines.vllm``; a recorded pool: ``rodeco.replay``). The loop, the budget, the accounting and the
-  experiments read only these members. What an engine can do is a member with a value (``info: EngineInfo``,
-  ``provides_hidden``, ``kv_pool_tokens``, ``memory_report()``), never something generic code probes for.
+  ``rodeco.engines.vllm``; a recorded pool: ``rodeco.replay``). A generator is two things: what the model is
+  (``LanguageModel``: its facts, tokenizer and cost) and what makes its sessions (``SessionMaker``: the engine's
+  declaration, its KV layout, its memory report and ``open_session``). The loop, the budget, the accounting and the
+  experiments read only these members, and code that needs one side asks for that side. What an engine can do is a
+  field of its ``EngineInfo``, never something generic code probes for.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class EngineInfo:
     # as CUDA graphs
     admits: bool = False
     max_rows: int | None = None  # the rows a batch may hold at most (vLLM's max_num_seqs), None: the budget's
+    hidden: bool = True  # it can hand rewards the final-layer hidden states (vLLM keeps its own)
+    kv_pool_tokens: int | None = None  # the engine's own KV capacity (vLLM's block pool), None when it has none
 
 
 @runtime_checkable
@@ -153,8 +157,9 @@ class OpenSession(Session, Protocol):
 
 
 @runtime_checkable
-class Generator(Protocol):
-    """A causal LM ready to decode, with what the budget, the FLOPs count and the results need of it."""
+class LanguageModel(Protocol):
+    """What the model is, whichever engine decodes it: its facts (name, device, dtype, sizes, context), its tokenizer
+    and text, and its cost (FLOPs a token, KV bytes a token)."""
 
     name: str
     device: Any  # torch.device: where the rows decode (a replay: the CPU)
@@ -164,19 +169,29 @@ class Generator(Protocol):
     max_context: int | None
     eos_ids: list[int]
     pad_id: int
-    provides_hidden: bool  # it can hand rewards the final-layer hidden states
     tokenizer: Any  # the model's transformers tokenizer (a pool saves it beside its candidates)
-
-    @property
-    def kv_pool_tokens(self) -> int | None: ...  # its engine's own KV capacity (vLLM's block pool), None when none
-    @property
-    def kv(self) -> KVSpec: ...  # how its engine stores the KV cache: every memory figure is counted with it
-    @property
-    def info(self) -> EngineInfo: ...  # what its engine does; ``info.name`` is what a pool records
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]: ...  # a text, or a conversation's messages
     def decode_text(self, ids: list[int]) -> str: ...
     def flops_per_token(self, context: int) -> float: ...
-    def layer_devices(self) -> dict[str, int]: ...
+    def layer_devices(self) -> dict[str, int]: ...  # how many decoder layers each device holds
+
+
+@runtime_checkable
+class SessionMaker(Protocol):
+    """What makes a model's sessions: its engine's declaration (``info``: what it can do, its own KV pool), how the
+    engine stores the KV cache (``kv``: every memory figure is counted with it), how the device's memory was split,
+    and a session for each batch."""
+
+    @property
+    def info(self) -> EngineInfo: ...  # what its engine does; ``info.name`` is what a pool records
+    @property
+    def kv(self) -> KVSpec: ...
+
     def memory_report(self) -> dict[str, Any] | None: ...
     def open_session(self, spec: SessionSpec) -> Session: ...
+
+
+@runtime_checkable
+class Generator(LanguageModel, SessionMaker, Protocol):
+    """A causal LM ready to decode: what the model is and what makes its sessions."""

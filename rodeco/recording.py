@@ -47,7 +47,7 @@ def record_prompt(gen: Generator, pool: Pool, prompt: Prompt, s: LoopSettings) -
     hidden states ``[M, max_new_tokens, hidden]`` (float16): ``[c, t]`` is the state that sampled candidate ``c``'s
     token ``t`` (what a ``needs_hidden_states`` reward gets at length ``t + 1``; zeros past the candidate's end), or
     None where the engine keeps them to itself (vLLM)."""
-    ((rec, hidden),) = record_prompts(gen, pool, [prompt], s, hidden=gen.provides_hidden)
+    ((rec, hidden),) = record_prompts(gen, pool, [prompt], s, hidden=gen.info.hidden)
     return rec, hidden
 
 

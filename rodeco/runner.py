@@ -23,7 +23,7 @@ from rodeco.judging import Judges, check_specs
 from rodeco.judging import summarize as summarize_judges
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator
+from rodeco.protocols import Generator, LanguageModel
 from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.roles import RoleBuilder, Roles, choose_roles
 from rodeco.sampling import SamplingParams
@@ -35,7 +35,7 @@ from rodeco.working import WorkingMemory, working_memory
 log = logging.getLogger(__name__)
 
 
-def check_lengths(gen: Generator, prompts: list[Prompt], max_new: int, key: str) -> list[int]:
+def check_lengths(gen: LanguageModel, prompts: list[Prompt], max_new: int, key: str) -> list[int]:
     """Each prompt's length in tokens, every prompt checked to fit the model's context with ``max_new`` more."""
     lens = [len(gen.encode(p.text)) for p in prompts]
     for p, n in zip(prompts, lens):

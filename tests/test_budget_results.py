@@ -111,7 +111,6 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     gen = SimpleNamespace(
         device=torch.device("cuda:0"),
         kv_bytes_per_token=1024,
-        kv_pool_tokens=None,
         layer_devices=lambda: {"cuda:0": 24},
     )
     assert make_budget(cfg, gen).kv_tokens == int(8 * 2**30 * 0.5 // 1024)
@@ -123,12 +122,11 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     split = SimpleNamespace(
         device=torch.device("cuda:0"),
         kv_bytes_per_token=1024,
-        kv_pool_tokens=None,
         layer_devices=lambda: {"cuda:0": 8, "cuda:1": 16},
     )
     per_token_1 = -(-1024 * 16 // 24)
     assert make_budget(cfg, split).kv_tokens == int(2 * 2**30 * 0.5 // per_token_1)
-    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024, kv_pool_tokens=None)
+    cpu = SimpleNamespace(device=torch.device("cpu"), kv_bytes_per_token=1024)
     with pytest.raises(ConfigError, match="no device memory"):  # on CPU: nothing to read, and no silent unlimited
         make_budget(cfg, cpu)
 

@@ -265,7 +265,6 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
     cuda = SimpleNamespace(
         device=torch.device("cuda"),
         kv_bytes_per_token=1024,
-        kv_pool_tokens=None,
         layer_devices=lambda: {"cuda": 30},
         info=rodeco.EngineInfo(name="fast"),
     )
@@ -276,7 +275,7 @@ def test_every_budget_option_gets_decision_points_or_not(tiny_gen, monkeypatch):
         cfg = rodeco.load_config([f"budget={opt}"])
         validate(cfg)
         assert make_budget(cfg, cuda).kv_tokens == kv, opt
-    vllm = SimpleNamespace(**{**vars(cuda), "kv_pool_tokens": 5000, "info": rodeco.EngineInfo(name="vllm")})
+    vllm = SimpleNamespace(**{**vars(cuda), "info": rodeco.EngineInfo(name="vllm", kv_pool_tokens=5000)})
     assert make_budget(rodeco.load_config(["budget=engine"]), vllm).kv_tokens == 5000  # the engine's own pool
 
 

@@ -185,7 +185,7 @@ def test_best_of_n_that_overfills_the_pool_is_queued_by_vllm_and_its_preemptions
     )
     assert "exceeds vLLM's KV pool" in caplog.text
     assert out.compute.preemptions > 0
-    assert out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
+    assert out.compute.peak_kv_tokens <= vgen.info.kv_pool_tokens
     assert all(len(c.token_ids) == 100 for r in out.results for c in r.candidates)
 
 
@@ -203,7 +203,7 @@ def test_a_prompt_of_whole_blocks_fills_the_pool_without_preemption(vgen):
     text = next(t for k in range(80) if len(vgen.encode(t := "Tell me about " + "the sea " * k)) % vgen.kv.block == 0)
     out = decode(vgen, ["policy=fixed", "n=auto", "budget=engine"], prompts=[text])
     assert out.results[0].rounds and out.results[0].n_start > 32
-    assert out.compute.preemptions == 0 and out.compute.peak_kv_tokens <= vgen.kv_pool_tokens
+    assert out.compute.preemptions == 0 and out.compute.peak_kv_tokens <= vgen.info.kv_pool_tokens
 
 
 def test_a_reward_that_needs_hidden_states_is_refused(vgen):

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from rodeco.engines import HFModel
 from rodeco.shape import ModelShape
 
 
 class ModelGenerator:
-    """A causal LM's text side and sizes. ``model`` may be on the meta device (vLLM holds the weights)."""
-
-    provides_hidden = True  # the engine can hand rewards the final-layer hidden states
-    kv_pool_tokens: int | None = None  # the engine's own KV capacity, when it has one (vLLM's pool)
+    """What the model is (``rodeco.protocols.LanguageModel``): its text side, sizes and cost. ``model`` may be on the
+    meta device (vLLM holds the weights)."""
 
     def __init__(
         self,
@@ -59,6 +59,14 @@ class ModelGenerator:
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def memory_report(self) -> dict[str, Any] | None:
-        """How the device's memory was split, where an engine has something to say (vLLM); None otherwise."""
-        return None
+    def layer_devices(self) -> dict[str, int]:
+        """How many decoder layers each device holds (one device, unless ``generator.device_map`` spread them)."""
+        n = self.shape.n_layers
+        stack = next((m for m in self.model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+        if stack is None:
+            return {str(self.device): n}
+        out: dict[str, int] = {}
+        for layer in stack:
+            dev = str(next(layer.parameters(), torch.empty(0, device=self.device)).device)
+            out[dev] = out.get(dev, 0) + 1
+        return out

@@ -84,9 +84,7 @@ class VLLMGenerator(ModelGenerator):
 
     engine_kind = "vllm"
     # vLLM samples inside its engine (its own top-k) with its own kernels; what the host waits for is vLLM's affair
-    info = EngineInfo(name="vllm", linear="vllm", admits=True)
-    provides_hidden = False
-    kv_pool_tokens: int  # its block pool's tokens (set when built)
+    info = EngineInfo(name="vllm", linear="vllm", admits=True, hidden=False)
 
     def __init__(
         self,
@@ -102,13 +100,19 @@ class VLLMGenerator(ModelGenerator):
     ) -> None:
         super().__init__(meta_model, tokenizer, chat_template=chat_template, system_prompt=system_prompt, name=name)
         self.llm, self.settings = llm, settings
-        self.info = EngineInfo(name="vllm", linear="vllm", admits=True, max_rows=settings.max_num_seqs)
         self.device = torch.device(device)
         sched = llm.engine_core.engine_core.scheduler
         self.block_pool = sched.kv_cache_manager.block_pool
         block = int(llm.vllm_config.cache_config.block_size)
         self.num_blocks = int(self.block_pool.num_gpu_blocks) - 1  # block 0 is vLLM's null block
-        self.kv_pool_tokens = self.num_blocks * block
+        self.info = EngineInfo(
+            name="vllm",
+            linear="vllm",
+            admits=True,
+            max_rows=settings.max_num_seqs,
+            hidden=False,
+            kv_pool_tokens=self.num_blocks * block,  # its block pool's tokens
+        )
         self.max_context = int(llm.vllm_config.model_config.max_model_len)  # what vLLM accepts (run start checks it)
         self.kv = KVSpec(shares_prefix=True, block=block)  # a prompt's full blocks cached once (prefix caching)
         self.peak_blocks = 0
@@ -150,8 +154,8 @@ class VLLMGenerator(ModelGenerator):
             "device": str(self.device),
             "kv_block": self.kv.block,
             "kv_pool_blocks": self.num_blocks,
-            "kv_pool_tokens": self.kv_pool_tokens,
-            "kv_pool_bytes": self.kv_pool_tokens * self.kv_bytes_per_token,
+            "kv_pool_tokens": self.num_blocks * self.kv.block,
+            "kv_pool_bytes": self.num_blocks * self.kv.block * self.kv_bytes_per_token,
             "kv_cache_tokens_asked": s.kv_cache_tokens,
         }
         if is_cuda(self.device):

@@ -91,7 +91,7 @@ def record(
     todo = [p for p in prompts if not pool.has(p.index)]
     if len(todo) < len(prompts):
         log.info("resuming: %d of %d prompts already in %s", len(prompts) - len(todo), len(prompts), path)
-    hidden = hidden_states and gen.provides_hidden  # vLLM keeps its hidden states: such a pool has none
+    hidden = hidden_states and gen.info.hidden  # vLLM keeps its hidden states: such a pool has none
     bar = tqdm(total=len(todo), desc="pool", unit="prompt", disable=not cfg.output.progress)
     for batch in batches_of(todo, batch_prompts):
         for rec, states in record_prompts(gen, pool, batch, s, hidden):

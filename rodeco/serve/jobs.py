@@ -19,7 +19,7 @@ from rodeco.compose import option_node
 from rodeco.config import SamplingConfig, ServeConfig
 from rodeco.contracts import policy_info
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator
+from rodeco.protocols import Generator, SessionMaker
 from rodeco.serve.errors import APIError, bad_field
 from rodeco.serve.schema import ChatRequest, CompletionRequest
 from rodeco.state import PolicyInfo, PromptRef, SamplingParams
@@ -61,7 +61,7 @@ class Job:
     def cancel(self) -> None:
         self.cancelled = True
 
-    def padded(self, longest: int, gen: Generator) -> int:
+    def padded(self, longest: int, gen: SessionMaker) -> int:
         """Its budget in a batch whose longest prompt has ``longest`` tokens: prompts are padded to the longest, and
         the padding its starting rows hold is charged to it (0 alone, so alone it decodes as the CLI would)."""
         k = self.key
