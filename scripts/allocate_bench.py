@@ -30,6 +30,7 @@ from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
 from rodeco.experiments.metrics import expected_best_of, improvement_score
 from rodeco.experiments.record import pool_roles
+from rodeco.experiments.replay_policy import best_score
 from rodeco.plugins import default_plugins
 from rodeco.replay import open_pool, replay_batch
 from rodeco.roles import SAME, choose_roles
@@ -95,7 +96,7 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         for label, (policy, params) in METHODS.items():
             roles = build(cfg, plugins, builder, policy, params, per_policy)
             assert roles.reward.reward is final_reward  # one builder: one reward object, one score cache
-            rows = []
+            rows: list[dict[str, Any]] = []
             for g in groups:  # Best-of-n's memory for the batch, as Budget.for_batch splits it
                 kv = full_length_tokens(a.n, [len(pool.prompt(i).prompt_ids) for i in g], new, rgen.kv)
                 s = loop_settings(cfg, rgen, label, roles.choices.reward.name)
@@ -106,7 +107,7 @@ def measure(a: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                 rows.append(
                     {
                         "prompts": g,
-                        "best": [float(r.best.score) for r in results],
+                        "best": [float(best_score(r)) for r in results],
                         "flops": comp.total_flops,
                         "n_start": results[0].n_start,
                     }

@@ -75,6 +75,7 @@ def run_method(gen, method: str, prompt: str, new: int, reward: str = "logprob")
         )
     out = rodeco.decode([prompt], generator=gen, n=n, overrides=ov)
     (r,) = out.results
+    assert r.candidates is not None  # output.all_candidates=true
     return {
         "candidates": [{"text": c.text, "score": c.score, "finished": c.finished} for c in r.candidates],
         "flops": out.compute.total_flops,

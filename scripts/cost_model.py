@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 GIB = 2**30
@@ -71,7 +72,7 @@ def mean_prompt_tokens() -> float:
     n = []
     for p in prompts:
         ids = tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True)
-        n.append(len(ids if isinstance(ids, list) else ids["input_ids"]))
+        n.append(len(ids["input_ids"] if isinstance(ids, Mapping) else ids))  # a BatchEncoding, or the ids
     return sum(n) / len(n)
 
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,14 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"pool": a.pool.name, "prompts": len(indices), "cuts": {}}  # by name: no path of this machine
     print(f"{len(indices)} prompts of {a.pool}; 95% bootstrap CIs over prompts")
     for cut in a.cuts:
-        eos_all, eos_win = [], {n: [] for n in a.n}
+        eos_all: list[float] = []
+        eos_win: dict[int, list[float]] = {n: [] for n in a.n}
         for i in indices:
             reqs, eos = cut_requests(pool, i, cut, tok)
             score = np.asarray(guide.score(reqs), dtype=np.float64)
             eos_all.append(eos.mean())
             for n in a.n:
                 eos_win[n].append(float(eos[int(np.argmax(score[:n]))]))
-        row = {"candidates_eos": float(np.mean(eos_all)), "candidates_eos_ci": boot(np.array(eos_all))}
+        row: dict[str, Any] = {"candidates_eos": float(np.mean(eos_all)), "candidates_eos_ci": boot(np.array(eos_all))}
         for n, x in eos_win.items():
             row[f"best_of_{n}_eos"], row[f"best_of_{n}_eos_ci"] = float(np.mean(x)), boot(np.array(x))
         out["cuts"][str(cut)] = row

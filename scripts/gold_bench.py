@@ -46,10 +46,14 @@ import math
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rodeco.state import Candidate
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_SEED, SELECT_SEED = 7, 1000  # far apart: reasoning-gym's problem i of seed s is problem i - 1 of seed s + 1
@@ -216,6 +220,17 @@ def memory(prompt_tokens: int, kv: Any) -> int:
     return full_length_tokens(4, [prompt_tokens], MAX_NEW, kv)
 
 
+def finished(cands: list[Candidate] | None) -> list[tuple[int, float, str]]:
+    """The finished candidates as (id, final reward, text): the reward scored every finished candidate."""
+    out: list[tuple[int, float, str]] = []
+    for x in cands or []:
+        if x.finished:
+            if x.score is None:
+                raise ValueError(f"candidate {x.candidate_id} finished without a final reward")
+            out.append((x.candidate_id, float(x.score), x.text))
+    return out
+
+
 class Replayer:
     """One task's pool, one guide: every method replayed through the real loop (``rodeco.replay.replay_batch``)."""
 
@@ -258,8 +273,12 @@ class Replayer:
         (res,), c, _ = replay_batch(
             self.pool, self.gen, roles.reward, roles.policy, [index], s, first, None, roles.partial
         )
-        cands = [(x.candidate_id, float(x.score), x.text) for x in res.candidates or [] if x.finished]
-        return {"flops": c.total_flops, "gen_flops": c.gen_flops, "n_start": res.n_start, "cands": cands}
+        return {
+            "flops": c.total_flops,
+            "gen_flops": c.gen_flops,
+            "n_start": res.n_start,
+            "cands": finished(res.candidates),
+        }
 
     def save(self) -> None:
         from rodeco.replay import pool_served
@@ -311,7 +330,7 @@ class Live:
                     n=int(m.n),
                     policy=m.policy,
                     kv_tokens=memory(len(ids), self.gen.kv),
-                    on_done=lambda r, i=index: got.__setitem__(i, r),
+                    on_done=partial(got.__setitem__, index),
                 )
             )
         self.decoder.serve_open(Arrivals(reqs, one_at_a_time=False), kv_tokens=None)
@@ -320,7 +339,7 @@ class Live:
                 "flops": r.compute.total_flops,
                 "gen_flops": r.compute.gen_flops,
                 "n_start": r.n_start,
-                "cands": [(x.candidate_id, float(x.score), x.text) for x in r.candidates or [] if x.finished],
+                "cands": finished(r.candidates),
             }
             for i, r in got.items()
         }

@@ -190,6 +190,7 @@ def step_survivors(c: Check) -> dict[str, Any]:
         gen = c.generator(engine)
         lens = [len(gen.encode(p)) for p in PROMPTS[:2]]
         B, base = Budget(10**12).for_batch(lens, gen.kv)
+        assert B.kv_tokens is not None  # a finite budget's share is finite
         shared = (10**12 - B.kv_tokens) // 2
         first = base + max(8, new // 3) if gen.kv.block == 1 else base + 1  # vLLM: one block a row, then decide
         kv = 2 * (shared + n * B.held(first))  # every row fits the first round, not the end: SR rejects

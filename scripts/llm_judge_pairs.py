@@ -39,18 +39,19 @@ from typing import Any
 
 import numpy as np
 
+from rodeco_rewards.reference import References
+
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = "alpaca_test"
 REPLY_CHARS = 16  # of each reply, kept in the snapshot
 FAILURES = 3  # pairs failed in a row that stop the run (the server is gone or refuses every request)
 
 
-class Rejected:
+class Rejected(References):
     """``llm_judge``'s references, standing in: whatever the prompt, the current pair's rejected answer."""
 
-    identity = "preference pairs (the rejected answer in the reference's place)"
-
     def __init__(self) -> None:
+        super().__init__([], {}, "llm_judge_pairs", "preference pairs (the rejected answer in the reference's place)")
         self.current = ""
 
     def answer(self, prompt: str) -> str:

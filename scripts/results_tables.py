@@ -428,6 +428,8 @@ def allocate(snap: dict[str, Any]) -> str:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("allocate_bench", Path(__file__).with_name("allocate_bench.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no allocate_bench.py beside {__file__}")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench.markdown(snap)
@@ -492,7 +494,7 @@ def judge_methods(snap: dict[str, Any]) -> str:
     for sc, an in snap["analysis"].items():
         for label, m in an["methods"].items():
             sp = m["speedup_flops_at_matched_judge"]
-            bound = {"lower": "≥", "upper": "≤"}.get(sp["bound"] if sp else None, "")
+            bound = {"lower": "≥", "upper": "≤"}.get(sp["bound"], "") if sp else ""
             res = m["residual"]
             flags = (" below" if res["below"] else "") + (" (beyond the curve)" if res["beyond_curve"] else "")
             out.append(

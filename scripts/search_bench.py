@@ -25,16 +25,17 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 # label -> (policy node, start rows)
-METHODS = {  # in the order they run
+METHODS: dict[str, tuple[dict[str, Any], int]] = {  # in the order they run
     "beam_start_16": ({"name": "beam"}, 16),
     "dvts_start_16": ({"name": "dvts"}, 16),
     "particle_filter_start_16": ({"name": "particle_filter"}, 16),
 }
-ALTERNATIVES = {  # tried on the selection half only (--alternatives)
+ALTERNATIVES: dict[str, tuple[dict[str, Any], int]] = {  # tried on the selection half only (--alternatives)
     "particle_filter_start_4": ({"name": "particle_filter"}, 4),
     "beam_start_16_width_8": ({"name": "beam", "beam_width": 8}, 16),
 }
@@ -53,11 +54,12 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
     from rodeco.budget import Budget
     from rodeco.compose import option_node
     from rodeco.experiments.efficiency import rows_x_context
+    from rodeco.experiments.replay_policy import best_score
     from rodeco.loop import decode_batch
     from rodeco.plugins import BuildContext, default_plugins
     from rodeco.pool import Pool
     from rodeco.pool_session import live_generator
-    from rodeco.roles import RoleBuilder, choose_roles
+    from rodeco.roles import RoleBuilder, Roles, choose_roles
     from rodeco.runner import loop_settings
     from rodeco.state import PromptRef
 
@@ -67,7 +69,7 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
     gen = live_generator(pool, compile_step)
     builder = RoleBuilder(plugins, gen.name, BuildContext(generator=gen, device=str(gen.device), plugins=plugins))
     choices = choose_roles(cfg, plugins)
-    cache: dict[str, object] = {}
+    cache: dict[str, Roles] = {}
 
     def run(index: int, node: dict, n: int, kv: int, first: int = 0) -> dict:
         key = json.dumps(node, sort_keys=True)
@@ -84,7 +86,7 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
         copies = sum(len(v) for r in res.rounds for v in r.copies.values())
         w = res.best
         return {
-            "best": float(res.best.score),
+            "best": float(best_score(res)),
             "n_start": res.n_start,
             "gen_flops": c.gen_flops,
             "reward_flops": c.reward_flops,
@@ -129,9 +131,12 @@ def report_half(records: list[dict], args: dict, tm, max_new: int, labels: list[
     rng = np.random.default_rng(0)
     analysis.Half.of(m, np.array([pos[i] for i in sel_idx]), rng, 0)
     report = analysis.Half.of(m, np.array([pos[i] for i in rep_idx]), rng, args["bootstrap"])
-    table, boot = {}, {}
+    table: dict[str, dict[str, Any]] = {}
+    boot: dict[str, np.ndarray] = {}
     for label in [analysis.REF, *labels]:
         run = m.method(label, 1)
+        if run is None:
+            raise ValueError(f"{label}: a replicate of a prompt was infeasible")
         table[f"{label}@1"] = {}
         table[f"{label}@1"]["report"], boot[f"{label}@1"] = report.stats(m, run, 1, analysis.REPORT_CI)
         # not run on the selection half (--report-only): its figure there is not a number
@@ -236,7 +241,7 @@ def print_table(summary: dict, labels: list[str], alt: list[str], paired: dict, 
         )
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="the efficiency run's directory (efficiency_prompts.jsonl)")
     ap.add_argument("--pool", required=True)
@@ -288,10 +293,13 @@ def main() -> int:
         "to AlpacaEval prompts); none: skip the judged part",
     )
     ap.add_argument("--runs-only", action="store_true", help="run the live methods and stop (no analysis)")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     a = ap.parse_args()
-    from rodeco.experiments import analysis, render
-    from rodeco.pool import Pool
-    from rodeco.results import atomic_write
+    from rodeco.experiments import analysis
 
     records = [json.loads(x) for x in (a.run_dir / "efficiency_prompts.jsonl").read_text().splitlines() if x.strip()]
     records = records[: a.limit] if a.limit else records
@@ -314,20 +322,39 @@ def main() -> int:
 
         judged(a, records, done, rep, all_reported=True)
         return 0
-    for r in records:  # set 0 as the record's methods, the other sets as its replicates (by their offset)
+    add_runs(records, done, a.methods)
+    analyse(a, records, done, sel, rep)
+    if a.judges:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from search_judged import judged
+
+        judged(a, records, done, rep)
+    return 0
+
+
+def add_runs(records: list[dict], done: dict[int, dict], methods: list[str]) -> None:
+    """The search runs into the records as methods: set 0 as the record's methods, the other sets as its
+    replicates (by their offset)."""
+    for r in records:
         d = done.get(r["prompt_index"], {"methods": {}, "sets": {}})
         for slot, runs in [
             (r["methods"], d["methods"]),
             *[(x["methods"], d.get("sets", {}).get(str(x["offset"]), {})) for x in r["replicates"]],
         ]:
-            for label in a.methods:  # a prompt the search policies did not run on (--report-only): never read
+            for label in methods:  # a prompt the search policies did not run on (--report-only): never read
                 slot[label] = {"1": PLACEHOLDER}
             for label, run_ in runs.items():
                 slot[label] = {"1": run_}
-    labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *a.methods]
-    alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]
-    eff = json.loads((a.run_dir / "efficiency.json").read_text())
-    args = {**eff["args"], "bootstrap": a.bootstrap, "scales": [1]}
+
+
+def summarize(
+    a: argparse.Namespace, records: list[dict], eff: dict, args: dict, labels: list[str], alt: list[str]
+) -> dict:
+    """The efficiency experiment's summary of the records under ``args``: its own methods and the alternatives
+    on both halves, the search rows on the report half (``eff``: the efficiency run's efficiency.json)."""
+    from rodeco.experiments import analysis
+    from rodeco.pool import Pool
+
     tm = (
         analysis.TimeModel(**eff["time_model"])
         if "time_model" in eff
@@ -336,6 +363,20 @@ def main() -> int:
     max_new = int(records[0]["settings"]["max_new_tokens"])
     summary = analysis.summarize(records, args, tm, max_new, labels[:2] + alt)  # what the efficiency run has
     summary["methods"].update(report_half(records, args, tm, max_new, list(a.methods), summary))
+    return summary
+
+
+def analyse(a: argparse.Namespace, records: list[dict], done: dict[int, dict], sel: list[int], rep: list[int]) -> None:
+    """The efficiency analysis with the search rows: ``search.json`` (efficiency.json's layout, which
+    scripts/results_tables.py renders, with the search rows and how they ran), ``search.md``, and the table."""
+    from rodeco.experiments import analysis, render
+    from rodeco.results import atomic_write
+
+    labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *a.methods]
+    alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]
+    eff = json.loads((a.run_dir / "efficiency.json").read_text())
+    args = {**eff["args"], "bootstrap": a.bootstrap, "scales": [1]}
+    summary = summarize(a, records, eff, args, labels, alt)
     within = all(
         m["within_budget"]
         for d in done.values()
@@ -343,7 +384,6 @@ def main() -> int:
         for m in runs.values()
     )
     paired = paired_rewards(records, rep, labels, a.bootstrap)
-    # efficiency.json's layout (scripts/results_tables.py renders it), with the search rows and how they ran
     res = {
         **{k: v for k, v in eff.items() if k not in summary and k != "per_prompt"},
         **summary,
@@ -364,12 +404,6 @@ def main() -> int:
         f"every copy within it: {within}"
     )
     print_table(summary, labels, alt, paired, {"report": rep, "selection": sel})
-    if a.judges:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from search_judged import judged
-
-        judged(a, records, done, rep)
-    return 0
 
 
 if __name__ == "__main__":

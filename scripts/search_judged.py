@@ -183,21 +183,9 @@ def judged(
 ) -> dict[str, Any]:
     """Judge every method's winners on the prompts ``rep`` (the report half, or ``all_reported``: every prompt),
     analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
-    from rodeco.diagnostics import diagnose
-    from rodeco.experiments.judged import (
-        Curve,
-        Winners,
-        analyze,
-        correlations,
-        diagnostics_table,
-        paired_difference,
-    )
-    from rodeco.plugins import BuildContext
     from rodeco.pool import Pool
     from rodeco.rejudge import judges_by_name
     from rodeco.results import atomic_write
-    from rodeco.state import ScoreRequest
-    from rodeco_rewards.minilm.reward import build_minilm_rm
 
     labels = [m for m in a.methods if complete_prompts(done, rep, a.firsts, [m])]
     prompts = complete_prompts(done, rep, a.firsts, labels)
@@ -206,13 +194,43 @@ def judged(
     win = collect(records, done, prompts, a.firsts, labels, pool, sizes)
     judges = judges_by_name(a.judges, "minilm_rm", (f"+judge.{LOGPROB}={{name: logprob, model: smollm2}}",))
     cache = JudgeCache(a.run_dir / "judge_cache.json", judges)
-    texts = {pool.prompt(i).text for i in prompts} and [
-        (i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()
-    ]
-    cache.score(texts)
-    guide = build_minilm_rm({}, BuildContext())
     names = [j.name for j in judges.judges if j.name != LOGPROB]
-    P, S = len(prompts), len(a.firsts)
+    annotate(win, pool, cache, names)
+    grid = Grid(win, prompts, len(a.firsts))
+    analyses, refs = judge_analyses(grid, sizes, labels, names, a.bootstrap)
+    diag, split = hacking_diagnostics(grid, sizes, labels, a.bootstrap)
+    corrs = judge_correlations(win, names)
+    out = {
+        "prompts": prompts,
+        "all_reported": all_reported,
+        "firsts": a.firsts,
+        "sizes": sizes,
+        "methods": [FIXED, *labels],
+        "refs": refs,
+        "judges": {n: judges.specs()[n] for n in names},
+        "judge_cost": cache.costs(),
+        "analysis": analyses,
+        "diagnostics": diag,
+        "guide_split": split,
+        "correlations": corrs,
+        "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()] for label, m in win.items()},
+    }
+    raw = json.dumps(out, default=float).encode()
+    atomic_write(a.run_dir / "search_judged.json.gz", gzip.compress(raw, mtime=0))
+    print_judged(out, grid.P, grid.S)
+    return out
+
+
+def annotate(win: dict[str, dict[tuple[int, int], dict]], pool: Any, cache: JudgeCache, names: list[str]) -> None:
+    """Each winner's judge scores (the texts the cache lacks scored first), its guide's parts (minilm_rm's
+    embedding and surface parts) and its diagnostics (with the mean token log-prob)."""
+    from rodeco.diagnostics import diagnose
+    from rodeco.plugins import BuildContext
+    from rodeco.state import ScoreRequest
+    from rodeco_rewards.minilm.reward import build_minilm_rm
+
+    cache.score([(i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()])
+    guide = build_minilm_rm({}, BuildContext())
     for m in win.values():
         reqs = [ScoreRequest(pool.prompt(i).text, w["text"], (), partial=False) for (i, _), w in m.items()]
         parts = guide.parts(reqs)
@@ -223,47 +241,75 @@ def judged(
             d = diagnose(w["text"], len(w["token_ids"]), w["stop_reason"])
             w["diagnostics"] = {**asdict(d), "mean_logprob": None if np.isnan(lp) else lp}
 
-    def arr(label: str, f) -> np.ndarray:
-        x = np.full((P, S), np.nan)
-        for (i, s), w in win[label].items():
+
+class Grid:
+    """The winners' figures as ``[prompt, set]`` arrays (NaN where a figure is None): ``P`` prompts, ``S`` sets."""
+
+    def __init__(self, win: dict[str, dict[tuple[int, int], dict]], prompts: list[int], sets: int) -> None:
+        self.win, self.prompts = win, prompts
+        self.P, self.S = len(prompts), sets
+
+    def of(self, label: str, f: Callable[[dict], Any]) -> np.ndarray:
+        """``f`` of each of method ``label``'s winners."""
+        x = np.full((self.P, self.S), np.nan)
+        for (i, s), w in self.win[label].items():
             v = f(w)
-            x[prompts.index(i), s] = np.nan if v is None else float(v)
+            x[self.prompts.index(i), s] = np.nan if v is None else float(v)
         return x
 
-    scorers = ["guide", *names]  # the guide analysed like a judge: its own curve on the same prompts and sets
+
+def judge_analyses(
+    grid: Grid, sizes: list[int], labels: list[str], names: list[str], bootstrap: int
+) -> tuple[dict[str, Any], list[str]]:
+    """Each scorer's analysis of fixed alpha 0.5 and the search methods against Best-of-N's curve, and the
+    references they are paired with. The guide is analysed like a judge: its own curve on the same prompts and
+    sets."""
+    from rodeco.experiments.judged import Curve, Winners, analyze
+
+    scorers = ["guide", *names]
     val = {"guide": getter("guide"), **{n: getter("judge", n) for n in names}}
+    flops = getter("flops")
     curve = Curve(
         sizes,
-        np.stack([arr(f"best_of_{n}", val["guide"]) for n in sizes], -1),
-        {sc: np.stack([arr(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
-        np.stack([arr(f"best_of_{n}", lambda w: w["flops"])[:, 0] for n in sizes], -1),
+        np.stack([grid.of(f"best_of_{n}", val["guide"]) for n in sizes], -1),
+        {sc: np.stack([grid.of(f"best_of_{n}", val[sc]) for n in sizes], -1) for sc in scorers},
+        np.stack([grid.of(f"best_of_{n}", flops)[:, 0] for n in sizes], -1),
     )
     methods = {
         label: Winners(
-            arr(label, val["guide"]), {sc: arr(label, val[sc]) for sc in scorers}, arr(label, lambda w: w["flops"])
+            grid.of(label, val["guide"]), {sc: grid.of(label, val[sc]) for sc in scorers}, grid.of(label, flops)
         )
         for label in [FIXED, *labels]
     }
+    refs = ["best_of_4", f"best_of_{sizes[-1]}", FIXED]
+    return {sc: analyze(curve, methods, sc, refs, bootstrap) for sc in scorers}, refs
+
+
+def hacking_diagnostics(
+    grid: Grid, sizes: list[int], labels: list[str], bootstrap: int
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The winners' diagnostics per method (with the guide's parts), and the guide's split: each method's
+    embedding and surface parts over Best-of-1's and the largest Best-of-N's, paired."""
+    from rodeco.experiments.judged import diagnostics_table, paired_difference
+
     top = f"best_of_{sizes[-1]}"
-    refs = ["best_of_4", top, FIXED]
-    analyses = {sc: analyze(curve, methods, sc, refs, a.bootstrap) for sc in scorers}
     diag_methods = [*dict.fromkeys(["best_of_1", "best_of_4", "best_of_16", top]), FIXED, *labels]
     parts_of = {
-        label: {p: arr(label, getter("guide_parts", p)) for p in ("embedding", "surface")} for label in diag_methods
+        label: {p: grid.of(label, getter("guide_parts", p)) for p in ("embedding", "surface")} for label in diag_methods
     }
     diag = diagnostics_table(
         {
             label: {
-                **{f: arr(label, getter("diagnostics", f)) for f in DIAG_FIELDS},
+                **{f: grid.of(label, getter("diagnostics", f)) for f in DIAG_FIELDS},
                 **{f"guide_{p}": x for p, x in parts_of[label].items()},
             }
             for label in diag_methods
         },
-        a.bootstrap,
+        bootstrap,
     )
     split = {
         label: {
-            f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], a.bootstrap)
+            f"{p}_over_{ref}": paired_difference(parts_of[label][p], parts_of[ref][p], bootstrap)
             for ref in ("best_of_1", top)
             if ref != label
             for p in ("embedding", "surface")
@@ -271,39 +317,27 @@ def judged(
         for label in diag_methods
         if label != "best_of_1"
     }
+    return diag, split
+
+
+def judge_correlations(win: dict[str, dict[tuple[int, int], dict]], names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each judge's correlations (with the prompt, the length and the guide) over every distinct winner, and over
+    Best-of-1's."""
     distinct = {(i, w["text"]): w for m in win.values() for (i, _), w in m.items() if w["text"]}
     plain = {(i, w["text"]): w for (i, _), w in win["best_of_1"].items() if w["text"]}
+    return {n: {"every_winner": _correlations(distinct, n), "best_of_1": _correlations(plain, n)} for n in names}
 
-    def corr(texts: dict, n: str) -> dict[str, Any]:
-        col = lambda f: np.array([f(k, w) for k, w in texts.items()], dtype=np.float64)  # noqa: E731
-        return correlations(
-            col(lambda k, w: k[0]),
-            col(lambda k, w: w["judge"][n]),
-            col(lambda k, w: len(k[1])),
-            col(lambda k, w: w["guide"]),
-        )
 
-    corrs = {n: {"every_winner": corr(distinct, n), "best_of_1": corr(plain, n)} for n in names}
-    cost = cache.costs()
-    out = {
-        "prompts": prompts,
-        "all_reported": all_reported,
-        "firsts": a.firsts,
-        "sizes": sizes,
-        "methods": [FIXED, *labels],
-        "refs": refs,
-        "judges": {n: judges.specs()[n] for n in names},
-        "judge_cost": cost,
-        "analysis": analyses,
-        "diagnostics": diag,
-        "guide_split": split,
-        "correlations": corrs,
-        "winners": {label: [{"prompt_index": i, "set": s, **w} for (i, s), w in m.items()] for label, m in win.items()},
-    }
-    raw = json.dumps(out, default=float).encode()
-    atomic_write(a.run_dir / "search_judged.json.gz", gzip.compress(raw, mtime=0))
-    print_judged(out, P, S)
-    return out
+def _correlations(texts: dict[tuple[int, str], dict], n: str) -> dict[str, Any]:
+    from rodeco.experiments.judged import correlations
+
+    col = lambda f: np.array([f(k, w) for k, w in texts.items()], dtype=np.float64)  # noqa: E731
+    return correlations(
+        col(lambda k, w: k[0]),
+        col(lambda k, w: w["judge"][n]),
+        col(lambda k, w: len(k[1])),
+        col(lambda k, w: w["guide"]),
+    )
 
 
 def print_judged(out: dict, P: int, S: int) -> None:

@@ -49,11 +49,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from serve_bench_figures import (
@@ -68,6 +69,7 @@ from serve_bench_figures import (
     write,
 )
 from serve_bench_judged import JUDGES, judge_servers
+from serve_bench_prompts import arrivals, load_prompts
 from serve_bench_servers import (
     ROOT,
     Scorer,
@@ -90,6 +92,15 @@ log = logging.getLogger("serve_bench")
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    run_args(ap)
+    server_args(ap)
+    report_args(ap)
+    return checked(ap, ap.parse_args(argv))
+
+
+def run_args(ap: argparse.ArgumentParser) -> None:
+    """The run: where it writes, what every phase sends (the prompts, their arrivals, decoding, model, reward and
+    memory), how many requests are in flight, the latency target, and the search policy's phase."""
     ap.add_argument("--out", type=Path, required=True, help="directory for serve_bench.json and the servers' logs")
     ap.add_argument("--requests", type=int, default=8, help="K: the first K prompts of --data, one request each")
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per second (0: all at once)")
@@ -124,6 +135,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="a search policy option (e.g. beam): one more phase on rodeco's server, requests with this policy "
         "at its defaults and best_of=N (serve.policies offers it)",
     )
+
+
+def server_args(ap: argparse.ArgumentParser) -> None:
+    """How the servers and the client run: timeouts, warm-up, vLLM's and rodeco's settings, which phases."""
     ap.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take")
     ap.add_argument("--warmup", type=int, default=1, help="untimed requests per phase before it starts")
     ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds rodeco's server may take to start")
@@ -170,6 +185,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="vLLM's n (default: --best-of): another N than rodeco's, to compare at matched reward in one run",
     )
+
+
+def report_args(ap: argparse.ArgumentParser) -> None:
+    """What is reported after the phases: the bootstrap CIs and the judges of every server's answers."""
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument(
         "--judges",
@@ -178,7 +197,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="judge options that score every server's answers "
         "client-side after the phases (default: every offline judge of AlpacaEval prompts; none: skip)",
     )
-    a = ap.parse_args(argv)
+
+
+def checked(ap: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
+    """``a`` with its defaults that depend on other arguments filled in; an argument out of range is an error."""
     if a.max_in_flight is None:
         a.max_in_flight = a.requests + a.warmup
     if not a.latency_target > 0:
@@ -189,34 +211,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if a.rate < 0 or not math.isfinite(a.rate):
         ap.error("--rate must be a finite number >= 0 (0: all requests at once)")
     return a
-
-
-# -- prompts and arrivals --------------------------------------------------------------------------------------------
-def load_prompts(a: argparse.Namespace) -> tuple[list[Any], list[str]]:
-    """The first ``--requests`` prompts of ``--data`` (a conf/data option, its file under the data root), and
-    the ``--warmup`` texts after them (none of the measured prompts: a server's prefix cache starts cold on those)."""
-    prompts = _load(a, a.requests + a.warmup)
-    k = min(a.requests, max(1, len(prompts) - a.warmup))
-    warm = [p.text for p in prompts[k:]] or ["Say hello in one short sentence."]
-    return prompts[:k], warm
-
-
-def _load(a: argparse.Namespace, limit: int) -> list[Any]:
-    import rodeco
-    from rodeco.tasks import prompts_of
-
-    d = rodeco.load_config([f"data={a.data}", f"data.limit={limit}"]).data
-    return prompts_of(d)
-
-
-def arrivals(k: int, rate: float, seed: int) -> np.ndarray:
-    """``k`` arrival times in seconds from the phase's start, the first at 0: exponential gaps at ``rate`` per
-    second (seeded), or all at 0 for rate 0."""
-    if rate == 0:
-        return np.zeros(k)
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=k)
-    t = np.cumsum(gaps)
-    return t - t[0]
 
 
 # -- requests --------------------------------------------------------------------------------------------------------
@@ -324,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 class Bench:
     """One run's prompts, arrivals and seeds (the same for every server), and what each phase recorded."""
 
-    POLICIES = {
+    POLICIES: ClassVar[dict[str, Callable[[argparse.Namespace], dict[str, Any]]]] = {
         "sr": lambda a: {"policy": "fixed", "params": {"alpha": a.alpha}},
         "bon": lambda a: {"policy": "none"},
         "search": lambda a: {"policy": a.search},

@@ -119,7 +119,7 @@ def server_side(name: str, recs: list[Record], delta: dict[str, float], span: fl
     out: dict[str, Any] = {"span_s": span}
     if ok and name != "vllm":
         for k in RODECO_KEYS + ("completion_tokens", "prompt_tokens"):
-            vals = [r.server.get(k) for r in ok if isinstance(r.server.get(k), (int, float))]
+            vals = [v for r in ok if isinstance(v := r.server.get(k), (int, float))]
             out[f"mean_{k}"] = float(np.mean(vals)) if vals else None
         # the batch's wall time per token of the winner: about a decode step's time (prefill and reward calls in it)
         out["mean_decode_seconds_per_winner_token"] = float(

@@ -83,13 +83,11 @@ def judge_servers(
 def prompts_of_run(doc: dict[str, Any]) -> dict[int, str]:
     """The run's prompt texts by index, from its ``--data`` (as serve_bench loaded them)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from serve_bench import _load
+    from serve_bench_prompts import load
 
-    a = argparse.Namespace(data=doc["args"]["data"])
     wanted = set(doc["prompt_indices"])
-    return {
-        p.index: p.text for p in _load(a, max(len(wanted) + int(doc["args"].get("warmup", 1)), 1)) if p.index in wanted
-    }
+    limit = max(len(wanted) + int(doc["args"].get("warmup", 1)), 1)
+    return {p.index: p.text for p in load(doc["args"]["data"], limit) if p.index in wanted}
 
 
 def main(argv: list[str] | None = None) -> int:

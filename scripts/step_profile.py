@@ -53,8 +53,8 @@ def instrument(engine: Any, timer: Timer) -> None:
 
 def layer_flops(model: torch.nn.Module) -> tuple[float, float]:
     """FLOPs per token of the layers' matmuls and of the LM head (2 per weight)."""
-    layers = sum(p.numel() for n, p in model.model.layers.named_parameters() if p.dim() == 2)
-    return 2.0 * layers, 2.0 * model.lm_head.weight.numel()
+    layers = sum(p.numel() for p in model.get_submodule("model.layers").parameters() if p.dim() == 2)
+    return 2.0 * layers, 2.0 * model.get_parameter("lm_head.weight").numel()
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,51 +88,78 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse(argv)
     logging.basicConfig(level=logging.WARNING)
     import rodeco
-    from rodeco.budget import full_length_tokens
-    from rodeco.loading import load_generator, weights
     from rodeco.tasks import prompts_of
 
-    vllm = a.engine == "vllm"
     base = [
         f"generator.model={a.model}",
         f"generator.engine={a.engine}",
         f"generator.dtype={a.dtype}",
-        *([f"generator.enforce_eager={str(a.eager).lower()}"] if vllm else [f"generator.compile={a.compile}"]),
+        *(
+            [f"generator.enforce_eager={str(a.eager).lower()}"]
+            if a.engine == "vllm"
+            else [f"generator.compile={a.compile}"]
+        ),
         f"sampling.max_new_tokens={a.new_tokens}",
         f"reward={a.reward}",
     ]
     prompts = prompts_of(rodeco.load_config([f"data={a.data}", f"data.limit={a.prompts}"]).data)
-    from rodeco.budget import KVSpec
-
-    if vllm:  # vLLM's pool is set when it loads: the prompts' lengths from the tokenizer first
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
-        longest = max(
-            len(
-                tok.apply_chat_template(
-                    [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
-                )["input_ids"]
-            )
-            for p in prompts
-        )
-        kv = KVSpec(shares_prefix=True, block=16 if _cuda() else 32)
-        gen = load_generator(
-            rodeco.load_config(
-                [*base, f"generator.kv_cache_tokens={full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"]
-            ).generator
-        )
-        pool = gen.kv_pool_tokens
-    else:  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes the memory
-        gen = load_generator(rodeco.load_config(base).generator)
-        longest = max(len(gen.encode(p.text)) for p in prompts)
-        pool = full_length_tokens(a.memory_of, longest, a.new_tokens, gen.kv)
+    gen, pool, longest = _sized(a, base, prompts)
     print(
         f"{a.engine} KV pool: {pool} tokens (Best-of-{a.memory_of}'s memory for the longest prompt, "
         f"{longest} tokens, at {a.new_tokens} new tokens; block {gen.kv.block})",
         flush=True,
     )
     ms = methods(a, pool)
+    rows = _run(a, rodeco, gen, base, prompts, ms, pool)
+    summary = _summary(a, rows, ms, pool, gen.kv.block)
+    _report(summary)
+    if a.out is not None:
+        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows, "summary": summary})
+    return summary
+
+
+def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[Any, int, int]:
+    """The generator with its KV pool, the pool's tokens (Best-of-``--memory-of``'s memory at full length), and
+    the longest prompt's tokens."""
+    import rodeco
+    from rodeco.budget import KVSpec, full_length_tokens
+    from rodeco.loading import load_generator, weights
+
+    if a.engine != "vllm":  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes it
+        gen = load_generator(rodeco.load_config(base).generator)
+        longest = max(len(gen.encode(p.text)) for p in prompts)
+        return gen, full_length_tokens(a.memory_of, longest, a.new_tokens, gen.kv), longest
+    from transformers import AutoTokenizer  # vLLM's pool is set when it loads: the prompts' lengths first
+
+    tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
+    longest = max(_chat_tokens(tok, p.text) for p in prompts)
+    kv = KVSpec(shares_prefix=True, block=16 if _cuda() else 32)
+    gen = load_generator(
+        rodeco.load_config(
+            [*base, f"generator.kv_cache_tokens={full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"]
+        ).generator
+    )
+    assert gen.kv_pool_tokens is not None  # vLLM's engine sets its pool's size when it loads
+    return gen, gen.kv_pool_tokens, longest
+
+
+def _chat_tokens(tok: Any, text: str) -> int:
+    """The tokens of ``text`` as a user's message in the tokenizer's chat template, with the assistant's turn."""
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return len(ids["input_ids"] if isinstance(ids, Mapping) else ids)  # a BatchEncoding, or the ids
+
+
+def _run(
+    a: argparse.Namespace,
+    rodeco: Any,
+    gen: Any,
+    base: list[str],
+    prompts: list[Any],
+    ms: dict[str, list[list[str]]],
+    pool: int,
+) -> list[dict[str, Any]]:
+    """Every method on each prompt not done yet (alternating their order), printed and written prompt by prompt;
+    the rows of every prompt."""
     rows = _done(a, pool)
     for k, p in enumerate(prompts):
         if any(r["prompt_index"] == p.index for r in rows):
@@ -150,18 +178,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         if a.out is not None:
             _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows})
+    return rows
+
+
+def _summary(
+    a: argparse.Namespace, rows: list[dict[str, Any]], ms: dict[str, list[list[str]]], pool: int, block: int
+) -> dict[str, Any]:
+    """Each method's mean reward, seconds, preemptions and decode tokens over the prompts, and Best-of-N's
+    wall-time speedup of Speculative Rejection over it (bootstrap 95% CI over prompts)."""
     sr = np.array([r["sr"]["seconds"] for r in rows])
     summary: dict[str, Any] = {
         "prompts": len(rows),
         "pool_tokens": pool,
-        "kv_block": gen.kv.block,
+        "kv_block": block,
         "memory_of": a.memory_of,
         "engine": a.engine,
         "methods": {},
     }
     for m in ms:
         secs = np.array([r[m]["seconds"] for r in rows])
-        s = {
+        s: dict[str, Any] = {
             "mean_reward": float(np.mean([r[m]["reward"] for r in rows])),
             "seconds": float(secs.sum()),
             "preemptions": int(sum(r[m]["preemptions"] for r in rows)),
@@ -170,6 +206,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if m != "sr":
             s["speedup_vs_sr"] = ratio_ci(secs, sr, a.bootstrap)
         summary["methods"][m] = s
+    return summary
+
+
+def _report(summary: dict[str, Any]) -> None:
     for m, s in summary["methods"].items():
         extra = (
             f", wall-time speedup of SR over it {s['speedup_vs_sr'][0]:.2f}x [{s['speedup_vs_sr'][1]:.2f}, "
@@ -181,9 +221,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{m}: mean reward {s['mean_reward']:.4f}, {s['seconds']:.1f} s, {s['decode_tokens']} decode tokens, "
             f"{s['preemptions']} preemptions{extra}"
         )
-    if a.out is not None:
-        _write(a.out, {"args": vars(a) | {"out": str(a.out)}, "pool_tokens": pool, "rows": rows, "summary": summary})
-    return summary
 
 
 def _measure(rodeco: Any, gen: Any, prompt: str, base: list[str], decodes: list[list[str]]) -> dict[str, Any]:
