@@ -46,6 +46,8 @@ from typing import Any
 
 from gpu_report import environment, markdown, write_report  # the report's JSON and Markdown
 
+from rodeco.hardware import cuda_available, cuda_devices, is_cuda, synchronize
+
 # the engine figures first (engine_bench, syncs, efficiency): the time limit skips what is left, budget and oom
 # were measured on a GPU before
 STEPS = ("greedy", "survivors", "engine_bench", "syncs", "efficiency", "budget", "oom")
@@ -127,10 +129,7 @@ class Check:
 
 
 def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
+    synchronize(cuda_devices(device))
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -243,7 +242,7 @@ def cuda_fast(c: Check):
 
 
 def step_budget(c: Check) -> dict[str, Any]:
-    if not c.args.device.startswith("cuda"):
+    if not is_cuda(c.args.device):
         return {"skipped": "needs CUDA (the budget comes from free CUDA memory)"}
     torch, gen = cuda_fast(c)
     free, total = torch.cuda.mem_get_info(gen.device)
@@ -288,7 +287,7 @@ def step_budget(c: Check) -> dict[str, Any]:
 
 
 def step_oom(c: Check) -> dict[str, Any]:
-    if not c.args.device.startswith("cuda"):
+    if not is_cuda(c.args.device):
         return {"skipped": "needs CUDA (a real out-of-memory error)"}
     torch, gen = cuda_fast(c)
     _, total = torch.cuda.mem_get_info(gen.device)
@@ -354,7 +353,7 @@ def step_syncs(c: Check) -> dict[str, Any]:
     from rodeco.sampling import SamplingParams
     from rodeco.state import SessionSpec
 
-    cuda, s = c.args.device.startswith("cuda"), c.sizes
+    cuda, s = is_cuda(c.args.device), c.sizes
     warm, steps = 8, s.bench_tokens
     end = warm + steps
     out: dict[str, Any] = {"rows": s.bench_batch, "steady_steps": steps}
@@ -531,12 +530,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     report: dict[str, Any] = {"environment": environment(a.device), "args": vars(a), "steps": {}}
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
+    if is_cuda(a.device) and not cuda_available():
         report["skipped"] = "no CUDA device: nothing to check here (run it on a machine with a GPU)"
         write_report(report, Path(a.out))
         print(f"gpu_check: skipped: no CUDA ({Path(a.out) / 'gpu_check.md'})")
         return 0
-    if a.device.startswith("cuda"):  # why inductor declines a CUDA graph, if it does: in the report
+    if is_cuda(a.device):  # why inductor declines a CUDA graph, if it does: in the report
         torch._logging.set_logs(cudagraphs=True)
         logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(
             _Collect(report.setdefault("cudagraph_log", []))

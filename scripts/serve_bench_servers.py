@@ -169,14 +169,10 @@ def model_dir(generator: str) -> Path:
     return Path(src)
 
 
-def on_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def dtype_of(a: argparse.Namespace) -> str:
-    return a.dtype if a.dtype != "auto" else ("bfloat16" if on_cuda() else "float32")
+    from rodeco.hardware import cuda_available
+
+    return a.dtype if a.dtype != "auto" else ("bfloat16" if cuda_available() else "float32")
 
 
 def rodeco_exe(given: str | Path | None = None) -> Path:
@@ -217,9 +213,11 @@ def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], d
     """vLLM's server as rodeco's own vLLM engine sets it up (rodeco/engines/vllm.py): the dtype, KV blocks of 32 on
     CPU (16 on CUDA), a KV pool of ``--kv-tokens`` in whole blocks plus vLLM's null block, prefix caching,
     max_model_len the model's context or the pool if smaller."""
+    from rodeco.hardware import cuda_available
+
     cfg = json.loads((src / "config.json").read_text())
     dtype = dtype_of(a)
-    block = 16 if on_cuda() else 32
+    block = 16 if cuda_available() else 32
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     per_token = (
         2

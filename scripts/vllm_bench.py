@@ -123,6 +123,7 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
     the longest prompt's tokens."""
     import rodeco
     from rodeco.budget import KVSpec, full_length_tokens
+    from rodeco.hardware import cuda_available
     from rodeco.loading import load_generator, weights
 
     if a.engine != "vllm":  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes it
@@ -133,14 +134,15 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
 
     tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
     longest = max(_chat_tokens(tok, p.text) for p in prompts)
-    kv = KVSpec(shares_prefix=True, block=16 if _cuda() else 32)
+    kv = KVSpec(shares_prefix=True, block=16 if cuda_available() else 32)
     gen = load_generator(
         rodeco.load_config(
             [*base, f"generator.kv_cache_tokens={full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"]
         ).generator
     )
-    assert gen.kv_pool_tokens is not None  # vLLM's engine sets its pool's size when it loads
-    return gen, gen.kv_pool_tokens, longest
+    pool = gen.info.kv_pool_tokens
+    assert pool is not None  # vLLM's engine sets its pool's size when it loads
+    return gen, pool, longest
 
 
 def _chat_tokens(tok: Any, text: str) -> int:
@@ -257,12 +259,6 @@ def _done(a: argparse.Namespace, pool: int) -> list[dict[str, Any]]:
     if old.get("pool_tokens") != pool:
         sys.exit(f"--resume: {f} was measured with a pool of {old.get('pool_tokens')} tokens, not {pool}")
     return old["rows"]
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _write(out: Path, obj: dict[str, Any]) -> None:
