@@ -123,7 +123,9 @@ class CalibratedPolicy:
     def keep(self, pv: PromptView) -> list[int]:
         scale = self.references.scale(pv)
         best = self.finished_best(pv, scale)
-        return keep_top(pv, pv.k - self.keep_count(scale.z(pv.scores), pv.tokens_generated, best))
+        kept = self.keep_count(scale.z(pv.scores), pv.tokens_generated, best)
+        assert isinstance(kept, int)  # one prompt's rows: one count
+        return keep_top(pv, pv.k - kept)
 
     def select(self, view: RoundView) -> list[list[int]]:
         return [self.keep(pv) for pv in view.prompts]

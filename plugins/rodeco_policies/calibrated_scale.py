@@ -89,6 +89,7 @@ class References:
             ref = Reference(spread=float(scores.std()), points=[])
             location = float(scores.mean())
         else:
+            assert ref is not None  # prev is one of its points
             x = np.array([prev.scores[c] for c in pv.candidate_ids])
             b = chain_slope(self.rho(prev.tokens), self.rho(pv.tokens_generated))
             location = float(scores.mean() - b * (x.mean() - prev.location))

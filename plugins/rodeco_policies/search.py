@@ -123,6 +123,7 @@ class ParticleFilterPolicy:
     def select(self, view: RoundView) -> list[Counts]:
         out = []
         for pv in view.prompts:
+            assert pv.rng is not None  # the loop seeds every prompt's view
             finals = np.asarray(pv.finished_scores if self.finished_weight else [], dtype=np.float64)
             scores = np.concatenate([np.asarray(pv.scores, dtype=np.float64), finals])
             drawn = resample(softmax_weights(scores, self.temperature), population(view, pv), pv.rng, self.resampling)

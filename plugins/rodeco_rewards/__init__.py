@@ -19,9 +19,15 @@ CONF_DIR = Path(__file__).parent / "conf"
 
 @hookimpl
 def rodeco_register_rewards(register: Callable[..., None]) -> None:
+    _register_response_rewards(register)
+    _register_partial_scorers(register)
+    _register_judges(register)
+
+
+def _register_response_rewards(register: Callable[..., None]) -> None:
+    """The rewards a run decodes by: the generator's own signals, the reward models, and their combinations."""
     from rodeco_rewards.callable_reward import CustomParams, LengthParams
     from rodeco_rewards.composite import CompositeParams, build_composite
-    from rodeco_rewards.learned_heads import HeadParams
     from rodeco_rewards.logprob import LogProbParams, build_logprob
     from rodeco_rewards.minilm.reward import MiniLMParams, build_minilm_rm
     from rodeco_rewards.preference_rm import PreferenceRMParams, build_preference_rm
@@ -64,7 +70,11 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
     register(
         "custom", build_custom, "any registered reward or value function, named by reward.function", params=CustomParams
     )
-    from rodeco_rewards.learned_heads import build_text_value, build_value_head
+
+
+def _register_partial_scorers(register: Callable[..., None]) -> None:
+    """The learned heads that score partial responses only (trained by ``rodeco experiment=value_train``)."""
+    from rodeco_rewards.learned_heads import HeadParams, build_text_value, build_value_head
 
     register(
         "value_head",
@@ -80,6 +90,10 @@ def rodeco_register_rewards(register: Callable[..., None]) -> None:
         "partial text (rodeco experiment=value_train)",
         params=HeadParams,
     )
+
+
+def _register_judges(register: Callable[..., None]) -> None:
+    """The judges: rewards that grade finished responses (against a reference, a gold answer, or another model)."""
     from rodeco_rewards.gold import GoldParams, build_gold
     from rodeco_rewards.reference import ReferenceParams, RefSimParams, build_chrf, build_ref_sim
 

@@ -76,8 +76,11 @@ def value_function(
     """
     if not callable(fn):
         raise TypeError(f"value_function needs a callable, got {fn!r}")
-    schema = params if dataclasses.is_dataclass(params) else None
-    defaults = dataclasses.asdict(schema()) if schema is not None else dict(params or {})  # type: ignore[operator]
+    schema: type | None = None
+    if params is None or isinstance(params, Mapping):
+        defaults = dict(params or {})
+    else:  # the reward's params dataclass
+        schema, defaults = params, dataclasses.asdict(params())
     _check_signature(fn, batched, defaults)
 
     def factory(cfg_params: dict[str, Any], ctx: BuildContext) -> FunctionReward:

@@ -35,7 +35,7 @@ KINDS = ("value_head", "text_value")
 N_POSITION = 2  # the position features at the end of every head's inputs
 
 
-def bucket_of(lengths: Any, edges: np.ndarray) -> np.ndarray:
+def bucket_of(lengths: Any, edges: Sequence[int] | np.ndarray) -> np.ndarray:
     """The length bucket of each length: ``edges`` are the inclusive upper bounds of all buckets but the last."""
     return np.searchsorted(np.asarray(edges, dtype=np.int64), np.asarray(lengths, dtype=np.int64), side="left")
 
@@ -150,11 +150,11 @@ class Head:
 
 def npz_bytes(**arrays: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, allow_pickle=True, **arrays)  # numpy's default, named: **arrays cannot then be read as it
     return buf.getvalue()
 
 
-def position_features(lengths: np.ndarray, max_new: int) -> np.ndarray:
+def position_features(lengths: Sequence[int] | np.ndarray, max_new: int) -> np.ndarray:
     L = np.asarray(lengths, dtype=np.float64)
     return np.stack([np.log1p(L), L / max_new], axis=1)
 
@@ -218,8 +218,8 @@ def text_value_anchor(rm_head, max_new: int) -> Head:
             "text_value anchors on a linear reward head, this one has a hidden layer",
             "use the committed minilm_rm head (hidden 0)",
         )
-    w = rm_head.net.weight.detach().double().numpy()[0]
-    b = float(rm_head.net.bias.detach().double().numpy()[0])
+    w = rm_head.first_layer.weight.detach().double().numpy()[0]
+    b = float(rm_head.first_layer.bias.detach().double().numpy()[0])
     pad = np.zeros(N_POSITION)
     mean = np.concatenate([rm_head.mu.double().numpy(), pad])
     std = np.concatenate([rm_head.sigma.double().numpy(), pad + 1.0])

@@ -7,16 +7,20 @@ generator's own log-probs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from rodeco_rewards.batching import token_batches
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class LMScorer:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         tokenizer,
         *,
         chat_template: bool = True,
@@ -29,6 +33,7 @@ class LMScorer:
         self.device = next(model.parameters()).device
         self.n_params = sum(p.numel() for p in model.parameters())
         emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
+        assert isinstance(emb, torch.Tensor)  # a parameter, never a submodule
         tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
         self.n_matmul_params = self.n_params if tied else self.n_params - emb.numel()  # as Generator counts them
         self.tokens = 0

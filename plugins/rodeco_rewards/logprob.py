@@ -43,12 +43,13 @@ class LogProbReward:
             self.needs_logprobs = False  # a separate LM computes its own: the loop need not collect them
         self.cost = RewardCost()
         # what its scores mean beyond its name (a calibration is tied to it): the form, and another LM's name
-        self.identity = f"form={form}" + (f",model={lm.name}" if lm is not None and getattr(lm, "name", None) else "")
+        lm_name = getattr(lm, "name", None)
+        self.identity = f"form={form}" + (f",model={lm_name}" if lm_name else "")
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
         self.cost.calls += 1
         if self.lm is None:
-            all_lps = [r.logprobs or () for r in requests]
+            all_lps: Sequence[Sequence[float]] = [r.logprobs or () for r in requests]
         else:
             before = self.lm.tokens
             all_lps = self.lm.logprobs([r.prompt for r in requests], [r.response for r in requests])

@@ -14,13 +14,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import torch
 
 from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
 from rodeco_rewards.batching import token_batches
 from rodeco_rewards.rm_format import RMFormat, encode, make_format
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ class PreferenceRM:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         tokenizer,
         fmt: RMFormat,
         *,
@@ -155,14 +158,16 @@ class PreferenceRM:
         return out
 
 
-def _embedding_params(model: torch.nn.Module) -> int:
+def _embedding_params(model: PreTrainedModel) -> int:
     try:
-        return model.get_input_embeddings().weight.numel()
+        weight = model.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)  # a parameter, never a submodule
+        return weight.numel()
     except (AttributeError, NotImplementedError):  # custom code without the accessor: count every parameter
         return 0
 
 
-def _has_custom_score(model: torch.nn.Module) -> bool:
+def _has_custom_score(model: PreTrainedModel) -> bool:
     return type(model).__module__.startswith("transformers_modules")  # remote code (ArmoRM and the like)
 
 
@@ -174,7 +179,7 @@ def _reward_column(res: Any, label: int) -> torch.Tensor:
     return t[:, label] if t.dim() == 2 else t.reshape(-1)
 
 
-def _pad_id(model: torch.nn.Module, tokenizer) -> int:
+def _pad_id(model: PreTrainedModel, tokenizer) -> int:
     """Padding id shared by tokenizer and model: the classifier finds each row's last token through it."""
     pad = tokenizer.pad_token_id
     if pad is None:

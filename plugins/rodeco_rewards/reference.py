@@ -168,11 +168,11 @@ def chrf_from_ngrams(hyp: Sequence[Counter[str]], ref: Sequence[Counter[str]], b
     if not precisions:
         both_empty = not (hyp and hyp[0]) and not (ref and ref[0])  # no unigrams: nothing but whitespace
         return 100.0 if both_empty else 0.0
-    p, r = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
-    if p == 0.0 and r == 0.0:
+    prec, rec = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
+    if prec == 0.0 and rec == 0.0:
         return 0.0
     b2 = beta * beta
-    return 100.0 * (1 + b2) * p * r / (b2 * p + r)
+    return 100.0 * (1 + b2) * prec * rec / (b2 * prec + rec)
 
 
 def chrf(hypothesis: str, reference: str, order: int = CHRF_ORDER, beta: float = CHRF_BETA) -> float:

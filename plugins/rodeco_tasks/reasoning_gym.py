@@ -73,17 +73,17 @@ class ReasoningGym:
             ) from None
         out = []
         for i in range(size):
-            e = ds[i]
+            entry = ds[i]
             rec = {
-                "gold_answer": str(e["answer"]),
+                "gold_answer": str(entry["answer"]),
                 "source": SOURCE,
                 "task": task,
                 "config": _plain(config),
                 "seed": seed,
                 "index": i,
-                "metadata": _plain(e.get("metadata", {})),
+                "metadata": _plain(entry.get("metadata", {})),
             }
-            out.append((str(e["question"]), rec))
+            out.append((str(entry["question"]), rec))
         return out
 
     def check(self, answer: str | None, record: Mapping[str, Any]) -> float:

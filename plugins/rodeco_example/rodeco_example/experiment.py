@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from rodeco import Compute, ConfigError, Plugins, RunOutput, check_number, required, run
+from rodeco import Compute, ConfigError, Plugins, PromptResult, RunOutput, check_number, required, run
 
 
 @dataclass
@@ -21,6 +21,11 @@ class SweepArgs:
     """The schema of ``experiment_args`` (values in ``conf/experiment/example_sweep.yaml``)."""
 
     alphas: list[float] = required("rejection rates to try with policy=fixed")
+
+
+def best_score(r: PromptResult) -> float:
+    assert r.best.score is not None  # the winner is a finished candidate: the reward scored it
+    return r.best.score
 
 
 def sweep(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
@@ -37,7 +42,7 @@ def sweep(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
             c.output.progress = False
         out = run(c, plugins)  # no out_dir: nothing written per alpha
         total.add(out.compute)
-        mean = sum(r.best.score for r in out.results) / len(out.results)
+        mean = sum(best_score(r) for r in out.results) / len(out.results)
         rows.append({"alpha": float(alpha), "mean_best_reward": mean, "decode_tokens": out.compute.gen_decode_tokens})
         print(f"alpha {alpha:g}: mean best reward {mean:.4f}, decode tokens {out.compute.gen_decode_tokens}")
     return RunOutput([], total, out_dir, extra={"rows": rows})

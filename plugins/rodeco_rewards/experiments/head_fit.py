@@ -26,11 +26,14 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rodeco_rewards.learned_heads import Head, bucket_names, bucket_of, pearson
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +162,30 @@ def group_loss(s, y, pads, loss: str):
     return (per[n > 0] / n[n > 0]).mean()
 
 
+def minimize_lbfgs(params: list[torch.Tensor], loss: Callable[[], torch.Tensor], max_iter: int) -> None:
+    """Minimize ``loss()`` over ``params`` in place: full-batch L-BFGS with a strong-Wolfe line search and tight
+    tolerances (a fit runs until it converges or ``max_iter`` iterations)."""
+    import torch
+
+    opt = torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    opt.step(closure)
+
+
 def fit_bt(p: Prepared, alpha: float, max_iter: int = 300) -> tuple[float, np.ndarray]:
     """``(a, delta)`` minimizing the within-group Bradley-Terry loss of ``Zc (a w0 + delta)`` plus
     ``alpha ||delta||^2`` (``a`` unpenalized), by L-BFGS from the anchor (``a = 1``, ``delta = 0``)."""
@@ -169,24 +196,12 @@ def fit_bt(p: Prepared, alpha: float, max_iter: int = 300) -> tuple[float, np.nd
     u = torch.from_numpy(p.u) if p.u is not None else None
     delta = torch.zeros(Z.shape[1], dtype=torch.float64, requires_grad=True)
     a = torch.ones((), dtype=torch.float64, requires_grad=u is not None)
-    opt = torch.optim.LBFGS(
-        [delta, a] if u is not None else [delta],
-        lr=1.0,
-        max_iter=max_iter,
-        tolerance_grad=1e-9,
-        tolerance_change=1e-12,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
 
-    def closure():
-        opt.zero_grad()
+    def loss() -> torch.Tensor:
         s = Z @ delta + (a * u if u is not None else 0.0)
-        loss = group_loss(s, y, pads, "bt") + alpha * (delta @ delta)
-        loss.backward()
-        return loss
+        return group_loss(s, y, pads, "bt") + alpha * (delta @ delta)
 
-    opt.step(closure)
+    minimize_lbfgs([delta, a] if u is not None else [delta], loss, max_iter)
     return float(a.detach()), delta.detach().numpy().copy()
 
 

@@ -36,12 +36,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco import BuildContext, Compute, ConfigError, Plugins, RunOutput, ScoreRequest, required
+from rodeco_rewards.experiments import plain_dict
+from rodeco_rewards.prefs import Pair
+
+if TYPE_CHECKING:
+    from rodeco_rewards.smollm_judge import HiddenStateFeatures, JudgeHead
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +119,7 @@ def option(group: str, name: str, plugins: Plugins) -> dict[str, Any] | None:
     for d in [Path(str(files("rodeco.conf"))), *map(Path, plugins.config_dirs())]:
         f = d / group / f"{name}.yaml"
         if f.is_file():
-            return OmegaConf.to_container(OmegaConf.load(f), resolve=True)
+            return plain_dict(OmegaConf.load(f))
     return None
 
 
@@ -309,7 +314,7 @@ def fit_bt(
         d = np.concatenate([d, aug])
         u = np.concatenate([u, np.zeros(len(aug))])
         a = np.concatenate([a, np.full(len(aug), aug_weight / len(aug))])
-    a = torch.from_numpy(a)
+    at = torch.from_numpy(a)
     F = d.shape[1]
     X = torch.from_numpy(np.concatenate([d, u[:, None]], axis=1) if nuisance else np.ascontiguousarray(d))
     pen = torch.zeros(X.shape[1], dtype=torch.float64)
@@ -318,8 +323,8 @@ def fit_bt(
     def f(theta: np.ndarray) -> tuple[float, np.ndarray]:
         t = torch.from_numpy(theta)
         m = X @ t
-        loss = a @ torch.nn.functional.softplus(-m) + 0.5 * (pen * t * t).sum()
-        g = -(X.T @ (a * torch.sigmoid(-m))) + pen * t
+        loss = at @ torch.nn.functional.softplus(-m) + 0.5 * (pen * t * t).sum()
+        g = -(X.T @ (at * torch.sigmoid(-m))) + pen * t
         return float(loss), g.numpy()
 
     res = minimize(f, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": max_iter})
@@ -587,7 +592,7 @@ def corruption_set(pairs: Sequence[Any], n: int, n_tokens: Any, budget: int, see
     return out
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     from scipy.stats import spearmanr
 
     return float(spearmanr(a, b).statistic) if len(a) > 2 else float("nan")
@@ -649,11 +654,54 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     import json
 
     from rodeco import atomic_write
-    from rodeco_rewards.prefs import data_dir, file_sha256, length_baseline, load_pairs, split_file
-    from rodeco_rewards.smollm_judge import ASSET_STEM, POOLINGS, JudgeHead, head_stem, load_features
+    from rodeco_rewards.smollm_judge import ASSET_STEM, head_stem
 
-    a = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by JudgeTrainArgs
+    a = plain_dict(cfg.experiment_args)  # keys and types checked by JudgeTrainArgs
     seed = int(cfg.seed)
+    check_grids(a)
+    t0 = time.perf_counter()
+    data = training_data(a, plugins, seed)
+    feats = judge_features(a)
+    tr = feats.problem(data.train)
+    if int(a["augment_responses"]) > 0:  # synthetic pairs: training responses over corrupted copies of them
+        augment(tr, data.train, feats, int(a["augment_responses"]), seed + 1)
+    t_train_feat = time.perf_counter() - t0
+    sel = select_settings(tr, a, seed)
+    heads = fit_heads(tr, len(data.train), sel, a, feats.settings)
+    te = feats.problem(data.test)
+    check = corruption_check(data.test, feats, int(a["corruption_responses"]), seed)
+    t_feat = time.perf_counter() - t0
+    held = HeldOut(te, check, {label: scored_by_head(h, te, check) for label, h in heads.items()})
+    if a["compare_reward"]:
+        held.scored[a["compare_reward"]], held.compare = _compare(
+            a["compare_reward"], plugins, te, check.originals, check.damaged, held.scored["judge"].text_scores
+        )
+    report = judge_report(a, data, tr, held, sel, heads["judge"])
+    report["seconds"] = {"train_features": round(t_train_feat), "until_test_features": round(t_feat)}
+    stems = []
+    if a["install"]:
+        stems.append(ASSET_STEM)
+    if a["out"]:
+        stems.append(head_stem(a["out"]))
+    report["plumbing"] = _plumbing(plugins, heads["judge"], te.texts[:6], held.scored["judge"].text_scores[:6])
+    report["seconds"]["total"] = round(time.perf_counter() - t0)
+    head = heads["judge"]
+    head.meta.update(head_record(report, sel, data.train, held.scored["judge"]))
+    for stem in stems:
+        head.save(stem)
+    out = Path(out_dir) if out_dir else Path.cwd()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "judge_report.json", json.dumps(report, indent=1) + "\n")
+    _print(report, out / "judge_report.json", stems)
+    return RunOutput(
+        results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None, extra={"report": report}
+    )
+
+
+def check_grids(a: dict[str, Any]) -> None:
+    """Every length control and pooling set of the grids is one the judge knows."""
+    from rodeco_rewards.smollm_judge import POOLINGS
+
     for c in a["length_controls"]:
         if c not in LENGTH_CONTROLS:
             raise ConfigError(
@@ -670,7 +718,25 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
                 "not a list of poolings",
                 f"each a non-empty list of {', '.join(POOLINGS)}",
             )
-    t0 = time.perf_counter()
+
+
+@dataclass
+class TrainingData:
+    """The preference pairs: training pairs (no evaluation prompt among them) and test pairs."""
+
+    root: Path  # the data folder
+    seed: int  # the run's seed: it draws the samples, the folds and the bootstrap
+    kept: list[Pair]  # the training split without the evaluation prompts
+    removed: dict[str, Any]  # what exclude() took away
+    train: list[Pair]  # sampled from kept
+    test: list[Pair]
+
+
+def training_data(a: dict[str, Any], plugins: Plugins, seed: int) -> TrainingData:
+    """The training split without any pair of an evaluation prompt, sampled by instruction; the test split sampled
+    the same way."""
+    from rodeco_rewards.prefs import data_dir, load_pairs
+
     root = data_dir(a["data_dir"])
     held = held_prompts(a["exclude_data"], plugins, root)
     kept, removed = exclude(load_pairs("alpaca_train", root), held)
@@ -691,6 +757,49 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         len({p.group for p in train}),
         len(test),
     )
+    return TrainingData(root, seed, kept, removed, train, test)
+
+
+@dataclass
+class JudgeFeatures:
+    """The judge's features of (prompt, response) texts through the disk cache, and the responses' token counts."""
+
+    extractor: HiddenStateFeatures
+    settings: dict[str, Any]  # the extraction's settings (they key the cache, and go into the head's metadata)
+    cache: FeatureCache
+    n_tok: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def budget(self) -> int:
+        """The response tokens the judge reads."""
+        return int(self.settings["max_response_tokens"])
+
+    def tokens(self, text: str) -> int:
+        """The full response's tokens: the nuisance regressor's length."""
+        if text not in self.n_tok:
+            self.n_tok[text] = max(1, len(self.extractor.tokenizer(text, add_special_tokens=False)["input_ids"]))
+        return self.n_tok[text]
+
+    def problem(self, pairs: Sequence[Pair]) -> Problem:
+        group = {(p.prompt, r): p.group for p in pairs for r in (p.chosen, p.rejected)}
+        texts = list(group)
+        row = {t: i for i, t in enumerate(texts)}
+        x = self.cache.get([t[0] for t in texts], [t[1] for t in texts])
+        return Problem(
+            x=x,
+            chosen=np.array([row[(p.prompt, p.chosen)] for p in pairs]),
+            rejected=np.array([row[(p.prompt, p.rejected)] for p in pairs]),
+            u=np.array([np.log(self.tokens(p.chosen)) - np.log(self.tokens(p.rejected)) for p in pairs]),
+            shorter=np.array([len(p.chosen) < len(p.rejected) for p in pairs]),
+            groups=[p.group for p in pairs],
+            texts=texts,
+            text_groups=[group[t] for t in texts],
+        )
+
+
+def judge_features(a: dict[str, Any]) -> JudgeFeatures:
+    """The base LM as a feature extractor, with its cache; ``threads`` bounds torch's CPU threads."""
+    from rodeco_rewards.smollm_judge import POOLINGS, load_features
 
     settings = {
         "model": a["model"],
@@ -714,44 +823,41 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         import torch
 
         torch.set_num_threads(int(a["threads"]))
-    n_tok = {}
+    return JudgeFeatures(ex, settings, cache)
 
-    def tokens(text: str) -> int:  # the full response's tokens: the nuisance regressor's length
-        if text not in n_tok:
-            n_tok[text] = max(1, len(ex.tokenizer(text, add_special_tokens=False)["input_ids"]))
-        return n_tok[text]
 
-    def problem(pairs: Sequence[Any]) -> Problem:
-        group = {(p.prompt, r): p.group for p in pairs for r in (p.chosen, p.rejected)}
-        texts = list(group)
-        row = {t: i for i, t in enumerate(texts)}
-        x = cache.get([t[0] for t in texts], [t[1] for t in texts])
-        return Problem(
-            x=x,
-            chosen=np.array([row[(p.prompt, p.chosen)] for p in pairs]),
-            rejected=np.array([row[(p.prompt, p.rejected)] for p in pairs]),
-            u=np.array([np.log(tokens(p.chosen)) - np.log(tokens(p.rejected)) for p in pairs]),
-            shorter=np.array([len(p.chosen) < len(p.rejected) for p in pairs]),
-            groups=[p.group for p in pairs],
-            texts=texts,
-            text_groups=[group[t] for t in texts],
-        )
+def augment(tr: Problem, train: Sequence[Pair], feats: JudgeFeatures, n: int, seed: int) -> None:
+    """Add to ``tr`` the synthetic pairs of ``n`` training responses (cut to the judge's window) over each of their
+    corrupted copies."""
+    group_of = {p.prompt: p.group for p in train}
+    aug_src = corruption_set(train, n, feats.tokens, feats.budget, seed)
+    rng = random.Random(seed)
+    aug_texts = aug_src + [(p, corrupt(r, k, rng)) for k in CORRUPTIONS for p, r in aug_src]
+    xa = feats.cache.get([p for p, _ in aug_texts], [r for _, r in aug_texts])
+    n0, m = len(tr.x), len(aug_src)
+    tr.x = np.concatenate([tr.x, xa])
+    tr.aug_orig = np.tile(np.arange(n0, n0 + m), len(CORRUPTIONS))
+    tr.aug_corr = np.arange(n0 + m, n0 + m * (1 + len(CORRUPTIONS)))
+    tr.aug_kind = [k for k in CORRUPTIONS for _ in aug_src]
+    tr.aug_groups = [group_of[p] for _ in CORRUPTIONS for p, _ in aug_src]
 
-    tr = problem(train)
-    budget = settings["max_response_tokens"]
-    if int(a["augment_responses"]) > 0:  # synthetic pairs: training responses over corrupted copies of them
-        group_of = {p.prompt: p.group for p in train}
-        aug_src = corruption_set(train, int(a["augment_responses"]), tokens, budget, seed + 1)
-        rng = random.Random(seed + 1)
-        aug_texts = aug_src + [(p, corrupt(r, k, rng)) for k in CORRUPTIONS for p, r in aug_src]
-        xa = cache.get([p for p, _ in aug_texts], [r for _, r in aug_texts])
-        n0, m = len(tr.x), len(aug_src)
-        tr.x = np.concatenate([tr.x, xa])
-        tr.aug_orig = np.tile(np.arange(n0, n0 + m), len(CORRUPTIONS))
-        tr.aug_corr = np.arange(n0 + m, n0 + m * (1 + len(CORRUPTIONS)))
-        tr.aug_kind = [k for k in CORRUPTIONS for _ in aug_src]
-        tr.aug_groups = [group_of[p] for _ in CORRUPTIONS for p, _ in aug_src]
-    t_train_feat = time.perf_counter() - t0
+
+@dataclass
+class Selection:
+    """The cross-validation table and the settings chosen from it: ``judge`` and the heads it is compared with."""
+
+    table: list[dict[str, Any]]
+    chosen: dict[str, dict[str, Any]]  # judge, pairs_only, naive
+    min_rate: float  # min_corruption_rate
+
+    @property
+    def best(self) -> dict[str, Any]:
+        return self.chosen["judge"]
+
+
+def select_settings(tr: Problem, a: dict[str, Any], seed: int) -> Selection:
+    """Cross-validate the grids on the training data; the judge's setting is the best admissible one, the
+    comparisons the best length-controlled one without synthetic pairs and the naive one."""
     table = cross_validate(
         tr,
         a["poolings"],
@@ -768,11 +874,19 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
         "pairs_only": best_of(table, controlled, [0.0]),
         "naive": best_of(table, ["none"], [0.0]),
     }
-    best = chosen["judge"]
     log.info("selected %s", chosen)
-    all_rows, all_aug = np.arange(len(train)), np.arange(len(tr.aug_kind))
+    return Selection(table, chosen, min_rate)
+
+
+def fit_heads(
+    tr: Problem, n_train: int, sel: Selection, a: dict[str, Any], settings: dict[str, Any]
+) -> dict[str, JudgeHead]:
+    """Each chosen setting fitted on all the training pairs (and synthetic pairs), as a head with its metadata."""
+    from rodeco_rewards.smollm_judge import JudgeHead
+
+    all_rows, all_aug = np.arange(n_train), np.arange(len(tr.aug_kind))
     heads: dict[str, JudgeHead] = {}
-    for label, row in chosen.items():
+    for label, row in sel.chosen.items():
         mean, std, fit = train_head(
             tr, all_rows, row["poolings"], row["length_control"], row["l2"], all_aug, row["augment_weight"]
         )
@@ -788,125 +902,140 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
             "length_nuisance_beta": round(fit.beta, 6),
         }
         heads[label] = JudgeHead(mean, std, fit.w, meta)
+    return heads
 
-    te = problem(test)
-    originals = corruption_set(test, int(a["corruption_responses"]), tokens, settings["max_response_tokens"], seed)
+
+@dataclass
+class CorruptionCheck:
+    """Held-out chosen responses cut to the judge's window, their corrupted copies, and the features of both."""
+
+    originals: list[tuple[str, str]]
+    damaged: dict[str, list[tuple[str, str]]]  # corruption kind -> the originals' corrupted copies
+    xo: np.ndarray
+    xd: dict[str, np.ndarray]
+
+
+def corruption_check(test: Sequence[Pair], feats: JudgeFeatures, n: int, seed: int) -> CorruptionCheck:
+    originals = corruption_set(test, n, feats.tokens, feats.budget, seed)
     rng = random.Random(seed)
     damaged = {k: [(p, corrupt(r, k, rng)) for p, r in originals] for k in CORRUPTIONS}
-    xo = cache.get([p for p, _ in originals], [r for _, r in originals])
-    xd = {k: cache.get([p for p, _ in v], [r for _, r in v]) for k, v in damaged.items()}
-    t_feat = time.perf_counter() - t0
-    u_test = te.u
-    shorter = te.shorter
+    xo = feats.cache.get([p for p, _ in originals], [r for _, r in originals])
+    xd = {k: feats.cache.get([p for p, _ in v], [r for _, r in v]) for k, v in damaged.items()}
+    return CorruptionCheck(originals, damaged, xo, xd)
 
-    def scored_by_head(h: JudgeHead) -> Scored:
-        s = h(select(te.x, h.poolings))
-        so = h(select(xo, h.poolings))
-        return Scored(
-            margin=s[te.chosen] - s[te.rejected],
-            text_scores=s,
-            corrupt_hits={k: (h(select(v, h.poolings)) < so).astype(float) for k, v in xd.items()},
-        )
 
-    results = {label: scored_by_head(h) for label, h in heads.items()}
-    compare: dict[str, Any] = {}
-    if a["compare_reward"]:
-        results[a["compare_reward"]], compare = _compare(
-            a["compare_reward"], plugins, te, originals, damaged, results["judge"].text_scores
-        )
+@dataclass
+class HeldOut:
+    """The held-out evaluation: the test pairs, the corruption check, every scorer's view of them (the heads', and
+    ``compare_reward``'s), and how ``compare_reward`` ranks the responses against the judge."""
 
-    report: dict[str, Any] = {
-        "command": _command(),
-        "judge": {k: v for k, v in heads["judge"].meta.items()},
-        "data": {
-            "train": {
-                "file": f"prefs/{split_file('alpaca_train', root).name}",
-                "sha256": file_sha256(split_file("alpaca_train", root)),
-                "pairs": len(train),
-                "instructions": len({p.group for p in train}),
-                "held_out": removed,
-                "pairs_after_exclusion": len(kept),
-                "seed": seed,
-            },
-            "test": {
-                "file": f"prefs/{split_file('alpaca_test', root).name}",
-                "sha256": file_sha256(split_file("alpaca_test", root)),
-                "pairs": len(test),
-                "instructions": len({p.group for p in test}),
-                "shorter_chosen_pairs": int(shorter.sum()),
-            },
-            "corruption_originals": {
-                "responses": len(originals),
-                "rule": "a held-out chosen response of each of "
-                "seeded random test instructions, cut at the last sentence end inside "
-                f"the judge's {settings['max_response_tokens']}-token window (every "
-                "corruption is then visible to it), at least 4 sentences and 20 words",
-            },
+    te: Problem
+    check: CorruptionCheck
+    scored: dict[str, Scored]
+    compare: dict[str, Any] = field(default_factory=dict)
+
+
+def scored_by_head(h: JudgeHead, te: Problem, check: CorruptionCheck) -> Scored:
+    s = h(select(te.x, h.poolings))
+    so = h(select(check.xo, h.poolings))
+    return Scored(
+        margin=s[te.chosen] - s[te.rejected],
+        text_scores=s,
+        corrupt_hits={k: (h(select(v, h.poolings)) < so).astype(float) for k, v in check.xd.items()},
+    )
+
+
+def data_record(data: TrainingData, held: HeldOut, budget: int) -> dict[str, Any]:
+    """The report's (and the head's) account of the data: files, hashes, sizes, what was held out."""
+    from rodeco_rewards.prefs import file_sha256, split_file
+
+    train, test, root = data.train, data.test, data.root
+    return {
+        "train": {
+            "file": f"prefs/{split_file('alpaca_train', root).name}",
+            "sha256": file_sha256(split_file("alpaca_train", root)),
+            "pairs": len(train),
+            "instructions": len({p.group for p in train}),
+            "held_out": data.removed,
+            "pairs_after_exclusion": len(data.kept),
+            "seed": data.seed,
         },
-        "selected": best,
-        "compared_settings": {k: v for k, v in chosen.items() if k != "judge"},
-        "selected_admissible": admissible(best, min_rate),
+        "test": {
+            "file": f"prefs/{split_file('alpaca_test', root).name}",
+            "sha256": file_sha256(split_file("alpaca_test", root)),
+            "pairs": len(test),
+            "instructions": len({p.group for p in test}),
+            "shorter_chosen_pairs": int(held.te.shorter.sum()),
+        },
+        "corruption_originals": {
+            "responses": len(held.check.originals),
+            "rule": "a held-out chosen response of each of "
+            "seeded random test instructions, cut at the last sentence end inside "
+            f"the judge's {budget}-token window (every "
+            "corruption is then visible to it), at least 4 sentences and 20 words",
+        },
+    }
+
+
+def judge_report(
+    a: dict[str, Any], data: TrainingData, tr: Problem, held: HeldOut, sel: Selection, judge: JudgeHead
+) -> dict[str, Any]:
+    """``judge_report.json`` but for the timings and the plumbing check: the judge, the data, the selection and
+    every scorer's held-out results."""
+    from rodeco_rewards.prefs import length_baseline
+
+    n_boot, seed, te = int(a["bootstrap"]), data.seed, held.te
+    return {
+        "command": _command(),
+        "judge": {k: v for k, v in judge.meta.items()},
+        "data": data_record(data, held, int(a["max_response_tokens"])),
+        "selected": sel.best,
+        "compared_settings": {k: v for k, v in sel.chosen.items() if k != "judge"},
+        "selected_admissible": admissible(sel.best, sel.min_rate),
         "selection_rule": f"among settings whose held-out corruption rates (training responses, CV) are all >= "
-        f"{min_rate}: the highest CV accuracy on shorter-chosen pairs, then overall",
+        f"{sel.min_rate}: the highest CV accuracy on shorter-chosen pairs, then overall",
         "augment": {
             "responses": len(tr.aug_kind) // len(CORRUPTIONS),
             "kinds": list(CORRUPTIONS),
             "source": "chosen responses of training instructions, cut to the window like the check's",
         },
-        "cv": table,
+        "cv": sel.table,
         "length_only_baseline": {
-            "accuracy": round(length_baseline(test), 4),
+            "accuracy": round(length_baseline(data.test), 4),
             "accuracy_shorter_chosen": 0.0,
             "chance_shorter_chosen": 0.5,
         },
-        "results": {k: evaluate(k, v, test, u_test, shorter, int(a["bootstrap"]), seed) for k, v in results.items()},
-        "compare": compare,
+        "results": {k: evaluate(k, v, data.test, te.u, te.shorter, n_boot, seed) for k, v in held.scored.items()},
+        "compare": held.compare,
         "limitation": LIMITATION,
-        "seconds": {"train_features": round(t_train_feat), "until_test_features": round(t_feat)},
     }
-    stems = []
-    if a["install"]:
-        stems.append(ASSET_STEM)
-    if a["out"]:
-        stems.append(head_stem(a["out"]))
-    report["plumbing"] = _plumbing(plugins, heads["judge"], te.texts[:6], results["judge"].text_scores[:6])
-    report["seconds"]["total"] = round(time.perf_counter() - t0)
-    head = heads["judge"]
+
+
+def head_record(report: dict[str, Any], sel: Selection, train: Sequence[Pair], scored: Scored) -> dict[str, Any]:
+    """What the judge's head carries besides its settings: how it was trained, chosen and checked."""
     ranked = sorted(
-        table, key=lambda r: (admissible(r, min_rate), r["cv_accuracy_shorter_chosen"], r["cv_accuracy"]), reverse=True
+        sel.table,
+        key=lambda r: (admissible(r, sel.min_rate), r["cv_accuracy_shorter_chosen"], r["cv_accuracy"]),
+        reverse=True,
     )
-    head.meta.update(
-        {
-            "trained_with": report["command"],
-            "data": report["data"],
-            "selected": best,
-            "selection_rule": report["selection_rule"],
-            "compared_settings": report["compared_settings"],
-            "augment": report["augment"],
-            "cv_top": ranked[:8],
-            "cv_settings_tried": len(table),
-            "metrics": report["results"]["judge"],
-            "metrics_compared": {k: v for k, v in report["results"].items() if k != "judge"},
-            "length_only_baseline": report["length_only_baseline"],
-            "compare": compare,
-            "plumbing": report["plumbing"],
-            "limitation": LIMITATION,
-            "train_instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),
-            "score_stats": {
-                "mean": float(results["judge"].text_scores.mean()),
-                "std": float(results["judge"].text_scores.std()),
-            },
-        }
-    )
-    for stem in stems:
-        head.save(stem)
-    out = Path(out_dir) if out_dir else Path.cwd()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "judge_report.json", json.dumps(report, indent=1) + "\n")
-    _print(report, out / "judge_report.json", stems)
-    return RunOutput(
-        results=[], compute=Compute(), out_dir=Path(out_dir) if out_dir else None, extra={"report": report}
-    )
+    return {
+        "trained_with": report["command"],
+        "data": report["data"],
+        "selected": sel.best,
+        "selection_rule": report["selection_rule"],
+        "compared_settings": report["compared_settings"],
+        "augment": report["augment"],
+        "cv_top": ranked[:8],
+        "cv_settings_tried": len(sel.table),
+        "metrics": report["results"]["judge"],
+        "metrics_compared": {k: v for k, v in report["results"].items() if k != "judge"},
+        "length_only_baseline": report["length_only_baseline"],
+        "compare": report["compare"],
+        "plumbing": report["plumbing"],
+        "limitation": LIMITATION,
+        "train_instructions": sorted({p.group for p in train}, key=lambda g: (len(g), g)),
+        "score_stats": {"mean": float(scored.text_scores.mean()), "std": float(scored.text_scores.std())},
+    }
 
 
 def _compare(
@@ -948,15 +1077,18 @@ def _compare(
     return scored, compare
 
 
-def _plumbing(plugins: Plugins, head: Any, texts: list[tuple[str, str]], expected: np.ndarray) -> dict[str, Any]:
+def _plumbing(plugins: Plugins, head: JudgeHead, texts: list[tuple[str, str]], expected: np.ndarray) -> dict[str, Any]:
     """The head, written and built through the registry and called through ``score`` as a run does, gives the scores
     the experiment computed from cached features (a few held-out responses)."""
+    from rodeco_rewards.smollm_judge import SmolLMJudge
+
     with tempfile.TemporaryDirectory() as d:
         stem = Path(d) / "smollm_judge"
         head.save(stem)
         reward = plugins.build_reward(
             {"name": "smollm_judge", "head": str(stem)}, BuildContext(device="cpu", plugins=plugins)
         )
+        assert isinstance(reward, SmolLMJudge)  # the registry builds smollm_judge's own class
         got = np.asarray(
             reward.score([ScoreRequest(prompt=p, response=r, response_ids=(), partial=False) for p, r in texts])
         )

@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 
 from rodeco import Compute, ConfigError, RunOutput, check_positive_int
 from rodeco_rewards.experiments import learned_heads_train as lht
-from rodeco_rewards.experiments.head_fit import group_ids, group_loss, group_pearsons, padded
+from rodeco_rewards.experiments.head_fit import group_ids, group_loss, group_pearsons, minimize_lbfgs, padded
 
 log = logging.getLogger(__name__)
 
@@ -175,27 +175,16 @@ def fit_prefix_head(
     p = torch.from_numpy(pen)
     w = torch.tensor(w0, dtype=torch.float64, requires_grad=True)
     W0, k = torch.from_numpy(np.asarray(w0, dtype=np.float64)), (anchor if anchor > 0 else 1.0)
-    opt = torch.optim.LBFGS(
-        [w],
-        lr=1.0,
-        max_iter=max_iter,
-        tolerance_grad=1e-9,
-        tolerance_change=1e-12,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
 
-    def closure():
-        opt.zero_grad()
+    def objective() -> torch.Tensor:
         loss = torch.nn.functional.softplus(-(dz @ w)).mean() + k * ((w - W0 if anchor > 0 else w).pow(2) * p).sum()
         if mc and pads is not None:
             loss = loss + mc * group_loss(Z @ w, f, pads, "mse")
         if td and D is not None:
             loss = loss + td * (D @ w).pow(2).mean()
-        loss.backward()
         return loss
 
-    opt.step(closure)
+    minimize_lbfgs([w], objective, max_iter)
     return w.detach().numpy().copy()
 
 
@@ -285,7 +274,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     encoder = CachingEncoder(minilm_encoder())
     n_emb = n_embedding(encoder.dim)
     pen = penalty(anchor.shape.in_dim, n_emb, TrainConfig(l2=sel["l2"], l2_embedding=sel["l2_embedding"])).double()
-    w0 = anchor.net.weight.detach().double().numpy()[0]
+    w0 = anchor.first_layer.weight.detach().double().numpy()[0]
     ps = load_pair_set(a, encoder, anchor, int(cfg.seed))
     fit = prefixes(data, finals, ts.fit, anchor, ts.lengths)
     cho = prefixes(data, finals, ts.choose, anchor, [L for L in ts.lengths if L in a["verdict_lengths"]])
@@ -293,7 +282,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     head = BTHead(anchor.shape)
     head.load_state_dict(anchor.state_dict())
     with torch.no_grad():
-        head.net.weight.copy_(torch.from_numpy(w[None]).float())
+        head.first_layer.weight.copy_(torch.from_numpy(w[None]).float())
     verdict, per_len = lht.judge(text_value_anchor(head, ts.max_new), data, targets, ts, a, cfg.seed)
     meta = {k: meta0[k] for k in ("max_length", "encoder", "features", "held_out")}
     meta.update(

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rodeco import BuildContext, Compute, Plugins, RunOutput
+from rodeco_rewards.experiments import plain_dict
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +25,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco_rewards.minilm.evaluate import accuracy, sample_pairs, score_pairs
     from rodeco_rewards.prefs import data_dir, load_pairs
 
-    args = OmegaConf.to_container(cfg.experiment_args, resolve=True)  # keys and types checked by RMEvalArgs
+    args = plain_dict(cfg.experiment_args)  # keys and types checked by RMEvalArgs
     root = data_dir(args["data_dir"])
-    params = OmegaConf.to_container(cfg.reward, resolve=True)
+    params = plain_dict(cfg.reward)
     name = params.pop("name")
     reward = plugins.build_reward(cfg.reward, BuildContext(device="cpu", plugins=plugins))
     cache = _attach_cache(reward) if args["cache"] else None

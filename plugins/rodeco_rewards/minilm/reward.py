@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
-from rodeco_rewards.minilm.encoder import SentenceEncoder, minilm_dir
+from rodeco_rewards.minilm.encoder import Encoder, SentenceEncoder, minilm_dir
 from rodeco_rewards.minilm.features import STAT_NAMES, build_features, feature_dim, n_embedding, text_stats
 from rodeco_rewards.minilm.head import BTHead, head_identity, load_head
 
@@ -57,7 +57,7 @@ def head_stem(path: str) -> Path:
 
 
 def features(
-    encoder: SentenceEncoder, prompts: Sequence[str], responses: Sequence[str], prompt_emb: np.ndarray | None = None
+    encoder: Encoder, prompts: Sequence[str], responses: Sequence[str], prompt_emb: np.ndarray | None = None
 ) -> np.ndarray:
     """``[n, F]`` head inputs for (prompt, response) pairs; ``prompt_emb`` if the prompts are already encoded."""
     ep = encoder.encode(prompts) if prompt_emb is None else prompt_emb
@@ -71,9 +71,7 @@ def features(
 
 
 class MiniLMReward:
-    def __init__(
-        self, encoder: SentenceEncoder, head: BTHead, meta: dict[str, Any], *, prompt_cache: int = 1024
-    ) -> None:
+    def __init__(self, encoder: Encoder, head: BTHead, meta: dict[str, Any], *, prompt_cache: int = 1024) -> None:
         if head.shape.in_dim != feature_dim(encoder.dim):
             raise ConfigError(
                 "reward.head",
@@ -130,12 +128,12 @@ class MiniLMReward:
         ep = self._prompt_embeddings([r.prompt for r in requests])
         x = features(self.encoder, [r.prompt for r in requests], [r.response for r in requests], prompt_emb=ep)
         z = (torch.from_numpy(x).double() - self.head.mu.double().cpu()) / self.head.sigma.double().cpu()
-        w = self.head.net.weight[0].detach().double().cpu()
+        w = self.head.first_layer.weight[0].detach().double().cpu()
         ne = n_embedding(self.encoder.dim)
         return {
             "embedding": (z[:, :ne] @ w[:ne]).tolist(),
             "surface": (z[:, ne:] @ w[ne:]).tolist(),
-            "bias": [float(self.head.net.bias[0])] * len(requests),
+            "bias": [float(self.head.first_layer.bias[0])] * len(requests),
         }
 
 

@@ -37,7 +37,7 @@ def fit_bt(xc: np.ndarray, xr: np.ndarray, cfg: TrainConfig, n_embedding: int = 
     head = BTHead(HeadShape(in_dim=xc.shape[1], hidden=cfg.hidden))
     tc, tr = torch.from_numpy(xc).float(), torch.from_numpy(xr).float()
     head.set_standardization(torch.cat([tc, tr]))
-    first = head.net[0].weight if cfg.hidden else head.net.weight  # [out, F]
+    first = head.first_layer.weight  # [out, F]
     pen = penalty(xc.shape[1], n_embedding, cfg)
     zc, zr = (tc - head.mu) / head.sigma, (tr - head.mu) / head.sigma  # standardized once, not per step
     opt = torch.optim.Adam(head.net.parameters(), lr=cfg.lr)
