@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,16 +92,37 @@ def add_judges(into: dict[str, Any], section: dict[str, Any], d: Path, root: Pat
             have.setdefault("report_by_shard", {})[d.name] = j["report"]
 
 
-def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
-    root = cfg.merge.dir
-    if not root:
+@dataclass
+class Sweep:
+    """A sharded multirun's sweep directory: its shards' run directories and their flattened settings, in order."""
+
+    root: Path
+    dirs: list[Path]
+    settings: list[dict[str, Any]]
+
+
+@dataclass
+class Gathered:
+    """What the shards wrote, together: their results by ``prompt_index`` (a prompt in several shards: the first
+    shard's), their compute summed, one line each for the summary, and their judges (``add_judges``)."""
+
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    total: Compute = field(default_factory=Compute)
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    judged: dict[str, Any] = field(default_factory=dict)
+
+
+def read_sweep(value: Any) -> Sweep:
+    """The shards under ``merge.dir`` (``value``), with their settings; a ``ConfigError`` when it is unset or holds
+    no run directory."""
+    if not value:
         raise ConfigError(
             "merge.dir",
-            root,
+            value,
             "task=merge needs the sweep directory of a sharded multirun",
             "rodeco task=merge merge.dir=multirun/DATE/TIME (the dir with one subdir per shard)",
         )
-    root = Path(root)
+    root = Path(value)
     dirs = shard_dirs(root) if root.is_dir() else []
     if not dirs:
         raise ConfigError(
@@ -109,31 +131,41 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
             "holds no run directory (none has .hydra/config.yaml)",
             "give the multirun's sweep dir (hydra.sweep.dir), e.g. multirun/DATE/TIME",
         )
-    settings = [flatten(node_dict(run_config(d), resolve=False)) for d in dirs]
-    diff = differing_keys(settings)
+    return Sweep(root, dirs, [flatten(node_dict(run_config(d), resolve=False)) for d in dirs])
+
+
+def check_one_decode(sweep: Sweep) -> None:
+    """A ``ConfigError`` unless the shards are decode runs of one setting (they differ only in ``MAY_DIFFER``)."""
+    diff = differing_keys(sweep.settings)
     if diff:
 
         def values(k: str) -> str:
-            return ", ".join(f"{d.name}: {s.get(k)!r}" for d, s in zip(dirs, settings))
+            return ", ".join(f"{d.name}: {s.get(k)!r}" for d, s in zip(sweep.dirs, sweep.settings))
 
         raise ConfigError(
             "merge.dir",
-            str(root),
+            str(sweep.root),
             "its runs differ in settings that change results: " + "; ".join(f"{k} ({values(k)})" for k in diff),
             "merge only the shards of one setting (run each setting in its own hydra.sweep.dir)",
         )
-    s0 = settings[0]
+    s0 = sweep.settings[0]
     if s0.get("task", "decode") != "decode":
         raise ConfigError(
             "merge.dir",
-            str(root),
+            str(sweep.root),
             f"its runs are task={s0.get('task')!r}, not decode runs",
             "merge the sweep dir of a sharded decode",
         )
-    data = OmegaConf.create({k[5:]: v for k, v in s0.items() if k.startswith("data.")})
-    if data.get("path") is not None and (Path(launch_dir(dirs[0])) / data.path).exists():  # where the shards ran
-        data.path = str(Path(launch_dir(dirs[0])) / data.path)
-    expected = [
+
+
+def expected_prompts(sweep: Sweep) -> list[int]:
+    """The ``prompt_index`` of every prompt of the shards' data set (its path taken from where the shards ran)."""
+    data = OmegaConf.create({k[5:]: v for k, v in sweep.settings[0].items() if k.startswith("data.")})
+    if data.get("path") is not None:
+        ran_in = Path(launch_dir(sweep.dirs[0]))  # a relative data.path is relative to where the shards ran
+        if (ran_in / data.path).exists():
+            data.path = str(ran_in / data.path)
+    return [
         p.index
         for p in load_prompts(
             data.get("path"),
@@ -146,18 +178,20 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
             HubSource.of(data),
         )
     ]
-    records: dict[int, dict[str, Any]] = {}
-    total, shards = Compute(), []
-    judged: dict[str, Any] = {}
-    for d, setting in zip(dirs, settings):
+
+
+def gather(sweep: Sweep) -> Gathered:
+    """Each shard's results, compute and judges, read in the shards' order."""
+    got = Gathered()
+    for d, setting in zip(sweep.dirs, sweep.settings):
         recs = ResultsWriter(d).records
         for i, r in recs.items():
-            records.setdefault(i, r)
+            got.records.setdefault(i, r)
         summary = d / "summary.json"
         info = json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {}
-        total.add(Compute.from_dict(info.get("compute", {})))
-        add_judges(judged, info.get("judge", {}), d, root)
-        shards.append(
+        got.total.add(Compute.from_dict(info.get("compute", {})))
+        add_judges(got.judged, info.get("judge", {}), d, sweep.root)
+        got.shards.append(
             {
                 "dir": str(d),
                 "shard": setting.get("data.shard"),
@@ -166,36 +200,60 @@ def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
                 "has_summary": bool(info),
             }
         )
-    missing = [i for i in expected if i not in records]
-    out = Path(out_dir) if out_dir is not None else root
+    return got
+
+
+def write_merged(
+    out: Path, got: Gathered, expected: list[int], missing: list[int], s0: dict[str, Any]
+) -> ResultsWriter:
+    """The merged ``results.jsonl`` (when any prompt is present) and ``summary.json`` in ``out``; ``s0``: the
+    shards' settings."""
     merged = ResultsWriter(out, resume=False)
-    merged.records = records
-    if records:
+    merged.records = got.records
+    if got.records:
         merged.save()
     merged.write_json(
         "summary.json",
         {
-            "compute": total.to_dict(),
-            "n_prompts": len(records),
+            "compute": got.total.to_dict(),
+            "n_prompts": len(got.records),
             "prompts_total": len(expected),
             "complete": not missing,
             "missing": missing,
-            "shards": shards,
+            "shards": got.shards,
             "policy": s0.get("policy.name"),
             "reward": s0.get("reward.name"),
             "partial_reward": s0.get("partial_reward.name"),
-            **({"judge": summarize_judges(records.values(), previous=judged)} if judged else {}),
+            **({"judge": summarize_judges(got.records.values(), previous=got.judged)} if got.judged else {}),
         },
     )
+    return merged
+
+
+def check_complete(missing: list[int], expected: list[int], got: Gathered, merged: ResultsWriter) -> None:
+    """``IncompleteMerge`` naming the prompts of the data set in no shard's results (``missing``), if any."""
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         raise IncompleteMerge(
             f"{len(missing)} of {len(expected)} prompts are in no shard's results: prompt_index "
-            f"{shown}. The {len(records)} present are merged into {merged.path}. Rerun the same "
+            f"{shown}. The {len(got.records)} present are merged into {merged.path}. Rerun the same "
             f"multirun command (with the same hydra.sweep.dir) to compute only the missing ones, "
             f"then merge again"
         )
+
+
+def merge(cfg: DictConfig, out_dir: str | Path | None = None) -> RunOutput:
+    """Merge the shards under ``cfg.merge.dir`` into ``out_dir`` (default: that directory)."""
+    sweep = read_sweep(cfg.merge.dir)
+    check_one_decode(sweep)
+    expected = expected_prompts(sweep)
+    got = gather(sweep)
+    out = Path(out_dir) if out_dir is not None else sweep.root
+    missing = [i for i in expected if i not in got.records]
+    merged = write_merged(out, got, expected, missing, sweep.settings[0])
+    check_complete(missing, expected, got, merged)
     if cfg.output.alpaca_eval:
         export_alpaca_eval(merged.path, out / "model_outputs.json", cfg.output.alpaca_eval)
-    log.info("merged %d prompts from %d shard(s) into %s", len(records), len(dirs), merged.path)
-    return RunOutput([], total, out, extra={"merged": str(merged.path), "n_prompts": len(records), "shards": len(dirs)})
+    n = len(got.records)
+    log.info("merged %d prompts from %d shard(s) into %s", n, len(sweep.dirs), merged.path)
+    return RunOutput([], got.total, out, extra={"merged": str(merged.path), "n_prompts": n, "shards": len(sweep.dirs)})

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
     from rodeco.protocols import Generator
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -50,25 +52,29 @@ def tiny_tokenizer():
     return fast
 
 
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)  # a tiny decoder's shape, in the keywords of transformers' Llama-family configs
+TINY_LLAMA = {**TINY_SHAPE, "bos_token_id": None, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": False}
+
+
+def tiny_llama_config(vocab_size: int, **kw: Any) -> LlamaConfig:
+    """``TINY_LLAMA``'s config over ``vocab_size`` tokens, with ``kw`` in place of (or beside) its settings."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{**TINY_LLAMA, "vocab_size": vocab_size, **kw})
+
+
 def make_tiny_llama(vocab_size: int, seed: int = 0, **kw) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=None,
-        eos_token_id=1,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-        **kw,
-    )
+    cfg = tiny_llama_config(vocab_size, attn_implementation="sdpa", **kw)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # sharper distributions than the default init: fewer near-ties in greedy decoding
         model.lm_head.weight.mul_(8.0)

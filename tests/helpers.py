@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +14,14 @@ import torch
 import rodeco
 from rodeco.experiments import analysis
 
+TRAIN_PROMPTS = (
+    "write a haiku about autumn leaves",
+    "give three tips",
+    "explain why the sky is blue",
+    "name two rivers",
+    "describe a cat",
+    "say hello twice",
+)  # the tiny pools the trained heads are fitted on
 NS = (1, 2, 4, 8, 16)  # the Best-of-N sizes of ``records``' prompts
 TM = analysis.TimeModel(a=0.01, b=0.001, c=1e-6, r2=1.0, steps=1)
 
@@ -18,6 +30,23 @@ def run_tiny(gen, prompts, *, n=4, policy="fixed", overrides=(), **kw):
     """Decode with an in-memory generator; the embedded models are never loaded."""
     ov = ["output.all_candidates=true", "reward=logprob", *overrides]
     return rodeco.decode(prompts, generator=gen, n=n, policy=policy, overrides=ov, **kw)
+
+
+def record_train_pool(overrides: list[str], pool: Path, n: int, gen: Any) -> Any:
+    """The config of ``overrides`` with ``TRAIN_PROMPTS`` as its data set; those prompts recorded into ``pool`` by
+    ``gen``, ``n`` candidates each."""
+    from omegaconf import open_dict
+
+    from rodeco.data import Prompt
+    from rodeco.experiments.record import record
+    from rodeco.plugins import default_plugins
+
+    prompts = [Prompt(i, t) for i, t in enumerate(TRAIN_PROMPTS)]
+    cfg = rodeco.load_config(overrides)
+    with open_dict(cfg):
+        cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
+    record(cfg, default_plugins(), pool, prompts, n, gen=gen)
+    return cfg
 
 
 def hf_greedy(model, gen, prompt: str, max_new_tokens: int) -> list[int]:
@@ -126,3 +155,19 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def vllm_bench(*args: str, out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``scripts/vllm_bench.py ARGS [--out OUT]`` in a subprocess from the repository's root."""
+    from conftest import REPO
+
+    cmd = [sys.executable, "scripts/vllm_bench.py", *args, *(["--out", str(out)] if out is not None else [])]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def vllm_bench_results(*args: str, out: Path) -> dict[str, Any]:
+    """``vllm_bench(*args, out=out)``, which must succeed and print the speedup: the ``vllm_bench.json`` it wrote."""
+    p = vllm_bench(*args, out=out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "wall-time speedup of SR over it" in p.stdout
+    return json.loads((out / "vllm_bench.json").read_text())

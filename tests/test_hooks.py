@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 import pytest
 import torch
+from conftest import tiny_llama_config
 
 from rodeco import hookimpl, hookspecs
 from rodeco.api import load_config
@@ -33,7 +34,7 @@ PROMPTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
 def tiny_generator(seed: int = 0) -> TorchGenerator:
     """A 2-layer random Llama with a 64-word word-level tokenizer: built in memory, offline, in a few seconds."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     words = ["<pad>", "<eos>", "<unk>"] + [f"w{i}" for i in range(61)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -41,18 +42,7 @@ def tiny_generator(seed: int = 0) -> TorchGenerator:
     tok.decoder = decoders.WordPiece()
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(words),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=1,
-        pad_token_id=0,
-        bos_token_id=None,
-    )
+    cfg = tiny_llama_config(len(words), hidden_size=32, intermediate_size=64)
     return TorchGenerator(LlamaForCausalLM(cfg), hf_tok, name="tiny")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_SHAPE
 from helpers import compare_survivors, hf_greedy, run_tiny
 
 from rodeco.sampling import SamplingParams
@@ -241,12 +242,7 @@ def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenize
     torch.manual_seed(0)
     cfg = getattr(transformers, cls[0])(
         vocab_size=len(tiny_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
+        **TINY_SHAPE,
         eos_token_id=1,
         pad_token_id=0,
         tie_word_embeddings=False,

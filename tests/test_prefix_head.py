@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import record_train_pool
 
 from rodeco.plugins import default_plugins
 from rodeco_rewards.experiments.head_fit import group_ids
@@ -88,29 +89,12 @@ def test_a_committed_head_is_named_by_its_name(tmp_path, monkeypatch):
 def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
     """The whole path: three disjoint splits of the pool's prompts, every (mc, td) fitted and the anchor a
     candidate, a verdict against `same`, a head file the embedded reward loads and scores with."""
-    from omegaconf import open_dict
-
     import rodeco
-    from rodeco.data import Prompt
-    from rodeco.experiments.record import record
     from rodeco.plugins import BuildContext
     from rodeco.state import ScoreRequest
     from rodeco_rewards.experiments import prefix_train
     from rodeco_rewards.minilm.head import load_head
 
-    prompts = [
-        Prompt(i, t)
-        for i, t in enumerate(
-            [
-                "write a haiku about autumn leaves",
-                "give three tips",
-                "explain why the sky is blue",
-                "name two rivers",
-                "describe a cat",
-                "say hello twice",
-            ]
-        )
-    ]
     ov = [
         "sampling.max_new_tokens=12",
         "experiment=prefix_train",
@@ -128,10 +112,7 @@ def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
         "experiment_args.bootstrap=50",
         "output.progress=false",
     ]
-    cfg = rodeco.load_config(ov)
-    with open_dict(cfg):
-        cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
-    record(cfg, default_plugins(), tmp_path / "pool", prompts, 8, gen=tiny_gen())
+    cfg = record_train_pool(ov, tmp_path / "pool", 8, tiny_gen())
     out = prefix_train.run(cfg, default_plugins(), tmp_path / "run")
     assert [(r["candidate"], r["mc"], r["td"], r["anchor"]) for r in out.extra["grid"]] == [
         ("anchor", None, None, None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import record_train_pool
 
 from rodeco.plugins import default_plugins
 from rodeco.state import ScoreRequest as ScoreRequestT
@@ -37,27 +38,9 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
     """The whole value_train path on a pool recorded with hidden states: a head file per kind with its verdict
     against `same`, three disjoint splits and a weight vector per length bucket; a rerun reads the cached features
     instead of computing them; the head then scores partial requests."""
-    from omegaconf import open_dict
-
-    import rodeco
-    from rodeco.data import Prompt
-    from rodeco.experiments.record import record
     from rodeco_rewards.experiments import learned_heads_train
     from rodeco_rewards.learned_heads import Head, ValueHead
 
-    prompts = [
-        Prompt(i, t)
-        for i, t in enumerate(
-            [
-                "write a haiku about autumn leaves",
-                "give three tips",
-                "explain why the sky is blue",
-                "name two rivers",
-                "describe a cat",
-                "say hello twice",
-            ]
-        )
-    ]
     ov = [
         "reward=logprob",
         "sampling.max_new_tokens=16",
@@ -73,10 +56,7 @@ def test_value_train_on_a_tiny_pool_trains_judges_and_resumes(tmp_path, tiny_gen
         "experiment_args.bootstrap=50",
         "output.progress=false",
     ]
-    cfg = rodeco.load_config(ov)
-    with open_dict(cfg):
-        cfg.data.path, cfg.data.prompts, cfg.data.indices = None, [p.text for p in prompts], None
-    record(cfg, default_plugins(), tmp_path / "pool", prompts, 8, gen=tiny_gen())
+    cfg = record_train_pool(ov, tmp_path / "pool", 8, tiny_gen())
     assert np.load(tmp_path / "pool" / "hidden" / "0.npy").shape[:2] == (8, 16)
     out = learned_heads_train.run(cfg, default_plugins(), tmp_path / "run")
     verdict = out.extra["kinds"]["value_head"]

@@ -18,7 +18,7 @@ from omegaconf import open_dict
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from helpers import compare_survivors  # noqa: E402
+from helpers import compare_survivors, vllm_bench_results  # noqa: E402
 
 import rodeco  # noqa: E402
 from rodeco.contracts import Scorer  # noqa: E402
@@ -337,32 +337,8 @@ def load_bytes_fp32(gen) -> int:
 
 def test_the_vllm_bench_script_prints_the_speedup(tmp_path):
     """``scripts/vllm_bench.py`` as documented, on 2 prompts: SR and Best-of-8 in one pool, the ratio printed."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "scripts/vllm_bench.py",
-            "--prompts",
-            "2",
-            "--new-tokens",
-            "24",
-            "--bon",
-            "8",
-            "--eager",
-            "--bootstrap",
-            "50",
-            "--reward",
-            "logprob",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "wall-time speedup of SR over it" in p.stdout
-    res = json.loads((tmp_path / "vllm_bench.json").read_text())
+    args = "--prompts 2 --new-tokens 24 --bon 8 --eager --bootstrap 50 --reward logprob".split()
+    res = vllm_bench_results(*args, out=tmp_path)
     assert res["summary"]["prompts"] == 2 and res["summary"]["methods"]["sr"]["preemptions"] == 0
     assert len(res["rows"]) == 2 and all(
         r["sr"]["peak_kv_tokens"] <= res["summary"]["pool_tokens"] for r in res["rows"]

@@ -7,6 +7,7 @@ import weakref
 
 import pytest
 import torch
+from conftest import tiny_llama_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kv_blocks import blocks_held
@@ -69,22 +70,10 @@ class LiveBytes(TorchDispatchMode):
 
 
 def _model(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=1,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(vocab, hidden_size=32, intermediate_size=64, max_position_embeddings=512)
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,12 +178,36 @@ def engine_generators(
     return base, out
 
 
-def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
-    """``gen``: an already loaded generator (``scripts/gpu_check.py``), else ``cfg.generator``'s."""
+@dataclass
+class Bench:
+    """What every timed run shares: the generators, the prompts, the loop's settings and its (untimed) scoring."""
+
+    base: TorchGenerator  # the one ``generate()`` runs on
+    gens: dict[str, Generator]  # {engine: the generator rodeco's loop runs on}, in ``engines``' order
+    engines: list[str]
+    prompts: list[str]
+    rows: int  # rows per prompt
+    new_tokens: int  # of every row of a timed run
+    tokens: int  # new tokens of one timed run, all rows
+    sp: SamplingParams
+    s: LoopSettings
+    scorer: Scorer
+    policy: Any
+    seed: int
+
+    @property
+    def gen(self) -> Generator:
+        """The first engine's generator: the one the headline figures are of."""
+        return self.gens[self.engines[0]]
+
+
+def prepare(cfg: DictConfig, plugins: Plugins, gen: TorchGenerator | VLLMGenerator | None) -> Bench:
+    """The generators of ``experiment_args.engines`` (default: ``gen``'s engine, else the configured one), the loop's
+    settings and the scorer and policy every run uses."""
     a = cfg.experiment_args
     engines = list(a.engines) or [gen.engine_kind if gen is not None else cfg.generator.engine]
     base, gens = engine_generators(cfg, engines, gen)
-    gen = gens[engines[0]]
+    first = gens[engines[0]]
     prompts = list(a.prompts)
     rows = a.batch // len(prompts)
     sp = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
@@ -191,28 +216,49 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
     )
     tokens = rows * len(prompts) * a.new_tokens
     # Scoring is not what this benchmark measures: the built-in `length` value function keeps it out of the way.
-    ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)
+    ctx = BuildContext(generator=first, device=str(first.device), plugins=plugins)
     scorer = Scorer(plugins.build_reward({"name": "length"}, ctx), "length")
     policy = plugins.build_policy({"name": "none"}, ctx)  # Best-of-N: every row to the end
+    return Bench(base, gens, engines, prompts, rows, a.new_tokens, tokens, sp, s, scorer, policy, cfg.seed)
+
+
+CompileStates = dict[str, tuple[int, float, int, bool] | None]  # {engine: its ``_compiled`` state}
+
+
+def warm_up(b: Bench) -> CompileStates:
+    """A short run of each engine and of ``generate()``, untimed; the compile figures of each engine after it."""
     log.info("warm-up")
-    for g in gens.values():
-        _rodeco_run(g, prompts, scorer, policy, LoopSettings(**{**s.__dict__, "max_new_tokens": 4}))
-    warm = {e: _compiled(g) for e, g in gens.items()}
-    _hf_run(base, prompts, rows, sp, 4, cfg.seed)
-    runs: dict[str, list[float]] = {e: [] for e in engines}
+    for g in b.gens.values():
+        _rodeco_run(g, b.prompts, b.scorer, b.policy, LoopSettings(**{**b.s.__dict__, "max_new_tokens": 4}))
+    warm = {e: _compiled(g) for e, g in b.gens.items()}
+    _hf_run(b.base, b.prompts, b.rows, b.sp, 4, b.seed)
+    return warm
+
+
+def timed_runs(b: Bench, repeats: int) -> tuple[dict[str, list[float]], list[float]]:
+    """({engine: tokens a second of each run}, ``generate()``'s tokens a second of each run): ``repeats`` rounds of
+    one run of each engine, then one of ``generate()``."""
+    runs: dict[str, list[float]] = {e: [] for e in b.engines}
     theirs = []
-    for i in range(a.repeats):  # alternate, so drifts in machine load hit every side alike
-        for e, g in gens.items():
-            runs[e].append(tokens / _rodeco_run(g, prompts, scorer, policy, s))
-        theirs.append(tokens / _hf_run(base, prompts, rows, sp, a.new_tokens, cfg.seed))
+    for i in range(repeats):  # alternate, so drifts in machine load hit every side alike
+        for e, g in b.gens.items():
+            runs[e].append(b.tokens / _rodeco_run(g, b.prompts, b.scorer, b.policy, b.s))
+        theirs.append(b.tokens / _hf_run(b.base, b.prompts, b.rows, b.sp, b.new_tokens, b.seed))
         log.info(
             "run %d: %s, hf generate %.1f tok/s", i, ", ".join(f"{e} {r[-1]:.1f}" for e, r in runs.items()), theirs[-1]
         )
-    ours = runs[engines[0]]
+    return runs, theirs
+
+
+def figures(
+    b: Bench, runs: dict[str, list[float]], theirs: list[float], warm: CompileStates, P: float
+) -> dict[str, Any]:
+    """The benchmark's figures (``engine_bench.json``): the first engine's median rate against ``generate()``'s
+    and against the matmul peak ``P`` (GFLOP/s), each engine's, and each fast engine's over vLLM's."""
+    gen, ours = b.gen, runs[b.engines[0]]
     A, B = statistics.median(ours), statistics.median(theirs)
-    P = matmul_peak_gflops(a.matmul_size, device=base.device.type, dtype=base.dtype)
-    L0 = max(len(gen.encode(p)) for p in prompts)
-    flops_tok = gen.flops_per_token(L0 + a.new_tokens // 2)  # attention at the mean context
+    L0 = max(len(gen.encode(p)) for p in b.prompts)
+    flops_tok = gen.flops_per_token(L0 + b.new_tokens // 2)  # attention at the mean context
     F = A * flops_tok / (P * 1e9)
     res = {
         "rodeco_tokens_per_s": A,
@@ -221,8 +267,8 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         "matmul_peak_gflops": P,
         "matmul_peak_fraction": F,
         "flops_per_token": flops_tok,
-        "batch": rows * len(prompts),
-        "new_tokens": a.new_tokens,
+        "batch": b.rows * len(b.prompts),
+        "new_tokens": b.new_tokens,
         "engine": gen.info.name,
         "dtype": str(gen.dtype),
         "device": str(gen.device),
@@ -239,16 +285,19 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
                 **_compile_figures(warm[e], _compiled(g)),
                 "linears": g.info.linear,  # mkl, onednn, torch (F.linear) or vllm
             }
-            for e, g in gens.items()
+            for e, g in b.gens.items()
         },
     }
     for e in ("fast", "fast-compiled"):
-        if e in gens and "vllm" in gens:
+        if e in b.gens and "vllm" in b.gens:
             k = f"{e.replace('-', '_')}_over_vllm"
             res[k] = statistics.median(runs[e]) / statistics.median(runs["vllm"])
-            res[f"{k}_paired"] = paired_runs(runs[e], runs["vllm"], seed=cfg.seed)
-    if out_dir is not None:
-        ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
+            res[f"{k}_paired"] = paired_runs(runs[e], runs["vllm"], seed=b.seed)
+    return res
+
+
+def print_figures(res: dict[str, Any], by_engine: bool) -> None:
+    """The headline figures, then (``by_engine``) each engine's and the ratios over vLLM, then the CPU's facts."""
     for k in (
         "rodeco_tokens_per_s",
         "hf_generate_tokens_per_s",
@@ -257,7 +306,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         "matmul_peak_fraction",
     ):
         print(f"{k}: {res[k]:.3f}")
-    if len(engines) > 1:
+    if by_engine:
         for e, r in res["engines"].items():
             extra = (
                 f"; compiled {r['compiles_warm_up']} graphs in {r['compile_seconds']:.1f} s in the warm-up, "
@@ -279,4 +328,18 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None)
         f"cpu: {c['model']}, {c['threads']} threads, "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in c["flags"].items())
     )
+
+
+def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None, gen=None) -> RunOutput:
+    """``gen``: an already loaded generator (``scripts/gpu_check.py``), else ``cfg.generator``'s."""
+    a = cfg.experiment_args
+    bench = prepare(cfg, plugins, gen)
+    base = bench.base
+    warm = warm_up(bench)
+    runs, theirs = timed_runs(bench, a.repeats)
+    P = matmul_peak_gflops(a.matmul_size, device=base.device.type, dtype=base.dtype)
+    res = figures(bench, runs, theirs, warm, P)
+    if out_dir is not None:
+        ResultsWriter(out_dir, resume=False).write_json("engine_bench.json", res)
+    print_figures(res, len(bench.engines) > 1)
     return RunOutput([], Compute(), Path(out_dir) if out_dir else None, extra=res)
