@@ -5,8 +5,8 @@
     print(out.results[0].best.text)
 
 Every name below is public: plugins (rodeco's own and third parties') import only these. Names that need torch
-(``load_model_and_tokenizer``, ``resolve_dtype``, ``cache_dir``) are imported on first use, so that importing
-``rodeco`` (or a plugin) stays light.
+(``load_model_and_tokenizer``, ``resolve_dtype``, ``resolve_device``, ``cache_dir``) are imported on first use, so
+that importing ``rodeco`` (or a plugin) stays light.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from rodeco.winner import WinnerRule
 _LAZY = {
     "load_model_and_tokenizer": "rodeco.loading",
     "resolve_dtype": "rodeco.loading",
+    "resolve_device": "rodeco.hardware",  # a *.device setting: auto, cpu, cuda, cuda:N
     "cache_dir": "rodeco.loading",
     # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
     "open_pool": "rodeco.replay",

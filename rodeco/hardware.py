@@ -88,14 +88,17 @@ def is_cpu(device: torch.device | str) -> bool:
 
 def resolve_device(device: str, key: str = "generator.device") -> torch.device:
     """The setting ``key``'s device: ``auto`` is CUDA where it is available, else the CPU; a CUDA device where
-    there is none is a ``ConfigError`` naming ``key``."""
+    there is none, or a name that is no device, is a ``ConfigError`` naming ``key``."""
     import torch
 
     if device == "auto":
         return torch.device("cuda" if cuda_available() else "cpu")
     if is_cuda(device) and not cuda_available():
         raise ConfigError(key, device, "CUDA is not available here", f"use {key}=cpu or auto")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(key, device, "not a device", f"use {key}=auto, cpu, cuda or cuda:N") from None
 
 
 def cuda_devices(device: torch.device | str, layers: Iterable[str] = ()) -> list[str]:

@@ -58,6 +58,7 @@ FUNCTIONS = {
     "required": ["help"],
     "load_model_and_tokenizer": ["model"],
     "resolve_dtype": ["dtype"],
+    "resolve_device": ["device", "key"],
     "cache_dir": [],
     "open_pool": ["path"],
     "pool_served": ["plugins", "pool", "node"],

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import torch
 
-from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, take_params
+from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_positive_int, resolve_device, take_params
 from rodeco_rewards.batching import token_batches
 from rodeco_rewards.rm_format import RMFormat, encode, make_format
 
@@ -56,18 +56,11 @@ class PreferenceRMParams:
     )
 
 
-def resolve_device(device: str, ctx: BuildContext, key: str = "reward.device") -> torch.device:
+def reward_device(device: str, ctx: BuildContext, key: str = "reward.device") -> torch.device:
     """``auto``: the generator's device when one is loaded, else CUDA when available, else CPU."""
-    if device == "auto":
-        if ctx.generator is not None:
-            return torch.device(ctx.generator.device)
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(key, device, "CUDA is not available here", f"use {key}=cpu or auto")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(key, device, "not a device", f"use {key}=auto, cpu, cuda or cuda:N") from None
+    if device == "auto" and ctx.generator is not None:
+        return torch.device(ctx.generator.device)
+    return resolve_device(device, key)
 
 
 def resolve_dtype(dtype: str, device: torch.device, key: str = "reward.dtype") -> torch.dtype:
@@ -202,7 +195,7 @@ def _pad_id(model: PreTrainedModel, tokenizer) -> int:
 def build_preference_rm(params: dict[str, Any], ctx: BuildContext) -> PreferenceRM:
     p = take_params("reward", params, PreferenceRMParams)
     src = locate_model(p["model"])
-    device = resolve_device(str(p["device"]), ctx)
+    device = reward_device(str(p["device"]), ctx)
     dtype = resolve_dtype(str(p["dtype"]), device)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -30,7 +30,7 @@ from rodeco.engines import ENGINES
 from rodeco.engines.vllm import VLLMGenerator
 from rodeco.experiments.bootstrap import ci
 from rodeco.generator import TorchGenerator
-from rodeco.hardware import cpu_facts
+from rodeco.hardware import cpu_facts, cuda_devices, synchronize
 from rodeco.loading import load_generator
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
@@ -68,8 +68,7 @@ def matmul_peak_gflops(n: int = 4096, reps: int = 5, device: str = "cpu", dtype:
 
 def _clock(gen) -> float:
     """The wall clock, once the generator's device has finished what was queued on it."""
-    if gen.device.type == "cuda":
-        torch.cuda.synchronize(gen.device)
+    synchronize(cuda_devices(gen.device))
     return time.perf_counter()
 
 

@@ -138,7 +138,7 @@ class MiniLMReward:
 
 
 def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
-    from rodeco_rewards.preference_rm import resolve_device
+    from rodeco_rewards.preference_rm import reward_device
 
     p = take_params("reward", params, MiniLMParams)
     check_positive_int("reward.batch_tokens", p["batch_tokens"], MiniLMParams.batch_tokens)
@@ -160,7 +160,7 @@ def build_minilm_rm(params: dict[str, Any], ctx: BuildContext) -> MiniLMReward:
             "no config.json in that directory",
             "leave reward.encoder=null for the embedded all-MiniLM-L6-v2",
         )
-    device = resolve_device(str(p["device"]), ctx)
+    device = reward_device(str(p["device"]), ctx)
     enc = SentenceEncoder(enc_dir, max_length=int(meta["max_length"]), batch_tokens=p["batch_tokens"], device=device)
     log.info("minilm_rm: head %s (trained %s)", stem.name, meta.get("trained_with", "?"))
     return MiniLMReward(enc, head, meta)
