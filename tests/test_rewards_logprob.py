@@ -134,3 +134,14 @@ def test_decode_with_perplexity_form(tiny_gen, tiny_model, tiny_tokenizer):
     for c, lp in zip(done, lps):
         assert c.score == pytest.approx(-math.exp(-sum(lp) / len(lp)), rel=1e-3)
     assert res.best.score == max(c.score for c in res.candidates if c.finished) and res.best.score <= -1.0
+
+
+def test_a_separate_scoring_model_is_part_of_the_identity(tiny_model, tiny_tokenizer):
+    """Two logprob rewards scoring with different models mean different things: calibrations and a pool's score
+    cache, keyed by identity, must not take one for the other."""
+    from rodeco_rewards.logprob import LogProbReward
+
+    a = LogProbReward(lm=LMScorer(tiny_model, tiny_tokenizer, name="org/a"))
+    b = LogProbReward(lm=LMScorer(tiny_model, tiny_tokenizer, name="org/b"))
+    assert a.identity == "form=mean,model=org/a" and b.identity == "form=mean,model=org/b"
+    assert LogProbReward().identity == "form=mean"  # the generator's own log-probs

@@ -26,8 +26,10 @@ class LMScorer:
         chat_template: bool = True,
         batch_tokens: int = 16384,
         max_batch_size: int | None = 64,
+        name: str = "",
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
+        self.name = name  # the model's source, as the config named it: what a reward's identity says it scores with
         self.use_chat = chat_template and getattr(tokenizer, "chat_template", None) is not None
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.device = next(model.parameters()).device

@@ -43,7 +43,7 @@ class LogProbReward:
             self.needs_logprobs = False  # a separate LM computes its own: the loop need not collect them
         self.cost = RewardCost()
         # what its scores mean beyond its name (a calibration is tied to it): the form, and another LM's name
-        lm_name = getattr(lm, "name", None)
+        lm_name = lm.name if lm is not None else ""
         self.identity = f"form={form}" + (f",model={lm_name}" if lm_name else "")
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[float]:
@@ -93,4 +93,5 @@ def _load_lm(p: dict[str, Any], ctx: BuildContext) -> LMScorer:
         lm, tok = load_model_and_tokenizer(str(p["model"]), p["gguf_file"], dtype=str(p["dtype"]), device=str(device))
     except ConfigError as e:  # the loader speaks of generator.*; these values came from reward.*
         raise ConfigError(e.key.replace("generator.", "reward."), e.value, e.problem, e.fix) from e
-    return LMScorer(lm, tok, chat_template=bool(p["chat_template"]), batch_tokens=p["batch_tokens"])
+    name = str(p["model"]) + (f":{p['gguf_file']}" if p["gguf_file"] else "")
+    return LMScorer(lm, tok, chat_template=bool(p["chat_template"]), batch_tokens=p["batch_tokens"], name=name)
