@@ -31,7 +31,7 @@ class Accounting:
 
     def __init__(self, gen: LanguageModel, n_prompts: int, per_call: bool = False) -> None:
         self.gen, self.n_prompts, self.per_call = gen, n_prompts, per_call
-        self.sync = cuda_devices(gen.device, gen.layer_devices())  # [] on CPU
+        self.sync = cuda_devices(gen.device, gen.layer_devices)  # [] on CPU
         self.times: dict[str, float] = {}
         self.requests = {r: np.zeros(n_prompts) for r in ROLES}  # requests scored per prompt, per role
         self.cost = {r: np.zeros(3) for r in ROLES}  # tokens, FLOPs, calls spent in each role

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,17 +101,16 @@ def resolve_device(device: str, key: str = "generator.device") -> torch.device:
         raise ConfigError(key, device, "not a device", f"use {key}=auto, cpu, cuda or cuda:N") from None
 
 
-def cuda_devices(device: torch.device | str, layers: Iterable[str] = ()) -> list[str]:
-    """The CUDA devices a model on ``device`` runs on: none unless it is a CUDA one; else those of ``layers`` (its
-    layers' devices, as ``Generator.layer_devices`` names them) that are CUDA's, or ``device`` alone."""
-    if not is_cuda(device):
-        return []
-    return [d for d in layers if is_cuda(d)] or [str(device)]
-
-
 def cuda_layers(device: torch.device | str, layers: Mapping[str, int]) -> dict[str, int]:
-    """``layers`` (how many layers each device holds) restricted to CUDA's, or ``device`` holding them all."""
+    """``layers`` (how many layers each device holds, as ``Generator.layer_devices`` counts them) restricted to
+    CUDA's, or ``device`` holding them all."""
     return {d: k for d, k in layers.items() if is_cuda(d)} or {str(device): 1}
+
+
+def cuda_devices(device: torch.device | str, layers: Callable[[], Mapping[str, int]] = dict) -> list[str]:
+    """The CUDA devices a model on ``device`` runs on: none unless it is a CUDA one; else ``cuda_layers``' devices.
+    ``layers`` (the model's ``layer_devices``) is asked only on CUDA."""
+    return list(cuda_layers(device, layers())) if is_cuda(device) else []
 
 
 def synchronize(devices: Iterable[str]) -> None:
