@@ -213,11 +213,12 @@ def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], d
     """vLLM's server as rodeco's own vLLM engine sets it up (rodeco/engines/vllm.py): the dtype, KV blocks of 32 on
     CPU (16 on CUDA), a KV pool of ``--kv-tokens`` in whole blocks plus vLLM's null block, prefix caching,
     max_model_len the model's context or the pool if smaller."""
+    from rodeco.engines.vllm import default_block
     from rodeco.hardware import cuda_available
 
     cfg = json.loads((src / "config.json").read_text())
     dtype = dtype_of(a)
-    block = 16 if cuda_available() else 32
+    block = default_block(cuda_available())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     per_token = (
         2

