@@ -36,7 +36,7 @@ from rodeco.state import (
     ScoreRequest,
     StartView,
 )
-from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int
+from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, node_dict
 from rodeco.winner import WinnerRule
 
 _LAZY = {
@@ -97,6 +97,7 @@ __all__ = [
     "take_params",
     "check_number",
     "check_positive_int",
+    "node_dict",
     # building blocks for rewards and experiments
     "ResultsWriter",
     "atomic_write",

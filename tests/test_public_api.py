@@ -51,6 +51,7 @@ FUNCTIONS = {
     "take_params": ["node", "params", "defaults"],
     "check_number": ["key", "value"],
     "check_positive_int": ["key", "value"],
+    "node_dict": ["node", "resolve"],
     "best_probability": [],
     "rejectable": [],
     "standardize": [],

@@ -7,21 +7,9 @@ learned partial scorers of ``rodeco_rewards.learned_heads``. Registered by ``rod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
-
-from omegaconf import OmegaConf
+from typing import Optional
 
 from rodeco import required
-
-
-def plain_dict(node: Any) -> dict[str, Any]:
-    """A config mapping node (``cfg.experiment_args``, ``cfg.reward``, a loaded option file) resolved into a plain
-    dict; its values are as untyped as the YAML they come from (an experiment's arguments were checked against
-    its schema below when Hydra composed the config)."""
-    out = OmegaConf.to_container(node, resolve=True)
-    if not isinstance(out, dict):
-        raise TypeError(f"expected a mapping config node, got {type(out).__name__}")
-    return {str(k): v for k, v in out.items()}
 
 
 @dataclass

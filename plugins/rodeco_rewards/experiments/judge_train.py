@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco import BuildContext, Compute, ConfigError, Plugins, RunOutput, ScoreRequest, required
-from rodeco_rewards.experiments import plain_dict
+from rodeco import BuildContext, Compute, ConfigError, Plugins, RunOutput, ScoreRequest, node_dict, required
 from rodeco_rewards.prefs import Pair
 
 if TYPE_CHECKING:
@@ -119,7 +118,7 @@ def option(group: str, name: str, plugins: Plugins) -> dict[str, Any] | None:
     for d in [Path(str(files("rodeco.conf"))), *map(Path, plugins.config_dirs())]:
         f = d / group / f"{name}.yaml"
         if f.is_file():
-            return plain_dict(OmegaConf.load(f))
+            return node_dict(OmegaConf.load(f))
     return None
 
 
@@ -656,7 +655,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco import atomic_write
     from rodeco_rewards.smollm_judge import ASSET_STEM, head_stem
 
-    a = plain_dict(cfg.experiment_args)  # keys and types checked by JudgeTrainArgs
+    a = node_dict(cfg.experiment_args)  # keys and types checked by JudgeTrainArgs
     seed = int(cfg.seed)
     check_grids(a)
     t0 = time.perf_counter()

@@ -38,11 +38,11 @@ from rodeco import (
     atomic_write,
     check_positive_int,
     check_training_prompts,
+    node_dict,
     open_pool,
     pool_served,
     prompts_of,
 )
-from rodeco_rewards.experiments import plain_dict
 from rodeco_rewards.experiments.head_fit import (
     LOSSES,
     Examples,
@@ -123,7 +123,7 @@ def check_args(cfg: DictConfig) -> dict[str, Any]:
 def check_split_args(cfg: DictConfig, task: str) -> dict[str, Any]:
     """What every experiment that trains on a pool's prompts checks: the bootstrap, the three-way split's fractions,
     the verdict lengths, and a pool given."""
-    a = plain_dict(cfg.experiment_args)
+    a = node_dict(cfg.experiment_args)
     check_positive_int("experiment_args.bootstrap", a["bootstrap"], 1000)
     for key in ("choose_fraction", "verdict_fraction"):
         if not 0 < a[key] < 1:
@@ -168,7 +168,7 @@ def open_training_set(cfg: DictConfig, plugins, a: dict[str, Any]) -> TrainingSe
         )
     lengths, max_new = sorted(set(a["lengths"])), int(pool.settings["max_new_tokens"])
     fit, choose, verdict = split([p.index for p in prompts], a["choose_fraction"], a["verdict_fraction"], cfg.seed)
-    node = plain_dict(cfg.reward)
+    node = node_dict(cfg.reward)
     cached = pool_served(plugins, pool, node)
     if "text_value" in a.get("kinds", ()) and (node["name"] != "minilm_rm" or node.get("head") is not None):
         log.warning(

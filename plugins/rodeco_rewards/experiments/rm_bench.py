@@ -14,8 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rodeco import BuildContext, Compute, Plugins, ResultsWriter, RunOutput, ScoreRequest
-from rodeco_rewards.experiments import plain_dict
+from rodeco import BuildContext, Compute, Plugins, ResultsWriter, RunOutput, ScoreRequest, node_dict
 
 PROMPTS = [
     "Give three tips for staying healthy.",
@@ -28,7 +27,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco import load_model_and_tokenizer
     from rodeco_rewards.prefs import data_dir, load_pairs
 
-    args = plain_dict(cfg.experiment_args)  # keys and types checked by RMBenchArgs
+    args = node_dict(cfg.experiment_args)  # keys and types checked by RMBenchArgs
     _, gtok = load_model_and_tokenizer(cfg.generator.model, cfg.generator.gguf_file, dtype="float32", device="cpu")
     answers = [p.chosen for p in load_pairs("alpaca_test", data_dir(args["data_dir"]))]
     name = str(cfg.reward.name)

@@ -15,8 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rodeco import BuildContext, Compute, Plugins, RunOutput
-from rodeco_rewards.experiments import plain_dict
+from rodeco import BuildContext, Compute, Plugins, RunOutput, node_dict
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +24,9 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco_rewards.minilm.evaluate import accuracy, sample_pairs, score_pairs
     from rodeco_rewards.prefs import data_dir, load_pairs
 
-    args = plain_dict(cfg.experiment_args)  # keys and types checked by RMEvalArgs
+    args = node_dict(cfg.experiment_args)  # keys and types checked by RMEvalArgs
     root = data_dir(args["data_dir"])
-    params = plain_dict(cfg.reward)
+    params = node_dict(cfg.reward)
     name = params.pop("name")
     reward = plugins.build_reward(cfg.reward, BuildContext(device="cpu", plugins=plugins))
     cache = _attach_cache(reward) if args["cache"] else None

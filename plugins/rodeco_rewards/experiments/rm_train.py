@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rodeco import Compute, Plugins, RunOutput
-from rodeco_rewards.experiments import plain_dict
+from rodeco import Compute, Plugins, RunOutput, node_dict
 from rodeco_rewards.prefs import Pair
 
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: str | Path | None) -> RunOut
     from rodeco_rewards.minilm.train import fit_bt
     from rodeco_rewards.prefs import data_dir
 
-    args = plain_dict(cfg.experiment_args)  # keys and types checked by RMTrainArgs
+    args = node_dict(cfg.experiment_args)  # keys and types checked by RMTrainArgs
     seed = int(cfg.seed)
     t0 = time.perf_counter()
     root = data_dir(args["data_dir"])
