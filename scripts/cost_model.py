@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 
 GIB = 2**30
@@ -64,15 +63,13 @@ def mean_prompt_tokens() -> float:
     from transformers import AutoTokenizer
 
     from rodeco.data import load_prompts
+    from rodeco.engines.base import chat_ids
     from rodeco.loading import locate
 
     src, _ = locate("smollm2", None)
     tok = AutoTokenizer.from_pretrained(src, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     prompts = load_prompts("prompts/alpaca_eval_805.jsonl")  # under the data root (RODECO_DATA, ../shared/data)
-    n = []
-    for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True)
-        n.append(len(ids["input_ids"] if isinstance(ids, Mapping) else ids))  # a BatchEncoding, or the ids
+    n = [len(chat_ids(tok, [{"role": "user", "content": p.text}])) for p in prompts]
     return sum(n) / len(n)
 
 

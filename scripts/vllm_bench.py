@@ -26,7 +26,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +147,9 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
 
 def _chat_tokens(tok: Any, text: str) -> int:
     """The tokens of ``text`` as a user's message in the tokenizer's chat template, with the assistant's turn."""
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    return len(ids["input_ids"] if isinstance(ids, Mapping) else ids)  # a BatchEncoding, or the ids
+    from rodeco.engines.base import chat_ids
+
+    return len(chat_ids(tok, [{"role": "user", "content": text}]))
 
 
 def _run(

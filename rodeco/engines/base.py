@@ -12,6 +12,13 @@ from rodeco.engines import HFModel
 from rodeco.shape import ModelShape
 
 
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` through ``tokenizer``'s chat template, the assistant's turn opened after them
+    (``apply_chat_template`` returns the ids, or a ``BatchEncoding`` holding them, as transformers' version has it)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+
+
 class ModelGenerator:
     """What the model is (``rodeco.protocols.LanguageModel``): its text side, sizes and cost. ``model`` may be on the
     meta device (vLLM holds the weights)."""
@@ -50,9 +57,7 @@ class ModelGenerator:
         if self.use_chat_template:
             if self.system_prompt and not any(m["role"] == "system" for m in msgs):
                 msgs.insert(0, {"role": "system", "content": self.system_prompt})
-            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if not isinstance(ids, list) else ids
-            return [int(i) for i in ids]
+            return chat_ids(self.tokenizer, msgs)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in msgs)
         return [int(i) for i in self.tokenizer(text)["input_ids"]]
 
