@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("decode_attention", "paged_attention", "mkl_linear")
 SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "mkl_linear.cpp")]  # one extension
-LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
+LANES = 16  # head_dim must be a multiple of it (the widest vector the kernels use: 16 fp32 lanes, AVX-512's)
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
 

@@ -1,7 +1,7 @@
 // rodeco's decode attention on CPU, the op rodeco::decode_attention that the fast engine's compiled step calls.
 // One query token a row; a KV head's query heads (g of them) computed together; each row's prompt keys and values
 // read through its prompt index, its own read once. Keys are stored by column (the transposed layout: token stride
-// 1), so a block of 16 tokens' scores is 16 lanes of fused multiply-adds over head_dim, with no horizontal sums.
+// 1), so a block of W tokens' scores is W lanes of fused multiply-adds over head_dim, with no horizontal sums.
 // Scores, softmax and sums in fp32; a row's arithmetic depends only on its inputs (not the batch, nor the threads).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,7 +15,16 @@
 
 namespace {
 
-constexpr int64_t W = 16;  // lanes: one 512-bit vector of fp32 (two 256-bit ones where that is what the CPU has)
+// Lanes: one vector register of fp32. With AVX-512, 16; with AVX2 only, 8, so that a run's NB * G sums fit its 16
+// registers (16 lanes there are two registers each, and the sums spill: on an AVX2-only AMD EPYC the kernels ran 6 to
+// 11 times slower). The inputs' contract stays multiples of 16 (``LANES`` in __init__.py), whatever the width.
+#if defined(__AVX512F__) || !defined(__AVX2__)
+constexpr int64_t W = 16;
+#else
+constexpr int64_t W = 8;
+#endif
+constexpr int64_t LANES = 16;  // head_dim and the block size are multiples of it
+static_assert(LANES % W == 0, "the contract's multiple holds whole vectors");
 typedef float vf __attribute__((vector_size(W * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
 typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
@@ -241,7 +250,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
                             const at::Tensor& bias, const at::Tensor& k, const at::Tensor& v, double scale) {
   TORCH_CHECK(q.dim() == 4 && kp.dim() == 4 && vp.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "rodeco::decode_attention: q, kp, vp, k, v must be 4-d");
-  TORCH_CHECK(q.size(3) % W == 0, "rodeco::decode_attention: head_dim must be a multiple of ", W);
+  TORCH_CHECK(q.size(3) % LANES == 0, "rodeco::decode_attention: head_dim must be a multiple of ", LANES);
   TORCH_CHECK(q.stride(3) == 1 && vp.stride(3) == 1 && v.stride(3) == 1 && kp.stride(2) == 1 && k.stride(2) == 1,
               "rodeco::decode_attention: keys by column (token stride 1), queries and values by row");
   for (const at::Tensor* t : {&kp, &vp, &k, &v})
@@ -366,8 +375,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kpool, const a
               "rodeco::paged_attention: q [B, H, g, D], kpool [N, H, D, bs], vpool [N, H, bs, D], tables [B, M], "
               "lens [B]");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), N = kpool.size(0), bs = kpool.size(3);
-  TORCH_CHECK(D % W == 0 && bs % W == 0, "rodeco::paged_attention: head_dim and the block size must be multiples of ",
-              W);
+  TORCH_CHECK(D % LANES == 0 && bs % LANES == 0,
+              "rodeco::paged_attention: head_dim and the block size must be multiples of ", LANES);
   TORCH_CHECK(q.stride(3) == 1 && kpool.is_contiguous() && vpool.is_contiguous(),
               "rodeco::paged_attention: the pools contiguous (keys by column), queries by row");
   TORCH_CHECK(kpool.size(1) == H && kpool.size(2) == D && vpool.size(0) == N && vpool.size(1) == H &&
