@@ -3,6 +3,9 @@ every call of them. Each is asked for by name (``available(name)``):
 
 - ``decode_attention`` (``attention.cpp``, the op ``rodeco::decode_attention``): the compiled step's decode attention
   on CPU, in place of the attention inductor generates (``rodeco.engines.compiled``);
+- ``paged_attention`` (``attention.cpp``, ``rodeco::paged_attention``): decode attention over a paged cache, each
+  row's tokens in blocks of a pool named by the row's block table, read in place; against the plain torch path it
+  replaces (``paged_reference``: the row's blocks gathered, then two matmuls), paired by ``scripts/paged_pairs.py``;
 - ``mkl_linear`` (``mkl_linear.cpp``, ``rodeco::mkl_pack`` and ``rodeco::mkl_linear``): MKL's packed fp32 GEMM, the
   compiled step's linears on an Intel CPU (``rodeco.engines.llama.Linear``); available where PyTorch carries MKL;
 
@@ -38,9 +41,9 @@ from rodeco.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("decode_attention", "mkl_linear")
+KERNELS = ("decode_attention", "paged_attention", "mkl_linear")
 SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "mkl_linear.cpp")]  # one extension
-LANES = 16  # head_dim must be a multiple of it (the kernel's vector width in fp32)
+LANES = 16  # head_dim must be a multiple of it (the widest vector the kernels use: 16 fp32 lanes, AVX-512's)
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
 
@@ -103,6 +106,7 @@ def _build() -> bool:
         return False
 
     torch.library.register_fake("rodeco::decode_attention")(_like_query)
+    torch.library.register_fake("rodeco::paged_attention")(_like_query)
 
     log.info("rodeco's native kernels are loaded (%s)", name)
     return True
@@ -128,6 +132,32 @@ def decode_attention(
     k, v [B, Hkv, S, D] -> the attention output [B, Hkv, g, D] in q's dtype. Keys by column (``kp.stride(2) ==
     k.stride(2) == 1``); q, values with head_dim contiguous; ``fits(D, g)``; ``available("decode_attention")``."""
     return torch.ops.rodeco.decode_attention(q, kp, vp, grp, bias, k, v, scale)
+
+
+def paged_attention(
+    q: torch.Tensor, kpool: torch.Tensor, vpool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Hkv, g, D] (one token a row), a paged cache's pools of blocks of ``bs`` tokens, keys by column kpool
+    [N, Hkv, D, bs] and values vpool [N, Hkv, bs, D] (both contiguous), each row's blocks in order ``tables`` [B, M]
+    (int64; entries past its tokens are not read) and its tokens ``lens`` [B] (int64, >= 1) -> the attention output
+    [B, Hkv, g, D] in q's dtype, computed in fp32. ``D`` and ``bs`` multiples of ``LANES``; ``available(
+    "paged_attention")``."""
+    return torch.ops.rodeco.paged_attention(q, kpool, vpool, tables, lens, scale)
+
+
+def paged_reference(
+    q: torch.Tensor, kpool: torch.Tensor, vpool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """What ``paged_attention`` computes, in torch: each row's blocks gathered (``tables`` padded with any valid block
+    past its tokens), its scores and softmax in fp32 with the positions past ``lens`` masked, the weighted values."""
+    B, H, g, D = q.shape
+    M, bs = tables.shape[1], kpool.shape[-1]
+    k = kpool[tables].permute(0, 2, 1, 4, 3).reshape(B, H, M * bs, D)  # [B, H, M * bs, D]
+    v = vpool[tables].permute(0, 2, 1, 3, 4).reshape(B, H, M * bs, D)
+    s = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)  # [B, H, g, M * bs]
+    past = torch.arange(M * bs, device=q.device)[None] >= lens[:, None]
+    p = torch.softmax(s.masked_fill_(past[:, None, None], float("-inf")), dim=-1)
+    return (p @ v.float()).to(q.dtype)
 
 
 def mkl_pack(w: torch.Tensor) -> torch.Tensor:
