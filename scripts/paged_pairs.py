@@ -48,7 +48,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def cache(a: argparse.Namespace) -> dict[str, torch.Tensor | float]:
+def cache(a: argparse.Namespace) -> dict[str, Any]:
     """The paged inputs (``native.paged_attention``'s keywords) of the batch the arguments describe."""
     dt = getattr(torch, a.dtype)
     gen = torch.Generator().manual_seed(0)
