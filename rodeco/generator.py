@@ -59,8 +59,10 @@ class TorchGenerator(ModelGenerator):
 
     @property
     def kv(self) -> KVSpec:
-        """Token by token; a prompt's cache stored once for all its rows on the fast engine, copied on ``hf``."""
-        return KVSpec(shares_prefix=bool(self.engine_class().shares_prefix), block=1)
+        """In the engine's blocks (token by token but ``paged``'s); a prompt's cache stored once for all its rows on the
+        fast and paged engines, copied on ``hf``."""
+        cls = self.engine_class()
+        return KVSpec(shares_prefix=bool(cls.shares_prefix), block=cls.block)
 
     def _weights(self) -> FastWeights | None:
         """The engine's prepared weights (fused, prepacked; MKL's packing for the compiled step on an Intel CPU in

@@ -169,11 +169,11 @@ def load_generator(cfg: DictConfig) -> Generator:
     device_map, engine = cfg.get("device_map"), cfg.engine
     if engine == "vllm":
         return _load_vllm(cfg)
-    if device_map and engine == "fast":
+    if device_map and engine in ("fast", "paged"):
         raise ConfigError(
             "generator.engine",
             engine,
-            f"the fast engine keeps the model on one device, but generator.device_map={device_map} spreads it",
+            f"the {engine} engine keeps the model on one device, but generator.device_map={device_map} spreads it",
             "use generator.engine=hf (or auto)",
         )
     lm, tok = load_model_and_tokenizer(

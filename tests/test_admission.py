@@ -42,7 +42,7 @@ RUNNING = OpenPrompt(n=3, max_new_tokens=40, sampling=SamplingParams(), seed=3, 
 JOINING = OpenPrompt(n=4, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=20), seed=9, stream_key=5)
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 @pytest.mark.parametrize("at", [0, 1, 9, 30])
 def test_a_joining_prompt_draws_what_it_draws_alone(tiny_gen, engine, at):
     """A prompt admitted after ``at`` steps of another, with other settings (rows, length, sampling, seed), gets
@@ -61,7 +61,7 @@ def test_a_joining_prompt_draws_what_it_draws_alone(tiny_gen, engine, at):
     assert all(len(r.token_ids) <= JOINING.max_new_tokens for r in rows if r.prompt == key)
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_prompts_join_one_after_another_and_through_rejections(tiny_gen, engine):
     """Three prompts at three steps, rows rejected and copied on the way: each prompt's surviving candidates are
     its solo samples (a copy continues its own stream), and the compute is charged to every prompt."""
@@ -95,7 +95,7 @@ def test_a_closed_batch_keeps_one_clock(tiny_gen):
     assert sess.steps() == 4 and not sess.admitted
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_an_open_batch_holds_its_longest_rows_tokens_not_its_steps(tiny_gen, engine):
     """Prompts that come and go keep the batch open for more steps than any row lives, its rows never of one length:
     the engine's own columns are the longest row's tokens, not the steps since the batch opened, and every prompt
@@ -114,6 +114,8 @@ def test_an_open_batch_holds_its_longest_rows_tokens_not_its_steps(tiny_gen, eng
     # the longest row's 22 cached tokens (its 23rd is fed at the next step), not the 42 of the batch's steps
     if engine == "fast":
         assert sess.engine.sfx == 22
+    elif engine == "paged":  # each row its own tokens
+        assert sess.engine.length == max(len(gen.encode(Y)) + 22, len(gen.encode(Z)) + 12)
     else:  # the cache's positions: the longest row's prompt and tokens
         assert sess.engine.mask.shape[1] == max(len(gen.encode(Y)) + 22, len(gen.encode(Z)) + 12)
     rows += drain(sess)

@@ -74,7 +74,7 @@ def test_hf_engine_one_prompt_per_batch_is_generate_bit_for_bit(smollm2_bf16, re
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
     """Both prompts in one batch (left-padded): every row equals ``generate()`` up to its first divergence, and
     there ``generate()``'s logits of the two tokens are within ``TIE_ULPS`` bf16 ulps (round-off, not a bug, decides
@@ -99,7 +99,7 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_a_prompt_joining_a_running_batch_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
     """Admission in bf16: the second prompt joins after 4 steps of the first (its cache padded to the other's
     length, the rows at different steps): every row of both equals ``generate()`` up to its first divergence, and
@@ -153,7 +153,7 @@ def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[TorchSession
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
     gen = smollm2_bf16(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS]
@@ -182,14 +182,14 @@ def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
     """Speculative Rejection with 8 rows per prompt under the memory of 8 rows at a third of their length (decision
     points every 4 tokens), against Best-of-8."""
     gen = smollm2_bf16(engine)
-    new = 12
+    new = 12 if gen.kv.block == 1 else 3 * gen.kv.block  # paged: a third is one block
     L0 = max(len(gen.encode(p)) for p in PROMPTS)
-    kv = len(PROMPTS) * full_length_tokens(8, L0, 4, gen.kv)
+    kv = len(PROMPTS) * full_length_tokens(8, L0, new // 3, gen.kv)
     bon = run_tiny(
         gen, PROMPTS, n=8, policy="none", overrides=["budget=unlimited", f"sampling.max_new_tokens={new}"], seed=2
     )
@@ -213,13 +213,17 @@ def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
 
 def _cache_bytes(engine) -> int:
     """Bytes of every key and value tensor an engine holds (the prompt caches and the rows' own)."""
+    if hasattr(engine, "blocks"):  # paged: the blocks some row names, each counted once
+        b = engine.blocks
+        named = {x for r in range(b.rows) for x in b.tables[r, : b.counts()[r]].tolist()}
+        return len(named) * (engine.kpool[:, 0].nbytes + engine.vpool[:, 0].nbytes)
     if hasattr(engine, "kp"):  # fast
         return sum(t.nbytes for cache in (engine.kp, engine.vp, engine.k, engine.v) for t in cache)
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in engine.cache.layers)  # hf: a DynamicCache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_tokenizer, dtype, engine):
     from rodeco.generator import TorchGenerator
 

@@ -61,7 +61,7 @@ def _rows(rows):
     return sorted((r.prompt, r.candidate_id, tuple(r.token_ids), r.reason, r.stop, tuple(r.logprobs)) for r in rows)
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_lagged_count_and_device_draws_give_the_same_rows(tiny_gen, engine):
     gen = tiny_gen(engine)
     out = {}

@@ -8,6 +8,7 @@ import torch
 from conftest import TINY_SHAPE
 from helpers import compare_survivors, hf_greedy, run_tiny
 
+from rodeco.budget import block_shared
 from rodeco.sampling import SamplingParams
 from rodeco.state import SessionSpec
 
@@ -15,7 +16,7 @@ PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why 
 GREEDY = ["sampling.temperature=0", "budget=unlimited"]
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_greedy_matches_generate(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     out = run_tiny(gen, PROMPTS, n=2, policy="none", overrides=[*GREEDY, "sampling.max_new_tokens=24"])
@@ -26,7 +27,7 @@ def test_greedy_matches_generate(tiny_gen, tiny_model, engine):
         assert all(c.token_ids == ref for c in r.candidates)
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_batched_prompts_equal_one_at_a_time(tiny_gen, engine):
     gen = tiny_gen(engine)
     for ov in (GREEDY, ["budget=unlimited"]):  # greedy, and sampling (per-candidate random streams)
@@ -59,7 +60,7 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
         return model(torch.tensor([seq])).logits[0, -1]
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_pruned_cache_matches_fresh_forward(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS[:2]]
@@ -94,7 +95,7 @@ def test_fast_engine_stores_each_prompt_once_and_frees_it_with_its_last_row(tiny
         torch.testing.assert_close(sess.logits[row], _fresh_last_logits(tiny_model, seq), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_each_prompt_is_prefilled_once(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     seen = []
@@ -140,7 +141,7 @@ def test_survivors_are_the_best_of_n_samples(tiny_gen):
     assert rejected > 0 and broken == 0
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 @pytest.mark.parametrize(
     "budget,n,alpha,min_rounds",
     [(500, 8, 0.3, 3), (600, 8, 0.5, 1), (480, 8, 0.0, 4), (1500, 16, 0.7, 1), (700, 4, 0.0, 0)],
@@ -161,22 +162,24 @@ def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha,
         ],
     )  # rounds follow the formula alone
     assert 0 < out.compute.peak_kv_tokens <= budget
-    L0 = max(len(gen.encode(p)) for p in PROMPTS[:2])
-    own, base = (budget - 2 * L0, 0) if engine == "fast" else (budget, L0)  # fast: the prompt is stored once
+    lens = [len(gen.encode(p)) for p in PROMPTS[:2]]
+    b = gen.kv.block  # paged: blocks of 16, the prompt's full blocks stored once
+    shared = [0] * 2 if engine == "hf" else [p if b == 1 else block_shared(p, b) for p in lens]
+    own, base = budget - 2 * max(shared), max(p - s for p, s in zip(lens, shared))
     rows, t = 2 * n, 0
     expected = []
     while True:  # the documented formula (rodeco/budget.py)
-        t = min(max_new, own // rows - base)
+        t = min(max_new, own // rows // b * b - base)
         if t >= max_new:
             break
         m = min(4, max_new - t)
-        must_go = max(0, rows - own // (base + t + m))
+        must_go = max(0, rows - own // (-(-(base + t + m) // b) * b))
         kept_total = sum(r.rounds[len(expected)].rows_kept for r in out.results)
         assert rows - kept_total >= must_go
         expected.append(t)
         rows = kept_total
     got = [r.tokens_generated for r in out.results[0].rounds]
-    assert got == expected and len(got) >= min_rounds
+    assert got == expected and len(got) >= (min_rounds if b == 1 else min(min_rounds, 1))  # blocks: coarser rounds
     for r in out.results:
         for rd in r.rounds:
             assert (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rodeco.budget import Budget
+from rodeco.budget import Budget, block_shared, full_length_tokens
 from rodeco.contracts import Scorer
 from rodeco.loop import LoopSettings, Request, decode_batch, decode_open
 from rodeco.plugins import BuildContext, default_plugins
@@ -46,7 +46,9 @@ def settings(gen, text: str, name: str, n: int, max_new: int, sampling: Sampling
     """Its own budget: so small that 16 rows meet decision points (the prompt and 4 rows of 10 tokens where the
     prompt is stored once, 16 rows of the prompt and 3 tokens where each row holds it)."""
     P = len(gen.encode(text))
-    kv = P + 4 * 10 if gen.kv.shares_prefix else 16 * (P + 3)
+    kv = 16 * (P + 3)
+    if gen.kv.shares_prefix:  # and in blocks (paged), at least one block a row for the first round
+        kv = max(full_length_tokens(4, [P], 10, gen.kv), full_length_tokens(16, [P], 2, gen.kv))
     return LoopSettings(
         n=n, sampling=sampling, max_new_tokens=max_new, budget=Budget(kv, 2), seed=0, all_candidates=True,
         policy_name=name,
@@ -73,7 +75,7 @@ def solo(gen, i: int) -> PromptResult:
     return res
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_each_prompt_gets_its_solo_answer_whenever_it_arrives(tiny_gen, engine):
     gen = tiny_gen(engine)
     done: dict[int, PromptResult] = {}
@@ -114,7 +116,7 @@ def test_admission_waits_in_arrival_order_for_room(tiny_gen):
     assert order == [0, 1, 3] and max(stats.step_prompts) == 1 and stats.peak_reserved <= room
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, engine):
     """At every step of an open batch, each prompt's rows hold at most its own budget (its prompt, stored once on
     ``fast`` and in every row on ``hf``, and its rows' tokens on its own clock), and the running prompts together at
@@ -165,8 +167,13 @@ def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, e
 
 
 def _held(gen, prompt: int, rows: int, clock: int) -> int:
-    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.budget)."""
-    return prompt + rows * clock if gen.kv.shares_prefix else rows * (prompt + clock)
+    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.budget), in the engine's
+    blocks."""
+    if not gen.kv.shares_prefix:
+        return rows * (prompt + clock)
+    b = gen.kv.block
+    shared = prompt if b == 1 else block_shared(prompt, b)
+    return shared + rows * Budget(None, block=b).held(prompt - shared + clock)
 
 
 def test_a_request_larger_than_the_whole_budget_is_refused_by_name(tiny_gen):

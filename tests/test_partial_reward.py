@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rodeco.budget import Budget
+from rodeco.budget import Budget, full_length_tokens
 from rodeco.contracts import Scorer
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
@@ -32,11 +32,13 @@ class HiddenProbe:
 
 
 def settings(gen, n: int = 6) -> LoopSettings:
-    """A budget that forces decision points after about 4 and 8 tokens."""
-    P, rows = max(len(gen.encode(t)) for _, t in PROMPTS), len(PROMPTS) * n
-    kv = len(PROMPTS) * P + rows * 4 if gen.kv.shares_prefix else rows * (P + 4)
+    """A budget that forces decision points after about 4 and 8 tokens (in blocks: after the first block)."""
+    lens = [len(gen.encode(t)) for _, t in PROMPTS]
+    P, rows = max(lens), len(PROMPTS) * n
+    kv = full_length_tokens(n, lens, 4, gen.kv) if gen.kv.shares_prefix else rows * (P + 4)
+    new = 12 if gen.kv.block == 1 else 3 * gen.kv.block
     return LoopSettings(
-        n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=12, budget=Budget(kv, 2), seed=3, all_candidates=True
+        n=n, sampling=SamplingParams(1.0, 0, 1.0), max_new_tokens=new, budget=Budget(kv, 2), seed=3, all_candidates=True
     )
 
 
@@ -48,7 +50,7 @@ def fixed(alpha: float = 0.5):
     return default_plugins().build_policy({"name": "fixed", "alpha": alpha}, BuildContext())
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 def test_hidden_state_equals_a_fresh_forward_pass(tiny_gen, engine):
     """At every decision point (rows pruned in between), a partial request's hidden state is the final-layer state a
     fresh forward pass over the prompt and all response tokens but the last gives at its last position."""

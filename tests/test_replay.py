@@ -35,10 +35,10 @@ NEW = 16
 BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_layouts_allocate_as_the_real_engines(tiny_gen, engine):
     real = tiny_gen(engine).new_engine()
-    layout = LAYOUTS[real.name](1)
+    layout = LAYOUTS[real.name](real.block)
     ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     ops = [
@@ -70,13 +70,13 @@ def same_allocation(real, layout, ops) -> None:
         ), f"after op {i} ({op})"
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_layouts_admit_as_the_real_engines(tiny_gen, engine):
     """Prompts joining a running batch (longer and shorter than the rows there), rows leaving while the rows are of
     different lengths, and the batch's first rows all leaving: the layout's rows, length and memory stay the
     engine's."""
     real = tiny_gen(engine).new_engine()
-    layout = LAYOUTS[real.name](1)
+    layout = LAYOUTS[real.name](real.block)
     ops = [
         ("prefill", (torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]]))),
         ("select", (torch.arange(2).repeat_interleave(2),)),
@@ -106,7 +106,7 @@ def pools(tmp_path_factory, tiny_model, tiny_tokenizer):
     from rodeco.generator import TorchGenerator
 
     out = {}
-    for engine in ("fast", "hf"):
+    for engine in ("fast", "paged", "hf"):
         gen = TorchGenerator(tiny_model, tiny_tokenizer, engine=engine, name="tiny")
         path = tmp_path_factory.mktemp(f"pool-{engine}") / "pool"
         record(rodeco.load_config(BASE), default_plugins(), path, PROMPTS, 12, gen=gen)
@@ -160,13 +160,14 @@ def live_and_replay(
     return (live, replayed, rgen) if with_gen else (live, replayed)
 
 
-@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
 @pytest.mark.parametrize("policy, params, kv", CASES)
 def test_replay_equals_live(pools, engine, policy, params, kv):
     if engine == "hf" and policy not in ("fixed", "none"):
         pytest.skip("the hf engine is checked with none and fixed; the policies are engine-independent")
     gen, path = pools[engine]
-    kv = kv if kv is None or engine == "fast" else {70: 240, 110: 290}[kv]  # hf stores the prompt in every row
+    if kv is not None and engine != "fast":  # hf stores the prompt in every row; paged counts in blocks of 16
+        kv = {"hf": {70: 240, 110: 290}, "paged": {70: 160, 110: 200}}[engine][kv]
     live, replayed = live_and_replay(gen, path, policy, params, kv)
     decided = 0
     for lv, (rp, comp, _) in zip(live, replayed):

@@ -31,7 +31,7 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
         return model(torch.tensor([seq])).logits[0, -1]
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_stream(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     ids = [gen.encode(p) for p in PROMPTS[:2]]
@@ -111,7 +111,7 @@ def _run_with(gen, policy, n=4, overrides=(), prompts=PROMPTS[:2], seed=0):
     )
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast"])
+@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
 def test_copies_are_new_candidates_with_their_lineage_in_the_results(tiny_gen, engine):
     out = _run_with(tiny_gen(engine), Copier(), overrides=["budget=unlimited", "sampling.ignore_eos=true"])
     for r in out.results:

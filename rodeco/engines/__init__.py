@@ -12,13 +12,16 @@
 - ``name``: the engine's stable id (``generator.engine``'s value, what a pool records);
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
 - ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
+- ``block``: tokens its cache allocates at a time (1: token by token; ``paged``: blocks of 16), what the budget
+  counts in (``rodeco.budget``);
 - ``prepare(model, mkl)``: what every session's engine computes with besides the model (the fast engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
   LM head reads) of each row's last position after ``prefill``/``step``: ``[rows, hidden]``, no extra forward.
 
 ``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``;
-``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache. The folder
+``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache, and
+``rodeco.engines.paged.PagedLlamaEngine`` runs them on a paged cache. The folder
 also holds every other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so
 it plugs in at the session, ``rodeco.protocols.Session``), ``layout`` (the model-free layouts a replay counts
 memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds is chosen
@@ -38,7 +41,7 @@ from rodeco.validation import ConfigError
 # ``__getattr__`` is typed ``Tensor | Module``. So engines take it as ``Any`` under this name.
 HFModel = Any
 
-ENGINES = ("auto", "fast", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
+ENGINES = ("auto", "fast", "paged", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
 
 
 class Forward(Protocol):
@@ -65,6 +68,7 @@ class Engine(Forward, Protocol):
     name: str
     shares_prefix: bool
     compilable: bool
+    block: int
 
     def __init__(self, model: HFModel, weights: Any = None, compiled: Any = None) -> None: ...
     @staticmethod
@@ -75,17 +79,21 @@ def engine_class(kind: str, model: HFModel) -> type[Engine]:
     """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: fast when it can run the model)."""
     from rodeco.engines.hf import HFEngine
 
-    if kind in ("auto", "fast"):
+    if kind in ("auto", "fast", "paged"):
         from rodeco.engines.fast import FastLlamaEngine, supports
 
         why = supports(model)
+        if why is None and kind == "paged":
+            from rodeco.engines.paged import PagedLlamaEngine
+
+            return PagedLlamaEngine
         if why is None:
             return FastLlamaEngine
-        if kind == "fast":
+        if kind != "auto":
             raise ConfigError(
                 "generator.engine",
                 kind,
-                f"the fast engine cannot run this model: {why}",
+                f"the {kind} engine cannot run this model: {why}",
                 "use generator.engine=hf (any causal LM) or auto",
             )
     elif kind != "hf":

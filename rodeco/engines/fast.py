@@ -64,6 +64,7 @@ class FastLlamaEngine:
     name = "fast"
     shares_prefix = True  # a prompt's cache is stored once, however many rows decode from it
     compilable = True  # generator.compile applies (rodeco.engines.compiled)
+    block = 1  # token by token
 
     def __init__(
         self,

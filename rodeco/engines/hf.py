@@ -20,6 +20,7 @@ class HFEngine:
     name = "hf"
     shares_prefix = False
     compilable = False  # generator.compile does not apply
+    block = 1  # token by token
 
     @staticmethod
     def prepare(model: HFModel, mkl: bool = False) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from rodeco.budget import block_shared
+from rodeco.engines.blocks import Blocks
 
 
 def _token_by_token(layout: object, block: int) -> None:
@@ -217,5 +218,50 @@ class VLLMLayout:
         return torch.zeros(self.rows, 1)
 
 
+class PagedLayout:
+    """``PagedLlamaEngine``: blocks of ``block`` tokens, a prompt's shared by its rows by reference and copied by a
+    row when it writes into a shared one; the same bookkeeping as the engine's (``rodeco.engines.blocks.Blocks``),
+    with no tensors. A finished row leaves once finished rows are a quarter of the batch, as on the fast engine."""
+
+    shares_prefix = True
+    compact_fraction = 0.25
+    keep_hidden, last_hidden = False, None
+
+    def __init__(self, block: int) -> None:
+        self.blocks = Blocks(block)
+
+    @property
+    def rows(self) -> int:
+        return self.blocks.rows
+
+    @property
+    def length(self) -> int:
+        return int(self.blocks.lens.max()) if self.rows else 0
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.blocks.in_use * self.blocks.size
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.blocks = Blocks(self.blocks.size)
+        return self.admit(ids, mask)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.blocks.select(rows.cpu().numpy())
+
+    def reserve(self, capacity: int) -> None:
+        pass
+
+    def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.blocks.add(mask.sum(-1).cpu().numpy().astype(np.int64))
+        return torch.zeros(ids.shape[0], 1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.blocks.append()
+        return torch.zeros(self.rows, 1)
+
+
+Layout = HFLayout | FastLayout | PagedLayout | VLLMLayout
+
 # by the engine's id (``EngineInfo.name``)
-LAYOUTS: dict[str, type[HFLayout | FastLayout | VLLMLayout]] = {"hf": HFLayout, "fast": FastLayout, "vllm": VLLMLayout}
+LAYOUTS: dict[str, type[Layout]] = {"hf": HFLayout, "fast": FastLayout, "paged": PagedLayout, "vllm": VLLMLayout}

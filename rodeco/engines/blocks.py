@@ -1,0 +1,122 @@
+"""A paged KV cache's bookkeeping, without tensors: which blocks of a pool each row's tokens lie in.
+
+A pool holds blocks of ``size`` tokens. Each row names its blocks in order (its *table*) and holds ``lens`` tokens,
+its prompt's and its own. A prompt's blocks are named by all its rows (they are shared by reference, counted once);
+a row that writes into a block another row also names gets its own copy first (copy-on-write), so a prompt's partial
+last block is copied once by each row at its first token, and a copied row (beam, particle filter) shares its
+parent's blocks until one of them writes. Dropping rows (rejection, finished rows leaving) frees the blocks no row
+names any more, with no copy. The pool grows when it runs out of free blocks (by half its size at least, so it is
+copied a few times over a run); the blocks in use are what the cache holds (``in_use``).
+
+The paged engine (``rodeco.engines.paged``) keeps one of these beside its tensors and applies what it decides; a
+replay counts memory with the same object (``rodeco.engines.layout.PagedLayout``), so the two agree by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GROWTH = 0.5  # the pool grows by at least this share of its size when it runs out of free blocks
+FIRST = 16  # blocks a pool starts with, at least
+
+
+class Blocks:
+    """Rows' block tables over a pool of blocks of ``size`` tokens (see the module doc)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a block holds at least one token, not {size}")
+        self.size = size
+        self.tables = np.zeros((0, 0), dtype=np.int64)  # [rows, M]: each row's blocks in order; past them, unread
+        self.lens = np.zeros(0, dtype=np.int64)  # [rows]: tokens each row holds
+        self.ref = np.zeros(0, dtype=np.int64)  # [pool]: rows naming each block
+        self.free: list[int] = []  # blocks no row names, taken from the end
+
+    @property
+    def pool(self) -> int:
+        """Blocks in the pool, free or not."""
+        return len(self.ref)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lens)
+
+    @property
+    def in_use(self) -> int:
+        """Blocks some row names: what the cache holds."""
+        return self.pool - len(self.free)
+
+    def counts(self) -> np.ndarray:
+        """[rows] blocks each row names."""
+        return -(-self.lens // self.size)
+
+    def _alloc(self, k: int) -> np.ndarray:
+        """``k`` free blocks, now named once each; the pool grows first if too few are free."""
+        if k > len(self.free):
+            old = self.pool
+            new = max(old + k - len(self.free), old + int(old * GROWTH), FIRST)
+            self.ref = np.concatenate([self.ref, np.zeros(new - old, dtype=np.int64)])
+            self.free = list(range(new - 1, old - 1, -1)) + self.free  # the lowest new block is taken last
+        ids = np.array(self.free[len(self.free) - k :][::-1], dtype=np.int64)
+        del self.free[len(self.free) - k :]
+        self.ref[ids] = 1
+        return ids
+
+    def _widen(self, width: int) -> None:
+        if width > self.tables.shape[1]:
+            pad = np.zeros((self.rows, width - self.tables.shape[1]), dtype=np.int64)
+            self.tables = np.concatenate([self.tables, pad], axis=1)
+
+    def add(self, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One row for each of the new prompts of ``lens`` tokens, after the rows there are, its tokens in blocks of
+        its own. Returns where each token goes, prompt by prompt, in order: (block, offset in the block)."""
+        lens = np.asarray(lens, dtype=np.int64)
+        nb = -(-lens // self.size)
+        ids = self._alloc(int(nb.sum()))
+        width = max(self.tables.shape[1], int(nb.max()) if len(nb) else 0)
+        self._widen(width)
+        new = np.zeros((len(lens), width), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(nb)[:-1]])
+        for i, (s, k) in enumerate(zip(starts, nb)):
+            new[i, :k] = ids[s : s + k]
+        self.tables = np.concatenate([self.tables, new])
+        self.lens = np.concatenate([self.lens, lens])
+        tok = np.concatenate([np.arange(n) for n in lens]) if len(lens) else np.zeros(0, dtype=np.int64)
+        first = np.repeat(starts, lens)
+        return ids[first + tok // self.size], tok % self.size
+
+    def select(self, rows: np.ndarray) -> None:
+        """Keep (and repeat, reorder) rows by index: a repeated row shares its blocks; blocks no row names are
+        freed."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.tables, self.lens = self.tables[rows], self.lens[rows]
+        width = int(self.counts().max()) if self.rows else 0
+        self.tables = self.tables[:, :width]
+        named = self.tables[np.arange(width)[None] < self.counts()[:, None]]
+        self.ref = np.bincount(named, minlength=self.pool).astype(np.int64)
+        self.free = np.flatnonzero(self.ref == 0)[::-1].tolist()
+
+    def append(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Room for one more token in every row. Returns (block [rows], offset [rows]) where each row writes it, and
+        the copies to make before it does, (from [k], to [k]): each row writing into a block that another row also
+        names gets a copy of it, except the last such row when every row naming the block writes into it now."""
+        j, off = np.divmod(self.lens, self.size)
+        at = np.arange(self.rows)
+        self._widen(int(j.max()) + 1 if self.rows else 0)
+        opened = off == 0  # a new block
+        cur = np.where(opened, 0, self.tables[at, j])
+        shared = np.flatnonzero(~opened & (self.ref[cur] > 1))
+        blk = cur[shared]
+        last = np.zeros(len(shared), dtype=bool)
+        _, first_from_end = np.unique(blk[::-1], return_index=True)
+        last[len(blk) - 1 - first_from_end] = True
+        writers = np.bincount(blk, minlength=self.pool)
+        copy = shared[~(last & (writers[blk] == self.ref[blk]))]
+        src = cur[copy]
+        dst = self._alloc(len(copy))
+        np.subtract.at(self.ref, src, 1)
+        self.tables[copy, j[copy]] = dst
+        fresh = np.flatnonzero(opened)
+        self.tables[fresh, j[fresh]] = self._alloc(len(fresh))
+        self.lens = self.lens + 1
+        return self.tables[at, j], off, src, dst

@@ -1,0 +1,105 @@
+"""The paged cache's bookkeeping (``rodeco.engines.blocks.Blocks``): shared prompt blocks, copy-on-write, freeing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rodeco.engines.blocks import FIRST, Blocks
+
+
+def named(b: Blocks, row: int) -> list[int]:
+    return b.tables[row, : b.counts()[row]].tolist()
+
+
+def check_counts(b: Blocks) -> None:
+    """Each block's count is the rows naming it, and the free blocks are exactly those no row names."""
+    refs = np.zeros(b.pool, dtype=np.int64)
+    for r in range(b.rows):
+        for x in named(b, r):
+            refs[x] += 1
+    assert refs.tolist() == b.ref.tolist()
+    assert sorted(b.free) == np.flatnonzero(refs == 0).tolist()
+    assert len(set(b.free)) == len(b.free)
+
+
+def test_a_prompt_fills_whole_blocks_and_the_tokens_land_in_order():
+    b = Blocks(4)
+    blk, off = b.add(np.array([6, 4]))
+    assert b.counts().tolist() == [2, 1] and b.in_use == 3
+    assert off.tolist() == [0, 1, 2, 3, 0, 1, 0, 1, 2, 3]
+    assert blk[:4].tolist() == [named(b, 0)[0]] * 4 and blk[4:6].tolist() == [named(b, 0)[1]] * 2
+    assert blk[6:].tolist() == [named(b, 1)[0]] * 4
+    check_counts(b)
+
+
+def test_fan_out_shares_a_prompts_blocks_and_the_first_token_copies_its_partial_block_once_a_row_but_the_last():
+    b = Blocks(4)
+    b.add(np.array([6]))
+    b.select(np.zeros(3, dtype=np.int64))  # three rows of one prompt
+    assert b.in_use == 2  # shared, counted once
+    check_counts(b)
+    full, partial = named(b, 0)
+    blk, off, src, dst = b.append()
+    assert off.tolist() == [2, 2, 2]
+    assert src.tolist() == [partial, partial] and len(set(dst.tolist())) == 2  # two copies; the last row keeps it
+    assert sorted(blk.tolist()) == sorted([*dst.tolist(), partial])
+    assert all(named(b, r)[0] == full for r in range(3))  # the full block stays shared
+    assert b.in_use == 4
+    check_counts(b)
+    blk, off, src, dst = b.append()  # no block is shared at the write position now
+    assert len(src) == 0 and off.tolist() == [3, 3, 3]
+
+
+def test_a_prompt_of_whole_blocks_copies_nothing_and_each_row_opens_a_block():
+    b = Blocks(4)
+    b.add(np.array([8]))
+    b.select(np.zeros(2, dtype=np.int64))
+    blk, off, src, dst = b.append()
+    assert len(src) == 0 and off.tolist() == [0, 0] and blk[0] != blk[1]
+    assert b.in_use == 4 and b.counts().tolist() == [3, 3]
+    check_counts(b)
+
+
+def test_dropping_rows_frees_the_blocks_no_row_names():
+    b = Blocks(4)
+    b.add(np.array([5, 3]))
+    b.select(np.array([0, 0, 1, 1]))
+    for _ in range(6):
+        b.append()
+    before = b.in_use
+    b.select(np.array([1, 3]))  # one row of each prompt
+    assert b.in_use < before
+    check_counts(b)
+    b.select(np.array([1]))  # the first prompt's rows all gone: its blocks free
+    assert b.in_use == b.counts()[0]
+    check_counts(b)
+    b.select(np.zeros(0, dtype=np.int64))
+    assert b.in_use == 0 and b.rows == 0
+
+
+def test_a_copied_row_shares_its_parent_until_one_of_them_writes():
+    b = Blocks(4)
+    b.add(np.array([3]))
+    for _ in range(3):
+        b.append()  # 6 tokens: a full block and half of a second
+    b.select(np.array([0, 0]))  # beam: the row copied
+    assert b.in_use == 2
+    blk, off, src, dst = b.append()
+    assert len(src) == 1 and blk[0] != blk[1] and b.in_use == 3
+    check_counts(b)
+
+
+def test_the_pool_grows_by_half_at_least_and_keeps_its_blocks():
+    b = Blocks(2)
+    b.add(np.array([2 * FIRST]))
+    assert b.pool == FIRST and not b.free
+    keep = named(b, 0)
+    b.append()
+    assert b.pool == FIRST + FIRST // 2 and named(b, 0)[:FIRST] == keep
+    check_counts(b)
+
+
+def test_a_block_holds_at_least_one_token():
+    with pytest.raises(ValueError, match="at least one token"):
+        Blocks(0)
