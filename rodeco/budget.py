@@ -16,11 +16,14 @@ round must decode at least ``m = min(min_tokens_per_round, L_max - L)`` tokens, 
 rows may go on: the policy must reject at least ``r - floor(B' / (L + m))`` rows. Rows are freed before the next
 round allocates, so the cache never holds more than ``B`` tokens.
 
-An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``) shares only the full
-blocks before a prompt's last token (vLLM computes that token for each row, to sample from it): each row holds the
-prompt's last ``P - b * floor((P - 1) / b)`` tokens (1 to ``b``) itself, and a row of own length ``L`` holds
-``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of ``b``,
-``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above.
+An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``; ``paged``) shares only
+the full blocks before a prompt's last token (vLLM computes that token for each row, to sample from it): each row
+holds the prompt's last ``P - b * floor((P - 1) / b)`` tokens (1 to ``b``) itself, and a row of own length ``L``
+holds ``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of
+``b``, ``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above. The ``paged`` engine
+(blocks of 16) is counted the same way: its rows copy their prompt's partial last block at their first token, and
+a prompt of whole blocks it stores entirely once, so for such a prompt the count is one block a row above what it
+holds.
 
 Each row also holds working memory beyond its cache while it decodes: its logits, their sampling copies, attention
 scores (``rodeco.working``). Charged, it is ``w = row_overhead`` tokens a row (``WorkingMemory.tokens``: the bytes

@@ -77,7 +77,7 @@ class TorchGenerator(ModelGenerator):
         if self.compile and self._compiled is None:
             weights = self._weights()
             assert weights is not None  # compile_setting allows compile only on an engine that prepares weights
-            self._compiled = CompiledStep.of(self.model, weights)
+            self._compiled = CompiledStep.of(self.model, weights, paged=self.engine_class().block > 1)
         return self._compiled
 
     def new_engine(self) -> Engine:

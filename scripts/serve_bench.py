@@ -37,12 +37,15 @@ samples as a request of its own::
 
 After the phases, every server's answers are judged client-side by ``--judges`` (``serve_bench_judged.py``: each
 server's mean and SR's differences paired over requests, as ``judge_*`` lines), outside every latency. Writes
-``serve_bench.json`` (after each phase) and the servers' logs (``logs/``) under ``--out``.
+``serve_bench.json`` (after each phase) and the servers' logs (``logs/``) under ``--out``. A run stopped after a
+phase resumes: started again with the same arguments and ``--out``, it keeps the phases recorded there and runs the
+rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -293,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not a.skip_vllm and not a.vllm_python.is_file():
         sys.exit(f"--vllm-python {a.vllm_python}: no such file (make setup-vllm builds .venv-vllm), or --skip-vllm")
     bench = Bench(a)
+    bench.resume()
     bench.rodeco_phases()
     scorer = Scorer(a.reward, a.score_batching, a.scorer_threads)  # the same reward, client-side
     try:
@@ -342,6 +346,22 @@ class Bench:
         }
         self.summary: dict[str, dict[str, Any]] = {}
 
+    def resume(self) -> None:
+        """Keep the phases a stopped run with the same arguments and arrivals recorded in ``--out`` (each phase is
+        written once it ends): they are not run again, and their figures are computed from their records."""
+        f = self.a.out / "serve_bench.json"
+        if not f.is_file():
+            return
+        old = json.loads(f.read_text(encoding="utf-8"))
+        if old.get("args") != self.doc["args"] or old.get("arrivals") != self.doc["arrivals"]:
+            log.info("%s was written with other arguments: every phase runs", f)
+            return
+        for name, s in old.get("servers", {}).items():
+            recs = [Record(**r) for r in s["records"]]
+            self.summary[name] = figures(recs, self.idx, self.a.latency_target)
+            self.doc["servers"][name] = s
+            log.info("%s: kept from %s (%d requests), not run again", name, f, len(recs))
+
     def phase(self, name: str, srv: Server, send: Send, extra: dict[str, Any]) -> None:
         """Warm the server, send the requests, and record the phase (written at once)."""
         warm(name, send, self.warm_texts, self.a)
@@ -368,6 +388,9 @@ class Bench:
         a, port = self.a, free_port()
         env = {"HYDRA_FULL_ERROR": "1", **({"OMP_NUM_THREADS": str(a.rodeco_threads)} if a.rodeco_threads > 0 else {})}
         names = ["sr"] + ([] if a.skip_bon else ["bon"]) + (["search"] if a.search else [])
+        names = [n for n in names if n not in self.doc["servers"]]  # a resumed run's phases are kept
+        if not names:
+            return
         with launched("rodeco", rodeco_argv(a, port), port, a.out / "logs", a.start_timeout, env=env) as srv:
             for name in names:
                 policy = self.POLICIES[name](a)
@@ -386,6 +409,8 @@ class Bench:
 
     def vllm_phase(self, scorer: Scorer) -> None:
         """Server 3: vLLM's own server, Best-of-N with n=N, its responses scored here."""
+        if "vllm" in self.doc["servers"]:  # kept from a stopped run (``resume``)
+            return
         a, port = self.a, free_port()
         argv, settings = vllm_argv(a, port, self.src)
         with launched(

@@ -102,8 +102,8 @@ def ratio(num: dict[str, Any], den: dict[str, Any], key: str) -> dict[str, Any]:
     """``num[key] / den[key]`` with its 95% CI from the ratios on the same resamples (paired over requests)."""
     from rodeco.experiments.bootstrap import ci
 
-    with np.errstate(all="ignore"):
-        return {"ratio": num[key] / den[key], "ci": ci(num["_boot"][key] / den["_boot"][key])}
+    with np.errstate(all="ignore"):  # a zero denominator (no request within the target): inf or nan, not an error
+        return {"ratio": float(np.float64(num[key]) / den[key]), "ci": ci(num["_boot"][key] / den["_boot"][key])}
 
 
 def diff(a_: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, Any]:

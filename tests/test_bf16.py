@@ -216,7 +216,7 @@ def _cache_bytes(engine) -> int:
     if hasattr(engine, "blocks"):  # paged: the blocks some row names, each counted once
         b = engine.blocks
         named = {x for r in range(b.rows) for x in b.tables[r, : b.counts()[r]].tolist()}
-        return len(named) * (engine.kpool[:, 0].nbytes + engine.vpool[:, 0].nbytes)
+        return len(named) * sum(p[0].nbytes for p in (*engine.kpool, *engine.vpool))
     if hasattr(engine, "kp"):  # fast
         return sum(t.nbytes for cache in (engine.kp, engine.vp, engine.k, engine.v) for t in cache)
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in engine.cache.layers)  # hf: a DynamicCache

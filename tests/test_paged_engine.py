@@ -91,9 +91,9 @@ def test_rejection_and_fan_out_copy_no_cache_and_free_blocks(tiny_model):
     assert e.allocated_tokens == 4 * BLOCK
     for s in range(BLOCK):
         e.step(tokens(e.rows, V, s))
-    held, pool = e.allocated_tokens, e.kpool.data_ptr()
+    held, pool = e.allocated_tokens, e.kpool[0].data_ptr()
     e.select(torch.tensor([0, 8]))  # rejection: one row a prompt
-    assert e.kpool.data_ptr() == pool  # no copy
+    assert e.kpool[0].data_ptr() == pool  # no copy
     # before: the first prompt's 3 blocks and 8 rows' one each; the second's rows 2 each (a copied tail, then one)
     assert held == (3 + 8 + 16) * BLOCK
     assert e.allocated_tokens == (3 + 1 + 2) * BLOCK

@@ -120,3 +120,35 @@ def test_bad_rates_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         load.parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_a_ratio_over_zero_goodput_is_inf_or_nan_not_an_error():
+    idx = figs.bootstrap_index(4, 20, 0)
+    none = figs.figures(recs([90.0, 95.0, 99.0, 120.0], [None] * 4), idx, 60.0)
+    some = figs.figures(recs([30.0, 95.0, 40.0, 120.0], [None] * 4), idx, 60.0)
+    assert none["goodput_per_s"] == 0
+    assert math.isnan(figs.ratio(none, none, "goodput_per_s")["ratio"])
+    assert math.isinf(figs.ratio(some, none, "goodput_per_s")["ratio"])
+
+
+def test_a_stopped_run_keeps_its_recorded_phases_and_runs_only_the_rest(tmp_path, monkeypatch):
+    import serve_bench as sb
+
+    monkeypatch.setattr(sb, "model_dir", lambda generator: tmp_path / "model")
+    argv = ["--out", str(tmp_path), "--requests", "4", "--rate", "1", "--skip-bon", "--skip-vllm", "--bootstrap", "20"]
+    a = sb.parse(argv)
+    first = sb.Bench(a)
+    records = recs([30.0, 95.0, 40.0, 120.0], [1.0] * 4)
+    first.doc["servers"]["sr"] = {"summary": {}, "records": [sb.asdict(r) for r in records]}
+    sb.write(a.out, first.doc)
+
+    again = sb.Bench(sb.parse(argv))
+    again.resume()
+    assert again.doc["servers"]["sr"]["records"] == first.doc["servers"]["sr"]["records"]
+    assert again.summary["sr"]["completed"] == 4 and again.summary["sr"]["goodput_per_s"] > 0
+    monkeypatch.setattr(sb, "launched", lambda *args, **kw: pytest.fail("a kept phase's server was started"))
+    again.rodeco_phases()  # every rodeco phase kept: no server
+
+    other = sb.Bench(sb.parse([*argv, "--seed", "1"]))  # other arrivals: nothing kept
+    other.resume()
+    assert other.doc["servers"] == {} and other.summary == {}

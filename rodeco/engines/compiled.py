@@ -252,6 +252,43 @@ class _Step(torch.nn.Module):
         return self._linear(hidden, "head", 0), hidden
 
 
+class _PagedStep(_Step):
+    """The paged engine's step (``rodeco.engines.paged``): each layer writes the rows' new keys and values into their
+    blocks of the layer's pools in place, and attends over each row's own blocks (rodeco's paged kernel on CPU,
+    ``native.paged_reference``'s gather elsewhere)."""
+
+    def forward(  # type: ignore[override]  # the paged cache's arguments
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        blk: torch.Tensor,
+        off: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        kpool: list[torch.Tensor],
+        vpool: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, hidden], cos/sin [B, 1, D], the block and offset each row writes ``blk``, ``off`` [B], the rows'
+        block tables [B, M] and tokens ``lens`` [B] (this step's included), the layers' pools -> (logits [B, V], the
+        final normed hidden state [B, hidden])."""
+        B, g, w = x.shape[0], self.h // self.hkv, self.w
+        hd, kd = self.h * self.d, self.hkv * self.d
+        attend = native.paged_attention if self.kernel else native.paged_reference
+        for li in range(len(w.qkv)):
+            qkv = self._linear(rms_norm(x, w.ln1[li], self.eps), "qkv", li)
+            q, kn, vn = qkv.split([hd, kd, kd], dim=-1)
+            q = rope(q.view(B, self.h, self.d), cos, sin).view(B, self.hkv, g, self.d)
+            kpool[li][blk, :, :, off] = rope(kn.view(B, self.hkv, self.d), cos, sin)
+            vpool[li][blk, :, off] = vn.view(B, self.hkv, self.d)
+            o = attend(q, kpool[li], vpool[li], tables, lens, self.scale)
+            x = x + self._linear(o.reshape(B, -1), "o", li)
+            gate, up = self._linear(rms_norm(x, w.ln2[li], self.eps), "gate_up", li).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, "down", li)
+        hidden = rms_norm(x, w.norm, self.eps)
+        return self._linear(hidden, "head", 0), hidden
+
+
 def _heads(model: HFModel) -> tuple[int, int, int]:
     """The model's query heads, KV heads and head_dim (``rodeco.engines.fast.supports``' models)."""
     c = model.config
@@ -259,10 +296,12 @@ def _heads(model: HFModel) -> tuple[int, int, int]:
     return c.num_attention_heads, c.num_key_value_heads, d
 
 
-def _kernel_serves(head_dim: int, group: int, cuda: bool) -> bool:
+def _kernel_serves(head_dim: int, group: int, cuda: bool, paged: bool = False) -> bool:
     """Where the compiled step's attention is rodeco's kernel by default: on CPU, a model it fits, once built. It
-    is paired against inductor's attention by ``scripts/kernel_pairs.py`` (docs/results.md)."""
-    return not cuda and native.fits(head_dim, group) and native.available("decode_attention")
+    is paired against inductor's attention by ``scripts/kernel_pairs.py`` (docs/results.md); the paged kernel
+    against the torch gather by ``scripts/paged_pairs.py``."""
+    kernel = "paged_attention" if paged else "decode_attention"
+    return not cuda and native.fits(head_dim, group) and native.available(kernel)
 
 
 class CompiledStep:
@@ -287,24 +326,28 @@ class CompiledStep:
         packed: bool = True,
         kernel: bool | None = None,
         graphs: bool | None = None,
+        paged: bool = False,
     ) -> None:
         p = next(model.parameters())
         self.cuda = is_cuda(p.device)
-        self.graphs = self.cuda if graphs is None else graphs
+        self.paged = paged  # the paged engine's step (``_PagedStep``): never one graph a round
+        self.graphs = (self.cuda if graphs is None else graphs) and not paged
         if self.graphs and self.cuda:
             log.warning(
                 "the compiled step runs one CUDA graph a round, which is untried on a GPU: tested on CPU only, "
                 "until scripts/gpu_check.py's engine_bench, syncs and survivors steps run it"
             )
         # rodeco's attention kernel, which reads keys by column (``keys_by_column``); not under ``graphs``
-        self.kernel = (_kernel_serves(d, h // hkv, self.cuda) if kernel is None else kernel) and not self.graphs
-        self.module = _Step(model, fused, h, hkv, d, eps, packed, self.kernel, self.graphs).eval()
+        serves = _kernel_serves(d, h // hkv, self.cuda, paged)
+        self.kernel = (serves if kernel is None else kernel) and not self.graphs
+        step = _PagedStep if paged else _Step
+        self.module = step(model, fused, h, hkv, d, eps, packed, self.kernel, self.graphs).eval()
         self.compiles = 0
         self.compile_seconds = 0.0
         self.cudagraph_skips = 0
         # dynamo keeps compiled graphs (and its recompile limit) per code object: each step gets a code object of its
         # own, so another model's or dtype's step never evicts this one's graphs nor exhausts its limit
-        fwd = _Step.forward
+        fwd = step.forward
         own = types.FunctionType(
             fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__
         )
@@ -346,11 +389,13 @@ class CompiledStep:
         packed: bool = True,
         kernel: bool | None = None,
         graphs: bool | None = None,
+        paged: bool = False,
     ) -> CompiledStep:
         """The compiled step of a model the fast engine runs (``rodeco.engines.fast.supports``), from the fused
         weights its engines use (``packed``: as ``_Step``'s; ``kernel``: rodeco's attention kernel, by default
-        where ``uses_kernel``; ``graphs``: one graph a round, by default on CUDA)."""
-        return cls(model, fused, *_heads(model), model.config.rms_norm_eps, packed, kernel, graphs)
+        where ``uses_kernel``; ``graphs``: one graph a round, by default on CUDA; ``paged``: the paged engine's step,
+        ``_PagedStep``, without graphs)."""
+        return cls(model, fused, *_heads(model), model.config.rms_norm_eps, packed, kernel, graphs, paged)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx

@@ -14,11 +14,14 @@ goes to is decided by ``rodeco.engines.blocks.Blocks``. So:
   the torch path it replaces, ``paged_reference``), its own number of tokens, so no row reads another's padding.
 
 A row's logits depend on its own tokens only (the kernel's contract, and the fast engine's row-invariant linears),
-so Speculative Rejection's survivors are Best-of-N's samples. The step is eager: ``generator.compile`` does not apply
-to this engine yet.
+so Speculative Rejection's survivors are Best-of-N's samples. ``generator.compile`` compiles the step as one graph
+(``rodeco.engines.compiled.CompiledStep`` with ``paged``: the same writes and attention, the paged kernel an opaque
+op in it); never as CUDA graphs, whose fixed addresses and sizes a block table's growth does not keep.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,23 +33,30 @@ from rodeco.engines.fast import FastLlamaEngine
 from rodeco.engines.llama import FastWeights, rope
 from rodeco.hardware import is_cpu
 
+if TYPE_CHECKING:
+    from rodeco.engines.compiled import CompiledStep
+
 BLOCK = 16  # tokens a block (rodeco's paged kernel reads blocks of a multiple of ``native.LANES``)
 
 
 class PagedLlamaEngine(FastLlamaEngine):
     name = "paged"
     shares_prefix = True
-    compilable = False
+    compilable = True  # generator.compile: the step as one graph (``CompiledStep`` with ``paged``), no CUDA graphs
     block = BLOCK
 
-    def __init__(self, model: HFModel, compiled: object = None, weights: FastWeights | None = None) -> None:
-        if compiled is not None:
-            raise ValueError("the paged engine's step is eager: it takes no compiled step")
+    def __init__(
+        self, model: HFModel, compiled: CompiledStep | None = None, weights: FastWeights | None = None
+    ) -> None:
+        if compiled is not None and not compiled.paged:
+            raise ValueError("the paged engine runs the paged compiled step (CompiledStep.of(..., paged=True))")
         super().__init__(model, weights=weights)
+        self.compiled = compiled
         self.blocks = Blocks(BLOCK)
         like = self.embed
-        self.kpool = like.new_empty(len(self.layers), 0, self.hkv, self.d, BLOCK)  # per layer, keys by column
-        self.vpool = like.new_empty(len(self.layers), 0, self.hkv, BLOCK, self.d)
+        # per layer: keys by column [blocks, kv_heads, head_dim, BLOCK], values by row [blocks, kv_heads, BLOCK, D]
+        self.kpool = [like.new_empty(0, self.hkv, self.d, BLOCK) for _ in self.layers]
+        self.vpool = [like.new_empty(0, self.hkv, BLOCK, self.d) for _ in self.layers]
         self.kernel = (
             is_cpu(like.device)
             and native.fits(self.d, self.h // self.hkv)
@@ -75,17 +85,17 @@ class PagedLlamaEngine(FastLlamaEngine):
     @property
     def pool_tokens(self) -> int:
         """Tokens' worth of the pool's blocks, free or not: the memory the cache has taken."""
-        return self.kpool.shape[1] * BLOCK
+        return self.kpool[0].shape[0] * BLOCK if self.kpool else 0
 
     def _fit_pool(self) -> None:
         """Grow the pools to the blocks' pool (a copy of each, amortised: it grows by half at least)."""
-        n, have = self.blocks.pool, self.kpool.shape[1]
+        n, have = self.blocks.pool, self.kpool[0].shape[0]
         if n > have:
-            for name in ("kpool", "vpool"):
-                old = getattr(self, name)
-                new = old.new_zeros(old.shape[0], n, *old.shape[2:])
-                new[:, :have] = old
-                setattr(self, name, new)
+            for pools in (self.kpool, self.vpool):
+                for li, old in enumerate(pools):
+                    new = old.new_zeros(n, *old.shape[1:])
+                    new[:have] = old
+                    pools[li] = new
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -109,9 +119,9 @@ class PagedLlamaEngine(FastLlamaEngine):
         g = torch.from_numpy(np.repeat(np.arange(len(lens)), lens)).to(dev)
         src = torch.from_numpy(np.concatenate([np.arange(L - n, L) for n in lens])).to(dev)
         b, o = torch.from_numpy(blk).to(dev), torch.from_numpy(off).to(dev)
-        for li in range(len(self.layers)):
-            self.kpool[li][b, :, :, o] = kps[li][g, :, src]
-            self.vpool[li][b, :, o] = vps[li][g, :, src]
+        for kpool, vpool, kp, vp in zip(self.kpool, self.vpool, kps, vps):
+            kpool[b, :, :, o] = kp[g, :, src]
+            vpool[b, :, o] = vp[g, :, src]
         self.pos = torch.cat([self.pos, pos])
         return logits
 
@@ -130,14 +140,19 @@ class PagedLlamaEngine(FastLlamaEngine):
         dev = tokens.device
         if len(src):  # copy-on-write: the shared blocks rows write into now
             s, d = torch.from_numpy(src).to(dev), torch.from_numpy(dst).to(dev)
-            self.kpool[:, d] = self.kpool[:, s]
-            self.vpool[:, d] = self.vpool[:, s]
+            for pool in (*self.kpool, *self.vpool):
+                pool[d] = pool[s]
         b, o = torch.from_numpy(blk).to(dev), torch.from_numpy(off).to(dev)
         tables, lens = torch.from_numpy(self.blocks.tables).to(dev), torch.from_numpy(self.blocks.lens).to(dev)
         attend = native.paged_attention if self.kernel else native.paged_reference
         B, g = tokens.shape[0], self.h // self.hkv
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
+        self.pos = self.pos + 1
+        if self.compiled is not None:
+            logits, hidden = self.compiled(x, cos, sin, b, o, tables, lens, self.kpool, self.vpool)
+            self.last_hidden = hidden if self.keep_hidden else None
+            return logits
         for li, lay in enumerate(self.layers):
             q, k, v = self._qkv(x, lay)  # q [B, H, D], k/v [B, Hkv, D]
             q = rope(q, cos, sin).view(B, self.hkv, g, self.d)  # query heads of one KV head as a sequence
@@ -145,5 +160,4 @@ class PagedLlamaEngine(FastLlamaEngine):
             self.vpool[li][b, :, o] = v
             o_ = attend(q, self.kpool[li], self.vpool[li], tables, lens, self.scale)  # [B, Hkv, g, D]
             x = self._finish_layer(x, o_.reshape(B, -1), lay)
-        self.pos = self.pos + 1
         return self._head(x)
