@@ -168,3 +168,11 @@ def installed_example(tmp_path_factory: pytest.TempPathFactory) -> None:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     importlib.invalidate_caches()
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    """A temporary inductor cache for a module's compiled steps (``pytestmark``'s ``usefixtures``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield

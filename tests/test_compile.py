@@ -24,17 +24,10 @@ from rodeco.engines.hf import HFEngine
 from rodeco.generator import TorchGenerator
 from rodeco.validation import ConfigError
 
-pytestmark = pytest.mark.slow  # torch.compile
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inductor_cache")]  # torch.compile
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors.", "Say hi."]
 MOST_GRAPHS = 6  # dynamo's 0/1 specializations: one row, one prompt, the first own token (see rodeco.engines.compiled)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _inductor_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,10 @@ from helpers import compare_survivors, run_tiny
 from rodeco.engines import native
 from rodeco.generator import TorchGenerator
 
-pytestmark = pytest.mark.slow  # torch.compile
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inductor_cache")]  # torch.compile
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors.", "Say hi."]
 MOST_GRAPHS = 6  # dynamo's 0/1 specializations, as for the fast engine's step
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _inductor_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
-        yield
 
 
 @pytest.fixture(scope="module")

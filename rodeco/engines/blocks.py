@@ -46,6 +46,16 @@ class Blocks:
         """Blocks some row names: what the cache holds."""
         return self.pool - len(self.free)
 
+    @property
+    def held_tokens(self) -> int:
+        """Tokens' worth of the blocks in use (a shared block counted once): what the budget bounds."""
+        return self.in_use * self.size
+
+    @property
+    def longest(self) -> int:
+        """The longest row's tokens (0 without rows): no row is padded to it."""
+        return int(self.lens.max()) if self.rows else 0
+
     def counts(self) -> np.ndarray:
         """[rows] blocks each row names."""
         return -(-self.lens // self.size)

@@ -236,11 +236,11 @@ class PagedLayout:
 
     @property
     def length(self) -> int:
-        return int(self.blocks.lens.max()) if self.rows else 0
+        return self.blocks.longest
 
     @property
     def allocated_tokens(self) -> int:
-        return self.blocks.in_use * self.blocks.size
+        return self.blocks.held_tokens
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         self.blocks = Blocks(self.blocks.size)

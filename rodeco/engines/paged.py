@@ -71,7 +71,7 @@ class PagedLlamaEngine(FastLlamaEngine):
     @property
     def length(self) -> int:
         """The longest row's tokens (its prompt's and its own): no row is padded to it."""
-        return int(self.blocks.lens.max()) if self.rows else 0
+        return self.blocks.longest
 
     @property
     def capacity(self) -> int:
@@ -80,7 +80,7 @@ class PagedLlamaEngine(FastLlamaEngine):
     @property
     def allocated_tokens(self) -> int:
         """Tokens' worth of the blocks some row names (a shared block counted once)."""
-        return self.blocks.in_use * BLOCK
+        return self.blocks.held_tokens
 
     @property
     def pool_tokens(self) -> int:
@@ -109,8 +109,8 @@ class PagedLlamaEngine(FastLlamaEngine):
 
     def _add(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Forward prompts ``ids`` [P, L] (left-padded) once, write their tokens into new blocks, one row each after
-        the rows there are. Returns their last logits [P, V]."""
-        self.prompt_t = False
+        the rows there are. Returns their last logits [P, V]. (``_prompts`` keeps the keys in the plain layout: this
+        engine's ``prompt_t`` stays False.)"""
         kps, vps, _, pos, logits = self._prompts(ids, mask)
         lens = mask.sum(-1).cpu().numpy().astype(np.int64)
         blk, off = self.blocks.add(lens)
