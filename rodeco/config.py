@@ -262,7 +262,6 @@ class ServeConfig:
         default=512,
         metadata={"help": "the most candidate rows a batch starts (on vllm: at most generator.max_num_seqs)"},
     )
-    batch_wait_s: float = field(default=0.02, metadata={"help": "how long a batch waits for more arrivals"})
     check_tokens: int = field(
         default=8, metadata={"help": "cancelled requests leave the batch within this many tokens"}
     )

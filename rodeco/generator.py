@@ -1,5 +1,5 @@
-"""The generator of rodeco's own engines: a causal LM whose rows decode in a torch forward engine (``fast`` or
-``hf``, ``rodeco.engines``), one ``rodeco.session.TorchSession`` per batch. It implements
+"""The generator of rodeco's own engines: a causal LM whose rows decode in a torch forward engine (the Llama engine
+``fast``, or ``hf``; ``rodeco.engines``), one ``rodeco.session.TorchSession`` per batch. It implements
 ``rodeco.protocols.Generator``; vLLM's is ``rodeco.engines.vllm.VLLMGenerator``, a pool's
 ``rodeco.pool_session.ReplayGenerator``."""
 
@@ -59,8 +59,8 @@ class TorchGenerator(ModelGenerator):
 
     @property
     def kv(self) -> KVSpec:
-        """In the engine's blocks (token by token but ``paged``'s); a prompt's cache stored once for all its rows on the
-        fast and paged engines, copied on ``hf``."""
+        """In the engine's blocks (the Llama engine's blocks of 16, ``hf`` token by token); a prompt's cache stored once
+        for all its rows on the Llama engine, copied on ``hf``."""
         cls = self.engine_class()
         return KVSpec(shares_prefix=bool(cls.shares_prefix), block=cls.block)
 
@@ -77,12 +77,13 @@ class TorchGenerator(ModelGenerator):
         if self.compile and self._compiled is None:
             weights = self._weights()
             assert weights is not None  # compile_setting allows compile only on an engine that prepares weights
-            self._compiled = CompiledStep.of(self.model, weights, paged=self.engine_class().block > 1)
+            self._compiled = CompiledStep.of(self.model, weights)
         return self._compiled
 
-    def new_engine(self) -> Engine:
-        """An engine for one session, on the weights and compiled step every session shares."""
-        return self.engine_class()(self.model, weights=self._weights(), compiled=self._step())
+    def new_engine(self, pool_tokens: int | None = None) -> Engine:
+        """An engine for one session, on the weights and compiled step every session shares; ``pool_tokens``: its
+        cache's fixed pool (the session's budget), None: it grows."""
+        return self.engine_class()(self.model, weights=self._weights(), compiled=self._step(), pool_tokens=pool_tokens)
 
     @property
     def info(self) -> EngineInfo:
@@ -92,13 +93,11 @@ class TorchGenerator(ModelGenerator):
             self._info = EngineInfo(
                 name=cls.name,
                 compiled=step is not None,
-                # inductor's attention gathers each row's prompt keys and values; rodeco's kernel reads them in place
-                gathers_prompt=step is not None and not step.kernel,
-                keys_by_column=step is not None and step.keys_by_column,
+                # the torch path gathers each row's blocks; rodeco's paged kernel reads them in place
+                gathers_prompt=weights is not None and not CompiledStep.uses_kernel(self.model),
                 linear=weights.linear if weights is not None else "torch",
                 draws_on_device=not is_cpu(self.device),
                 counts_finished_late=is_cuda(self.device),
-                admits=step is None or not step.graphs,
             )
         return self._info
 
@@ -117,4 +116,4 @@ class TorchGenerator(ModelGenerator):
         return self._compiled
 
     def open_session(self, spec: SessionSpec) -> TorchSession:
-        return TorchSession(self, spec, self.new_engine())
+        return TorchSession(self, spec, self.new_engine(spec.kv_tokens))

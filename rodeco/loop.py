@@ -27,25 +27,26 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Protocol
 
 import numpy as np
 
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.protocols import Generator, LanguageModel, OpenSession, Policy, Session
+from rodeco.protocols import Generator, LanguageModel, Policy, Session
 from rodeco.rounds import (
     START_BY_POLICY,
     LoopSettings,
     apply_counts,
+    open_prompt,
     recorded_for,
     round_view,
     rows_per_prompt,
     score_rows,
     session_spec,
 )
-from rodeco.state import Compute, Counts, OpenPrompt, PromptRef, PromptResult, RoundView, Row
+from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, Row
 from rodeco.stops import StopStrings
 from rodeco.trace import Trace
 from rodeco.validation import ConfigError
@@ -59,7 +60,6 @@ __all__ = [
     "Source",
     "decode_batch",
     "decode_open",
-    "session_spec",
 ]
 
 
@@ -161,12 +161,14 @@ class _Cohort:
         return np.nonzero(np.isin(sess.prompt_of, self.keys))[0]
 
     def next_point(self, sess: Session) -> int:
-        """Its next decision point on its own clock: where its rows would outgrow its budget, or its policy's next
-        ``decision_tokens``, at most its ``max_new_tokens``."""
+        """Its next decision point on its own clock: where the blocks its rows hold would outgrow its quota (its
+        ``budget.kv_tokens``, asked of the session's block bookkeeping as vLLM's scheduler asks its KV manager), or
+        its policy's next ``decision_tokens``, at most its ``max_new_tokens``."""
         s, clock = self.req.settings, self.clock(sess)
-        until = min(
-            self.budget.capacity(len(self.rows(sess)), self.base + s.max_new_tokens) - self.base, s.max_new_tokens
-        )
+        until = s.max_new_tokens
+        if s.budget.kv_tokens is not None:
+            rows, w = self.rows(sess), s.budget.row_overhead
+            until = clock + sess.steps_within(rows, s.budget.kv_tokens, w, s.max_new_tokens - clock)
         if self.every:
             until = min(until, (clock // self.every + 1) * self.every)
         return until
@@ -230,8 +232,7 @@ def decode_open(
     ``observe(waiting, prompts, rows)`` is told, before each stretch of decoding, the requests waiting for room and
     the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running cohorts start
     with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
-    (``EngineInfo.max_rows``) applies too. An engine that does not admit into a running batch
-    (``EngineInfo.admits``: the compiled step as CUDA graphs) decodes one cohort at a time."""
+    (``EngineInfo.max_rows``) applies too."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True)
@@ -358,12 +359,10 @@ class _Batch:
             self._refuse(c.req, Cancelled("cancelled while decoding", where, len(rows)))
 
     def admit(self) -> None:
-        """Waiting cohorts join, in arrival order: the first that does not fit waits, and so do all behind it. An
-        engine that does not admit into a running batch takes one cohort at a time, in a session of its own."""
+        """Waiting cohorts join, in arrival order: the first that does not fit waits, and so do all behind it."""
         lim = self.limits
-        admits = self.gen.info.admits
         joining: list[_Cohort] = []
-        while self.waiting and (admits or (not self.running and not joining)):
+        while self.waiting:
             try:
                 c = self.start(self.waiting[0])
             except (ConfigError, ValueError) as e:
@@ -392,13 +391,9 @@ class _Batch:
                 c.req.on_admit()
 
     def _join(self, joining: list[_Cohort]) -> None:
-        """Cohorts join the batch (the first opens it): forwarded, fanned out, entered in the trace and accounting."""
-        gen = self.gen
-        if self.sess is not None and not gen.info.admits:  # the last cohort's batch is done: a new one starts
-            self.sess.close()
-            self.sess, self.trace = None, Trace()
-            self.acct = Accounting(gen, 0, per_call=self.acct.per_call)
-        trace = self.trace
+        """Cohorts join the batch (the first opens the session, its pool sized by the run's budget): forwarded,
+        fanned out, entered in the trace and accounting."""
+        gen, trace = self.gen, self.trace
         P0 = len(trace.prompts)
         for c in joining:
             s = c.req.settings
@@ -411,24 +406,18 @@ class _Batch:
         with self.acct.timed("prefill", weights):
             if self.sess is None:
                 first = joining[0]
-                s = first.req.settings
-                spec = session_spec(
-                    s, first.n, first.req.prompts, first=first.req.first, **recorded_for(self.scorer, self.decider)
+                pool = (
+                    self.limits.kv_tokens if self.limits.kv_tokens is not None else first.req.settings.budget.kv_tokens
                 )
+                spec = session_spec(first.req.settings, pool, **recorded_for(self.scorer, self.decider))
                 self.sess = gen.open_session(spec)
-                self.sess.prefill(first.ids)
-                first.born = self.sess.t
-                self.running.append(first)
-                joining = joining[1:]
-            if joining:
-                opened = cast(OpenSession, self.sess)  # its info admits: its sessions are open ones
-                prompts = [_open_prompt(c, r) for c in joining for r in c.req.prompts]
-                keys = opened.admit([i for c in joining for i in c.ids], prompts)
-                assert keys == [k for c in joining for k in c.keys]  # one key per prompt, in order
-                for c in joining:
-                    c.born = opened.t
-                    self.running.append(c)
-        sess = self.sess
+            sess = self.sess
+            prompts = [open_prompt(c.req.settings, r, c.n, c.req.first) for c in joining for r in c.req.prompts]
+            keys = sess.admit([i for c in joining for i in c.ids], prompts)
+            assert keys == [k for c in joining for k in c.keys]  # one key per prompt, in order
+            for c in joining:
+                c.born = sess.t
+                self.running.append(c)
         new = sess.prompt_of >= P0
         trace.start(sess.prompt_of[new], sess.cand[new])
 
@@ -458,15 +447,10 @@ class _Batch:
         stop strings, each cutting its own text)."""
         sess = self.sess
         assert sess is not None
-        if not self.gen.info.admits:  # one cohort, the session's rows: decode stops once none is unfinished
-            c = self.running[0]
-            ending = [c] if c.clock(sess) >= c.until or not sess.rows else []
-            retired = sess.retire_finished() if ending else []
-        else:
-            fin = cast(OpenSession, sess).finished_rows()
-            ending = [c for c in self.running if c.clock(sess) >= c.until or fin[c.rows(sess)].all()]
-            keys = [k for c in ending for k in c.keys]
-            retired = cast(OpenSession, sess).retire_finished(keys) if ending else []
+        fin = sess.finished_rows()
+        ending = [c for c in self.running if c.clock(sess) >= c.until or fin[c.rows(sess)].all()]
+        keys = [k for c in ending for k in c.keys]
+        retired = sess.retire_finished(keys) if ending else []
         owner = {k: c for c in ending for k in c.keys}
         for row in retired:
             owner[row.prompt].left.append(row)
@@ -516,16 +500,3 @@ class _Batch:
                 c.req.on_round(view, counts)
             apply_counts(sess, trace, c.rounds, rows_of, keys, view, counts, at=clock)
         c.rounds += 1
-
-
-def _open_prompt(c: _Cohort, ref: PromptRef) -> OpenPrompt:
-    s = c.req.settings
-    return OpenPrompt(
-        n=c.n,
-        max_new_tokens=s.max_new_tokens,
-        sampling=s.sampling,
-        seed=ref.seed_or(s.seed),
-        stream_key=ref.stream_key,
-        index=ref.index,
-        stop=tuple(s.stop),
-    )

@@ -47,7 +47,7 @@ class ReplayGenerator:
         self.kv_bytes_per_token, self.max_context = self.shape.kv_bytes_per_token, self.shape.max_context
         # replayed on the CPU: torch's top-k, no host syncs to spare; prompts may join (the layouts admit as the
         # engines do), so an arrival trace replays through the open loop (``rodeco.replay_open.replay_arrivals``)
-        self.info = EngineInfo(name=s["engine"], admits=True)  # hidden: the pool's recorded states, where it has them
+        self.info = EngineInfo(name=s["engine"])  # hidden: the pool's recorded states, where it has them
         self.layout = LAYOUTS[self.info.name]
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
         self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
@@ -73,18 +73,9 @@ class ReplayGenerator:
             ps = self.pool.settings
             live = self.live()
             sampling = SamplingParams(**ps["sampling"])
-            sess = live.open_session(
-                SessionSpec(
-                    len(miss),
-                    sampling,
-                    int(ps["max_new_tokens"]),
-                    int(ps["seed"]),
-                    (stream_key,),
-                    needs_logprobs=True,
-                    top_logprobs=top_k_of(ps),
-                )
-            )
-            sess.prefill([self.pool.prompt(index).prompt_ids])
+            sess = live.open_session(SessionSpec(needs_logprobs=True, top_logprobs=top_k_of(ps)))
+            op = OpenPrompt(len(miss), int(ps["max_new_tokens"]), sampling, int(ps["seed"]), stream_key, index)
+            sess.admit([self.pool.prompt(index).prompt_ids], [op])
             sess.stream[:] = [streams[j] for j in miss]
             sess.cand[:] = miss
             sess.force(torch.tensor([prefixes[j] for j in miss], dtype=torch.long).reshape(len(miss), step))
@@ -157,7 +148,11 @@ class ReplayGenerator:
         # the torch session over the engine's model-free layout, its rows' tokens the recorded ones; finished rows
         # leave the batch when they would live (compact_fraction)
         self.opened = TorchSession(
-            self, spec, self.layout(self.kv.block), self.layout.compact_fraction, source=RecordedRows(self, spec)
+            self,
+            spec,
+            self.layout(self.kv.block, spec.kv_tokens),
+            self.layout.compact_fraction,
+            source=RecordedRows(self, spec),
         )
         return self.opened
 
@@ -171,7 +166,7 @@ class RecordedRows:
 
     def __init__(self, gen: ReplayGenerator, spec: SessionSpec) -> None:
         self.gen, self.pool = gen, gen.pool
-        self.indices = np.asarray(spec.indices, dtype=np.int64)  # per prompt: its dataset index, the pool's key
+        self.indices = np.zeros(0, dtype=np.int64)  # per prompt: its dataset index, the pool's key
         self.rec = torch.empty(0, 0, dtype=torch.long)  # [B, T] each row's recorded tokens (EOS included)
         self.rec_lp = torch.empty(0, 0)  # [B, T] their log-probs
         self.k = check_top_k(self.pool, spec.top_logprobs)  # the top-k log-probs the pool records at each position
@@ -193,9 +188,6 @@ class RecordedRows:
             if self.k and cand.top_logprobs:
                 top[j, : min(len(cand.top_logprobs), T)] = torch.tensor(cand.top_logprobs[:T])
         return rec, lp, top
-
-    def started(self, sess: TorchSession) -> None:
-        self.rec, self.rec_lp, self.rec_top = self._recorded(sess, range(sess.rows), sess.max_new)
 
     def admitted(self, sess: TorchSession, prompts: list[OpenPrompt], rows: range) -> None:
         """Prompts joined the batch: their ``rows`` (the last ones) emit their recorded candidates from their own

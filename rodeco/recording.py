@@ -12,8 +12,8 @@ import numpy as np
 from rodeco.data import Prompt
 from rodeco.pool import Pool, PoolCandidate, PoolPrompt, rounded_top, top_k_of
 from rodeco.protocols import Generator
-from rodeco.rounds import LoopSettings, session_spec
-from rodeco.state import PromptRef, SessionSpec
+from rodeco.rounds import LoopSettings, open_prompt, session_spec
+from rodeco.state import OpenPrompt, PromptRef, SessionSpec
 from rodeco.validation import ConfigError
 
 # ModelShape fields a pool's settings leave out: pools recorded before they existed must still extend
@@ -68,17 +68,10 @@ def record_prompts(
     t0 = time.perf_counter()
     refs = [PromptRef(p.index, p.text, meta=p.meta) for p in prompts]
     sess = gen.open_session(
-        session_spec(
-            s,
-            pool.candidates,
-            refs,
-            needs_logprobs=True,
-            record_hidden=hidden,
-            top_logprobs=top_k_of(pool.settings),
-        )
+        session_spec(s, None, needs_logprobs=True, record_hidden=hidden, top_logprobs=top_k_of(pool.settings))
     )
     ids = [gen.encode(p.text) for p in prompts]
-    sess.prefill(ids)
+    sess.admit(ids, [open_prompt(s, r, pool.candidates) for r in refs])
     prefill_s = time.perf_counter() - t0
     rows = sess.decode(until=s.max_new_tokens) + sess.retire_finished()
     rows.sort(key=lambda r: (r.prompt, r.candidate_id))
@@ -122,8 +115,8 @@ def measure_step_costs(
     ids = gen.encode(prompt.text)
     rows = [2**j for j in range(int(np.log2(max_rows)) + 1)]
     for r in rows:
-        sess = gen.open_session(SessionSpec(r, s.sampling, steps + 1, s.seed, (prompt.index,), ignore_eos=True))
-        sess.prefill([ids])
+        sess = gen.open_session(SessionSpec(ignore_eos=True))
+        sess.admit([ids], [OpenPrompt(r, steps + 1, s.sampling, s.seed, prompt.index)])
         sess.decode(until=steps + 1)
         st = sess.stats
         out["rows"] += st.step_rows

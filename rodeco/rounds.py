@@ -18,6 +18,7 @@ from rodeco.protocols import Policy, Session, StartChooser
 from rodeco.sampling import copy_stream
 from rodeco.state import (
     Counts,
+    OpenPrompt,
     PromptRef,
     PromptView,
     RoundView,
@@ -55,20 +56,22 @@ class LoopSettings:
             object.__setattr__(self, "n", START_BY_POLICY)
 
 
-def session_spec(s: LoopSettings, n: int, prompts: Sequence[PromptRef], **kw) -> SessionSpec:
-    """The spec of a session of ``n`` rows per prompt of ``prompts`` under the run's settings ``s``."""
-    seeds = tuple(p.seed_or(s.seed) for p in prompts)
-    return SessionSpec(
-        n,
-        s.sampling,
-        s.max_new_tokens,
-        s.seed,
-        tuple(p.stream_key for p in prompts),
-        indices=tuple(p.index for p in prompts),
-        ignore_eos=s.ignore_eos,
+def session_spec(s: LoopSettings, kv_tokens: int | None, **kw) -> SessionSpec:
+    """The spec of a session under the run's settings ``s``: its pool holds ``kv_tokens`` (None: no limit)."""
+    return SessionSpec(ignore_eos=s.ignore_eos, kv_tokens=kv_tokens, **kw)
+
+
+def open_prompt(s: LoopSettings, ref: PromptRef, n: int, first: int = 0) -> OpenPrompt:
+    """Prompt ``ref`` as it joins a session under the run's settings ``s``: ``n`` rows, candidates ``first`` on."""
+    return OpenPrompt(
+        n=n,
+        max_new_tokens=s.max_new_tokens,
+        sampling=s.sampling,
+        seed=ref.seed_or(s.seed),
+        stream_key=ref.stream_key,
+        index=ref.index,
         stop=tuple(s.stop),
-        seeds=seeds if any(x != s.seed for x in seeds) else (),
-        **kw,
+        first=first,
     )
 
 

@@ -137,35 +137,25 @@ class SessionStats:
 
 @dataclass(frozen=True)
 class SessionSpec:
-    """What a session is opened with (``Generator.open_session``): ``n`` rows per prompt, the rows' sampling and
-    length, the run's seed, each prompt's stream key, and what the rewards need. Rows are candidates ``first`` to
-    ``first + n - 1`` of each prompt (their streams; a replay wraps round its pool). ``record_hidden``: keep every
-    step's hidden states in ``Session.hidden_log`` (recording a pool)."""
+    """What a session is opened with (``Generator.open_session``), for all its prompts: what the rewards need, whether
+    rows ignore EOS, ``record_hidden`` (keep every step's hidden states in ``Session.hidden_log``: recording a pool)
+    and ``kv_tokens``, the KV memory its rows may hold together (the engine's block pool, fixed when the session
+    opens; None: no limit). Each prompt's own settings come with it when it is admitted (``OpenPrompt``)."""
 
-    n: int
-    sampling: SamplingParams
-    max_new_tokens: int
-    seed: int
-    stream_keys: tuple[int, ...]  # per prompt of the batch: its stream key (``PromptRef.stream_key``)
-    indices: tuple[int, ...] = ()  # per prompt of the batch: its dataset index (a replay's key into its pool)
     needs_logprobs: bool = False
     needs_hidden: bool = False
     top_logprobs: int = 0  # k: record the k most likely tokens' log-probs at each step (0: none)
     ignore_eos: bool = False
     record_hidden: bool = False
-    first: int = 0
-    seeds: tuple[int, ...] = ()  # per prompt of the batch: its seed (empty: ``seed`` for every prompt)
-    stop: tuple[str, ...] = ()  # stop strings (``rodeco.stops``): a row whose text holds one ends there
-
-    def prompt_seeds(self) -> tuple[int, ...]:
-        return self.seeds or (self.seed,) * len(self.stream_keys)
+    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class OpenPrompt:
-    """A prompt that joins a running session (``TorchSession.admit``) with its own settings: its rows (candidates
-    ``first`` to ``first + n - 1``), length, sampling, stop strings, seed, stream key and dataset index. Its rows
-    draw their random numbers on its own clock, so they are the samples it would get decoding alone."""
+    """A prompt that joins a session (``Session.admit``) with its own settings: its rows (candidates ``first`` to
+    ``first + n - 1``; a replay wraps round its pool), length, sampling, stop strings, seed, stream key and dataset
+    index (a replay's key into its pool). Its rows draw their random numbers on its own clock, so they are the
+    samples it would get decoding alone."""
 
     n: int
     max_new_tokens: int

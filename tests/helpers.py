@@ -171,3 +171,24 @@ def vllm_bench_results(*args: str, out: Path) -> dict[str, Any]:
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wall-time speedup of SR over it" in p.stdout
     return json.loads((out / "vllm_bench.json").read_text())
+
+
+def open_batch(
+    gen: Any,
+    prompt_ids: list[list[int]],
+    n: int,
+    sampling: Any,
+    max_new_tokens: int,
+    seed: int = 0,
+    stream_keys: tuple[int, ...] | None = None,
+    kv_tokens: int | None = None,
+    **spec: Any,
+) -> Any:
+    """A session of ``gen`` opened with ``spec`` (``SessionSpec``'s keywords) and ``kv_tokens``, the prompts admitted
+    together, ``n`` rows each, stream keys ``stream_keys`` (default 0, 1, ...)."""
+    from rodeco.state import OpenPrompt, SessionSpec
+
+    keys = stream_keys if stream_keys is not None else tuple(range(len(prompt_ids)))
+    sess = gen.open_session(SessionSpec(kv_tokens=kv_tokens, **spec))
+    sess.admit(prompt_ids, [OpenPrompt(n, max_new_tokens, sampling, seed, k) for k in keys])
+    return sess

@@ -126,21 +126,6 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
-class ClosedGen:
-    """``gen`` as an engine that does not admit prompts into a running batch would be (``EngineInfo.admits`` false:
-    the compiled step as CUDA graphs), with its sessions as ``SlowGen``'s when ``delay`` is set. Everything else is
-    ``gen``'s."""
-
-    def __init__(self, gen: Any, delay: float = 0.0) -> None:
-        import dataclasses
-
-        self.gen = SlowGen(gen, delay) if delay else gen
-        self.info = dataclasses.replace(gen.info, admits=False)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.gen, name)
-
-
 class SlowGen:
     """A generator whose sessions sleep ``delay`` seconds at each decode call (the loop calls it every
     ``serve.check_tokens`` tokens), so that a test can act while a request decodes. Everything else is ``gen``'s."""

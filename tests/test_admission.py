@@ -1,6 +1,6 @@
 """Prompts join a running session (``TorchSession.admit``): each keeps its own clock, length, sampling and seed, so
 its candidates are the samples it draws decoding alone, at whatever step it joined, on ``fast`` (eager, fp32) and
-``hf`` (left padding masked)."""
+``hf`` (left padding masked). A new session is an empty one: its first prompts are admitted the same way."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ Y = "explain why the sky is blue in two sentences"  # longer than X: the running
 Z = "tips"
 
 
-def spec_of(p: OpenPrompt) -> SessionSpec:
-    return SessionSpec(p.n, p.sampling, p.max_new_tokens, p.seed, (p.stream_key,), stop=p.stop)
+def opened(gen, text: str, p: OpenPrompt):
+    """A session with prompt ``text`` admitted as ``p`` into it."""
+    sess = gen.open_session(SessionSpec())
+    sess.admit([gen.encode(text)], [p])
+    return sess
 
 
 def drain(sess) -> list[Row]:
@@ -29,8 +32,7 @@ def drain(sess) -> list[Row]:
 
 
 def alone(gen, text: str, p: OpenPrompt) -> list[tuple[int, list[int], str]]:
-    sess = gen.open_session(spec_of(p))
-    sess.prefill([gen.encode(text)])
+    sess = opened(gen, text, p)
     return sorted((r.candidate_id, r.token_ids, r.reason) for r in drain(sess))
 
 
@@ -42,14 +44,13 @@ RUNNING = OpenPrompt(n=3, max_new_tokens=40, sampling=SamplingParams(), seed=3, 
 JOINING = OpenPrompt(n=4, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=20), seed=9, stream_key=5)
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 @pytest.mark.parametrize("at", [0, 1, 9, 30])
 def test_a_joining_prompt_draws_what_it_draws_alone(tiny_gen, engine, at):
     """A prompt admitted after ``at`` steps of another, with other settings (rows, length, sampling, seed), gets
     the candidates it gets alone, and the running prompt keeps its own."""
     gen = tiny_gen(engine)
-    sess = gen.open_session(spec_of(RUNNING))
-    sess.prefill([gen.encode(X)])
+    sess = opened(gen, X, RUNNING)
     rows = sess.decode(until=at) if at else []
     assert sess.t == at
     (key,) = sess.admit([gen.encode(Y)], [JOINING])
@@ -61,14 +62,13 @@ def test_a_joining_prompt_draws_what_it_draws_alone(tiny_gen, engine, at):
     assert all(len(r.token_ids) <= JOINING.max_new_tokens for r in rows if r.prompt == key)
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_prompts_join_one_after_another_and_through_rejections(tiny_gen, engine):
     """Three prompts at three steps, rows rejected and copied on the way: each prompt's surviving candidates are
     its solo samples (a copy continues its own stream), and the compute is charged to every prompt."""
     gen = tiny_gen(engine)
     third = OpenPrompt(n=2, max_new_tokens=16, sampling=SamplingParams(top_p=0.9, top_k=0), seed=1, stream_key=7)
-    sess = gen.open_session(spec_of(RUNNING))
-    sess.prefill([gen.encode(X)])
+    sess = opened(gen, X, RUNNING)
     rows = sess.decode(until=5)
     (y,) = sess.admit([gen.encode(Y)], [JOINING])
     rows += sess.decode(until=8)
@@ -87,22 +87,20 @@ def test_prompts_join_one_after_another_and_through_rejections(tiny_gen, engine)
 
 
 def test_a_closed_batch_keeps_one_clock(tiny_gen):
-    """Without admissions, the session's steps are one number (the batch's clock), as before."""
+    """While every prompt started at the same step, the session's steps are one number (the batch's clock)."""
     gen = tiny_gen("fast")
-    sess = gen.open_session(spec_of(RUNNING))
-    sess.prefill([gen.encode(X)])
+    sess = opened(gen, X, RUNNING)
     sess.decode(until=4)
-    assert sess.steps() == 4 and not sess.admitted
+    assert sess.steps() == 4
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_an_open_batch_holds_its_longest_rows_tokens_not_its_steps(tiny_gen, engine):
     """Prompts that come and go keep the batch open for more steps than any row lives, its rows never of one length:
     the engine's own columns are the longest row's tokens, not the steps since the batch opened, and every prompt
     still draws its solo candidates."""
     gen = tiny_gen(engine)
-    sess = gen.open_session(spec_of(RUNNING))  # 40 tokens: its rows leave at step 40
-    sess.prefill([gen.encode(X)])
+    sess = opened(gen, X, RUNNING)  # 40 tokens: its rows leave at step 40
     sess.decode(until=20)
     (y,) = sess.admit([gen.encode(Y)], [JOINING])  # 24 tokens: to step 44
     rows = sess.decode(until=30)
@@ -112,9 +110,7 @@ def test_an_open_batch_holds_its_longest_rows_tokens_not_its_steps(tiny_gen, eng
     assert set(sess.prompt_of.tolist()) == {y, z}
     assert sess.clock(y) == 23 and sess.clock(z) == 13 and sess.t == 43
     # the longest row's 22 cached tokens (its 23rd is fed at the next step), not the 42 of the batch's steps
-    if engine == "fast":
-        assert sess.engine.sfx == 22
-    elif engine == "paged":  # each row its own tokens
+    if engine == "fast":  # each row its own tokens
         assert sess.engine.length == max(len(gen.encode(Y)) + 22, len(gen.encode(Z)) + 12)
     else:  # the cache's positions: the longest row's prompt and tokens
         assert sess.engine.mask.shape[1] == max(len(gen.encode(Y)) + 22, len(gen.encode(Z)) + 12)
@@ -131,11 +127,10 @@ def test_the_compiled_step_admits_without_a_compile_per_admission(tiny_model, ti
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     comp = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny", compile="true")
-    assert comp.info.compiled and comp.info.admits
+    assert comp.info.compiled
 
     def joined(at: int, text: str, joining: OpenPrompt) -> list[Row]:
-        sess = comp.open_session(spec_of(RUNNING))
-        sess.prefill([comp.encode(X)])
+        sess = opened(comp, X, RUNNING)
         rows = sess.decode(until=at)
         (key,) = sess.admit([comp.encode(text)], [joining])
         return [r for r in rows + drain(sess) if r.prompt == key]

@@ -21,7 +21,7 @@ import copy
 
 import pytest
 import torch
-from helpers import compare_survivors, hf_greedy_logits, run_tiny
+from helpers import compare_survivors, hf_greedy_logits, open_batch, run_tiny
 
 from rodeco.budget import budget_from_device, full_length_tokens
 from rodeco.config import make_budget
@@ -74,7 +74,7 @@ def test_hf_engine_one_prompt_per_batch_is_generate_bit_for_bit(smollm2_bf16, re
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
     """Both prompts in one batch (left-padded): every row equals ``generate()`` up to its first divergence, and
     there ``generate()``'s logits of the two tokens are within ``TIE_ULPS`` bf16 ulps (round-off, not a bug, decides
@@ -99,7 +99,7 @@ def test_greedy_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references,
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_a_prompt_joining_a_running_batch_parts_from_generate_only_at_a_bf16_tie(smollm2_bf16, references, engine):
     """Admission in bf16: the second prompt joins after 4 steps of the first (its cache padded to the other's
     length, the rows at different steps): every row of both equals ``generate()`` up to its first divergence, and
@@ -107,9 +107,8 @@ def test_a_prompt_joining_a_running_batch_parts_from_generate_only_at_a_bf16_tie
     together."""
     gen = smollm2_bf16(engine)
     greedy = SamplingParams(temperature=0.0)
-    running = SessionSpec(2, greedy, NEW, 0, (0,))
-    sess = gen.open_session(running)
-    sess.prefill([gen.encode(PROMPTS[0])])
+    sess = gen.open_session(SessionSpec())
+    sess.admit([gen.encode(PROMPTS[0])], [OpenPrompt(n=2, max_new_tokens=NEW, sampling=greedy, seed=0, stream_key=0)])
     rows = sess.decode(until=4)
     (key,) = sess.admit(
         [gen.encode(PROMPTS[1])], [OpenPrompt(n=2, max_new_tokens=NEW, sampling=greedy, seed=0, stream_key=1)]
@@ -136,11 +135,7 @@ def test_a_prompt_joining_a_running_batch_parts_from_generate_only_at_a_bf16_tie
 
 def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[TorchSession, TorchSession]:
     def session() -> TorchSession:
-        s = gen.open_session(
-            SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True)
-        )  # no row may finish early
-        s.prefill(prompt_ids)
-        return s
+        return open_batch(gen, prompt_ids, 3, SamplingParams(1.0, 50, 1.0), 8, ignore_eos=True)  # no row ends early
 
     pruned, whole = session(), session()
     pruned.decode(until=2)
@@ -153,7 +148,7 @@ def _pruned_and_unpruned(gen, prompt_ids: list[list[int]]) -> tuple[TorchSession
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
     gen = smollm2_bf16(engine)
     prompt_ids = [gen.encode(p) for p in PROMPTS]
@@ -182,7 +177,7 @@ def test_pruned_cache_continues_exactly_in_bf16(smollm2_bf16, smollm2, engine):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
     """Speculative Rejection with 8 rows per prompt under the memory of 8 rows at a third of their length (decision
     points every 4 tokens), against Best-of-8."""
@@ -213,17 +208,15 @@ def test_survivors_are_the_best_of_n_samples_in_bf16(smollm2_bf16, engine):
 
 def _cache_bytes(engine) -> int:
     """Bytes of every key and value tensor an engine holds (the prompt caches and the rows' own)."""
-    if hasattr(engine, "blocks"):  # paged: the blocks some row names, each counted once
+    if hasattr(engine, "blocks"):  # the Llama engine: the blocks some row names, each counted once
         b = engine.blocks
         named = {x for r in range(b.rows) for x in b.tables[r, : b.counts()[r]].tolist()}
         return len(named) * sum(p[0].nbytes for p in (*engine.kpool, *engine.vpool))
-    if hasattr(engine, "kp"):  # fast
-        return sum(t.nbytes for cache in (engine.kp, engine.vp, engine.k, engine.v) for t in cache)
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in engine.cache.layers)  # hf: a DynamicCache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_tokenizer, dtype, engine):
     from rodeco.generator import TorchGenerator
 
@@ -231,8 +224,8 @@ def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_token
     cfg = tiny_model.config
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
     assert gen.kv_bytes_per_token == per_token * dtype.itemsize  # keys and values of every layer
-    sess = gen.open_session(SessionSpec(3, SamplingParams(1.0, 50, 1.0), 8, 0, (0, 1), ignore_eos=True))
-    sess.prefill([gen.encode("write a haiku"), gen.encode("give three tips")])
+    prompt_ids = [gen.encode("write a haiku"), gen.encode("give three tips")]
+    sess = open_batch(gen, prompt_ids, 3, SamplingParams(1.0, 50, 1.0), 8, ignore_eos=True)
     sess.decode(until=6)
     # what the budget counts is what the cache holds, in the dtype in use
     assert _cache_bytes(sess.engine) == sess.engine.allocated_tokens * gen.kv_bytes_per_token
@@ -308,40 +301,3 @@ def test_readme_documents_every_dtype():
 
     (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `generator.dtype`")]
     assert all(f"`{name}`" in row for name in ["auto", *DTYPES])
-
-
-def test_bf16_keys_stored_transposed_give_the_plain_layouts_logits_bit_for_bit(tiny_model):
-    """On CPU in bf16 the fast engine stores generated keys transposed (a step's scores then read a plain matrix,
-    not a transposed slice, which bf16 matmuls copy first); the logits are those of the plain layout, bit for bit,
-    through steps, a fan-out, a pruning and a new round's capacity. In fp32 the plain layout is kept."""
-    from rodeco.engines.fast import FastLlamaEngine
-
-    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
-    ids = torch.randint(5, 300, (2, 7), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0  # a left-padded prompt
-    engines = [FastLlamaEngine(model), FastLlamaEngine(model)]
-    with torch.inference_mode():
-        for e in engines:
-            e.prefill(ids, mask)
-            e.select(torch.arange(2).repeat_interleave(3))
-            e.reserve(7 + 6)
-        plain = engines[1]
-        assert engines[0].keys_t and plain.keys_t
-        assert engines[0].k[0].stride(-2) == 1  # stored transposed: the token axis is the contiguous one
-        plain.keys_t, plain.k = False, [k.contiguous() for k in plain.k]
-        assert plain.k[0].stride(-1) == 1
-        tok = torch.randint(5, 300, (6,), generator=torch.Generator().manual_seed(1))
-        for t in range(10):
-            if t == 4:  # a decision point: rows pruned, then a new round's capacity
-                for e in engines:
-                    e.select(torch.tensor([0, 2, 5]))
-                    e.reserve(7 + 12)
-                tok = tok[[0, 2, 5]]
-            a, b = engines[0].step(tok), plain.step(tok)
-            assert torch.equal(a, b), t
-            tok = a.argmax(-1)
-    fp32 = FastLlamaEngine(tiny_model)
-    with torch.inference_mode():
-        fp32.prefill(ids, mask)
-    assert not fp32.keys_t and fp32.k[0].shape == (2, fp32.hkv, 0, fp32.d)  # fp32 keeps the plain layout

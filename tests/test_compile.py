@@ -1,8 +1,8 @@
-"""``generator.compile``: the fast engine's decode step compiled with torch.compile (``rodeco.engines.compiled``).
+"""``generator.compile``: the Llama engine's decode step compiled with torch.compile (``rodeco.engines.compiled``).
 
 On a tiny random Llama, with a temporary inductor cache: the compiled step gives the eager step's tokens in fp32 and
-its logits to round-off (bf16: to the bound ``tests/test_bf16.py`` uses), with inductor's attention and with
-rodeco's kernel (``tests/test_kernels.py`` tests the kernel itself); Speculative Rejection's survivors are
+its logits to round-off (bf16: to the bound ``tests/test_bf16.py`` uses), with the torch attention and with
+rodeco's paged kernel (``tests/test_kernels.py`` tests the kernel itself); Speculative Rejection's survivors are
 still Best-of-N's samples with compile on, in both dtypes; a run with rejections, finished rows and several rounds
 compiles a bounded handful of graphs and a second run none; the setting is checked and kept out of a pool's
 identity.
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from rodeco.config import candidate_settings
 from rodeco.engines.compiled import compile_setting
-from rodeco.engines.fast import FastLlamaEngine
+from rodeco.engines.fast import LlamaEngine
 from rodeco.engines.hf import HFEngine
 from rodeco.generator import TorchGenerator
 from rodeco.validation import ConfigError
@@ -50,13 +50,13 @@ def gens(tiny_model, tiny_tokenizer):
 
 def test_the_setting_is_checked_and_auto_compiles_on_cuda_only():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert compile_setting("auto", cuda, FastLlamaEngine) and not compile_setting("auto", cpu, FastLlamaEngine)
-    assert compile_setting("true", cpu, FastLlamaEngine) and compile_setting(True, cpu, FastLlamaEngine)
-    assert not compile_setting("false", cuda, FastLlamaEngine) and not compile_setting("auto", cuda, HFEngine)
+    assert compile_setting("auto", cuda, LlamaEngine) and not compile_setting("auto", cpu, LlamaEngine)
+    assert compile_setting("true", cpu, LlamaEngine) and compile_setting(True, cpu, LlamaEngine)
+    assert not compile_setting("false", cuda, LlamaEngine) and not compile_setting("auto", cuda, HFEngine)
     with pytest.raises(ConfigError, match="generator.compile.*only the fast engine"):
         compile_setting("true", cpu, HFEngine)
     with pytest.raises(ConfigError, match="generator.compile.*maybe.*auto, true or false"):
-        compile_setting("maybe", cpu, FastLlamaEngine)
+        compile_setting("maybe", cpu, LlamaEngine)
 
 
 def test_a_bad_compile_value_is_named_before_any_model_loads():
@@ -89,7 +89,7 @@ def test_compiled_step_gives_the_eager_tokens_in_fp32_and_close_logits(gens):
         L = max(map(len, ids))
         inp = torch.tensor([[0] * (L - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in ids])
-        eng.prefill(inp, mask)
+        eng.admit(inp, mask)
         eng.select(torch.arange(3).repeat_interleave(2))
         eng.step(torch.full((6,), 7))
         logits.append(eng.step(torch.arange(6) + 10).float())
@@ -104,7 +104,7 @@ def _same_tokens_as_eager(gens, new_tokens: int, **step) -> TorchGenerator:
 
     eager, comp = gens()
     other = TorchGenerator(comp.model, comp.tokenizer, engine="fast", name="tiny", compile="true")
-    other._prepared = FastLlamaEngine.prepare(comp.model)
+    other._prepared = LlamaEngine.prepare(comp.model)
     other._compiled = CompiledStep.of(comp.model, other._prepared, **step)
     kw = dict(n=3, policy="none", overrides=[f"sampling.max_new_tokens={new_tokens}", "budget=unlimited"])
     a, b = run_tiny(eager, PROMPTS, **kw), run_tiny(other, PROMPTS, **kw)
@@ -121,24 +121,6 @@ def test_the_plain_weights_path_gives_the_same_tokens(gens):
     assert plain.compiled.module.handles is None and plain.compiled.compiles >= 1
 
 
-def test_rodecos_attention_kernel_is_the_graphs_on_cpu_with_keys_by_column(gens):
-    """On CPU the compiled step's attention is rodeco's kernel (``rodeco.engines.native``) in fp32 as in bf16, where
-    it can be built; the engine stores the prompt's keys and its own by column, the kernel's layout, and samples
-    through rodeco's top-k."""
-    from rodeco.engines import native
-    from rodeco.engines.compiled import CompiledStep
-
-    if not native.available("decode_attention"):
-        pytest.skip("no C++ toolchain to build the kernel")
-    _, comp = gens()
-    assert CompiledStep.uses_kernel(comp.model) and not comp.info.gathers_prompt
-    eng = comp.new_engine()
-    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
-    eng.step(torch.tensor([4]))
-    assert comp.compiled.kernel
-    assert eng.keys_t and eng.prompt_t and eng.kp[0].stride(2) == 1 and eng.k[0].stride(2) == 1  # by column
-
-
 def test_the_graph_calls_the_prepacked_linears_through_the_python_op(gens):
     """On CPU the graph names each prepacked linear by a handle and calls it through ``rodeco::packed_linear``."""
     _, comp = gens()
@@ -146,15 +128,11 @@ def test_the_graph_calls_the_prepacked_linears_through_the_python_op(gens):
     assert comp.compiled.module.handles is not None
 
 
-def test_inductors_attention_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
-    """The attention inductor generates (CUDA's, and CPU's where the kernel cannot be built) decodes the eager
-    step's tokens, with the keys in the plain layout."""
+def test_the_torch_attention_in_the_graph_gives_the_eager_tokens_in_fp32(gens):
+    """The torch path the kernel replaces (``native.paged_reference``: CUDA's, and CPU's where the kernel cannot be
+    built) decodes the eager step's tokens in the graph too."""
     ind = _same_tokens_as_eager(gens, 40, kernel=False)
     assert not ind.compiled.kernel
-    eng = ind.new_engine()
-    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
-    eng.step(torch.tensor([4]))
-    assert not eng.keys_t and not eng.prompt_t and eng.k[0].stride(3) == 1  # head_dim contiguous
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -171,7 +149,7 @@ def test_survivors_are_best_of_n_samples_with_compile_on(gens, dtype):
     from rodeco.engines import native
 
     # rodeco's attention kernel runs where it can be built (prompts freed by rejections keep their layout)
-    assert comp.compiled.kernel == native.available("decode_attention")
+    assert comp.compiled.kernel == native.available("paged_attention")
     # and on an Intel CPU in fp32 its linears are MKL's packed GEMM, whose rows keep the samples too
     assert comp._prepared.mkl == (dtype == torch.float32 and CompiledStep.uses_mkl(comp.model))
 
@@ -235,7 +213,7 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert comp.compile and not eager.compile  # what rodeco.runner.row_working_memory reads
     from rodeco.engines.compiled import CompiledStep
 
-    assert comp.info.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) and not eager.info.gathers_prompt
+    assert comp.info.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) == eager.info.gathers_prompt
     with pytest.MonkeyPatch.context() as mp:  # inductor's attention (CUDA's; CPU's without the kernel) gathers
         mp.setattr("rodeco.engines.compiled._kernel_serves", lambda *a: False)
         from rodeco.generator import TorchGenerator
@@ -243,61 +221,45 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
         assert TorchGenerator(comp.model, comp.tokenizer, engine="fast", compile=True).info.gathers_prompt
 
 
-def test_a_prompt_freed_by_rejections_keeps_the_kernels_layout(gens):
-    """When every row of a prompt is rejected its prefix is freed; the prompts left keep their keys by column, and
-    the step goes on to the same logits as an engine given only the prompt left (to bf16 round-off)."""
-    _, comp = gens(torch.bfloat16)
-    both, alone = comp.new_engine(), comp.new_engine()
-    if not comp.compiled.kernel:
-        pytest.skip("the kernel is not built here")
-    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    both.prefill(ids, torch.ones_like(ids))
-    both.select(torch.tensor([1, 1]))  # prompt 0 loses its rows
-    both.reserve(12)
-    alone.prefill(ids[1:], torch.ones_like(ids[1:]))
-    alone.select(torch.tensor([0, 0]))
-    alone.reserve(12)
-    a, b = both.step(torch.tensor([3, 4])).float(), alone.step(torch.tensor([3, 4])).float()
-    assert both.kp[0].shape[0] == 1 and both.kp[0].stride(2) == 1 and both.k[0].stride(2) == 1
-    assert torch.isfinite(a).all() and (a - b).abs().max() <= 0.02 * b.abs().max()
-
-
 def test_the_kernel_gathers_no_prompt_so_the_budget_charges_none(gens):
     from rodeco.engines import native
 
     eager, comp = gens(torch.bfloat16)
-    assert comp.info.gathers_prompt != native.available("decode_attention") and not eager.info.gathers_prompt
+    assert comp.info.gathers_prompt != native.available("paged_attention")
+    assert eager.info.gathers_prompt == comp.info.gathers_prompt  # eager and compiled read the blocks alike
 
 
-def test_one_graph_a_round_gives_the_eager_tokens_and_the_survivors(gens):
-    """``graphs`` (CUDA's default, here on CPU without the CUDA graphs): the slot written a tensor on the device,
-    attention over the round's whole own capacity masked past it, the caches static inputs whose unwritten slots hold
-    zeros. It decodes the eager step's tokens in fp32 with the plain weights (CUDA's), gives a row the same logits
-    bit for bit at any capacity, keeps Best-of-N's samples as Speculative Rejection's survivors, and compiles a
-    bounded handful of graphs. (At another batch size the plain weights' matmuls may round otherwise: 1e-6 apart at
-    2, 4 and 6 rows here; the tokens stay the same.)"""
-    from torch._dynamo.utils import get_static_address_type
-
-    g = _same_tokens_as_eager(gens, 24, packed=False, graphs=True)
-    assert g.compiled.graphs and not g.compiled.kernel and g.compiled.module.handles is None
-    eng = g.new_engine()
-    eng.prefill(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long))
-    eng.reserve(3 + 8)
-    eng.step(torch.tensor([4]))
-    assert eng.s_dev.tolist() == [1] and eng.k[0].shape[2] == 8
-    assert (eng.k[0][:, :, 1:] == 0).all() and (eng.v[0][:, :, 1:] == 0).all() and (eng.k[0][:, :, 0] != 0).any()
-    assert all(get_static_address_type(t) == "unguarded" for t in (*eng.k, *eng.v, *eng.kp, *eng.vp, eng.s_dev))
-    logits = []  # a row's logits do not depend on the round's capacity (the masked slots add nothing): bit for bit
-    for cap in (6, 29, 50):
-        eng = g.new_engine()
-        eng.prefill(torch.tensor([[5, 6, 7], [0, 3, 4]]), torch.tensor([[1, 1, 1], [0, 1, 1]]))
-        eng.select(torch.arange(2).repeat_interleave(2))
-        eng.reserve(3 + cap)
-        logits.append(torch.stack([eng.step(torch.arange(4) + 10 + t)[0].clone() for t in range(6)]))
-    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
-    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
-    bon = run_tiny(g, PROMPTS, n=8, policy="none", overrides=["sampling.max_new_tokens=40", "budget=unlimited"])
-    sr = run_tiny(g, PROMPTS, n=8, policy="fixed", overrides=ov)
-    rejected, broken = compare_survivors(bon, sr)
-    assert rejected > 0 and broken == 0
-    assert 1 <= g.compiled.compiles <= MOST_GRAPHS and g.compiled.cudagraph_skips == 0
+def test_the_compiled_step_writes_the_pools_in_place_through_admission_and_copies(gens):
+    """Logits a step, compiled against eager, over a prefill, fan-out, rejection, an admission and copies mid-block:
+    round-off apart; the same blocks; and what the compiled step wrote is in the engine's own pools."""
+    eager, comp = gens()
+    engines = [g.new_engine() for g in (eager, comp)]
+    ids = [eager.encode(p) for p in PROMPTS]
+    L = max(map(len, ids))
+    inp = torch.tensor([[0] * (L - len(x)) + x for x in ids])
+    mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in ids])
+    late = torch.tensor([eager.encode("Tell me a joke about cats.")])
+    for e in engines:
+        e.admit(inp, mask)
+        e.select(torch.arange(3).repeat_interleave(3))
+    for s in range(30):
+        if s == 8:
+            for e in engines:
+                e.select(torch.tensor([0, 2, 4, 5, 8]))
+        if s == 12:
+            for e in engines:
+                e.admit(late, torch.ones_like(late))
+                e.select(torch.tensor([0, 1, 2, 3, 4, 5, 5]))
+        if s == 20:
+            for e in engines:
+                e.select(torch.tensor([0, 0, 3, 6, 6]))
+        t = (torch.arange(engines[0].rows) * 7 + s) % 200 + 2
+        a, b = (e.step(t) for e in engines)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=f"step {s}")
+    used = torch.from_numpy(engines[0].blocks.tables[:, 0])  # every row's first block, written at prefill and on
+    assert engines[1].blocks.tables.tolist() == engines[0].blocks.tables.tolist()
+    last = engines[0].blocks.tables[range(engines[0].rows), (engines[0].blocks.lens - 1) // 16]  # this step's
+    for li in range(len(engines[0].kpool)):  # what the compiled step wrote is in the engine's own pools
+        for idx in (used, torch.from_numpy(last)):
+            torch.testing.assert_close(engines[1].kpool[li][idx], engines[0].kpool[li][idx], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(engines[1].vpool[li][idx], engines[0].vpool[li][idx], rtol=1e-4, atol=1e-4)

@@ -17,7 +17,7 @@ def test_greedy_matches_generate_on_smollm2(smollm2):
         policy="none",
         overrides=["sampling.temperature=0", "budget=unlimited", "sampling.max_new_tokens=32"],
     )
-    assert type(smollm2.new_engine()).__name__ == "FastLlamaEngine"  # the default engine for this model
+    assert type(smollm2.new_engine()).__name__ == "LlamaEngine"  # the default engine for this model
     for prompt, r in zip(PROMPTS, out.results):
         ref = hf_greedy(smollm2.model, smollm2, prompt, 32)
         assert len(ref) > 10

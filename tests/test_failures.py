@@ -35,9 +35,9 @@ class FaultyEngine:
         if rows > self.max_rows:
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {rows} rows > {self.max_rows})")
 
-    def prefill(self, ids, mask):
+    def admit(self, ids, mask):
         self._check(ids.shape[0])
-        return self.inner.prefill(ids, mask)
+        return self.inner.admit(ids, mask)
 
     def step(self, tokens):
         self._check(tokens.shape[0])

@@ -28,7 +28,7 @@ def test_the_two_sides_are_disjoint_and_make_up_the_generator():
 
 def test_capabilities_are_engine_info_fields():
     fields = {f.name for f in dataclasses.fields(EngineInfo)}
-    assert {"hidden", "kv_pool_tokens", "admits"} <= fields
+    assert {"hidden", "kv_pool_tokens", "max_rows"} <= fields
     assert not {"provides_hidden", "kv_pool_tokens"} & (members(LanguageModel) | members(SessionMaker))
 
 

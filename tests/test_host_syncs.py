@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rodeco
 from rodeco.sampling import SamplingParams, device_uniforms, row_keys, uniforms
 from rodeco.session import TorchSession
-from rodeco.state import SessionSpec
+from rodeco.state import OpenPrompt, SessionSpec
 
 # the ops that make the host wait for a device: a scalar read, a data-dependent shape
 SYNCING = {"aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.item"}
@@ -48,26 +48,28 @@ def test_device_uniforms_are_numpys_bit_for_bit(trial):
 
 
 def _session(gen, on_device: bool, n: int = 4, max_new: int = 24, ignore_eos: bool = False) -> TorchSession:
-    s = gen.open_session(
-        SessionSpec(n, SamplingParams(1.0, 50, 1.0), max_new, 5, (0, 1), ignore_eos=ignore_eos, needs_logprobs=True)
-    )
+    s = gen.open_session(SessionSpec(ignore_eos=ignore_eos, needs_logprobs=True))
     s.device_uniforms = s.lag_finished = on_device
     if not ignore_eos:  # one token in 16 ends a row: rows finish, at different steps
         s.eos = torch.arange(0, gen.model.config.vocab_size, 16)
     return s
 
 
+def _prompts(n: int, max_new: int) -> list[OpenPrompt]:
+    return [OpenPrompt(n, max_new, SamplingParams(1.0, 50, 1.0), 5, k) for k in (0, 1)]
+
+
 def _rows(rows):
     return sorted((r.prompt, r.candidate_id, tuple(r.token_ids), r.reason, r.stop, tuple(r.logprobs)) for r in rows)
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_lagged_count_and_device_draws_give_the_same_rows(tiny_gen, engine):
     gen = tiny_gen(engine)
     out = {}
     for on in (False, True):
         s = _session(gen, on)
-        s.prefill([gen.encode("hello there"), gen.encode("a longer prompt than that")])
+        s.admit([gen.encode("hello there"), gen.encode("a longer prompt than that")], _prompts(n=4, max_new=24))
         rows = s.decode(8)
         rows += s.retire_finished()
         assert s.rows >= 2
@@ -121,7 +123,7 @@ def test_a_steady_step_reads_nothing_back(tiny_gen):
     seen = {}
     for on in (False, True):
         s = _session(gen, on, ignore_eos=True)
-        s.prefill([gen.encode("hello there"), gen.encode("a longer prompt than that")])
+        s.admit([gen.encode("hello there"), gen.encode("a longer prompt than that")], _prompts(n=4, max_new=24))
         s.decode(16, pause=4)  # the cache sized and the draw keys uploaded
         with SyncOps() as ops:
             s.decode(16, pause=12)

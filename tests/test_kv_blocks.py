@@ -69,7 +69,7 @@ def test_the_vllm_layout_allocates_blocks_as_vllm_holds_them():
     ids = torch.zeros(2, 70, dtype=torch.long)
     mask = torch.ones(2, 70, dtype=torch.long)
     mask[1, :30] = 0  # a 40-token prompt left-padded to 70
-    lay.prefill(ids, mask)
+    lay.admit(ids, mask)
     lay.select(torch.arange(2).repeat_interleave(3))
     for _ in range(25):
         lay.step(torch.zeros(lay.rows, dtype=torch.long))
@@ -82,7 +82,7 @@ def test_the_vllm_layout_holds_a_joining_prompt_in_each_of_its_rows():
     """A prompt that joins a running vLLM batch is prefilled by each of its rows (``rodeco.engines.vllm``), so its
     rows hold its prompt in their own blocks, nothing shared, and count their own tokens."""
     lay = VLLMLayout(32)
-    lay.prefill(torch.zeros(1, 70, dtype=torch.long), torch.ones(1, 70, dtype=torch.long))
+    lay.admit(torch.zeros(1, 70, dtype=torch.long), torch.ones(1, 70, dtype=torch.long))
     lay.select(torch.zeros(3, dtype=torch.long))
     for _ in range(10):
         lay.step(torch.zeros(lay.rows, dtype=torch.long))

@@ -75,7 +75,7 @@ def solo(gen, i: int) -> PromptResult:
     return res
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_each_prompt_gets_its_solo_answer_whenever_it_arrives(tiny_gen, engine):
     gen = tiny_gen(engine)
     done: dict[int, PromptResult] = {}
@@ -116,7 +116,7 @@ def test_admission_waits_in_arrival_order_for_room(tiny_gen):
     assert order == [0, 1, 3] and max(stats.step_prompts) == 1 and stats.peak_reserved <= room
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, engine):
     """At every step of an open batch, each prompt's rows hold at most its own budget (its prompt, stored once on
     ``fast`` and in every row on ``hf``, and its rows' tokens on its own clock), and the running prompts together at

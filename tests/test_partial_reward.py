@@ -50,7 +50,7 @@ def fixed(alpha: float = 0.5):
     return default_plugins().build_policy({"name": "fixed", "alpha": alpha}, BuildContext())
 
 
-@pytest.mark.parametrize("engine", ["fast", "paged", "hf"])
+@pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_hidden_state_equals_a_fresh_forward_pass(tiny_gen, engine):
     """At every decision point (rows pruned in between), a partial request's hidden state is the final-layer state a
     fresh forward pass over the prompt and all response tokens but the last gives at its last position."""

@@ -97,7 +97,7 @@ DATACLASSES = {
     "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
     "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
     "PolicyInfo": {"decision_tokens", "chooses_start", "rejects"},
-    "EngineInfo": {"name", "compiled", "gathers_prompt", "keys_by_column", "linear", "draws_on_device"},
+    "EngineInfo": {"name", "compiled", "gathers_prompt", "linear", "draws_on_device"},
     "BuildContext": {"generator", "device", "plugins"},
     "PromptResult": {"best", "rounds", "compute"},
     "Candidate": {"candidate_id", "token_ids", "text", "score", "parent", "forked_round"},

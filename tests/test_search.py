@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from helpers import run_tiny
+from helpers import open_batch, run_tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -18,7 +18,7 @@ import rodeco_policies
 from rodeco import BuildContext, Counts, PluginError, PolicyInfo
 from rodeco.contracts import select_checked
 from rodeco.sampling import COPY_BIT, SamplingParams, copy_stream, row_keys
-from rodeco.state import Candidate, PromptView, RoundView, SessionSpec
+from rodeco.state import Candidate, PromptView, RoundView
 from rodeco.validation import ConfigError
 from rodeco.winner import WinnerRule, boxed, normalize
 
@@ -31,12 +31,11 @@ def _fresh_last_logits(model, seq: list[int]) -> torch.Tensor:
         return model(torch.tensor([seq])).logits[0, -1]
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
+@pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_stream(tiny_gen, tiny_model, engine):
     gen = tiny_gen(engine)
     ids = [gen.encode(p) for p in PROMPTS[:2]]
-    sess = gen.open_session(SessionSpec(3, SAMPLING, 20, 0, (0, 1), needs_logprobs=True, ignore_eos=True))
-    sess.prefill(ids)
+    sess = open_batch(gen, ids, 3, SAMPLING, 20, needs_logprobs=True, ignore_eos=True)
     sess.decode(until=6)
     parents = [1, 1, 4]  # two copies of row 1 (prompt 0), one of row 4 (prompt 1)
     streams = [
@@ -52,10 +51,8 @@ def test_a_copy_continues_as_a_fresh_forward_of_its_parents_tokens_with_its_own_
         seq = ids[sess.prompt_of[row]] + sess.out[row, : sess.t - 1].tolist()
         torch.testing.assert_close(sess.logits[row], _fresh_last_logits(tiny_model, seq), atol=1e-4, rtol=1e-4)
     for row in (2, 3, 7):  # the same tokens as a solo session forced through the parent's tokens, with its stream
-        solo = gen.open_session(
-            SessionSpec(1, SAMPLING, 20, 0, (int(sess.prompt_of[row]),), needs_logprobs=True, ignore_eos=True)
-        )
-        solo.prefill([ids[sess.prompt_of[row]]])
+        p = int(sess.prompt_of[row])
+        solo = open_batch(gen, [ids[p]], 1, SAMPLING, 20, stream_keys=(p,), needs_logprobs=True, ignore_eos=True)
         solo.stream[:] = sess.stream[row]
         solo.force(sess.out[row : row + 1, :6].cpu())
         solo.decode(until=12)
@@ -111,7 +108,7 @@ def _run_with(gen, policy, n=4, overrides=(), prompts=PROMPTS[:2], seed=0):
     )
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast", "paged"])
+@pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_copies_are_new_candidates_with_their_lineage_in_the_results(tiny_gen, engine):
     out = _run_with(tiny_gen(engine), Copier(), overrides=["budget=unlimited", "sampling.ignore_eos=true"])
     for r in out.results:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2 as httpx
 import numpy as np
 import pytest
-from serve_helpers import ClosedGen, SlowGen, client, metric, running, spawn, tiny_model_dir
+from serve_helpers import SlowGen, client, metric, running, spawn, tiny_model_dir
 
 import rodeco
 from rodeco.budget import Budget
@@ -186,44 +186,6 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
     )
     assert 0 < metric(text, "rodeco_kv_peak_tokens") <= metric(text, "rodeco_kv_budget_tokens") == 3000
     assert metric(text, "rodeco_queue_depth") == 0 and metric(text, "rodeco_batch_rows") == 0
-
-
-def test_an_engine_that_does_not_admit_decodes_closed_batches_of_the_one_loop(tiny_gen):
-    """Where the engine does not admit into a running batch (the compiled step as CUDA graphs), requests with the
-    same settings decode together as one cohort, one batch at a time, and get their solo answers under Best-of-N (a
-    cohort shares its budget, so Speculative Rejection's decision points are the batch's); a request that leaves
-    mid-batch frees its rows and changes no other answer."""
-    gen = ClosedGen(tiny_gen("fast"))
-    reqs = [dict(prompt=PROMPTS[i % 4], seed=100 + i) for i in range(6)]
-    with running(gen, ["serve.batch_wait_s=0.3", "budget.kv_tokens=3000"]) as (url, _):
-        c = client(url)
-
-        def ask(q):
-            return chat(c, q["prompt"], seed=q["seed"], best_of=4, max_tokens=10, rodeco={"policy": "none"})
-
-        with ThreadPoolExecutor(6) as pool:
-            together = list(pool.map(ask, reqs, timeout=120))
-        alone = [ask(q) for q in reqs]
-        text = httpx.get(f"{url}/metrics").text
-    assert [r.choices[0].message.content for r in together] == [r.choices[0].message.content for r in alone]
-    assert max(r.model_extra["rodeco"]["batch_requests"] for r in together) > 1  # they did share batches
-    assert metric(text, "rodeco_batches_total") >= 1 + len(reqs)  # alone: a batch each
-    gen = ClosedGen(tiny_gen("fast"), delay=0.05)
-    with running(gen, ["serve.check_tokens=4", "serve.batch_wait_s=0.3"]) as (url, _):
-        other = {}
-        body = {**LONG_BODY, "seed": 4, "messages": [{"role": "user", "content": PROMPTS[1]}]}
-        t = threading.Thread(
-            target=lambda: other.update(r=httpx.post(f"{url}/v1/chat/completions", timeout=120, json=body))
-        )
-        t.start()
-        with pytest.raises(httpx.TimeoutException):  # same settings: the same batch; it gives up mid-decode
-            httpx.post(f"{url}/v1/chat/completions", json=LONG_BODY, timeout=1.5)
-        t.join(60)
-        text = httpx.get(f"{url}/metrics").text
-        solo = httpx.post(f"{url}/v1/chat/completions", timeout=120, json=body)
-    assert other["r"].status_code == 200 and other["r"].json()["rodeco"]["batch_requests"] == 2
-    assert metric(text, "rodeco_cancelled_rows_total") >= 1  # its rows left the batch
-    assert other["r"].json()["choices"][0]["message"] == solo.json()["choices"][0]["message"]
 
 
 def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen):

@@ -109,8 +109,10 @@ def test_a_prompt_admitted_mid_run_draws_its_solo_samples_without_preemption(vge
         n=4, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=20), seed=9, stream_key=5
     )
 
-    def spec(p: OpenPrompt) -> SessionSpec:
-        return SessionSpec(p.n, p.sampling, p.max_new_tokens, p.seed, (p.stream_key,))
+    def opened(text: str, p: OpenPrompt):
+        sess = vgen.open_session(SessionSpec())
+        sess.admit([vgen.encode(text)], [p])
+        return sess
 
     def drain(sess) -> list:
         rows = []
@@ -121,16 +123,14 @@ def test_a_prompt_admitted_mid_run_draws_its_solo_samples_without_preemption(vge
         raise AssertionError("the session did not drain")
 
     def alone(text: str, p: OpenPrompt) -> list:
-        sess = vgen.open_session(spec(p))
-        sess.prefill([vgen.encode(text)])
+        sess = opened(text, p)
         return sorted((r.candidate_id, r.token_ids, r.reason) for r in drain(sess))
 
     def of(rows, key) -> list:
         return sorted((r.candidate_id, r.token_ids, r.reason) for r in rows if r.prompt == key)
 
     for at in (0, 9):
-        sess = vgen.open_session(spec(running))
-        sess.prefill([vgen.encode(PROMPTS[0])])
+        sess = opened(PROMPTS[0], running)
         rows = sess.decode(until=at) if at else []
         (key,) = sess.admit([vgen.encode(PROMPTS[1])], [joining])
         assert sess.clock(key) == 0 and sess.clock(0) == at
@@ -446,15 +446,13 @@ def test_top_logprobs_are_each_positions_most_likely_and_change_no_sample(vgen):
     """vLLM records each position's k most likely tokens' log-probs (its ``logprobs=k``) when a reward asks: k of
     them, descending, the first at least the sampled token's, one row per response token; and the samples are the
     ones drawn without them."""
-    from rodeco.state import SamplingParams, SessionSpec
+    from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
 
     ids = vgen.encode(PROMPTS[0])
     rows = {}
     for k in (0, 3):
-        sess = vgen.open_session(
-            SessionSpec(4, SamplingParams(1.0, 50, 1.0), 12, 0, (0,), needs_logprobs=True, top_logprobs=k)
-        )
-        sess.prefill([ids])
+        sess = vgen.open_session(SessionSpec(needs_logprobs=True, top_logprobs=k))
+        sess.admit([ids], [OpenPrompt(4, 12, SamplingParams(1.0, 50, 1.0), 0, 0)])
         rows[k] = sorted(sess.decode(until=12) + sess.retire_finished(), key=lambda r: r.candidate_id)
         sess.close()
     assert [r.token_ids for r in rows[0]] == [r.token_ids for r in rows[3]]

@@ -16,14 +16,14 @@ from torch.utils._pytree import tree_flatten
 
 from rodeco.budget import Budget, KVSpec
 from rodeco.sampling import scaled
-from rodeco.state import SamplingParams, SessionSpec
+from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
 from rodeco.validation import ConfigError
 from rodeco.working import working_memory
 
 LOW, HIGH = 0.8, 1.25  # the formula's total over the measured peak must lie in this range
 HELD = {
     "session": ("out", "lp", "n_tok", "finished", "pending", "logits", "hidden"),
-    "engine": ("pos", "grp", "pbias", "last_hidden"),
+    "engine": ("pos", "last_hidden"),
 }  # what a session holds between steps, besides its cache
 
 
@@ -98,11 +98,11 @@ def measure(
 ) -> tuple[int, object]:
     """(bytes alive at the peak of ``steps`` decode steps of ``rows`` rows of one prompt, beyond the KV cache; the
     formula's ``WorkingMemory`` for them). The cache is allocated once up front, so a step allocates none."""
-    spec = SessionSpec(rows, sampling, max_new, 0, (0,), ignore_eos=True, needs_logprobs=logprobs, needs_hidden=hidden)
-    sess = gen.open_session(spec)
-    sess.prefill([[2 + i % 200 for i in range(prompt)]])
-    sess.engine.reserve(sess.prompt_len + max_new)
-    sess.engine.reserve = lambda capacity: None  # decode would resize the cache to each round's length
+    spec = SessionSpec(
+        ignore_eos=True, needs_logprobs=logprobs, needs_hidden=hidden, kv_tokens=rows * (prompt + max_new) * 2
+    )
+    sess = gen.open_session(spec)  # a fixed pool: the cache is allocated once, at the session's start
+    sess.admit([[2 + i % 200 for i in range(prompt)]], [OpenPrompt(rows, max_new, sampling, 0, 0)])
     sess.decode(until=2)  # the first token comes from prefill's logits; measure steady steps
     objs = {"session": sess, "engine": sess.engine}
     live = LiveBytes(

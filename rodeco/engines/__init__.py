@@ -1,37 +1,38 @@
 """Forward-pass engines. One interface, all cache surgery behind it:
 
-- ``prefill(ids [P, L], mask [P, L]) -> logits [P, V]`` of the last position, cache filled;
-- ``select(rows [B'])``: keep (and repeat) cache rows by index; used for fan-out and pruning;
-- ``reserve(capacity)``: the round will grow rows up to ``capacity`` cached tokens;
+- ``admit(ids [P, L], mask [P, L]) -> logits [P, V]``: prompts joining the rows there are (none, in a new engine),
+  one row each, after them, holding no generated token yet; the last position's logits;
+- ``select(rows [B'])``: keep (and repeat) cache rows by index; used for fan-out, pruning and copies;
 - ``step(tokens [B]) -> logits [B, V]``: one decode step for every row;
-- ``admit(ids [P, L], mask [P, L]) -> logits [P, V]``: prompts joining the running rows, one row each, after them,
-  holding no generated token yet (rows of different lengths; the compiled step as CUDA graphs and a replay's
-  layouts refuse);
-- ``length``: cached tokens per row (padding included), ``rows``: batch size,
-  ``allocated_tokens``: cache slots held now (what the budget bounds);
+- ``steps_within(rows, tokens, row_overhead, most)``: how many steps (at most ``most``) the rows ``rows`` can take
+  while the cache they hold, plus ``row_overhead`` tokens a row, stays within ``tokens``: a cohort's decision point,
+  asked of the engine's own bookkeeping (``rodeco.engines.blocks.Blocks.steps_within``);
+- ``length``: the longest row's cached tokens, ``rows``: batch size, ``allocated_tokens``: cache slots held now
+  (what the budget bounds);
 - ``name``: the engine's stable id (``generator.engine``'s value, what a pool records);
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
 - ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
-- ``block``: tokens its cache allocates at a time (1: token by token; ``paged``: blocks of 16), what the budget
-  counts in (``rodeco.budget``);
-- ``prepare(model, mkl)``: what every session's engine computes with besides the model (the fast engine's fused,
+- ``block``: tokens its cache allocates at a time (1: token by token; the Llama engine: blocks of 16), what the
+  budget counts in (``rodeco.budget``);
+- ``prepare(model, mkl)``: what every session's engine computes with besides the model (the Llama engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
-  LM head reads) of each row's last position after ``prefill``/``step``: ``[rows, hidden]``, no extra forward.
+  LM head reads) of each row's last position after ``admit``/``step``: ``[rows, hidden]``, no extra forward.
 
-``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers' ``DynamicCache``;
-``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache, and
-``rodeco.engines.paged.PagedLlamaEngine`` runs them on a paged cache. The folder
-also holds every other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so
-it plugs in at the session, ``rodeco.protocols.Session``), ``layout`` (the model-free layouts a replay counts
-memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds is chosen
-above the engines, in ``rodeco.loading``.
+``rodeco.engines.fast.LlamaEngine`` runs Llama-family weights on one block pool, sized by the session's budget
+(``pool_tokens``); ``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers'
+``DynamicCache``, the reference for architectures the Llama engine does not implement. The folder also holds every
+other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so it plugs in at the
+session, ``rodeco.protocols.Session``), ``blocks`` (the block bookkeeping), ``layout`` (the model-free layouts a
+replay counts memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds
+is chosen above the engines, in ``rodeco.loading``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from rodeco.validation import ConfigError
@@ -41,7 +42,7 @@ from rodeco.validation import ConfigError
 # ``__getattr__`` is typed ``Tensor | Module``. So engines take it as ``Any`` under this name.
 HFModel = Any
 
-ENGINES = ("auto", "fast", "paged", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level
+ENGINES = ("auto", "fast", "paged", "hf", "vllm")  # vllm: rodeco.engines.vllm, at the session level; paged: fast
 
 
 class Forward(Protocol):
@@ -57,11 +58,10 @@ class Forward(Protocol):
     def allocated_tokens(self) -> int: ...
     @property
     def last_hidden(self) -> torch.Tensor | None: ...
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
-    def select(self, rows: torch.Tensor) -> None: ...
-    def reserve(self, capacity: int) -> None: ...
-    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
     def admit(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+    def select(self, rows: torch.Tensor) -> None: ...
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int: ...
 
 
 class Engine(Forward, Protocol):
@@ -70,25 +70,24 @@ class Engine(Forward, Protocol):
     compilable: bool
     block: int
 
-    def __init__(self, model: HFModel, weights: Any = None, compiled: Any = None) -> None: ...
+    def __init__(
+        self, model: HFModel, weights: Any = None, compiled: Any = None, pool_tokens: int | None = None
+    ) -> None: ...
     @staticmethod
     def prepare(model: HFModel, mkl: bool = False) -> Any: ...
 
 
 def engine_class(kind: str, model: HFModel) -> type[Engine]:
-    """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: fast when it can run the model)."""
+    """The engine ``generator.engine=kind`` selects for ``model`` (``auto``: the Llama engine when it can run the
+    model; ``paged`` is another name of ``fast``, the one Llama engine)."""
     from rodeco.engines.hf import HFEngine
 
     if kind in ("auto", "fast", "paged"):
-        from rodeco.engines.fast import FastLlamaEngine, supports
+        from rodeco.engines.fast import LlamaEngine, supports
 
         why = supports(model)
-        if why is None and kind == "paged":
-            from rodeco.engines.paged import PagedLlamaEngine
-
-            return PagedLlamaEngine
         if why is None:
-            return FastLlamaEngine
+            return LlamaEngine
         if kind != "auto":
             raise ConfigError(
                 "generator.engine",

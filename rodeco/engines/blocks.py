@@ -5,11 +5,16 @@ its prompt's and its own. A prompt's blocks are named by all its rows (they are 
 a row that writes into a block another row also names gets its own copy first (copy-on-write), so a prompt's partial
 last block is copied once by each row at its first token, and a copied row (beam, particle filter) shares its
 parent's blocks until one of them writes. Dropping rows (rejection, finished rows leaving) frees the blocks no row
-names any more, with no copy. The pool grows when it runs out of free blocks (by half its size at least, so it is
-copied a few times over a run); the blocks in use are what the cache holds (``in_use``).
+names any more, with no copy. The blocks in use are what the cache holds (``in_use``).
 
-The paged engine (``rodeco.engines.paged``) keeps one of these beside its tensors and applies what it decides; a
-replay counts memory with the same object (``rodeco.engines.layout.PagedLayout``), so the two agree by construction.
+The pool has a fixed number of blocks (``capacity``: the budget, as vLLM's KV manager has) or, without a budget, grows
+when it runs out of free blocks (by half its size at least). A fixed pool that runs out raises ``PoolFull``: the
+loop asks ``steps_within`` how far a cohort's rows may decode inside its quota before it decodes, so that never
+happens. ``shares=False`` (the ``hf`` engine's count, blocks of one token) gives a repeated row copies of its blocks:
+nothing is shared.
+
+The Llama engine (``rodeco.engines.fast``) keeps one of these beside its tensors and applies what it decides; a
+replay counts memory with the same object (``rodeco.engines.layout``), so the two agree by construction.
 """
 
 from __future__ import annotations
@@ -17,20 +22,29 @@ from __future__ import annotations
 import numpy as np
 
 GROWTH = 0.5  # the pool grows by at least this share of its size when it runs out of free blocks
-FIRST = 16  # blocks a pool starts with, at least
+FIRST = 16  # blocks a growing pool starts with, at least
+
+
+class PoolFull(RuntimeError):
+    """A fixed pool had too few free blocks: the loop let rows decode past their quota (a bug)."""
 
 
 class Blocks:
-    """Rows' block tables over a pool of blocks of ``size`` tokens (see the module doc)."""
+    """Rows' block tables over a pool of blocks of ``size`` tokens (see the module doc); ``capacity``: the pool's
+    fixed number of blocks, None: it grows."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, capacity: int | None = None, shares: bool = True) -> None:
         if size < 1:
             raise ValueError(f"a block holds at least one token, not {size}")
-        self.size = size
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"a fixed pool holds at least one block, not {capacity}")
+        self.size, self.capacity, self.shares = size, capacity, shares
         self.tables = np.zeros((0, 0), dtype=np.int64)  # [rows, M]: each row's blocks in order; past them, unread
         self.lens = np.zeros(0, dtype=np.int64)  # [rows]: tokens each row holds
         self.ref = np.zeros(0, dtype=np.int64)  # [pool]: rows naming each block
         self.free: list[int] = []  # blocks no row names, taken from the end
+        if capacity is not None:
+            self._grow(capacity)
 
     @property
     def pool(self) -> int:
@@ -60,13 +74,17 @@ class Blocks:
         """[rows] blocks each row names."""
         return -(-self.lens // self.size)
 
+    def _grow(self, new: int) -> None:
+        old = self.pool
+        self.ref = np.concatenate([self.ref, np.zeros(new - old, dtype=np.int64)])
+        self.free = list(range(new - 1, old - 1, -1)) + self.free  # the lowest new block is taken last
+
     def _alloc(self, k: int) -> np.ndarray:
-        """``k`` free blocks, now named once each; the pool grows first if too few are free."""
+        """``k`` free blocks, now named once each; a growing pool grows first if too few are free."""
         if k > len(self.free):
-            old = self.pool
-            new = max(old + k - len(self.free), old + int(old * GROWTH), FIRST)
-            self.ref = np.concatenate([self.ref, np.zeros(new - old, dtype=np.int64)])
-            self.free = list(range(new - 1, old - 1, -1)) + self.free  # the lowest new block is taken last
+            if self.capacity is not None:
+                raise PoolFull(f"{k} blocks asked of a pool of {self.capacity} with {len(self.free)} free")
+            self._grow(max(self.pool + k - len(self.free), self.pool + int(self.pool * GROWTH), FIRST))
         ids = np.array(self.free[len(self.free) - k :][::-1], dtype=np.int64)
         del self.free[len(self.free) - k :]
         self.ref[ids] = 1
@@ -105,6 +123,12 @@ class Blocks:
         named = self.tables[np.arange(width)[None] < self.counts()[:, None]]
         self.ref = np.bincount(named, minlength=self.pool).astype(np.int64)
         self.free = np.flatnonzero(self.ref == 0)[::-1].tolist()
+        if not self.shares:  # a repeated row gets blocks of its own (its first holder keeps the originals)
+            _, first = np.unique(rows, return_index=True)
+            for i in np.setdiff1d(np.arange(len(rows)), first):
+                k = int(self.counts()[i])
+                self.ref[self.tables[i, :k]] -= 1
+                self.tables[i, :k] = self._alloc(k)
 
     def append(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Room for one more token in every row. Returns (block [rows], offset [rows]) where each row writes it, and
@@ -130,3 +154,35 @@ class Blocks:
         self.tables[fresh, j[fresh]] = self._alloc(len(fresh))
         self.lens = self.lens + 1
         return self.tables[at, j], off, src, dst
+
+    def named(self, rows: np.ndarray) -> int:
+        """Blocks that ``rows`` (indices) name, a shared block counted once."""
+        rows = np.asarray(rows, dtype=np.int64)
+        k = self.counts()[rows]
+        return len(np.unique(self.tables[rows][np.arange(self.tables.shape[1])[None] < k[:, None]]))
+
+    def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
+        """The most steps (up to ``most``) that ``rows`` (indices; their blocks named by no other row) can all take
+        while the blocks they name, in tokens, plus ``row_overhead`` tokens a row stay within ``tokens``: what a
+        cohort's quota allows before its next decision point, asked as vLLM's scheduler asks its KV manager. The
+        first step is counted exactly (its copy-on-write copies, on a copy of the tables); after it every row writes
+        into a block of its own, and takes a new one each ``size`` tokens."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0 or most <= 0:
+            return max(0, most)
+        room = tokens - row_overhead * len(rows)
+        if self.named(rows) * self.size > room:
+            return 0
+        sub = Blocks(self.size, None, self.shares)
+        sub.tables, sub.lens, sub.ref = self.tables[rows].copy(), self.lens[rows].copy(), self.ref.copy()
+        sub._grow(self.pool + len(rows))  # a step takes a block a row at most (a copy, or a new one)
+        sub.free = sub.free[: len(rows)]
+        sub.append()
+        first = sub.named(np.arange(len(rows)))
+        if first * self.size > room:
+            return 0
+        L = sub.lens  # after one step
+        k = np.arange(0, most)  # more steps after the first
+        more = (-(-(L[:, None] + k[None]) // self.size) - (-(-L // self.size))[:, None]).sum(0)  # [most]
+        fits = (first + more) * self.size <= room
+        return int(np.flatnonzero(fits).max()) + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from rodeco.engines import HFModel
@@ -27,7 +28,9 @@ class HFEngine:
         """Nothing to prepare: the model's own forward reads its weights."""
         return None
 
-    def __init__(self, model: HFModel, weights: None = None, compiled: None = None) -> None:
+    def __init__(
+        self, model: HFModel, weights: None = None, compiled: None = None, pool_tokens: int | None = None
+    ) -> None:
         self.model = model
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -50,7 +53,7 @@ class HFEngine:
         return self.rows * self.length
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _forward_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
@@ -73,7 +76,7 @@ class HFEngine:
         cache, theirs or the rows', is left-padded to the other's length and masked there, as ``generate`` masks a
         batch's left padding (the padding's positions are skipped: each row keeps its own positions)."""
         old, old_mask, old_pos = self.cache, self.mask, self.next_pos
-        logits = self.prefill(ids, mask)
+        logits = self._forward_prompts(ids, mask)
         if old is None or old_mask.shape[0] == 0:
             return logits
         assert self.cache is not None  # set by prefill
@@ -107,8 +110,12 @@ class HFEngine:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
             self.mask = self.mask[:, first:]
 
-    def reserve(self, capacity: int) -> None:  # the DynamicCache grows by itself
-        pass
+    def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
+        """Every row holds the batch's padded length (its prompt copied into it, no block shared): ``rows`` hold
+        ``len(rows) * (L + k)`` tokens after ``k`` steps, ``L`` their longest row (``padded_steps``)."""
+        return padded_steps(
+            len(rows), int(self.mask[rows].sum(-1).max()) if len(rows) else 0, tokens, row_overhead, most
+        )
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -123,6 +130,14 @@ class HFEngine:
         )
         self.next_pos = self.next_pos + 1
         return self._out(out)
+
+
+def padded_steps(rows: int, longest: int, tokens: int, row_overhead: int, most: int) -> int:
+    """The most steps (up to ``most``) ``rows`` rows padded to ``longest`` tokens take within ``tokens``, each row
+    holding one slot a token and ``row_overhead`` tokens of working memory: ``hf``'s count."""
+    if rows == 0 or most <= 0:
+        return max(0, most)
+    return max(0, min(most, (tokens // rows - row_overhead) - longest))
 
 
 def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:

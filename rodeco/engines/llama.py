@@ -1,6 +1,8 @@
-"""The Llama-family ops the fast engine's eager step (``rodeco.engines.fast``) and its compiled step
-(``rodeco.engines.compiled``) share: the RMS norm, the rotary embedding, and the fused, prepacked weights
-(``FastWeights``: one QKV and one gate+up matmul per layer, and the LM head) with their linear (``Linear``).
+"""What the Llama engine's prefill, eager step (``rodeco.engines.fast``) and compiled step
+(``rodeco.engines.compiled``) share: the one decoder layer (``decoder_layer``), which writes and attends through a
+cache object (``PromptCache`` for a prefill, ``StepCache`` for a decode step), the RMS norm, the rotary embedding, and
+the fused, prepacked weights (``FastWeights``: one QKV and one gate+up matmul per layer, and the LM head) with their
+linear (``Linear``).
 
 On CPU the weights are prepacked for oneDNN's matmul (the blocked layout PyTorch's own compiler uses), about 1.3x
 faster than plain ``F.linear`` at decode batch sizes; they hold a second copy of the weights in memory. With ``mkl``
@@ -12,6 +14,8 @@ faster than plain ``F.linear`` at decode batch sizes; they hold a second copy of
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +62,92 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class PagedCache:
+    """Where a decoder layer's keys and values go, and what its queries attend to (``decoder_layer``)."""
+
+    def attend(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write layer ``li``'s new keys ``k`` and values ``v`` into the cache, then attend with queries ``q``;
+        shapes ``[..., heads, head_dim]`` -> ``[..., heads, head_dim]``."""
+        raise NotImplementedError
+
+
+@dataclass
+class PromptCache(PagedCache):
+    """A prefill's cache: prompts left-padded to ``[G, L]``; the valid tokens (``at``: their flat indices in
+    ``G * L``, prompt by prompt) written into the pools at blocks ``blk``, offsets ``off``; attention over the prompt
+    itself (``mask`` [G, 1, L, L]: causal, the pad masked), one layer's keys held at a time."""
+
+    kpool: list[torch.Tensor]
+    vpool: list[torch.Tensor]
+    blk: torch.Tensor
+    off: torch.Tensor
+    at: torch.Tensor
+    mask: torch.Tensor
+    scale: float
+
+    def attend(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        G, L, Hkv, D = k.shape
+        self.kpool[li][self.blk, :, :, self.off] = k.reshape(G * L, Hkv, D)[self.at]
+        self.vpool[li][self.blk, :, self.off] = v.reshape(G * L, Hkv, D)[self.at]
+        g = q.shape[2] // Hkv
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [G, heads, L, D]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=self.scale)
+        return o.transpose(1, 2)
+
+
+@dataclass
+class StepCache(PagedCache):
+    """A decode step's cache: each row's new token written at block ``blk``, offset ``off`` [B] of the pools; its
+    query heads attend over its own blocks (``tables`` [B, M], ``lens`` [B], this token's included) by ``kernel``
+    (``native.paged_attention`` or ``native.paged_reference``)."""
+
+    kpool: list[torch.Tensor]
+    vpool: list[torch.Tensor]
+    blk: torch.Tensor
+    off: torch.Tensor
+    tables: torch.Tensor
+    lens: torch.Tensor
+    scale: float
+    kernel: Callable[..., torch.Tensor]
+
+    def attend(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, H, D = q.shape
+        Hkv = k.shape[1]
+        self.kpool[li][self.blk, :, :, self.off] = k
+        self.vpool[li][self.blk, :, self.off] = v
+        # the query heads of one KV head as a sequence: [B, Hkv, g, D]
+        o = self.kernel(q.view(B, Hkv, H // Hkv, D), self.kpool[li], self.vpool[li], self.tables, self.lens, self.scale)
+        return o.reshape(B, H, D)
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    li: int,
+    linear: Callable[[torch.Tensor, str, int], torch.Tensor],
+    ln1: torch.Tensor,
+    ln2: torch.Tensor,
+    h: int,
+    hkv: int,
+    d: int,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: PagedCache,
+) -> torch.Tensor:
+    """Layer ``li`` of a Llama-family model: ``x`` [..., hidden] -> [..., hidden]; ``linear(x, name, li)`` applies its
+    ``qkv``, ``o``, ``gate_up`` and ``down`` weights; ``cos``/``sin`` broadcast over the heads; ``cache`` writes the
+    keys and values and attends."""
+    lead = x.shape[:-1]
+    q, k, v = linear(rms_norm(x, ln1, eps), "qkv", li).split([h * d, hkv * d, hkv * d], dim=-1)
+    q = rope(q.view(*lead, h, d), cos, sin)
+    k = rope(k.view(*lead, hkv, d), cos, sin)
+    o = cache.attend(li, q, k, v.view(*lead, hkv, d))
+    x = x + linear(o.reshape(*lead, h * d), "o", li)
+    gate, up = linear(rms_norm(x, ln2, eps), "gate_up", li).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, "down", li)
 
 
 class Layer:

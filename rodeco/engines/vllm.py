@@ -92,7 +92,7 @@ class VLLMGenerator(ModelGenerator):
 
     engine_kind = "vllm"
     # vLLM samples inside its engine (its own top-k) with its own kernels; what the host waits for is vLLM's affair
-    info = EngineInfo(name="vllm", linear="vllm", admits=True, hidden=False)
+    info = EngineInfo(name="vllm", linear="vllm", hidden=False)
 
     def __init__(
         self,
@@ -116,7 +116,6 @@ class VLLMGenerator(ModelGenerator):
         self.info = EngineInfo(
             name="vllm",
             linear="vllm",
-            admits=True,
             max_rows=settings.max_num_seqs,
             hidden=False,
             kv_pool_tokens=self.num_blocks * block,  # its block pool's tokens

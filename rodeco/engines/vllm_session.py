@@ -1,6 +1,6 @@
 """``VLLMSession``: the candidate rows of ``generator.engine=vllm`` (``rodeco.engines.vllm``, whose module doc says
-how they map to vLLM's requests), one vLLM request per row, with ``rodeco.protocols.OpenSession``'s interface:
-prefill, decode to a decision point, reject, copy, admit prompts on their own clocks, the stats the accounting reads.
+how they map to vLLM's requests), one vLLM request per row, with ``rodeco.protocols.Session``'s interface: admit
+prompts on their own clocks, decode to a decision point, reject, copy, the stats the accounting reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rodeco.budget import block_shared
 from rodeco.protocols import EngineInfo
 from rodeco.rows import BookColumn, RowBook
 from rodeco.shape import KVSpec
-from rodeco.state import OpenPrompt, Row, SessionSpec, SessionStats
+from rodeco.state import OpenPrompt, Row, SamplingParams, SessionSpec, SessionStats
 from rodeco.stops import StopStrings
 from rodeco.validation import ConfigError
 
@@ -58,16 +58,31 @@ class VLLMSession:
                 "the vllm engine does not provide the generator's hidden states",
                 "use generator.engine=fast or hf, or a partial reward that scores text",
             )
-        self.gen, self.n, self.max_new, self.seed = gen, spec.n, spec.max_new_tokens, spec.seed
-        self.seeds = [int(x) for x in spec.prompt_seeds()]  # per prompt: its seed
-        self.stream_keys, self.needs_logprobs = [int(k) for k in spec.stream_keys], spec.needs_logprobs
+        self.gen = gen
+        self.needs_logprobs = spec.needs_logprobs
         self.top_k = spec.top_logprobs  # each position's k most likely tokens' log-probs (vLLM's logprobs=k)
-        self.ignore_eos, self.first = spec.ignore_eos, spec.first
-        # per prompt: its settings (a prompt that joins brings its own) and the step it joined at (its clock's 0);
-        # stop strings are checked here on each new token (rodeco.stops), as live rows are
-        P = len(self.seeds)
-        self.sampling_of, self.max_new_of = [spec.sampling] * P, [spec.max_new_tokens] * P
-        self.stops_of, self.born = [StopStrings(tuple(spec.stop))] * P, [0] * P
+        self.ignore_eos = spec.ignore_eos
+        # per prompt: its settings and the step it joined at (its clock's 0); stop strings are checked here on each
+        # new token (rodeco.stops), as live rows are
+        self.seeds: list[int] = []
+        self.stream_keys: list[int] = []
+        self.sampling_of: list[SamplingParams] = []
+        self.max_new_of: list[int] = []
+        self.stops_of: list[StopStrings] = []
+        self.born: list[int] = []
+        self.shared_of: list[int] = []  # per prompt: its tokens held once for all its rows (warmed), else 0
+        self.prompt_ids: list[list[int]] = []
+        self.prompt_lens: list[int] = []
+        self.stats = SessionStats(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        self.preempt0 = self.gen.preemptions()
+        self.gen.peak_blocks = self.gen.blocks_in_use()
+        self.ids: list[str] = []  # per row: vLLM's request id
+        self.tokens: list[list[int]] = []
+        self.lps: list[list[float]] = []
+        self.tops: list[list[list[float]]] = []  # per row: [tokens][k]
+        self.done: list[str] = []  # "eos" | "length" | "stop" once the row finished
+        self.fresh: list[int] = []  # its request's prompt length until its first output (from a prefill), then 0
+        self.row_of: dict[str, int] = {}
         self.hidden_log: list | None = None  # never filled: vLLM keeps its hidden states (record_hidden is ignored)
         self.book = RowBook()  # which prompt, candidate and stream each row is
         self.t = 0
@@ -99,50 +114,46 @@ class VLLMSession:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def prefill(self, prompt_ids: list[list[int]]) -> None:
-        """Prefill each prompt once (a one-token request whose blocks stay cached), then submit ``n`` rows each."""
-
-        P, n = len(prompt_ids), self.n
-        self._fits(P * n)
-        self.prompt_ids: list[list[int]] = []
-        self.prompt_lens: list[int] = []
-        self.stats = SessionStats(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        self.preempt0 = self.gen.preemptions()
-        self.gen.peak_blocks = self.gen.blocks_in_use()
-        self.ids: list[str] = []  # per row: vLLM's request id
-        self.tokens: list[list[int]] = []
-        self.lps: list[list[float]] = []
-        self.tops: list[list[list[float]]] = []  # per row: [tokens][k]
-        self.done: list[str] = []  # "eos" | "length" | "stop" once the row finished
-        self.fresh: list[int] = []  # its request's prompt length until its first output (from a prefill), then 0
-        self.row_of: dict[str, int] = {}
-        self.book.fan_out(0, n, self.first)
-        self._start(prompt_ids, [n] * P, [self.first] * P, warm=True)
-
     def admit(self, prompt_ids: list[list[int]], prompts: list[OpenPrompt]) -> list[int]:
-        """Prompts join the running batch between steps, each with its own settings and clock: their rows submitted
-        as requests seeded as they are alone (``request_seed``), so a prompt's candidates are the samples it draws
-        decoding alone. Each row prefills the prompt itself, in the next step: a prompt prefilled once first (as
-        ``prefill`` does) would step the running rows past their clocks, since vLLM steps every request it holds. So
-        a joining prompt's blocks are held once per row, and charged as each row's prefill. Returns the new
+        """Prompts join the batch between steps, each with its own settings and clock: their rows submitted as
+        requests seeded as they are alone (``request_seed``), so a prompt's candidates are the samples it draws
+        decoding alone. Into an empty batch each prompt is prefilled once first (a one-token request whose blocks
+        stay cached, shared by its rows). Into a running one each row prefills the prompt itself, in the next step: a
+        prompt prefilled once first would step the running rows past their clocks, since vLLM steps every request it
+        holds; so a joining prompt's blocks are held once per row, and charged as each row's prefill. Returns the new
         prompts' batch keys."""
-        self._fits(self.rows + sum(op.n for op in prompts))
-        P0 = len(self.prompt_ids)
+        self._fits(self.rows + sum(op.n for op in prompts), prompts[0].n)
+        P0, warm = len(self.prompt_ids), self.rows == 0
         self.seeds += [int(op.seed) for op in prompts]
         self.stream_keys += [int(op.stream_key) for op in prompts]
         self.sampling_of += [op.sampling for op in prompts]
         self.max_new_of += [int(op.max_new_tokens) for op in prompts]
         self.stops_of += [StopStrings(tuple(op.stop)) for op in prompts]
         self.born += [self.t] * len(prompts)
-        self._start(prompt_ids, [op.n for op in prompts], [op.first for op in prompts], warm=False)
+        self._start(prompt_ids, [op.n for op in prompts], [op.first for op in prompts], warm)
         return list(range(P0, P0 + len(prompts)))
 
-    def _fits(self, rows: int) -> None:
+    def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
+        """How many steps (at most ``most``) ``rows`` can take within ``tokens``, counted as vLLM's block manager
+        holds them (an upper bound: the row's latest token counted too): each prompt's shared blocks once, each row
+        the rest of its prompt and its own tokens in whole blocks, and ``row_overhead`` tokens a row."""
+        if len(rows) == 0 or most <= 0:
+            return max(0, most)
+        b = self.gen.kv.block
+        prompts = self.prompt_of[rows]
+        shared = sum(self.shared_of[p] for p in np.unique(prompts))
+        own = np.array([self.prompt_lens[p] - self.shared_of[p] + len(self.tokens[r]) for r, p in zip(rows, prompts)])
+        k = np.arange(0, most + 1)
+        held = shared + (-(-(own[:, None] + k[None]) // b) * b).sum(0) + row_overhead * len(rows)
+        fits = np.flatnonzero(held <= tokens)
+        return int(fits.max()) if len(fits) else 0
+
+    def _fits(self, rows: int, n: int) -> None:
         most = self.gen.info.max_rows  # generator.max_num_seqs
         if most is not None and rows > most:
             raise ConfigError(
                 "n",
-                self.n,
+                n,
                 f"{rows} rows exceed generator.max_num_seqs={most}, and the rows of a "
                 "decision point must all step together",
                 "raise generator.max_num_seqs, or lower n or data.batch_prompts",
@@ -162,6 +173,7 @@ class VLLMSession:
         st.decode_flops = np.append(st.decode_flops, np.zeros(len(prompt_ids)))
         keys = range(P0, P0 + len(prompt_ids))
         shared = [i for i in keys if warm and block_shared(self.prompt_lens[i], self.gen.kv.block)]
+        self.shared_of += [block_shared(self.prompt_lens[i], self.gen.kv.block) if i in shared else 0 for i in keys]
         once = {f"w{self.uid}-{i}": i for i in shared}
         for rid, j in once.items():
             llm.add_request(rid, TokensPrompt(prompt_token_ids=self.prompt_ids[j]), self._params(1, None, j))

@@ -116,16 +116,13 @@ def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, s
     }
 
 
-def _compiled(gen: Generator) -> tuple[int, float, int, bool] | None:
-    """(graphs compiled, seconds compiling, graphs not captured as CUDA graphs, one graph a round) of a generator's
-    compiled step; None if it is not compiled."""
+def _compiled(gen: Generator) -> tuple[int, float] | None:
+    """(graphs compiled, seconds compiling) of a generator's compiled step; None if it is not compiled."""
     step = gen.compiled if isinstance(gen, TorchGenerator) else None
-    return (step.compiles, step.compile_seconds, step.cudagraph_skips, step.graphs) if step is not None else None
+    return (step.compiles, step.compile_seconds) if step is not None else None
 
 
-def _compile_figures(
-    warm: tuple[int, float, int, bool] | None, end: tuple[int, float, int, bool] | None
-) -> dict[str, Any]:
+def _compile_figures(warm: tuple[int, float] | None, end: tuple[int, float] | None) -> dict[str, Any]:
     if warm is None or end is None:
         return {}
     return {
@@ -133,8 +130,6 @@ def _compile_figures(
         "compile_seconds": warm[1],
         "compiles_timed": end[0] - warm[0],
         "compile_seconds_timed": end[1] - warm[1],
-        "one_graph_a_round": end[3],
-        "cudagraph_skips": end[2],
     }
 
 
@@ -221,7 +216,7 @@ def prepare(cfg: DictConfig, plugins: Plugins, gen: TorchGenerator | VLLMGenerat
     return Bench(base, gens, engines, prompts, rows, a.new_tokens, tokens, sp, s, scorer, policy, cfg.seed)
 
 
-CompileStates = dict[str, tuple[int, float, int, bool] | None]  # {engine: its ``_compiled`` state}
+CompileStates = dict[str, tuple[int, float] | None]  # {engine: its ``_compiled`` state}
 
 
 def warm_up(b: Bench) -> CompileStates:

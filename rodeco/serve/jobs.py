@@ -19,7 +19,7 @@ from rodeco.compose import option_node
 from rodeco.config import SamplingConfig, ServeConfig
 from rodeco.contracts import policy_info
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator, SessionMaker
+from rodeco.protocols import Generator
 from rodeco.serve.errors import APIError, bad_field
 from rodeco.serve.schema import ChatRequest, CompletionRequest
 from rodeco.state import PolicyInfo, PromptRef, SamplingParams
@@ -60,15 +60,6 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-    def padded(self, longest: int, gen: SessionMaker) -> int:
-        """Its budget in a batch whose longest prompt has ``longest`` tokens: prompts are padded to the longest, and
-        the padding its starting rows hold is charged to it (0 alone, so alone it decodes as the CLI would)."""
-        k = self.key
-        return self.kv_tokens + (
-            full_length_tokens(k.best_of, longest, k.max_tokens, gen.kv)
-            - full_length_tokens(k.best_of, self.prompt_tokens, k.max_tokens, gen.kv)
-        )
 
 
 class Planner:

@@ -18,7 +18,6 @@ class Metrics:
         self.queue_depth = Gauge("rodeco_queue_depth", "requests waiting for a batch", registry=r)
         self.batch_requests = Gauge("rodeco_batch_requests", "requests in the batch decoding now", registry=r)
         self.batch_rows = Gauge("rodeco_batch_rows", "candidate rows in the batch decoding now", registry=r)
-        self.batches = Counter("rodeco_batches", "batches decoded (engines that do not admit)", registry=r)
         self.admissions = Counter("rodeco_admissions", "requests admitted into the running batch", registry=r)
         self.step_requests = Histogram(
             "rodeco_step_requests", "requests in the batch, per stretch of decoding", buckets=COUNT_BUCKETS, registry=r
@@ -30,7 +29,6 @@ class Metrics:
             registry=r,
         )
         self.budget = Gauge("rodeco_kv_budget_tokens", "the server's KV budget in tokens (-1: unlimited)", registry=r)
-        self.batch_budget = Gauge("rodeco_batch_kv_budget_tokens", "the running batch's KV budget", registry=r)
         self.peak_kv = Gauge("rodeco_kv_peak_tokens", "the largest KV cache any batch held, in tokens", registry=r)
         self.decode_tokens = Counter("rodeco_decode_tokens", "tokens decoded, every candidate's", registry=r)
         self.prefill_tokens = Counter("rodeco_prefill_tokens", "prompt tokens forwarded", registry=r)

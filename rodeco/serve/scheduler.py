@@ -1,15 +1,11 @@
 """The batcher: one thread that owns the decoder and runs the one loop (``rodeco.loop.decode_open``) over the queue.
 
-Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts into a running batch
-(``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job is a cohort of one prompt and
-joins the running batch within ``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget
-fits beside the running jobs' (the server's budget; in arrival order: a job waits only for jobs that arrived before
-it), and decodes on its own clock with its own budget, so a seeded request gets the answer it gets alone. Elsewhere
-(the compiled step as CUDA graphs, which stays closed-batch) the loop takes one cohort at a time: the oldest job and
-the jobs after it with the same ``BatchKey``, in arrival order, while their budgets (padding included) fit the
-server's budget, their rows ``serve.max_batch_rows`` and their number ``serve.batch_requests``. Either way the loop
-pauses every ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and
-memory freed, whatever the policy, Best-of-N included.
+Jobs queue (bounded: a full queue is a 429). Every job is a cohort of one prompt and joins the running batch within
+``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
+(the server's budget; in arrival order: a job waits only for jobs that arrived before it), and decodes on its own
+clock with its own budget (its block quota), so a seeded request gets the answer it gets alone. The loop pauses every
+``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and memory freed,
+whatever the policy, Best-of-N included.
 """
 
 from __future__ import annotations
@@ -186,12 +182,11 @@ class Scheduler:
                         j.future.set_exception(e)
 
     def _request(self, jobs: list[Job]) -> Request:
-        """Jobs as one cohort of the loop (one job, where the engine admits): their settings and budget (each job's
-        padded to the cohort's longest prompt), their policy kept to each job's ``n``, and what their answers,
-        progress events, cancellation and metrics need."""
+        """Jobs as one cohort of the loop (one job): their settings and budget, their policy kept to each job's
+        ``n``, and what their answers, progress events, cancellation and metrics need."""
         m, k = self.metrics, jobs[0].key
         by_id = {j.id: j for j in jobs}
-        kv = batch_kv_tokens(jobs, self.dec.gen)
+        kv = sum(j.kv_tokens for j in jobs)
 
         def leave(j: Job) -> None:
             with self.cond:
@@ -204,9 +199,6 @@ class Scheduler:
                 j.started = now
                 m.queue_wait.observe(now - j.submitted)
             m.admissions.inc(len(jobs))
-            if not self.dec.gen.info.admits:
-                m.batches.inc()
-                m.batch_budget.set(kv)
 
         def on_done(r: PromptResult) -> None:
             j = by_id[r.prompt_index]
@@ -257,24 +249,6 @@ class Scheduler:
             cancelled=cancelled,
         )
 
-    def _batch(self) -> list[Job]:
-        """The next closed batch (an engine that does not admit): the oldest job and the jobs after it with the same
-        key, in arrival order, while they fit (see the module doc); taken off the queue (under ``cond``)."""
-        key = self.queue[0].key
-        chosen: list[Job] = []
-        for j in self.queue:
-            if j.key != key or len(chosen) >= self.serve.batch_requests:
-                continue
-            trial = chosen + [j]
-            need = batch_kv_tokens(trial, self.dec.gen)
-            if self.budget.kv_tokens is not None and need > self.budget.kv_tokens and chosen:
-                continue
-            if sum(x.key.best_of for x in trial) > self.serve.max_batch_rows and chosen:
-                continue
-            chosen = trial
-        self.queue = [j for j in self.queue if j not in chosen]
-        return chosen
-
     def _answer(self, j: Job, r: PromptResult, t0: float, batch: int) -> Answer:
         """A finished job's answer, its tallies added to the metrics."""
         m, gen = self.metrics, self.dec.gen
@@ -307,12 +281,6 @@ def _progress(rnd: int, pv: PromptView, c: Counts) -> dict[str, Any]:
     }
 
 
-def batch_kv_tokens(jobs: list[Job], gen: Any) -> int:
-    """A batch's budget: its jobs' budgets, each with the padding of its prompt to the batch's longest."""
-    longest = max(j.prompt_tokens for j in jobs)
-    return sum(j.padded(longest, gen) for j in jobs)
-
-
 class _Jobs:
     """The queue as an open source (``rodeco.loop.Source``): the jobs queued since the last call, moved to
     ``running``; None once the server stopped."""
@@ -322,23 +290,16 @@ class _Jobs:
 
     def take(self, wait: bool) -> list[Request] | None:
         s = self.sched
-        admits = s.dec.gen.info.admits
-        if not admits and not wait:  # a closed batch is decoding, or waits: the queue stays the scheduler's
-            return []
         with s.cond:
             while wait and not s.queue and not s.stopped:
                 s.cond.wait(0.5)
             if s.stopped:
                 return None
-        if not admits:
-            time.sleep(s.serve.batch_wait_s)  # let requests that arrive together decode together
-        with s.cond:
             s.queue = [j for j in s.queue if not j.cancelled]
             if not s.queue:
                 return []
-            cohorts = [[j] for j in s.queue] if admits else [s._batch()]
-            if admits:
-                s.queue.clear()
+            cohorts = [[j] for j in s.queue]
+            s.queue.clear()
             s.running += [j for c in cohorts for j in c]
             s.metrics.queue_depth.set(len(s.queue))
         return [s._request(c) for c in cohorts]
