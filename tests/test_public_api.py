@@ -94,6 +94,8 @@ DATACLASSES = {
         "rng",
     },
     "RoundView": {"round", "prompts", "max_rows_next", "max_new_tokens", "n_start"},
+    "PromptRef": {"index", "text", "stream", "seed", "messages", "meta"},
+    "SamplingParams": {"temperature", "top_k", "top_p"},
     "WinnerRule": {"rule", "extractor", "pattern", "temperature"},
     "StartView": {"kv_tokens", "base", "max_rows", "max_new_tokens", "min_tokens_per_round"},
     "PolicyInfo": {"decision_tokens", "chooses_start", "rejects"},
