@@ -28,6 +28,8 @@ import numpy as np
 import rodeco
 from rodeco.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
+from rodeco.experiments.bootstrap import ci as bootstrap_ci
+from rodeco.experiments.bootstrap import draws
 from rodeco.experiments.metrics import expected_best_of, improvement_score
 from rodeco.experiments.record import pool_roles
 from rodeco.experiments.replay_policy import best_score
@@ -128,9 +130,7 @@ def summarize(
 ) -> dict[str, Any]:
     """Per method: mean reward, improvement score, FLOPs; its mean reward minus the reference's on the same
     batches with a bootstrap 95% CI over batches."""
-    rng = np.random.default_rng(0)
-    groups = len(res[REF])
-    boots = [rng.integers(groups, size=groups) for _ in range(resamples)]
+    boots = draws(len(res[REF]), resamples, 0)
     ref = np.array([np.mean(r["best"]) for r in res[REF]])
     out = {}
     for label, rows in res.items():
@@ -140,7 +140,7 @@ def summarize(
         lo = [-expected_best_of(-finals[i], n) for i in idx]
         per = np.array([np.mean(r["best"]) for r in rows])
         d = per - ref
-        ci = [float(np.percentile([d[b].mean() for b in boots], q)) for q in (2.5, 97.5)]
+        ci = bootstrap_ci(d[boots].mean(1))
         out[label] = {
             "mean_reward": float(best.mean()),
             "improvement": improvement_score(best, hi, lo),

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rodeco.experiments.bootstrap import mean_ci
+
 METHODS = ("bon_1", "bon_4", "bon_16", "sr_16", "pf_16", "pf_4", "beam_16", "dvts_16")
 SEARCH = {"pf": "particle_filter", "beam": "beam", "dvts": "dvts"}
 
@@ -98,12 +100,6 @@ def winner_answers(rec: dict) -> dict[str, int | None]:
     return out
 
 
-def boot_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> list[float]:
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), (reps, len(x)))].mean(1)
-    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
-
-
 def bon_at_flops(recs: list[dict], flops: float) -> tuple[np.ndarray, bool] | None:
     """Best-of-N's per-problem correctness (reward winner) at ``flops``, linear in log FLOPs between the two measured
     Best-of-N sizes around it, and whether ``flops`` is past the largest (then: the largest's); None without bon."""
@@ -134,14 +130,14 @@ def summarize(recs: list[dict], methods: list[str]) -> list[dict]:
             row = {
                 "method": m if rule == "reward" else f"{m}_{'vote' if rule == 'majority' else 'wvote'}",
                 "accuracy": float(ok.mean()),
-                "ci": boot_ci(ok),
+                "ci": mean_ci(ok),
                 "tflops": flops / 1e12,
                 "problems": len(recs),
             }
             at = None if m.startswith("bon") else bon_at_flops(recs, flops)
             if at is not None:
                 d = ok - at[0]
-                row["vs_bon_at_flops"] = {"value": float(d.mean()), "ci": boot_ci(d), "beyond_curve": at[1]}
+                row["vs_bon_at_flops"] = {"value": float(d.mean()), "ci": mean_ci(d), "beyond_curve": at[1]}
             rows.append(row)
     return rows
 

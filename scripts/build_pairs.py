@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+from rodeco.experiments.bootstrap import geomean_ci
 
 DEFAULT = ["experiment_args.repeats=1", "experiment_args.engines=[fast]"]
 
@@ -42,15 +41,6 @@ def bench(tree: Path, out: Path, overrides: list[str]) -> dict[str, float]:
     return {e: r["tokens_per_s"] for e, r in res["engines"].items()}
 
 
-def paired(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Geometric mean of ``ratios`` and its 95% bootstrap CI over them."""
-    logs = np.log(ratios)
-    rng = np.random.default_rng(seed)
-    boot = logs[rng.integers(0, len(logs), (resamples, len(logs)))].mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return math.exp(logs.mean()), math.exp(lo), math.exp(hi)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old", type=Path, help="the old build's source tree")
@@ -69,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for e in runs[0]["new"]:
         ratios = [r["new"][e] / r["old"][e] for r in runs]
-        g, lo, hi = paired(ratios)
+        g, lo, hi = geomean_ci(ratios)
         summary[e] = {"ratio": g, "ci": [lo, hi], "ratios": ratios}
         print(f"{e}: new/old {g:.3f} [{lo:.3f}, {hi:.3f}] (95% bootstrap CI over {len(ratios)} rounds)")
     (a.out / "build_pairs.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))

@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from arith_bench import boot_ci as boot  # the same bootstrap over prompts as the arithmetic set's
-
+    from rodeco.experiments.bootstrap import mean_ci as boot  # the same bootstrap over prompts as arith_bench's
     from rodeco.plugins import BuildContext
     from rodeco.pool import Pool
     from rodeco_rewards.minilm.reward import build_minilm_rm

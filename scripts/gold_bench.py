@@ -52,6 +52,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rodeco.experiments.bootstrap import ci as bootstrap_ci
+from rodeco.experiments.bootstrap import draws
+from rodeco.experiments.speedup import matched_speedup
+
 if TYPE_CHECKING:
     from rodeco.state import Candidate
 
@@ -484,16 +488,10 @@ def table(
             for rule in RULES:
                 acc[g, m, rule] = np.array([np.mean([r[rule] for r in rs]) for rs in recs])
     anyof = {n: np.array([_any_of(ceiling[t][i], n) for t, i in keys]) for n in BON}
-    rng = np.random.default_rng(seed)
-    boots = [rng.integers(0, P, P) for _ in range(resamples)]
+    boots = draws(P, resamples, seed)
 
     def ci(f):
-        vals = np.array([f(b) for b in boots])
-        vals = vals[np.isfinite(vals)]
-        full = f(np.arange(P))
-        if not len(vals):
-            return [full, math.nan, math.nan]
-        return [full, float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+        return [f(np.arange(P)), *bootstrap_ci([f(b) for b in boots])]
 
     bon = [f"bon_{n}" for n in BON if f"bon_{n}" in labels]
 
@@ -508,7 +506,11 @@ def table(
         return float(np.mean([flops[g, "bon_16"][idx].mean() for g in guides])) if "bon_16" in bon else math.nan
 
     def speedup(g, m, rule, idx):
-        return matched_speedup(curve(idx), acc[g, m, rule][idx].mean(), flops[g, m][idx].mean())
+        pts = curve(idx)
+        if not pts:
+            return math.nan
+        f, a = np.array(pts).T
+        return matched_speedup(acc[g, m, rule][idx].mean(), flops[g, m][idx].mean(), a, f)[0]
 
     out: dict[str, Any] = {"problems": P, "tasks": tasks, "guides": guides, "rows": {}}
     for g in guides:
@@ -532,21 +534,6 @@ def _any_of(g: list[float], n: int) -> float:
     """Any of N right, averaged over the pool's disjoint groups of N candidates."""
     groups = [g[k : k + n] for k in range(0, len(g) - n + 1, n)]
     return float(np.mean([max(x) for x in groups]))
-
-
-def matched_speedup(curve: list[tuple[float, float]], accuracy: float, flops: float) -> float:
-    """The FLOPs the Best-of-N curve needs to reach ``accuracy`` (interpolated between its points in log FLOPs), over
-    ``flops``; its Best-of-1 FLOPs where it starts above it; where the curve never reaches it, its last point's
-    FLOPs (a lower bound: the curve would need more)."""
-    best = -1.0
-    for (f0, a0), (f1, a1) in zip(curve, curve[1:]):
-        best = max(best, a0)
-        if a0 >= accuracy:
-            return f0 / flops
-        if a1 >= accuracy > a0:
-            w = (accuracy - a0) / (a1 - a0)
-            return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0))) / flops
-    return curve[-1][0] / flops if curve else math.nan
 
 
 def report(a: argparse.Namespace) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from rodeco.experiments.bootstrap import ci, draws
+
 
 def load(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
@@ -100,12 +102,11 @@ def analyse(snap: dict[str, Any], judge: str, top: int = 64, resamples: int = 10
     ok = np.isfinite(j1 + jt + l1 + lt).all(1)  # prompts with both winners scored in every set
     dj, dl = (jt - j1)[ok], (lt - l1)[ok]
     P = len(dj)
-    draws = np.random.default_rng(seed).integers(0, P, (resamples, P))
+    idx = draws(P, resamples, seed)
     counts = np.zeros((resamples + 1, P))
     counts[0] = 1  # draw 0: the data itself
-    np.add.at(counts, (np.arange(1, resamples + 1)[:, None], draws), 1)
+    np.add.at(counts, (np.arange(1, resamples + 1)[:, None], idx), 1)
     raw, controlled, slope = intercepts(dj, dl, counts)
-    ci = lambda x: [float(v) for v in np.percentile(x[1:], [2.5, 97.5])]  # noqa: E731
     r, texts = within_prompt_r(snap, judge)
     return {
         "judge": judge,
@@ -115,9 +116,9 @@ def analyse(snap: dict[str, Any], judge: str, top: int = 64, resamples: int = 10
         "all_reported": bool(snap.get("all_reported", False)),
         "resamples": resamples,
         "seed": seed,
-        "raw_gain": {"value": float(raw[0]), "ci": ci(raw)},
-        "controlled_gain": {"value": float(controlled[0]), "ci": ci(controlled)},
-        "slope_per_log_char": {"value": float(slope[0]), "ci": ci(slope)},
+        "raw_gain": {"value": float(raw[0]), "ci": ci(raw[1:])},
+        "controlled_gain": {"value": float(controlled[0]), "ci": ci(controlled[1:])},
+        "slope_per_log_char": {"value": float(slope[0]), "ci": ci(slope[1:])},
         "mean_log_char_change": float(dl.mean()),
         "within_prompt_r": r,
         "within_prompt_texts": texts,

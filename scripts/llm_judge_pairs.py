@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from rodeco.experiments.bootstrap import ci, draws, mean_ci
 from rodeco_rewards.reference import References
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,10 +142,6 @@ def _reply(response: dict[str, Any]) -> str:
         return ""
 
 
-def _ci(boot: np.ndarray) -> list[float]:
-    return [float(v) for v in np.percentile(boot, [2.5, 97.5])] if len(boot) else [math.nan, math.nan]
-
-
 def summarize(records: Sequence[dict[str, Any]], resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
     """Accuracy (and the length baseline, their paired difference, the accuracy where the chosen answer is the
     shorter) with bootstrap 95% CIs over the scored pairs, and the verdict counts."""
@@ -152,15 +149,14 @@ def summarize(records: Sequence[dict[str, Any]], resamples: int = 10000, seed: i
     s = np.array([r["score"] for r in ok], dtype=np.float64)
     length = np.array([r["length_vote"] for r in ok], dtype=np.float64)
     shorter = np.array([r["chosen_chars"] < r["rejected_chars"] for r in ok], dtype=bool)
-    draws = np.random.default_rng(seed).integers(0, len(s), (resamples, len(s))) if len(s) else np.zeros((0, 0), int)
+    idx = draws(len(s), resamples, seed)
 
     def stat(x: np.ndarray) -> dict[str, Any]:
         if not len(x):
             return {"value": math.nan, "ci": [math.nan, math.nan]}
-        return {"value": float(x.mean()), "ci": _ci(x[draws].mean(1))}
+        return {"value": float(x.mean()), "ci": ci(x[idx].mean(1))}
 
     sub = s[shorter]
-    sub_draws = np.random.default_rng(seed + 1).integers(0, len(sub), (resamples, len(sub))) if len(sub) else None
     verdicts = [v for r in records for v in r["verdicts"]]
     parsed = [v for v in verdicts if v is not None]
     both = [r for r in ok if None not in r["verdicts"] and len(r["verdicts"]) == 2]
@@ -174,7 +170,7 @@ def summarize(records: Sequence[dict[str, Any]], resamples: int = 10000, seed: i
         "chosen_shorter": {
             "pairs": int(shorter.sum()),
             "accuracy": float(sub.mean()) if len(sub) else math.nan,
-            "ci": _ci(sub[sub_draws].mean(1)) if sub_draws is not None else [math.nan, math.nan],
+            "ci": mean_ci(sub, resamples, seed + 1),
         },
         "verdicts": len(verdicts),
         "unparseable": len(verdicts) - len(parsed),

@@ -34,7 +34,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_pairs import paired  # noqa: E402
+from rodeco.experiments.bootstrap import geomean_ci  # noqa: E402
 
 REQUEST_MEMORY = 0.25  # the server's default serve.request_memory
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None, generator: Any = None) -> dict[str, Any]
             f"round {i}: staggered {runs['staggered'].tokens_per_s:.1f} tokens/s, closed "
             f"{runs['closed'].tokens_per_s:.1f}: open/closed {ratio:.3f}"
         )
-    g, lo, hi = paired([r["ratio"] for r in rounds])
+    g, lo, hi = geomean_ci([r["ratio"] for r in rounds])
     out = {"args": {k: str(v) for k, v in vars(a).items()}, "rounds": rounds, "ratio": [g, lo, hi]}
     (a.out / "open_vs_closed.json").write_text(json.dumps(out, indent=1) + "\n")
     finite = all(math.isfinite(x) for x in (g, lo, hi))

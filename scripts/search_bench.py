@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from rodeco.experiments import bootstrap
+
 # label -> (policy node, start rows)
 METHODS: dict[str, tuple[dict[str, Any], int]] = {  # in the order they run
     "beam_start_16": ({"name": "beam"}, 16),
@@ -201,15 +203,14 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
 
 def paired_rewards(records: list[dict], rep: list[int], labels: list[str], resamples: int) -> dict[str, list[float]]:
     """Each method's mean final reward minus fixed alpha 0.5's on the report half, with a 95% CI over prompts."""
-    rng = np.random.default_rng(0)
     pos = {r["prompt_index"]: k for k, r in enumerate(records)}
     R = np.array([pos[i] for i in rep])
-    boots = [rng.choice(R, len(R)) for _ in range(resamples)]
+    boots = R[bootstrap.draws(len(R), resamples, 0)]
     ref = np.array([r["methods"]["fixed_alpha_0.5"]["1"]["best"] for r in records])
     out = {}
     for label in labels:
         d = np.array([r["methods"][label]["1"]["best"] for r in records]) - ref
-        out[label] = [float(d[R].mean()), *np.percentile([d[b].mean() for b in boots], [2.5, 97.5]).tolist()]
+        out[label] = [float(d[R].mean()), *bootstrap.ci(d[boots].mean(1))]
     return out
 
 

@@ -62,7 +62,6 @@ from typing import Any, ClassVar
 import numpy as np
 from serve_bench_figures import (
     Record,
-    bootstrap_index,
     diff,
     figures,
     print_server_side,
@@ -89,6 +88,8 @@ from serve_bench_servers import (
     vllm_argv,
     vllm_sender,
 )
+
+from rodeco.experiments.bootstrap import draws
 
 log = logging.getLogger("serve_bench")
 
@@ -333,7 +334,7 @@ class Bench:
         self.prompts, self.warm_texts = load_prompts(a)
         self.times = arrivals(len(self.prompts), a.rate, a.seed)
         self.seeds = [a.seed + i for i in range(len(self.prompts))]
-        self.idx = bootstrap_index(sum(t <= a.duration for t in self.times), a.bootstrap, a.seed)
+        self.idx = draws(sum(t <= a.duration for t in self.times), a.bootstrap, a.seed)
         self.src = model_dir(a.generator)  # dequantizes the embedded model once (rodeco's cache), before any server
         args = {k: shown(v, a.out) if isinstance(v, Path) else v for k, v in vars(a).items()}
         self.doc: dict[str, Any] = {

@@ -30,10 +30,6 @@ class Record:
     server: dict[str, Any] = field(default_factory=dict)
 
 
-def bootstrap_index(n: int, reps: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(reps, n))
-
-
 def figures(recs: list[Record], idx: np.ndarray, target_s: float = math.inf) -> dict[str, Any]:
     """requests/s, goodput (requests/s answered within ``target_s`` of their arrival), p50/p95/p99 latency, mean
     queue wait (the server's own ``queue_seconds`` where it reports one) and mean reward over the requests, and the

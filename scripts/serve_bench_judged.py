@@ -29,7 +29,7 @@ def judge_servers(
 ) -> dict[str, Any]:
     """Each server's winners scored by each judge (``scores[judge][server][i]``, None where the request failed),
     the means and paired differences with CIs, the judges' cost, and ``lines`` to print."""
-    from rodeco.experiments.bootstrap import ci
+    from rodeco.experiments.bootstrap import ci, draws
     from rodeco.judging import Item
 
     servers = [s for s in SERVERS if s in doc["servers"]]
@@ -44,7 +44,7 @@ def judge_servers(
             for e in got[item.candidate_id]:
                 scores[e.name][servers[item.candidate_id]][i] = e.score
     both = [i for i in range(k) if all(recs[s][i]["ok"] for s in servers)]
-    idx = np.random.default_rng(seed).integers(0, len(both), (resamples, len(both))) if both else None
+    idx = draws(len(both), resamples, seed) if both else None
     out: dict[str, Any] = {
         "requests": k,
         "paired_requests": len(both),

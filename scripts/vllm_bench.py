@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from rodeco.experiments.bootstrap import ratio_of_sums
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,14 +75,6 @@ def methods(a: argparse.Namespace, pool: int) -> dict[str, list[list[str]]]:
             sys.exit(f"--bon {n}: Best-of-N runs in waves of --memory-of={a.memory_of} rows; use a multiple of it")
         out[f"bon_{n}"] = [["policy=none", f"n={a.memory_of}", f"seed={w}", *mem] for w in range(n // a.memory_of)]
     return out
-
-
-def ratio_ci(num: np.ndarray, den: np.ndarray, reps: int, seed: int = 0) -> tuple[float, float, float]:
-    """sum(num) / sum(den), with a bootstrap 95% CI over the paired prompts."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(num), size=(reps, len(num)))
-    r = num[idx].sum(1) / den[idx].sum(1)
-    return float(num.sum() / den.sum()), float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -207,7 +201,7 @@ def _summary(
             "decode_tokens": int(sum(r[m]["decode_tokens"] for r in rows)),
         }
         if m != "sr":
-            s["speedup_vs_sr"] = ratio_ci(secs, sr, a.bootstrap)
+            s["speedup_vs_sr"] = ratio_of_sums(secs, sr, a.bootstrap)
         summary["methods"][m] = s
     return summary
 

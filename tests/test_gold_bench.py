@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from rodeco.experiments.speedup import matched_speedup
+
 sys.path.insert(0, str(REPO / "scripts"))
 import gold_bench as gb  # noqa: E402
 
@@ -27,7 +29,8 @@ CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2
     ],
 )
 def test_matched_speedup(accuracy, flops, want):
-    got = gb.matched_speedup(CURVE, accuracy, flops)
+    f, a = np.array(CURVE).T
+    got, _ = matched_speedup(accuracy, flops, a, f)
     assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
 
 

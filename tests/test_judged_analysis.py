@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rodeco.experiments.bootstrap import Resamples
 from rodeco.experiments.judged import (
     Curve,
-    Resamples,
     Winners,
     analyze,
     best_of_prefix,
     correlations,
     diagnostics_table,
-    matched_speedup,
     paired_difference,
     predicted_judge_gain,
 )
+from rodeco.experiments.speedup import matched_speedup
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 
