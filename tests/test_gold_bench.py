@@ -4,16 +4,12 @@ any-of-N over disjoint candidate groups, the winner rules' gold scores, and the 
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from rodeco.experiments.bench import gold_bench as gb
 from rodeco.experiments.speedup import matched_speedup
-
-sys.path.insert(0, str(REPO / "scripts"))
-import gold_bench as gb  # noqa: E402
 
 CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2, 4
 

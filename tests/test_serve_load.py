@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from rodeco.experiments.bench import serve_bench_figures as figs
+from rodeco.experiments.bench import serve_load as load
 from rodeco.experiments.bootstrap import draws
-
-sys.path.insert(0, str(REPO / "scripts"))
-import serve_bench_figures as figs  # noqa: E402
-import serve_load as load  # noqa: E402
 
 
 def recs(latencies: list[float], queue: list[float | None]) -> list:
@@ -134,7 +130,7 @@ def test_a_ratio_over_zero_goodput_is_inf_or_nan_not_an_error():
 
 
 def test_a_stopped_run_keeps_its_recorded_phases_and_runs_only_the_rest(tmp_path, monkeypatch):
-    import serve_bench as sb
+    from rodeco.experiments.bench import serve_bench as sb
 
     monkeypatch.setattr(sb, "model_dir", lambda generator: tmp_path / "model")
     argv = ["--out", str(tmp_path), "--requests", "4", "--rate", "1", "--skip-bon", "--skip-vllm", "--bootstrap", "20"]

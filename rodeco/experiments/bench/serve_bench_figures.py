@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_bench_servers import RODECO_KEYS
+
+from rodeco.experiments.bench.servers import RODECO_KEYS
 
 
 @dataclass

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from rodeco.experiments.bench import REPO
+
 log = logging.getLogger("serve_bench")
 
 RODECO_KEYS = (
@@ -52,7 +53,7 @@ def shown(path: Path, out: Path | None = None) -> str:
     from rodeco.loading import cache_dir
 
     path = Path(os.path.abspath(path))  # symlinks kept: a venv's python stays the venv's
-    for base, label in ((out, ""), (ROOT, ""), (cache_dir(), "<rodeco cache>/")):
+    for base, label in ((out, ""), (REPO, ""), (cache_dir(), "<rodeco cache>/")):
         if base is not None and path != Path(base).resolve() and path.is_relative_to(Path(base).resolve()):
             return label + str(path.relative_to(Path(base).resolve()))
     return path.name
@@ -113,7 +114,7 @@ def launched(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            cwd=ROOT,
+            cwd=REPO,
             env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
         )
         server = Server(name, proc, url, log_path)
@@ -178,7 +179,7 @@ def dtype_of(a: argparse.Namespace) -> str:
 def rodeco_exe(given: str | Path | None = None) -> Path:
     """The ``rodeco`` command: ``given``, else this interpreter's, else the checkout's ``.venv``'s."""
     exe = Path(given or Path(sys.executable).parent / "rodeco")
-    return exe if exe.is_file() else ROOT / ".venv" / "bin" / "rodeco"
+    return exe if exe.is_file() else REPO / ".venv" / "bin" / "rodeco"
 
 
 def rodeco_argv(a: argparse.Namespace, port: int) -> list[str]:
