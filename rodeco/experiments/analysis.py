@@ -207,7 +207,7 @@ class Half:
         boots, reps = [], []
         for _ in range(resamples):
             boots.append(S[bootstrap.draws(len(S), 1, rng)[0]])
-            reps.append(rng.integers(m.replicates, size=len(S)) if m.replicates > 1 else None)
+            reps.append(bootstrap.draws(m.replicates, 1, rng, size=len(S))[0] if m.replicates > 1 else None)
         return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots], reps)
 
     def stats(

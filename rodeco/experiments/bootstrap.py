@@ -20,11 +20,11 @@ import numpy as np
 UNKNOWN = "unknown"  # a ratio of two figures clamped at the same end: the true ratio may lie either side
 
 
-def draws(n: int, resamples: int, seed: int | np.random.Generator = 0) -> np.ndarray:
-    """``[resamples, n]`` indices into ``n`` items, each row drawn with replacement (``seed``: a seed, or a
-    generator to continue)."""
+def draws(n: int, resamples: int, seed: int | np.random.Generator = 0, size: int | None = None) -> np.ndarray:
+    """``[resamples, size]`` indices into ``n`` items (``size``: ``n`` unless given), each row drawn with
+    replacement (``seed``: a seed, or a generator to continue)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return rng.integers(0, n, size=(resamples, n))
+    return rng.integers(0, n, size=(resamples, n if size is None else size))
 
 
 def ci(values: Sequence[float] | np.ndarray) -> list[float]:

@@ -81,7 +81,7 @@ def judge_pairs(
     """Each pair ``pairs[i]`` (``prompt``, ``chosen``, ``rejected``) for ``i`` in ``indices`` judged by ``llm_judge``
     through ``post`` (a chat-completions request body -> the response body): per pair its record, and the run's
     cost and the judge's own report. Stops before a pair once ``max_seconds`` have passed."""
-    from rodeco.state import ScoreRequest
+    from rodeco import ScoreRequest
     from rodeco_rewards.llm_judge import LLMJudge, parse_verdict
 
     asked: list[dict[str, Any]] = []  # every response of this run, in order
