@@ -74,21 +74,8 @@ from rodeco.experiments.bench.serve_bench_figures import (
 )
 from rodeco.experiments.bench.serve_bench_judged import JUDGES, judge_servers
 from rodeco.experiments.bench.serve_bench_prompts import arrivals, load_prompts
-from rodeco.experiments.bench.servers import (
-    Scorer,
-    Send,
-    Server,
-    free_port,
-    launched,
-    metrics_delta,
-    model_dir,
-    rodeco_argv,
-    rodeco_sender,
-    scrape,
-    shown,
-    vllm_argv,
-    vllm_sender,
-)
+from rodeco.experiments.bench.serve_clients import Scorer, Send, metrics_delta, rodeco_sender, scrape, vllm_sender
+from rodeco.experiments.bench.servers import Server, free_port, launched, model_dir, rodeco_argv, shown, vllm_argv
 from rodeco.experiments.bootstrap import draws
 
 log = logging.getLogger("serve_bench")

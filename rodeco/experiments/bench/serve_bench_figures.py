@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.experiments.bench.servers import RODECO_KEYS
+from rodeco.experiments.bench.serve_clients import RODECO_KEYS
 
 
 @dataclass
