@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import paged_memory  # noqa: E402
+from rodeco.experiments.bench import paged_memory
 
 
 def test_both_engines_stay_within_the_budget_and_the_ratios_are_printed(tiny_gen, tmp_path, capsys):
