@@ -28,11 +28,13 @@ from rodeco.state import (
     Compute,
     Counts,
     PolicyInfo,
+    PromptRef,
     PromptResult,
     PromptView,
     Round,
     RoundView,
     RunOutput,
+    SamplingParams,
     ScoreRequest,
     StartView,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "load_config",
     "run",
     "RunOutput",
+    "PromptRef",  # what Decoder.batch and Decoder.request take: a prompt with its index, stream key and seed
+    "SamplingParams",
     # writing plugins: hooks, contracts, what they see and return
     "hookimpl",
     "BuildContext",

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from rodeco.compose import check_plugin_params, load_config
 from rodeco.config import validate
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
+from rodeco.validation import node_dict
 
 if TYPE_CHECKING:
     from rodeco.loop import LoopSettings, OpenStats, Request, Source
@@ -230,11 +231,14 @@ class Decoder:
         settings, composing no config. ``policy`` is a policy node (``{"name": "fixed", "alpha": 0.5}``; None: the
         decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the decoder's, ``kv_tokens`` is the batch's
         budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see ``rodeco.loop.decode_batch``, which
-        this calls with the decoder's reward and partial reward; ``wrap_policy`` wraps the built policy."""
+        this calls with the decoder's reward and partial reward; ``wrap_policy`` wraps the built policy. The call is a
+        run to the decoder's plugins: ``rodeco_run_start`` (the decoder's config with this call's settings), then
+        ``rodeco_round_end`` and ``rodeco_prompt_done`` from the loop, then ``rodeco_run_end``."""
         from rodeco.loop import decode_batch
 
         s, roles = self._settings(policy, n, sampling, max_new_tokens, kv_tokens, stop, all_candidates, check_tokens)
-        return decode_batch(
+        self.plugins.run_start(config=_call_config(self.cfg, s, roles, kv_tokens), n_prompts=len(prompts))
+        results, compute = decode_batch(
             self.gen,
             roles.reward,
             wrap_policy(roles.policy) if wrap_policy is not None else roles.policy,
@@ -244,7 +248,10 @@ class Decoder:
             on_done=on_done,
             partial=roles.partial,
             cancelled=cancelled,
+            hooks=self.plugins,
         )
+        self.plugins.run_end(results=results, compute=compute)
+        return results, compute
 
     def request(
         self,
@@ -272,18 +279,40 @@ class Decoder:
 
     def serve_open(self, source: Source, *, kv_tokens: int | None, check_tokens: int = 16, **kw: Any) -> OpenStats:
         """Decode the requests ``source`` gives (``request``) as they arrive, each joining the running batch on its
-        own clock, until it closes (``rodeco.loop.decode_open``, with the decoder's reward and partial reward);
-        ``kv_tokens``: what the running requests' budgets may add up to."""
+        own clock, until it closes (``rodeco.loop.decode_open``, with the decoder's reward and partial reward, its
+        plugins' ``rodeco_round_end`` and ``rodeco_prompt_done`` fired by the loop); ``kv_tokens``: what the running
+        requests' budgets may add up to. It fires no ``run_start`` or ``run_end``: its caller (the server) says
+        where its run starts and ends."""
         from rodeco.loop import decode_open
 
         roles = self.builder.roles(self.choices)
-        return decode_open(self.gen, roles.reward, source, kv_tokens, roles.partial, check_tokens, **kw)
+        return decode_open(
+            self.gen, roles.reward, source, kv_tokens, roles.partial, check_tokens, hooks=self.plugins, **kw
+        )
 
     def budget(self) -> Budget:
         """The decoder's budget (its config's ``budget`` on its generator)."""
         from rodeco.config import make_budget
 
         return make_budget(self.cfg, self.gen)
+
+
+def _call_config(cfg: DictConfig, s: LoopSettings, roles: Roles, kv_tokens: int | None) -> dict[str, Any]:
+    """A ``Decoder.batch`` call's run config as ``rodeco_run_start`` sees it: the decoder's ``cfg`` with the call's
+    ``n``, policy node, sampling, stop strings, candidates and budget (where it gave one) in their place."""
+    config = node_dict(cfg)
+    config["n"] = s.n
+    config["policy"] = {"name": roles.choices.policy.name, **roles.choices.policy.params}
+    config["sampling"] = {
+        **config["sampling"],
+        **asdict(s.sampling),
+        "max_new_tokens": s.max_new_tokens,
+        "stop": list(s.stop),
+    }
+    config["output"] = {**config["output"], "all_candidates": s.all_candidates}
+    if kv_tokens is not None:
+        config["budget"] = {**config["budget"], "kv_tokens": kv_tokens}
+    return config
 
 
 def decode(

@@ -4,7 +4,10 @@ Registration hooks (``rodeco_register_*``, ``rodeco_config_dirs``) are called on
 built: rodeco calls each implementation itself, in the order the plugins were registered (the built-ins
 ``rewards``, ``policies`` and ``experiments`` first, then other entry points, then plugins passed in by code).
 Lifecycle hooks are called by pluggy at run, decision-point and prompt boundaries, never inside the per-token
-decode step: every implementation runs, the most recently registered first, and return values are ignored.
+decode step: every implementation runs, the most recently registered first, and return values are ignored. The loop
+(``rodeco.loop``) fires ``rodeco_round_end`` and ``rodeco_prompt_done`` wherever it runs with a plugin manager (decode
+runs, ``Decoder.batch`` and ``Decoder.decode``, the server, replays); what runs it fires ``rodeco_run_start`` and
+``rodeco_run_end`` (docs/plugins.md lists where).
 No hook is ``firstresult``.
 """
 
@@ -74,20 +77,25 @@ def rodeco_config_dirs() -> list[str]:
 
 @hookspec
 def rodeco_run_start(config: dict[str, Any], n_prompts: int) -> None:
-    """Called once before the first prompt is decoded. ``config`` is the resolved run config."""
+    """Called once before the first prompt is decoded: by a decode run (the CLI, ``rodeco.decode``,
+    ``Decoder.decode``), each ``Decoder.batch`` call, ``rodeco experiment=replay``, and the server when it starts
+    (``n_prompts`` 0: not known in advance). ``config`` is the resolved run config."""
 
 
 @hookspec
 def rodeco_round_end(view: RoundView, kept: list[list[int]], counts: list[list[int]]) -> None:
-    """Called after each decision point with its ``RoundView``, the rows kept per prompt (local indices) and the
-    policy's counts per prompt (one per row: 0 rejected, 1 kept, ``c > 1`` kept with ``c - 1`` copies)."""
+    """Called by the loop at each decision point, wherever it runs, with its ``RoundView``, the rows kept per prompt
+    (local indices) and the policy's counts per prompt (one per row: 0 rejected, 1 kept, ``c > 1`` kept with
+    ``c - 1`` copies), before they are applied."""
 
 
 @hookspec
 def rodeco_prompt_done(result: PromptResult) -> None:
-    """Called with each ``PromptResult`` as soon as it is final (after it is written to disk)."""
+    """Called by the loop with each ``PromptResult`` as soon as it is final, wherever it runs (after the caller took
+    it: written to disk, answered)."""
 
 
 @hookspec
 def rodeco_run_end(results: list[PromptResult], compute: Compute) -> None:
-    """Called once after the last prompt, with all ``PromptResult``s and the run's total ``Compute``."""
+    """Called once after the last prompt, with all ``PromptResult``s and the run's total ``Compute``, by what fired
+    ``rodeco_run_start``; the server's, when it has stopped, has no results and its answered requests' compute."""

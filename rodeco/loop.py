@@ -34,7 +34,7 @@ import numpy as np
 from rodeco.accounting import Accounting
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer, policy_info, select_checked
-from rodeco.protocols import Generator, LanguageModel, Policy, Session
+from rodeco.protocols import Generator, LanguageModel, LoopHooks, Policy, Session
 from rodeco.rounds import (
     START_BY_POLICY,
     LoopSettings,
@@ -189,6 +189,7 @@ def decode_batch(
     partial: Scorer | None = None,
     first: int = 0,
     cancelled: Callable[[Session], Collection[int]] | None = None,
+    hooks: LoopHooks | None = None,
 ) -> tuple[list[PromptResult], Compute]:
     """Decode several prompts as one cohort; ``prompts`` are ``PromptRef``s (or (dataset index, text) pairs).
 
@@ -199,9 +200,11 @@ def decode_batch(
     of each prompt. ``partial`` scores active rows at decision points (the ``partial_reward`` role); by default
     ``scorer`` does. ``cancelled(session)`` names batch keys whose rows leave now (a server's disconnected clients;
     it may read the session's rows and step); it is asked at every decision point and every ``s.check_tokens``
-    tokens, and a cancelled prompt gets no result (the others' are returned, in order)."""
+    tokens, and a cancelled prompt gets no result (the others' are returned, in order). ``hooks`` (a ``Plugins``)
+    are fired at each decision point (``round_end``, before ``on_round``) and each prompt's end (``prompt_done``,
+    after ``on_done``)."""
     refs = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
-    b = _Batch(gen, scorer, partial or scorer, _Limits(), per_call=False)
+    b = _Batch(gen, scorer, partial or scorer, _Limits(), per_call=False, hooks=hooks)
 
     def asked() -> Collection[int]:
         return () if cancelled is None or b.sess is None else cancelled(b.sess)
@@ -225,6 +228,7 @@ def decode_open(
     observe: Callable[[int, int, int], None] | None = None,
     max_rows: int | None = None,
     max_prompts: int | None = None,
+    hooks: LoopHooks | None = None,
 ) -> OpenStats:
     """Decode every request ``source`` gives until it closes and nothing is running (see the module doc).
     ``kv_tokens``: the memory all running cohorts' budgets may add up to (None: no limit); a request whose own budget
@@ -232,10 +236,11 @@ def decode_open(
     ``observe(waiting, prompts, rows)`` is told, before each stretch of decoding, the requests waiting for room and
     the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running cohorts start
     with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
-    (``EngineInfo.max_rows``) applies too."""
+    (``EngineInfo.max_rows``) applies too. ``hooks`` are fired at each cohort's decision points and each prompt's
+    end, as ``decode_batch`` fires them."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
-    b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True)
+    b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True, hooks=hooks)
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -274,6 +279,16 @@ def _run(b: _Batch, source: Source, check: int | None, observe: Callable[[int, i
         b.finish()
 
 
+class _NoHooks:
+    """The hooks of a decode given none: nothing fires."""
+
+    def round_end(self, view: RoundView, counts: list[Counts]) -> None:
+        pass
+
+    def prompt_done(self, result: PromptResult) -> None:
+        pass
+
+
 class _One:
     """A source of one request, then closed (``decode_batch``)."""
 
@@ -288,10 +303,20 @@ class _One:
 class _Batch:
     """The loop's state: the cohorts waiting and running, the session, the trace and the accounting, and the steps
     of ``_run`` (cancel, admit, decode, the rounds' ends, finish, decide). ``per_call``: each prompt is charged what
-    was done for it as it happened (``Accounting``), as an open batch's prompts come and go."""
+    was done for it as it happened (``Accounting``), as an open batch's prompts come and go. ``hooks``: fired at
+    every decision point and every prompt's end (None: none)."""
 
-    def __init__(self, gen: Generator, scorer: Scorer, decider: Scorer, limits: _Limits, per_call: bool) -> None:
+    def __init__(
+        self,
+        gen: Generator,
+        scorer: Scorer,
+        decider: Scorer,
+        limits: _Limits,
+        per_call: bool,
+        hooks: LoopHooks | None = None,
+    ) -> None:
         self.gen, self.scorer, self.decider, self.limits = gen, scorer, decider, limits
+        self.hooks: LoopHooks = hooks if hooks is not None else _NoHooks()
         self.waiting: deque[Request] = deque()
         self.running: list[_Cohort] = []
         self.stats = OpenStats()
@@ -480,6 +505,7 @@ class _Batch:
                     if not self.acct.per_call:
                         self.results[p] = result
                     c.req.on_done(result)
+                    self.hooks.prompt_done(result)
             if c.gone == set(c.keys):
                 self.running.remove(c)
 
@@ -496,6 +522,7 @@ class _Batch:
             fit = c.budget.max_rows(c.base + clock, c.base + s.max_new_tokens)
             view, rows_of, keys = round_view(c.rounds, sess, rows, np.asarray(scores), trace, s, clock, fit, c.n)
             counts = select_checked(c.req.policy, s.policy_name, view)
+            self.hooks.round_end(view, counts)
             if c.req.on_round is not None:
                 c.req.on_round(view, counts)
             apply_counts(sess, trace, c.rounds, rows_of, keys, view, counts, at=clock)

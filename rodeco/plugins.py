@@ -173,7 +173,8 @@ class PluginManager(pluggy.PluginManager):
 
 
 class Plugins:
-    """The plugin manager, the registries it filled, and typed calls of the lifecycle hooks."""
+    """The plugin manager, the registries it filled, and typed calls of the lifecycle hooks (it is the loop's
+    ``rodeco.protocols.LoopHooks``: the loop fires ``round_end`` and ``prompt_done`` through it)."""
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm

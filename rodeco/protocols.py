@@ -1,6 +1,7 @@
 """The contracts of rodeco's parts. Plain ``Protocol``s: no base class needed.
 
 - ``Reward`` and ``Policy``: what a plugin implements; ``rodeco.contracts`` holds every call to a plugin to them.
+- ``LoopHooks``: what the loop fires at decision points and prompts' ends (``rodeco.plugins.Plugins`` is one).
 - ``Generator`` and ``Session``: what an engine implements (the torch engines: ``rodeco.generator``; vLLM:
   ``rodeco.engines.vllm``; a recorded pool: ``rodeco.replay``). A generator is two things: what the model is
   (``LanguageModel``: its facts, tokenizer and cost) and what makes its sessions (``SessionMaker``: the engine's
@@ -16,7 +17,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import Counts, OpenPrompt, RoundView, Row, ScoreRequest, SessionSpec, SessionStats, StartView
+from rodeco.state import (
+    Counts,
+    OpenPrompt,
+    PromptResult,
+    RoundView,
+    Row,
+    ScoreRequest,
+    SessionSpec,
+    SessionStats,
+    StartView,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,6 +127,20 @@ class StartChooser(Policy, Protocol):
 
     def choose_start(self, view: StartView) -> int:
         """The rows each prompt starts with: 1 to ``view.max_rows``."""
+        ...
+
+
+class LoopHooks(Protocol):
+    """What the loop (``rodeco.loop``) tells at each decision point and each prompt's end, wherever it runs: a
+    decode run, a ``Decoder`` call, the server, a replay. ``rodeco.plugins.Plugins`` is one: it fires the plugins'
+    ``rodeco_round_end`` and ``rodeco_prompt_done``."""
+
+    def round_end(self, view: RoundView, counts: list[Counts]) -> None:
+        """A decision point: the view the policy saw and its checked answer as counts, before they are applied."""
+        ...
+
+    def prompt_done(self, result: PromptResult) -> None:
+        """A prompt's final result, after the request's own ``on_done`` has taken it (written it, answered it)."""
         ...
 
 

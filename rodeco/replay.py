@@ -15,7 +15,7 @@ from rodeco.loop import START_BY_POLICY, LoopSettings, decode_batch
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
-from rodeco.protocols import Generator, Policy
+from rodeco.protocols import Generator, LoopHooks, Policy
 from rodeco.rounds import rows_per_prompt
 from rodeco.state import Compute, PromptRef, PromptResult
 from rodeco.validation import ConfigError
@@ -76,12 +76,12 @@ def replay_prompt(
     index: int,
     s: LoopSettings,
     first: int = 0,
-    on_round=None,
+    hooks: LoopHooks | None = None,
     partial: Scorer | None = None,
 ) -> tuple[PromptResult, Compute, float]:
     """One prompt of the pool through the real loop under ``s``: its result, its compute, and the reward seconds
     charged (``replay_batch`` of one prompt)."""
-    (res,), comp, seconds = replay_batch(pool, gen, reward, policy, [index], s, first, on_round, partial)
+    (res,), comp, seconds = replay_batch(pool, gen, reward, policy, [index], s, first, hooks, partial)
     return res, comp, seconds
 
 
@@ -93,14 +93,17 @@ def replay_batch(
     indices: list[int],
     s: LoopSettings,
     first: int = 0,
-    on_round=None,
+    hooks: LoopHooks | None = None,
     partial: Scorer | None = None,
+    on_done: Callable[[PromptResult], None] | None = None,
 ) -> tuple[list[PromptResult], Compute, float]:
     """Prompts of the pool decoded together, as one live batch of them (``data.batch_prompts``) would be, through
     the real loop under ``s``: their results, the batch's compute, and the reward seconds charged (the rewards'
     time as computed live). ``reward`` and ``partial`` are the roles' scorers (``Roles.reward``, ``Roles.partial``)
     over pool-served rewards (``PoolReward``, ``OracleReward``). ``n: auto`` and ``n: policy`` are capped at the
-    pool's candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round."""
+    pool's candidates; rows are candidates ``first``, ``first + 1``, ... wrapping round. ``on_done(result)`` is
+    called as soon as a prompt is final; ``hooks`` (a ``Plugins``) are fired by the loop at each decision point and
+    each prompt's end (after ``on_done``), as in a live run."""
     ps = [pool.prompt(i) for i in indices]
     for p in ps:
         gen.add(p)
@@ -116,9 +119,10 @@ def replay_batch(
         policy,
         [PromptRef(p.index, p.text, meta=p.meta) for p in ps],
         s,
-        on_round=on_round,
+        on_done=on_done,
         partial=partial,
         first=first,
+        hooks=hooks,
     )
     return res, comp, sum(r.seconds for r in charged) - seconds0
 

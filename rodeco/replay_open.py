@@ -19,7 +19,7 @@ from rodeco.loop import LoopSettings, OpenStats, Request, decode_open
 from rodeco.pool import Pool
 from rodeco.pool_rewards import PoolReward
 from rodeco.pool_session import ReplayGenerator
-from rodeco.protocols import Policy
+from rodeco.protocols import LoopHooks, Policy
 from rodeco.replay import check_replayable, pool_served
 from rodeco.state import PromptRef, PromptResult
 
@@ -110,13 +110,15 @@ def replay_arrivals(
     partial: Scorer | None = None,
     check_tokens: int = 16,
     max_prompts: int | None = None,
+    hooks: LoopHooks | None = None,
 ) -> tuple[list[Replayed], OpenStats, ModelledClock]:
     """The requests of ``arrivals`` through the open loop over the pool under ``s`` (each with its own budget,
     ``s.budget``, and a policy from ``policy()``), the running ones' budgets adding up to at most ``kv_tokens`` and
     their number to ``max_prompts`` (a server's ``serve.batch_requests``).
     Returns each request's result and modelled times, in arrival order, what the open decode did, and its clock.
     A prompt's own settings are checked as ``replay_batch`` checks them (``check_replayable``: at most the pool's
-    ``max_new_tokens`` and candidates, its sampling and seed)."""
+    ``max_new_tokens`` and candidates, its sampling and seed). ``hooks`` (a ``Plugins``) are fired by the loop at
+    each decision point and each request's end."""
     check_replayable(pool, s, s.n)
     clock = ModelledClock(gen, step, pool_served(reward, partial))
     out = [Replayed(a) for a in arrivals]
@@ -132,7 +134,14 @@ def replay_arrivals(
         requests.append((rec.arrival.at, _request(rec, p.text, p.prefill_seconds, own, policy(), clock)))
     source = TraceSource(requests, clock)
     stats = decode_open(
-        gen, reward, source, kv_tokens, partial=partial, check_tokens=check_tokens, max_prompts=max_prompts
+        gen,
+        reward,
+        source,
+        kv_tokens,
+        partial=partial,
+        check_tokens=check_tokens,
+        max_prompts=max_prompts,
+        hooks=hooks,
     )
     return out, stats, clock
 

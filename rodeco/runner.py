@@ -240,6 +240,7 @@ class DecodeRun:
                     on_round=self.on_round,
                     on_done=self.on_done,
                     partial=self.roles.partial,
+                    hooks=self.plugins,
                 )
             except Exception as e:
                 if isinstance(e, PluginError):
@@ -284,15 +285,14 @@ class DecodeRun:
             )
 
     def on_round(self, view: RoundView, counts: list[Counts]) -> None:
-        """A decision point: the hook, then stop here if a signal came."""
-        self.plugins.round_end(view, counts)
+        """A decision point (its hook fired by the loop): stop here if a signal came."""
         self.stop_if_asked()
 
     def on_done(self, result: PromptResult) -> None:
+        """A prompt's result: judged, written, kept (the loop fires its hook after this)."""
         self.roles.judges.judge_result(result)  # after the winner is chosen; a failing judge leaves its score null
         if self.writer is not None:
             self.writer.write(result.to_dict())
-        self.plugins.prompt_done(result)
         self.results.append(result)
         self.bar.update(1)
 

@@ -18,6 +18,7 @@ from rodeco import Calibration, PromptView, RoundView
 from rodeco.budget import Budget
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt
+from rodeco.experiments.bench import allocate_bench, results_tables
 from rodeco.experiments.record import record
 from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
@@ -192,7 +193,6 @@ def test_a_batch_of_prompts_replays_as_it_ran_live(pool, name):
 def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     """``scripts/allocate_bench.py`` on a tiny pool: every method on the same batches, at each batch size, with the
     paired difference to allocate (0 for itself); a calibration tied to the tiny pool's generator and reward."""
-    from helpers import load_script
 
     from rodeco.experiments.record import pool_roles
     from rodeco.roles import choose_roles
@@ -203,7 +203,7 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     _, _, ids = pool_roles(cfg, default_plugins(), p, rgen).scorers(choose_roles(cfg, default_plugins(), live=False))
     cal = dataclasses.replace(calibration(0.7, 0.7), **ids)
     cal.save(tmp_path / "cal.json")
-    bench = load_script("allocate_bench")
+    bench = allocate_bench
     assert (
         bench.main(
             [
@@ -233,7 +233,7 @@ def test_the_allocate_benchmark_runs_as_documented(pool, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| 2 | allocate_delta_0.05 |" in printed
     # the docs' table is generated from a snapshot of allocate.json, and is what the script printed
-    rt = load_script("results_tables")
+    rt = results_tables
     snap = rt.load(rt.snapshot(tmp_path / "run", tmp_path / "snap.json"))
     assert rt.render(snap, "allocate") == (tmp_path / "run" / "allocate.md").read_text() and printed.endswith(
         rt.render(snap, "allocate")

@@ -4,20 +4,17 @@ refactor (docs/guide.md)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 
 import pytest
-from conftest import REPO
+
+from rodeco.experiments.bench import behaviour
 
 
 @pytest.fixture()
-def beh(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    sys.modules.pop("behaviour", None)
-    yield importlib.import_module("behaviour")
-    sys.modules.pop("behaviour", None)
+def beh():
+    return behaviour
 
 
 def test_times_are_dropped_and_nothing_else(beh, tmp_path):

@@ -4,14 +4,12 @@ any-of-N over disjoint candidate groups, the winner rules' gold scores, and the 
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import gold_bench as gb  # noqa: E402
+from rodeco.experiments.bench import gold_bench as gb
+from rodeco.experiments.speedup import matched_speedup
 
 CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2, 4
 
@@ -27,7 +25,8 @@ CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2
     ],
 )
 def test_matched_speedup(accuracy, flops, want):
-    got = gb.matched_speedup(CURVE, accuracy, flops)
+    f, a = np.array(CURVE).T
+    got, _ = matched_speedup(accuracy, flops, a, f)
     assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
 
 

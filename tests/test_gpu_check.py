@@ -3,23 +3,19 @@ step's failure not losing the others, the time limit, and every CPU-runnable ste
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import pytest
 import torch
-from conftest import REPO
+
+from rodeco.experiments.bench import gpu_check
 
 pytestmark = pytest.mark.slow  # subprocesses of the GPU check
 
 
 @pytest.fixture()
-def gc(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    sys.modules.pop("gpu_check", None)
-    yield importlib.import_module("gpu_check")
-    sys.modules.pop("gpu_check", None)
+def gc():
+    return gpu_check
 
 
 def read(out):

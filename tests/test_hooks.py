@@ -16,6 +16,7 @@ import pluggy
 import pytest
 import torch
 from conftest import tiny_llama_config
+from omegaconf import open_dict
 
 from rodeco import hookimpl, hookspecs
 from rodeco.api import load_config
@@ -129,6 +130,7 @@ def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: st
         (r.prompt_index, rd.round): (rd.rows_before, rd.kept_ids, rd.min_reject) for r in out.results for rd in r.rounds
     }
     assert seen == recorded
+    check_fired(rec, out.results, cohorts=[[0, 1], [2]])  # data.batch_prompts=2: each call once
     assert max(len(r.rounds) for r in out.results) >= 2, "the run should have several decision points"
     assert sum(rd.rows_kept < rd.rows_before for r in out.results for rd in r.rounds) >= 1
 
@@ -149,6 +151,200 @@ def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: st
     assert results == out.results and compute is out.compute
     # never per token: one round_end call per decision point of a batch
     assert len(rec.of("round_end")) < compute.decode_steps
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every entry point that runs the loop fires the hooks exactly: round_end once per decision point, prompt_done once
+# per prompt, run_start and run_end once per run.
+
+
+def decision_points(rec: Recorder) -> list[tuple[int, int]]:
+    """(prompt index, round) of each prompt of each ``round_end`` call."""
+    return sorted((pv.prompt_index, view.round) for view, _ in rec.of("round_end") for pv in view.prompts)
+
+
+def check_fired(rec: Recorder, results: list[PromptResult], cohorts: list[list[int]] | None = None) -> None:
+    """``round_end`` fired once per decision point of each cohort (prompts decoded together; default: each prompt
+    alone) and saw each prompt at each of its recorded rounds, ``prompt_done`` once per prompt with its result."""
+    by_index = {r.prompt_index: r for r in results}
+    assert len(by_index) == len(results)
+    assert decision_points(rec) == sorted((r.prompt_index, rd.round) for r in results for rd in r.rounds)
+    points = sum(len({rd.round for i in c for rd in by_index[i].rounds}) for c in cohorts or [[i] for i in by_index])
+    assert points > 0, "the run should have decision points"
+    assert len(rec.of("round_end")) == points
+    assert sorted(r.prompt_index for r in rec.of("prompt_done")) == sorted(by_index)
+
+
+def check_run(rec: Recorder, n_prompts: int) -> tuple[dict[str, Any], list[PromptResult], Any]:
+    """``run_start`` first and ``run_end`` last, once each: the config and the run's results and compute."""
+    kinds = [k for k, _ in rec.events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end"
+    assert kinds.count("run_start") == kinds.count("run_end") == 1
+    config, n = rec.of("run_start")[0]
+    assert n == n_prompts
+    results, compute = rec.of("run_end")[0]
+    return config, results, compute
+
+
+SETTINGS = ["sampling.max_new_tokens=40", "budget.kv_tokens=200", "budget.min_tokens_per_round=4"]
+
+
+def test_the_cli_run_fires_every_hook_once_where_it_belongs(tiny_model_dir: Path) -> None:
+    """``rodeco.run`` (what the CLI runs) over a model loaded from its config, in batches of two prompts."""
+    import rodeco
+
+    rec = Recorder()
+    overrides = ["generator=hf", f"generator.model={tiny_model_dir}", "generator.device=cpu", "policy=fixed"]
+    cfg = load_config([*overrides, "reward=logprob", "n=8", *SETTINGS, "data.batch_prompts=2", "output.progress=false"])
+    with open_dict(cfg):
+        cfg.data.prompts = PROMPTS
+    with one_thread():
+        out = rodeco.run(cfg, get_plugin_manager(extra=[rec]))
+    check_fired(rec, out.results, cohorts=[[0, 1], [2]])
+    config, results, compute = check_run(rec, len(PROMPTS))
+    assert config["generator"]["model"] == str(tiny_model_dir)
+    assert results == out.results and compute is out.compute
+
+
+def test_decoder_decode_fires_every_hook_once_where_it_belongs(gen: TorchGenerator) -> None:
+    import rodeco
+
+    rec = Recorder()
+    dec = rodeco.Decoder(reward="logprob", generator=gen, plugins=get_plugin_manager(extra=[rec]))
+    out = dec.decode(
+        PROMPTS, n=8, policy="fixed", overrides=[*SETTINGS, "data.batch_prompts=3", "output.progress=false"]
+    )
+    check_fired(rec, out.results, cohorts=[[0, 1, 2]])
+    config, results, compute = check_run(rec, len(PROMPTS))
+    assert config["policy"]["name"] == "fixed" and config["n"] == 8
+    assert results == out.results and compute is out.compute
+
+
+def test_decoder_batch_fires_every_hook_once_where_it_belongs(gen: TorchGenerator) -> None:
+    """One call is one cohort and one run; a second call is another run."""
+    import rodeco
+    from rodeco import PromptRef
+
+    rec = Recorder()
+    dec = rodeco.Decoder(reward="logprob", generator=gen, overrides=SETTINGS, plugins=get_plugin_manager(extra=[rec]))
+    refs = [PromptRef(i, p) for i, p in enumerate(PROMPTS)]
+    res, compute = dec.batch(refs, n=8, policy={"name": "fixed", "alpha": 0.7}, kv_tokens=150)
+    check_fired(rec, res, cohorts=[[0, 1, 2]])
+    config, results, run_compute = check_run(rec, len(PROMPTS))
+    assert config["n"] == 8 and config["policy"] == {"name": "fixed", "alpha": 0.7}
+    assert config["budget"]["kv_tokens"] == 150 and config["sampling"]["max_new_tokens"] == 40
+    assert results == res and run_compute is compute
+    dec.batch(refs[:1], n=2, policy={"name": "none"})
+    assert [k for k, _ in rec.events].count("run_start") == [k for k, _ in rec.events].count("run_end") == 2
+
+
+@pytest.mark.slow  # starts a server
+def test_the_server_fires_every_hook_once_where_it_belongs(tiny_gen: Callable[..., Generator]) -> None:
+    """``run_start`` when the server starts, ``run_end`` when it has stopped; each request's decision points and
+    result in between, as its answer counts them."""
+    from serve_helpers import client, running
+
+    rec = Recorder()
+    answers = []
+    with running(tiny_gen("fast"), plugins=get_plugin_manager(extra=[rec])) as (url, _):
+        assert [k for k, _ in rec.events] == ["run_start"]
+        c = client(url)
+        for i, prompt in enumerate(["write a haiku about autumn leaves", "give three tips"]):
+            r = c.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=12,
+                seed=i,
+                extra_body={"best_of": 8, "rodeco": {"policy": "fixed"}},
+            )
+            answers.append(r.model_extra["rodeco"])
+    done = rec.of("prompt_done")
+    assert len(done) == len(answers)
+    check_fired(rec, done)  # each request a cohort of its own
+    assert len(rec.of("round_end")) == sum(x["rounds"] for x in answers)
+    config, results, compute = check_run(rec, 0)
+    assert config["serve"]["best_of"] == 16 and results == []
+    assert compute.gen_decode_tokens == sum(x["decode_tokens"] for x in answers) > 0
+
+
+@pytest.fixture(scope="module")
+def pool_path(gen: TorchGenerator, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pool of 12 candidates for each of ``PROMPTS``, recorded with the tiny generator."""
+    from rodeco.data import Prompt
+    from rodeco.experiments.record import record
+
+    path = tmp_path_factory.mktemp("pool") / "pool"
+    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=16", "budget.min_tokens_per_round=2"])
+    record(cfg, get_plugin_manager(), path, [Prompt(i, p) for i, p in enumerate(PROMPTS)], 12, gen=gen)
+    return path
+
+
+def test_the_replay_experiment_fires_every_hook_once_where_it_belongs(pool_path: Path, tmp_path: Path) -> None:
+    """``rodeco experiment=replay`` is a run; each prompt's hook fires after the prompt is written."""
+    import json
+
+    import rodeco
+
+    rec = Recorder()
+    written: list[int] = []
+
+    class Reader:
+        @hookimpl
+        def rodeco_prompt_done(self, result: PromptResult) -> None:
+            lines = (tmp_path / "results.jsonl").read_text().splitlines()
+            written.append(json.loads(lines[-1])["prompt_index"])
+
+    cfg = load_config(
+        [
+            "experiment=replay",
+            "reward=logprob",
+            "sampling.max_new_tokens=16",
+            "budget.min_tokens_per_round=2",
+            f"pool={pool_path}",
+            "n=8",
+            "experiment_args.best_of=2",
+            "data.batch_prompts=1",
+        ]
+    )
+    out = rodeco.run(cfg, get_plugin_manager(extra=[rec, Reader()]), out_dir=tmp_path)
+    check_fired(rec, out.results)
+    config, results, compute = check_run(rec, len(PROMPTS))
+    assert config["pool"] == str(pool_path) and results == out.results and compute is out.compute
+    assert written == [r.prompt_index for r in rec.of("prompt_done")]
+
+
+def test_an_arrival_trace_replayed_fires_the_loops_hooks(pool_path: Path) -> None:
+    """``replay_arrivals`` given hooks: requests that share the open batch, each its own cohort; no run hooks."""
+    from rodeco import BuildContext
+    from rodeco.contracts import Scorer
+    from rodeco.experiments.record import pool_reward
+    from rodeco.replay import open_pool
+    from rodeco.replay_open import Arrival, replay_arrivals
+    from rodeco.runner import loop_settings
+
+    rec = Recorder()
+    plugins = get_plugin_manager(extra=[rec])
+    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=16", "policy=fixed", "budget.kv_tokens=70", "n=8"])
+    pool, rgen = open_pool(pool_path)
+    reward = Scorer(pool_reward(cfg, plugins, pool, rgen), "logprob")
+    s = loop_settings(cfg, rgen, "fixed", "logprob")
+    arrivals = [Arrival(0.0, 0), Arrival(0.05, 1), Arrival(0.12, 2)]
+    out, stats, _ = replay_arrivals(
+        pool,
+        rgen,
+        reward,
+        lambda: plugins.build_policy(cfg.policy, BuildContext(plugins=plugins)),
+        arrivals,
+        s,
+        step=lambda rows, ctx: 0.01,
+        check_tokens=2,
+        hooks=plugins,
+    )
+    assert max(stats.step_prompts) >= 2  # requests shared steps
+    results = [r.result for r in out if r.result is not None]
+    assert len(results) == len(arrivals)
+    check_fired(rec, results)
+    assert not rec.of("run_start") and not rec.of("run_end")
 
 
 def test_plugins_are_removed_cleanly(gen: Generator) -> None:

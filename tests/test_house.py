@@ -1,6 +1,6 @@
 """The house rules a linter does not check, read from the source's syntax trees: no function over 80 lines outside
-tests, no import cycle among scripts/, every device question asked of ``rodeco.hardware``, and mypy configured
-over all of the code."""
+tests, no ``sys.path`` edits, scripts/ thin command lines over the package, every device question asked of
+``rodeco.hardware``, and mypy configured over all of the code."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = ("rodeco", "plugins", "scripts")
 MAX_LINES = 80
 # the device probes: the module that answers device questions, and the GPU report that records what torch sees
-DEVICE_ANSWERS = {"rodeco/hardware.py", "scripts/gpu_report.py"}
+DEVICE_ANSWERS = {"rodeco/hardware.py", "rodeco/experiments/bench/gpu_report.py"}
+THIN_LINES = 12  # a script's command line: a docstring, the import of its main, the call
+TOOLS = {"layers.py"}  # the repository's own tool (docs/guide.md's layer table from pyproject.toml), not a benchmark
 
 
 def sources(base: Path, *roots: str) -> list[Path]:
@@ -31,43 +33,27 @@ def long_functions(path: Path, base: Path = ROOT, limit: int = MAX_LINES) -> lis
     return out
 
 
-def script_imports(scripts: Path) -> dict[str, set[str]]:
-    """Each script's imports of other scripts (they import each other by bare module name), at any depth of its
-    syntax tree: a function's deferred import counts too."""
-    names = {p.stem for p in scripts.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for p in scripts.glob("*.py"):
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                deps.add(node.module.split(".")[0])
-        graph[p.stem] = (deps & names) - {p.stem}
-    return graph
+def sys_path_edits(path: Path, base: Path = ROOT) -> list[str]:
+    """``path:line`` for each call that changes ``sys.path`` (``sys.path.insert``, ``.append``, ``.extend``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("insert", "append", "extend") and ast.unparse(node.func.value) == "sys.path":
+                out.append(f"{path.relative_to(base)}:{node.lineno}")
+    return out
 
 
-def cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle in ``graph`` (its modules in order, the first repeated last), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        path.append(m)
-        for d in sorted(graph.get(m, ())):
-            if state.get(d) == 1:
-                return path[path.index(d) :] + [d]
-            if d not in state and (found := visit(d)):
-                return found
-        state[m] = 2
-        path.pop()
-        return None
-
-    for m in sorted(graph):
-        if m not in state and (found := visit(m)):
-            return found
-    return None
+def is_thin(path: Path, limit: int = THIN_LINES) -> bool:
+    """A command line: at most ``limit`` lines, no function or class of its own, its ``main`` imported from a
+    package module."""
+    tree = ast.parse(path.read_text())
+    defines = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body)
+    mains = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.module and "." in n.module and n.names[0].name == "main"
+    ]
+    return len(path.read_text().splitlines()) <= limit and not defines and bool(mains)
 
 
 def device_questions(path: Path, base: Path = ROOT) -> list[str]:
@@ -101,20 +87,22 @@ def test_the_length_check_counts_from_def_to_the_last_line(tmp_path):
     assert long_functions(tmp_path / "m.py", tmp_path) == [f"m.py:{MAX_LINES + 3} over ({MAX_LINES + 1} lines)"]
 
 
-def test_scripts_import_each_other_without_a_cycle():
-    graph = script_imports(ROOT / "scripts")
-    assert graph, "no scripts found"
-    assert cycle(graph) is None
+def test_no_code_edits_sys_path():
+    assert [e for p in sources(ROOT, *CODE) for e in sys_path_edits(p)] == []
 
 
-def test_the_cycle_check_finds_a_cycle_of_any_length_and_deferred_imports(tmp_path):
-    (tmp_path / "a.py").write_text("import b\n")
-    (tmp_path / "b.py").write_text("from c import x\n")
-    (tmp_path / "c.py").write_text("def f():\n    from a import y\n")
-    (tmp_path / "d.py").write_text("import a\nimport os\n")
-    assert cycle(script_imports(tmp_path)) == ["a", "b", "c", "a"]
-    (tmp_path / "c.py").write_text("import os\n")
-    assert cycle(script_imports(tmp_path)) is None
+def test_scripts_are_thin_command_lines_over_the_package():
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
+    assert scripts, "no scripts found"
+    assert [p.name for p in scripts if p.name not in TOOLS and not is_thin(p)] == []
+
+
+def test_the_thin_check_refuses_logic_and_the_sys_path_check_sees_edits(tmp_path):
+    (tmp_path / "ok.py").write_text('"""x."""\n\nfrom pkg.mod import main\n\nif __name__ == "__main__":\n    main()\n')
+    (tmp_path / "logic.py").write_text("from pkg.mod import main\n\n\ndef helper():\n    pass\n")
+    (tmp_path / "edit.py").write_text("import sys\n\nsys.path.insert(0, 'x')\n")
+    assert is_thin(tmp_path / "ok.py") and not is_thin(tmp_path / "logic.py")
+    assert sys_path_edits(tmp_path / "edit.py", tmp_path) == ["edit.py:3"]
 
 
 def test_device_questions_are_asked_of_rodeco_hardware_only():

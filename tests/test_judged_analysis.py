@@ -5,18 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rodeco.experiments.bench import search_judged
+from rodeco.experiments.bootstrap import Resamples
 from rodeco.experiments.judged import (
     Curve,
-    Resamples,
     Winners,
     analyze,
     best_of_prefix,
     correlations,
     diagnostics_table,
-    matched_speedup,
     paired_difference,
     predicted_judge_gain,
 )
+from rodeco.experiments.speedup import matched_speedup
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 
@@ -124,9 +125,8 @@ class _CountingJudges:
 
 
 def test_the_judge_cache_scores_once_and_keeps_the_cost_across_runs(tmp_path):
-    from helpers import load_script
 
-    JudgeCache = load_script("search_judged").JudgeCache
+    JudgeCache = search_judged.JudgeCache
     items = [(0, "p0", "a"), (0, "p0", "bbb"), (1, "p1", "cc")]
     first = JudgeCache(tmp_path / "cache.json", _CountingJudges())
     first.score(items[:2])

@@ -6,7 +6,6 @@ Llama) and under the embedded SmolLM2."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -317,12 +316,10 @@ def test_arith_gold_through_the_registry():
 
 
 @pytest.fixture
-def arith_bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import arith_bench
+def arith_bench():
+    from rodeco.experiments.bench import arith_bench
 
-    yield arith_bench
-    sys.modules.pop("arith_bench", None)
+    return arith_bench
 
 
 def test_arith_bench_gives_200_distinct_problems_that_arith_gold_solves(arith_bench):

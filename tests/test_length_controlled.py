@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import load_script
+
+from rodeco.experiments.bench import length_controlled
 
 SNAPSHOT = REPO / "docs" / "data" / "search_judged_af100x128.json.gz"
 
 
 @pytest.fixture(scope="module")
 def lc():
-    return load_script("length_controlled")
+    return length_controlled
 
 
 def test_the_committed_snapshot_gives_the_documented_chrf_figures(lc, capsys):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from rodeco.engines import native
 from rodeco.engines.blocks import PoolFull
 from rodeco.engines.fast import BLOCK, LlamaEngine
 
@@ -40,7 +41,7 @@ def test_the_engine_gives_a_fresh_forwards_logits_through_fan_out_rejection_admi
     e = LlamaEngine(tiny_model)
     if kernel and not e.kernel:
         pytest.skip("rodeco's native kernels are not built here")
-    e.kernel = kernel
+    e.attention = native.paged_attention if kernel else native.paged_reference
     ids, mask = left_padded([21, 7], V, 0)
     seqs = [ids[i][mask[i].bool()].tolist() for i in range(2)]
     ops: list[tuple[str, object]] = [

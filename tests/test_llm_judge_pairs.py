@@ -8,14 +8,14 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from helpers import load_script
 
+from rodeco_rewards.experiments import llm_judge_pairs
 from rodeco_rewards.llm_judge import SYSTEM, TEMPLATE
 
 
 @pytest.fixture(scope="module")
 def ljp():
-    return load_script("llm_judge_pairs")
+    return llm_judge_pairs
 
 
 def pair(prompt: str, chosen: str, rejected: str) -> SimpleNamespace:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import open_vs_closed as ovc  # noqa: E402
+from rodeco.experiments.bench import open_vs_closed as ovc
 
 
 def test_arrivals_give_one_request_a_call_or_all_at_once():

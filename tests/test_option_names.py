@@ -9,11 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import load_script
 
 import rodeco
 from rodeco import hookimpl
 from rodeco.experiments import efficiency
+from rodeco.experiments.bench import allocate_bench
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco.roles import Choices, choose_roles
 
@@ -77,7 +77,7 @@ def test_the_calibrated_check_builds_the_calibrated_option_as_its_file_says(plug
 
 
 def test_allocate_bench_builds_a_method_from_its_option_file(plugins):
-    bench = load_script("allocate_bench")
+    bench = allocate_bench
     builder = Builder(plugins)
     cfg = rodeco.load_config([], plugins)
     roles = bench.build(cfg, plugins, builder, "gentle", {}, {})

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import load_script
 from omegaconf import open_dict
 
 import rodeco
 from rodeco.contracts import Scorer
 from rodeco.data import Prompt
 from rodeco.engines.layout import LAYOUTS
+from rodeco.experiments.bench import replay_trace
 from rodeco.experiments.record import pool_reward, record
 from rodeco.plugins import BuildContext, default_plugins
 from rodeco.pool import Pool
@@ -466,7 +466,6 @@ def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_pa
     """``scripts/replay_trace.py`` over a snapshot whose first two requests arrived together and the third 0.05 s
     later, each with the budget the server gave it: every request replayed, modelled latencies printed beside the
     measured ones."""
-    replay_trace = load_script("replay_trace")
     _, path = pools["fast"]
     records = [
         {

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
-from helpers import TM, load_script, records
+from helpers import TM, records
 
 from rodeco.experiments import analysis, efficiency, perplexity, render
+from rodeco.experiments.bench import results_tables
 
-rt = load_script("results_tables")
+rt = results_tables
 SCRIPT = [sys.executable, str(REPO / "scripts" / "results_tables.py")]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 REF = "fixed_alpha_0.5"

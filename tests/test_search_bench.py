@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from helpers import load_script
+from rodeco.experiments.bench import eos_share, search_bench, search_judged
 
 
 def fake_run(calls: list):
@@ -32,7 +32,7 @@ def args(tmp_path, **kw) -> argparse.Namespace:
 
 
 def test_particle_filter_temperature_is_chosen_on_the_selection_half_or_given(tmp_path, monkeypatch):
-    sb = load_script("search_bench")
+    sb = search_bench
     records = [{"prompt_index": i, "budget": {"1": 100}} for i in range(4)]
     sel, rep = [0, 1], [2, 3]
     calls: list = []
@@ -49,7 +49,7 @@ def test_particle_filter_temperature_is_chosen_on_the_selection_half_or_given(tm
 
 
 def test_best_of_n_sizes_follow_the_candidate_sets():
-    sizes = load_script("search_judged").set_sizes
+    sizes = search_judged.set_sizes
     assert sizes([0, 64], 128) == [1, 2, 4, 8, 16, 32, 64]
     assert sizes([0], 16) == [1, 2, 4, 8, 16]  # one set of a 16-candidate pool
     assert sizes([0], 100) == [1, 2, 4, 8, 16, 32, 64]
@@ -64,7 +64,7 @@ def test_eos_share_cuts_a_pool_and_finds_where_best_of_n_winners_end(tmp_path, t
     import rodeco_rewards.minilm.reward as minilm
     from rodeco.pool import Pool, PoolCandidate, PoolPrompt
 
-    es = load_script("eos_share")
+    es = eos_share
     pool = Pool.create(tmp_path / "pool", {"candidates": 3, "max_new_tokens": 8})
     tiny_tokenizer.save_pretrained(tmp_path / "pool" / "tokenizer")
     ids = tiny_tokenizer.encode("one two three four five six seven eight nine")

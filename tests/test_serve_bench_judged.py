@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import load_script
 
+from rodeco.experiments.bench import serve_bench_judged
 from rodeco.rejudge import judges_by_name
 
 
@@ -15,7 +15,7 @@ def record(i: int, text: str | None) -> dict:
 
 
 def test_each_server_is_judged_and_sr_is_paired_with_the_others():
-    sbj = load_script("serve_bench_judged")
+    sbj = serve_bench_judged
     texts = {"sr": ["aaaa", "bb", "cccccc"], "bon": ["a", "bbb", "cc"], "vllm": ["aa", None, "c"]}  # vLLM failed once
     doc = {"servers": {s: {"records": [record(i, t) for i, t in enumerate(ts)]} for s, ts in texts.items()}}
     judged = sbj.judge_servers(

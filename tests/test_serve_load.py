@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import serve_bench_figures as figs  # noqa: E402
-import serve_load as load  # noqa: E402
+from rodeco.experiments.bench import serve_bench_figures as figs
+from rodeco.experiments.bench import serve_load as load
+from rodeco.experiments.bootstrap import draws
 
 
 def recs(latencies: list[float], queue: list[float | None]) -> list:
@@ -30,7 +28,7 @@ def recs(latencies: list[float], queue: list[float | None]) -> list:
 
 def test_goodput_counts_only_the_requests_answered_within_the_target():
     rs = recs([10.0, 50.0, 70.0, 30.0, math.nan], [1.0, 3.0, 5.0, 7.0, None])  # the last one failed
-    idx = figs.bootstrap_index(len(rs), 200, 0)
+    idx = draws(len(rs), 200, 0)
     f = figs.figures(rs, idx, target_s=60.0)
     span = max(r.arrival + r.latency for r in rs if r.ok)  # 2 + 70 = 72: first arrival 0 to last answer
     assert f["completed"] == 4 and f["errors"] == 1
@@ -46,7 +44,7 @@ def test_goodput_counts_only_the_requests_answered_within_the_target():
 
 
 def test_a_server_that_reports_no_queue_has_no_queue_figure():
-    f = figs.figures(recs([5.0, 6.0], [None, None]), figs.bootstrap_index(2, 50, 0), target_s=60.0)
+    f = figs.figures(recs([5.0, 6.0], [None, None]), draws(2, 50, 0), target_s=60.0)
     assert math.isnan(f["mean_queue_s"]) and all(math.isnan(x) for x in f["mean_queue_s_ci"])
 
 
@@ -123,7 +121,7 @@ def test_bad_rates_are_named(argv, message, capsys):
 
 
 def test_a_ratio_over_zero_goodput_is_inf_or_nan_not_an_error():
-    idx = figs.bootstrap_index(4, 20, 0)
+    idx = draws(4, 20, 0)
     none = figs.figures(recs([90.0, 95.0, 99.0, 120.0], [None] * 4), idx, 60.0)
     some = figs.figures(recs([30.0, 95.0, 40.0, 120.0], [None] * 4), idx, 60.0)
     assert none["goodput_per_s"] == 0
@@ -132,7 +130,7 @@ def test_a_ratio_over_zero_goodput_is_inf_or_nan_not_an_error():
 
 
 def test_a_stopped_run_keeps_its_recorded_phases_and_runs_only_the_rest(tmp_path, monkeypatch):
-    import serve_bench as sb
+    from rodeco.experiments.bench import serve_bench as sb
 
     monkeypatch.setattr(sb, "model_dir", lambda generator: tmp_path / "model")
     argv = ["--out", str(tmp_path), "--requests", "4", "--rate", "1", "--skip-bon", "--skip-vllm", "--bootstrap", "20"]

@@ -97,6 +97,8 @@ class LlamaEngine:
             and BLOCK % native.LANES == 0
             and native.available("paged_attention")
         )
+        # the eager step's attention: the paged kernel where it serves, else the torch path it replaces
+        self.attention = native.paged_attention if self.kernel else native.paged_reference
         self.pos = torch.empty(0, dtype=torch.long, device=like.device)  # [B] position of each row's next token
         self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
@@ -203,8 +205,7 @@ class LlamaEngine:
             logits, hidden = self.compiled(x, cos, sin, b, o, tables, lens, self.kpool, self.vpool)
             self.last_hidden = hidden if self.keep_hidden else None
             return logits
-        attend = native.paged_attention if self.kernel else native.paged_reference
-        cache = StepCache(self.kpool, self.vpool, b, o, tables, lens, self.scale, attend)
+        cache = StepCache(self.kpool, self.vpool, b, o, tables, lens, self.scale, self.attention)
         for li, lay in enumerate(self.layers):
             x = decoder_layer(
                 x, li, self._linear, lay.ln1, lay.ln2, self.h, self.hkv, self.d, self.eps, cos, sin, cache

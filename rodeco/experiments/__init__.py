@@ -1,6 +1,7 @@
 """rodeco's built-in experiments, registered through the ``rodeco_register_experiments`` hook (entry point
 ``experiments`` of group ``rodeco``) like any plugin's. Each runs as ``rodeco experiment=NAME``; its
-``experiment_args`` schema is in ``args.py``, its values in ``conf/experiment/NAME.yaml``."""
+``experiment_args`` schema is in ``args.py``, its values in ``conf/experiment/NAME.yaml``. The benchmarks run
+from the command line (``scripts/NAME.py``) are the modules of ``bench/``; all share ``bootstrap`` and ``speedup``."""
 
 from __future__ import annotations
 

@@ -206,8 +206,8 @@ class Half:
     def of(cls, m: Measurements, S: np.ndarray, rng: np.random.Generator, resamples: int) -> Half:
         boots, reps = [], []
         for _ in range(resamples):
-            boots.append(rng.choice(S, size=len(S), replace=True))
-            reps.append(rng.integers(m.replicates, size=len(S)) if m.replicates > 1 else None)
+            boots.append(S[bootstrap.draws(len(S), 1, rng)[0]])
+            reps.append(bootstrap.draws(m.replicates, 1, rng, size=len(S))[0] if m.replicates > 1 else None)
         return cls(S, curve_of(m, S), boots, [curve_of(m, b) for b in boots], reps)
 
     def stats(
@@ -218,7 +218,7 @@ class Half:
         out = stats(m, self.S, run, scale, self.curve)
         b = [stats(m, S, run, scale, c, r) for S, c, r in zip(self.boots, self.boot_curves, self.reps)]
         for key in keys:
-            out[f"{key}_ci"] = [float(np.percentile([x[key] for x in b], q)) for q in (2.5, 97.5)]
+            out[f"{key}_ci"] = bootstrap.ci([x[key] for x in b])
         return out, np.array([x["speedup_flops"] for x in b])
 
 

@@ -1,6 +1,9 @@
-"""Bootstrap figures of the efficiency analysis built from several methods' per-resample speedups: percentile CIs
-that skip undefined resamples, a method's speedup paired with a reference's on the same resamples, and the share of
-the gap to the oracle ceiling closed.
+"""The one bootstrap: resamples drawn with replacement, percentile CIs over them, and the figures built from them
+(a mean's CI, a ratio of sums, a geometric mean of paired ratios, resamples of prompts and of their candidate sets,
+a method's speedup paired with a reference's, the share of the gap to the oracle ceiling closed).
+
+Every CI in rodeco's experiments and benchmarks is drawn here: ``draws`` gives the same indices whether a caller
+takes them all at once or one resample at a time from the same generator.
 
 Bounds: a speedup is ``"lower"`` where the method scored above Best-of-M's curve (the true speedup is at least the
 figure), ``"upper"`` where it scored below Best-of-1's (at most the figure), ``None`` on the curve (no bound).
@@ -8,11 +11,20 @@ figure), ``"upper"`` where it scored below Best-of-1's (at most the figure), ``N
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 UNKNOWN = "unknown"  # a ratio of two figures clamped at the same end: the true ratio may lie either side
+
+
+def draws(n: int, resamples: int, seed: int | np.random.Generator = 0, size: int | None = None) -> np.ndarray:
+    """``[resamples, size]`` indices into ``n`` items (``size``: ``n`` unless given), each row drawn with
+    replacement (``seed``: a seed, or a generator to continue)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return rng.integers(0, n, size=(resamples, n if size is None else size))
 
 
 def ci(values: Sequence[float] | np.ndarray) -> list[float]:
@@ -23,6 +35,64 @@ def ci(values: Sequence[float] | np.ndarray) -> list[float]:
     if not v.size:
         return [float("nan"), float("nan")]
     return [float(np.percentile(v, q)) for q in (2.5, 97.5)]
+
+
+def mean_ci(x: Sequence[float] | np.ndarray, resamples: int = 2000, seed: int | np.random.Generator = 0) -> list[float]:
+    """The 95% CI of the mean of ``x`` over resamples of its entries (two nans for an empty ``x``)."""
+    x = np.asarray(x, dtype=np.float64)
+    if not len(x):
+        return [float("nan"), float("nan")]
+    return ci(x[draws(len(x), resamples, seed)].mean(1))
+
+
+def resampled(
+    stat: Callable[[np.ndarray], float], n: int, resamples: int, seed: int | np.random.Generator = 0
+) -> list[float]:
+    """``[stat(all), lo, hi]``: a figure of ``n`` paired items (``stat`` of an index array) and its 95% CI over
+    resamples of the items."""
+    return [stat(np.arange(n)), *ci([stat(b) for b in draws(n, resamples, seed)])]
+
+
+def ratio_of_sums(num: np.ndarray, den: np.ndarray, resamples: int, seed: int = 0) -> tuple[float, float, float]:
+    """``sum(num) / sum(den)`` with a 95% CI over resamples of the paired entries."""
+    idx = draws(len(num), resamples, seed)
+    lo, hi = ci(num[idx].sum(1) / den[idx].sum(1))
+    return float(num.sum() / den.sum()), lo, hi
+
+
+def geomean_ci(
+    ratios: Sequence[float] | np.ndarray, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The geometric mean of ``ratios`` and its 95% CI over resamples of them."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    lo, hi = ci(logs[draws(len(logs), resamples, seed)].mean(1))
+    return math.exp(logs.mean()), math.exp(lo), math.exp(hi)
+
+
+def with_data(idx: np.ndarray) -> np.ndarray:
+    """``idx`` ``[B, n]`` with the data itself as draw 0: ``[B+1, n]``."""
+    return np.concatenate([np.arange(idx.shape[1])[None], idx])
+
+
+@dataclass
+class Resamples:
+    """Bootstrap draws: prompts with replacement and, within each drawn prompt, its sets with replacement (draw 0
+    is the data itself)."""
+
+    prompts: np.ndarray  # [B+1, P]
+    sets: np.ndarray  # [B+1, P, S]
+
+    @classmethod
+    def draw(cls, P: int, S: int, n: int, seed: int = 0) -> Resamples:
+        rng = np.random.default_rng(seed)
+        prompts = with_data(draws(P, n, rng))
+        sets = np.concatenate([np.broadcast_to(np.arange(S), (1, P, S)), rng.integers(0, S, (n, P, S))])
+        return cls(prompts, sets)
+
+    def means(self, x: np.ndarray) -> np.ndarray:
+        """``x`` ``[P, S, ...]`` -> its mean over each draw's (prompt, set) pairs, ``[B+1, ...]`` (NaNs skipped)."""
+        p = self.prompts[:, :, None]
+        return np.nanmean(x[p, self.sets].reshape(len(self.prompts), -1, *x.shape[2:]), axis=1)
 
 
 def ratio_bound(num: str | None, den: str | None) -> str | None:

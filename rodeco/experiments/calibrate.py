@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from rodeco.calibration import Calibration, standardize
 from rodeco.compose import option_file
 from rodeco.data import HubSource, load_prompts
+from rodeco.experiments.bootstrap import mean_ci
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
 from rodeco.experiments.record import pool_dir, pool_roles, record, served
 from rodeco.plugins import Plugins
@@ -118,8 +119,7 @@ def calibration_stats(
         out["slope"].append(slope)
         out["resid_sd"].append(float(np.sqrt(np.mean((zf - slope * zp) ** 2))))
         out["pearson"].append(float(np.mean(rs)))
-        means = [np.mean(rng.choice(rs, size=len(rs))) for _ in range(bootstrap)]
-        out["pearson_ci"].append([float(np.percentile(means, q)) for q in (2.5, 97.5)])
+        out["pearson_ci"].append(mean_ci(rs, bootstrap, rng))
         out["kendall"].append(float(np.mean(taus)))
         out["n_prompts"].append(len(rs))
         out["final_offset"].append(float(np.mean([x[0] for x in links])))

@@ -25,6 +25,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rodeco.compose import option_node
+from rodeco.experiments.bootstrap import mean_ci
 from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import Plugins
 from rodeco.pool import Pool
@@ -138,8 +139,7 @@ def summarize(
             "prompts": len(prompts),
         }
         for key, xs in (("pearson", rs), ("kendall", taus)):
-            means = [np.mean(rng.choice(xs, size=len(xs))) for _ in range(bootstrap)] if xs else []
-            out[str(L)][f"{key}_ci"] = [float(np.percentile(means, q)) for q in (2.5, 97.5)] if xs else None
+            out[str(L)][f"{key}_ci"] = mean_ci(xs, bootstrap, rng) if xs else None
     return out
 
 

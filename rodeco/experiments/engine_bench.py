@@ -28,7 +28,7 @@ from rodeco.budget import Budget
 from rodeco.contracts import Scorer
 from rodeco.engines import ENGINES
 from rodeco.engines.vllm import VLLMGenerator
-from rodeco.experiments.bootstrap import ci
+from rodeco.experiments.bootstrap import geomean_ci
 from rodeco.generator import TorchGenerator
 from rodeco.hardware import cpu_facts, cuda_devices, synchronize
 from rodeco.loading import load_generator
@@ -107,13 +107,9 @@ def _hf_run(gen, prompts: list[str], rows_per_prompt: int, sp: SamplingParams, n
 def paired_runs(ours: list[float], theirs: list[float], resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Run i of one engine over run i of another (the runs alternate, so a pair shares the machine's load at the
     time): the ratios, their geometric mean, and its 95% bootstrap CI over the runs."""
-    r = np.log(np.asarray(ours) / np.asarray(theirs))
-    idx = np.random.default_rng(seed).integers(0, len(r), size=(resamples, len(r)))
-    return {
-        "ratios": np.exp(r).tolist(),
-        "geomean": float(np.exp(r.mean())),
-        "ci": [float(np.exp(x)) for x in ci(r[idx].mean(axis=1))],
-    }
+    ratios = np.asarray(ours) / np.asarray(theirs)
+    g, lo, hi = geomean_ci(ratios, resamples, seed)
+    return {"ratios": ratios.tolist(), "geomean": g, "ci": [lo, hi]}
 
 
 def _compiled(gen: Generator) -> tuple[int, float] | None:

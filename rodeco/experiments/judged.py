@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-CI = (2.5, 97.5)
+from rodeco.experiments.bootstrap import Resamples, ci
+from rodeco.experiments.speedup import matched_speedup, monotone
 
 
 @dataclass
@@ -77,54 +78,10 @@ class Stat:
         return {"value": self.value, "ci": self.ci}
 
 
-def _ci(x: np.ndarray) -> list[float]:
-    x = x[np.isfinite(x)]
-    return np.percentile(x, CI).tolist() if len(x) else [float("nan")] * 2
-
-
-@dataclass
-class Resamples:
-    """Bootstrap draws: prompts with replacement and, within each drawn prompt, its sets with replacement (draw 0
-    is the data itself)."""
-
-    prompts: np.ndarray  # [B+1, P]
-    sets: np.ndarray  # [B+1, P, S]
-
-    @classmethod
-    def draw(cls, P: int, S: int, n: int, seed: int = 0) -> Resamples:
-        rng = np.random.default_rng(seed)
-        prompts = np.concatenate([np.arange(P)[None], rng.integers(0, P, (n, P))])
-        sets = np.concatenate([np.broadcast_to(np.arange(S), (1, P, S)), rng.integers(0, S, (n, P, S))])
-        return cls(prompts, sets)
-
-    def means(self, x: np.ndarray) -> np.ndarray:
-        """``x`` ``[P, S, ...]`` -> its mean over each draw's (prompt, set) pairs, ``[B+1, ...]`` (NaNs skipped)."""
-        p = self.prompts[:, :, None]
-        return np.nanmean(x[p, self.sets].reshape(len(self.prompts), -1, *x.shape[2:]), axis=1)
-
-
-def _monotone(y: np.ndarray) -> np.ndarray:
-    return np.maximum.accumulate(y)
-
-
-def matched_speedup(j: float, f: float, curve_j: np.ndarray, curve_f: np.ndarray) -> tuple[float, str]:
-    """Best-of-N's FLOPs at judge score ``j`` (log-FLOPs interpolated on the running maximum of the curve) over
-    ``f``; with ``"lower"`` / ``"upper"`` when ``j`` is past the curve's top / under its bottom (a bound)."""
-    cj = _monotone(curve_j)
-    lf = np.log(curve_f)
-    if j >= cj[-1]:
-        return float(np.exp(lf[-1]) / f), "lower" if j > cj[-1] else ""
-    if j <= cj[0]:
-        return float(np.exp(lf[0]) / f), "upper" if j < cj[0] else ""
-    k = int(np.searchsorted(cj, j, side="left"))  # cj[k-1] < j <= cj[k]
-    w = (j - cj[k - 1]) / (cj[k] - cj[k - 1])
-    return float(np.exp(lf[k - 1] + w * (lf[k] - lf[k - 1])) / f), ""
-
-
 def predicted_judge_gain(g: float, curve_g: np.ndarray, curve_j: np.ndarray) -> tuple[float, bool]:
     """The judge gain Best-of-N's relation predicts at guide gain ``g`` (gains over Best-of-1; linear in the guide
     gain, on the guide's running maximum), and whether ``g`` is past the curve's last point."""
-    gg = _monotone(curve_g - curve_g[0])
+    gg = monotone(curve_g - curve_g[0])
     jg = curve_j - curve_j[0]
     return float(np.interp(g, gg, jg)), bool(g > gg[-1])
 
@@ -139,7 +96,7 @@ def analyze(
     cj, cg = rs.means(curve.judge[judge]), rs.means(curve.guide)  # [B+1, K]
     cf = np.stack([curve.flops[p].mean(0) for p in rs.prompts])  # [B+1, K]
     gain = cj[:, -1] - cj[:, 0]
-    gain_ci = _ci(gain[1:])
+    gain_ci = ci(gain[1:])
     visible = not (gain_ci[0] <= 0.0 <= gain_ci[1])
     all_methods = {**{f"best_of_{n}": curve.method(n) for n in curve.sizes}, **methods}
     out: dict[str, Any] = {
@@ -150,7 +107,7 @@ def analyze(
         "curve": {
             "sizes": curve.sizes,
             "judge": cj[0].tolist(),
-            "judge_ci": [_ci(cj[1:, k]) for k in range(len(curve.sizes))],
+            "judge_ci": [ci(cj[1:, k]) for k in range(len(curve.sizes))],
             "guide": cg[0].tolist(),
             "flops": cf[0].tolist(),
         },
@@ -160,23 +117,28 @@ def analyze(
     for label, m in methods.items():
         J, G, F = rs.means(m.judge[judge]), rs.means(m.guide), rs.means(m.flops)
         row: dict[str, Any] = {
-            "judge": Stat(float(J[0]), _ci(J[1:])).as_dict(),
-            "guide": Stat(float(G[0]), _ci(G[1:])).as_dict(),
+            "judge": Stat(float(J[0]), ci(J[1:])).as_dict(),
+            "guide": Stat(float(G[0]), ci(G[1:])).as_dict(),
             "flops": float(F[0]),
         }
         for ref in refs:
             d = rs.means(m.judge[judge] - all_methods[ref].judge[judge])
-            row[f"vs_{ref}"] = Stat(float(d[0]), _ci(d[1:])).as_dict()
+            row[f"vs_{ref}"] = Stat(float(d[0]), ci(d[1:])).as_dict()
         sp = [matched_speedup(float(J[b]), float(F[b]), cj[b], cf[b]) for b in range(len(J))]
         row["speedup_flops_at_matched_judge"] = (
-            {"value": sp[0][0], "ci": _ci(np.array([s for s, _ in sp[1:]])), "bound": sp[0][1] or None}
+            {"value": sp[0][0], "ci": ci(np.array([s for s, _ in sp[1:]])), "bound": sp[0][1] or None}
             if visible
             else None
         )
         pred = [predicted_judge_gain(float(G[b] - cg[b, 0]), cg[b], cj[b]) for b in range(len(J))]
         res = np.array([J[b] - cj[b, 0] - pred[b][0] for b in range(len(J))])
-        ci = _ci(res[1:])
-        row["residual"] = {"value": float(res[0]), "ci": ci, "below": bool(ci[1] < 0), "beyond_curve": pred[0][1]}
+        res_ci = ci(res[1:])
+        row["residual"] = {
+            "value": float(res[0]),
+            "ci": res_ci,
+            "below": bool(res_ci[1] < 0),
+            "beyond_curve": pred[0][1],
+        }
         out["methods"][label] = row
     return out
 
@@ -186,7 +148,7 @@ def paired_difference(x: np.ndarray, base: np.ndarray, resamples: int = 1000, se
     P, S = x.shape
     rs = Resamples.draw(P, S, resamples, seed)
     d = rs.means(np.asarray(x, dtype=np.float64) - np.asarray(base, dtype=np.float64))
-    return Stat(float(d[0]), _ci(d[1:])).as_dict()
+    return Stat(float(d[0]), ci(d[1:])).as_dict()
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -222,7 +184,7 @@ def diagnostics_table(
         out[label] = {}
         for name, x in fields.items():
             m = rs.means(np.asarray(x, dtype=np.float64))
-            out[label][name] = Stat(float(m[0]), _ci(m[1:])).as_dict()
+            out[label][name] = Stat(float(m[0]), ci(m[1:])).as_dict()
     return out
 
 

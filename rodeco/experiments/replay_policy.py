@@ -1,7 +1,8 @@
 """``rodeco experiment=replay pool=DIR policy=... budget...``: the run's policy replayed over a recorded pool by
 the real loop, in seconds, in batches of ``data.batch_prompts`` prompts (the experiment's default: 1) as a live run
 decodes them. Writes ``results.jsonl`` like a decode run (winners, round traces, compute charged as
-if decoded live) and prints the totals."""
+if decoded live) and prints the totals. It is a run to the plugins, as a decode run is: ``rodeco_run_start``, the loop's
+``rodeco_round_end`` and ``rodeco_prompt_done``, then ``rodeco_run_end``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rodeco.results import ResultsWriter
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings
 from rodeco.state import Compute, PromptResult, RunOutput
-from rodeco.validation import ConfigError
+from rodeco.validation import ConfigError, node_dict
 
 
 def best_score(r: PromptResult) -> float:
@@ -40,21 +41,25 @@ def run(cfg: DictConfig, plugins: Plugins, out_dir: Path | None) -> RunOutput:
     writer = ResultsWriter(out_dir, resume=False) if out_dir is not None else None
     results, total = [], Compute()
     indices, k = list(pool.indices()), cfg.data.batch_prompts
+    plugins.run_start(config=node_dict(cfg), n_prompts=len(indices))
+
+    def write(r: PromptResult) -> None:  # as it is final, before its hook fires
+        if writer is not None:
+            writer.write(r.to_dict())
+
     for batch in (indices[j : j + k] for j in range(0, len(indices), k)):  # as a live run batches its prompts
         if best_of is not None:  # per batch: the memory Best-of-n fills at full length, as the loop counts it
             lens = [len(pool.prompt(i).prompt_ids) for i in batch]
             kv = full_length_tokens(best_of, lens, s.max_new_tokens, gen.kv)
             s = dataclasses.replace(s, budget=Budget(kv, s.budget.min_tokens_per_round))
         res, comp, _ = replay_batch(
-            pool, gen, roles.reward, roles.policy, batch, s, on_round=plugins.round_end, partial=roles.partial
+            pool, gen, roles.reward, roles.policy, batch, s, hooks=plugins, partial=roles.partial, on_done=write
         )
         results += res
         total.add(comp)
-        if writer is not None:
-            for r in res:
-                writer.write(r.to_dict())
     for served_reward in pool_served(roles.reward, roles.partial):
         served_reward.save()
+    plugins.run_end(results=results, compute=total)
     seconds = time.perf_counter() - t0
     mean = sum(best_score(r) for r in results) / max(1, len(results))
     computed = served(roles.reward.reward).computed

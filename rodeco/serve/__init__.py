@@ -1,9 +1,9 @@
 """``rodeco task=serve``: Best-of-N and Speculative Rejection behind an OpenAI-compatible HTTP API (docs/serve.md).
 
 A thin layer over ``rodeco.Decoder``: the generator, the reward and the partial reward are loaded and built once at
-start-up; each batch of requests is one ``Decoder.batch`` call, its policy built from the request's choice among
-``serve.policies``. Layers: ``schema`` (request bodies), ``jobs`` (a request checked and made a job), ``scheduler``
-(the batcher thread), ``app`` (HTTP), ``metrics``.
+start-up; the requests join one open batch (``Decoder.serve_open``), each a cohort with its policy built from its
+choice among ``serve.policies``. Layers: ``schema`` (request bodies), ``jobs`` (a request checked and made a job),
+``scheduler`` (the batcher thread), ``app`` (HTTP), ``metrics``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ Jobs queue (bounded: a full queue is a 429). Every job is a cohort of one prompt
 clock with its own budget (its block quota), so a seeded request gets the answer it gets alone. The loop pauses every
 ``serve.check_tokens`` tokens so that cancelled jobs (a client gone, a timeout) leave, their rows and memory freed,
 whatever the policy, Best-of-N included.
+
+The server is one run to the plugins: ``rodeco_run_start`` fires when the batcher starts, ``rodeco_run_end`` when it
+has stopped; the loop fires ``rodeco_round_end`` and ``rodeco_prompt_done`` for every request in between.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from rodeco.protocols import Policy, StartChooser
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Counts, PromptResult, PromptView, RoundView, StartView
+from rodeco.state import Compute, Counts, PromptResult, PromptView, RoundView, StartView
+from rodeco.validation import node_dict
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +86,14 @@ class Scheduler:
         self.closing = False  # SIGTERM: no new jobs
         self.stopped = False
         self.peak_kv = 0
+        self.served = Compute()  # what the answered requests were charged, summed: the run's compute at its end
         self.thread = threading.Thread(target=self._loop, name="rodeco-batcher", daemon=True)
         metrics.budget.set(-1 if self.budget.kv_tokens is None else self.budget.kv_tokens)
 
     def start(self) -> None:
+        """The server's run starts: ``rodeco_run_start`` (the server's config; its prompts are not known in advance,
+        so ``n_prompts`` is 0), then the batcher thread."""
+        self.dec.plugins.run_start(config=node_dict(self.dec.cfg), n_prompts=0)
         self.thread.start()
 
     def submit(self, job: Job) -> None:
@@ -134,7 +142,8 @@ class Scheduler:
             self.closing = True
 
     def stop(self, reason: str = "the server stopped") -> None:
-        """Cancel everything left and end the thread."""
+        """Cancel everything left and end the thread, waiting for it (at most ``serve.drain_timeout_s``) so that
+        the run's end has fired when this returns."""
         with self.cond:
             self.stopped = True
             for j in self.queue + self.running:
@@ -145,9 +154,21 @@ class Scheduler:
                     )
             self.queue.clear()
             self.cond.notify_all()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(self.serve.drain_timeout_s)
+            if self.thread.is_alive():
+                log.warning("the batcher did not stop within %.0f s", self.serve.drain_timeout_s)
 
     # -- the batcher thread ------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        """The batcher thread: ``_serve`` until the server stops, then ``rodeco_run_end`` (no results: each went to
+        its client and to ``rodeco_prompt_done``; the compute the answered requests were charged)."""
+        try:
+            self._serve()
+        finally:
+            self.dec.plugins.run_end(results=[], compute=self.served)
+
+    def _serve(self) -> None:
         """Jobs join the batch as they arrive (see the module doc): one decode for as long as the server runs
         (restarted, its jobs failed, if it fails)."""
         m = self.metrics
@@ -203,8 +224,8 @@ class Scheduler:
         def on_done(r: PromptResult) -> None:
             j = by_id[r.prompt_index]
             leave(j)
-            self.dec.plugins.prompt_done(r)
             c = r.compute
+            self.served.add(c)
             m.decode_tokens.inc(c.gen_decode_tokens)
             m.prefill_tokens.inc(c.gen_prefill_tokens)
             m.flops.inc(c.total_flops)
@@ -228,7 +249,6 @@ class Scheduler:
                 j = by_id.get(pv.prompt_index)
                 if j is not None and j.stream:
                     j.events.put(_progress(view.round, pv, c))
-            self.dec.plugins.round_end(view, counts)
 
         def cancelled() -> list[int]:
             return [i for i, j in enumerate(jobs) if j.cancelled or self.stopped]

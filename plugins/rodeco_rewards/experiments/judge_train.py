@@ -42,6 +42,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco import BuildContext, Compute, ConfigError, Plugins, RunOutput, ScoreRequest, node_dict, required
+from rodeco.experiments.bootstrap import mean_ci, ratio_of_sums
 from rodeco_rewards.prefs import Pair
 
 if TYPE_CHECKING:
@@ -496,10 +497,7 @@ def bootstrap_accuracy(margin: np.ndarray, groups: Sequence[str], n_boot: int, s
     uniq = sorted(set(groups))
     gi = np.array([uniq.index(g) for g in groups])
     s, n = np.bincount(gi, hit, len(uniq)), np.bincount(gi, None, len(uniq))
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
-    boot = s[draws].sum(1) / n[draws].sum(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    _, lo, hi = ratio_of_sums(s, n, n_boot, seed)
     return {
         "n": int(len(margin)),
         "instructions": len(uniq),
@@ -509,9 +507,7 @@ def bootstrap_accuracy(margin: np.ndarray, groups: Sequence[str], n_boot: int, s
 
 
 def bootstrap_rate(hits: np.ndarray, n_boot: int, seed: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    boot = hits[rng.integers(0, len(hits), size=(n_boot, len(hits)))].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    lo, hi = mean_ci(hits, n_boot, seed)
     return {
         "n": int(len(hits)),
         "rate": round(float(hits.mean()), 4),

@@ -43,6 +43,7 @@ from rodeco import (
     pool_served,
     prompts_of,
 )
+from rodeco.experiments import bootstrap
 from rodeco_rewards.experiments.head_fit import (
     LOSSES,
     Examples,
@@ -348,11 +349,8 @@ def per_prompt_pearsons(
 def bootstrap_means(cols: np.ndarray, resamples: int, rng: np.random.Generator) -> list[list[float]]:
     """Per column of ``cols [prompts, C]``: the bootstrap 95% CI of its mean over prompts (prompts resampled
     together, so that differences are paired)."""
-    idx = rng.integers(0, len(cols), size=(resamples, len(cols)))
-    boot = cols[idx].mean(1)  # [resamples, C]
-    return [
-        [float(np.percentile(boot[:, c], 2.5)), float(np.percentile(boot[:, c], 97.5))] for c in range(cols.shape[1])
-    ]
+    boot = cols[bootstrap.draws(len(cols), resamples, rng)].mean(1)  # [resamples, C]
+    return [bootstrap.ci(boot[:, c]) for c in range(cols.shape[1])]
 
 
 def judge(

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_bench_servers import RODECO_KEYS
+
+from rodeco.experiments.bench.serve_clients import RODECO_KEYS
 
 
 @dataclass
@@ -28,10 +29,6 @@ class Record:
     ok: bool = False
     error: str | None = None
     server: dict[str, Any] = field(default_factory=dict)
-
-
-def bootstrap_index(n: int, reps: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(reps, n))
 
 
 def figures(recs: list[Record], idx: np.ndarray, target_s: float = math.inf) -> dict[str, Any]:

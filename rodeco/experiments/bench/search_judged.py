@@ -225,12 +225,11 @@ def annotate(win: dict[str, dict[tuple[int, int], dict]], pool: Any, cache: Judg
     """Each winner's judge scores (the texts the cache lacks scored first), its guide's parts (minilm_rm's
     embedding and surface parts) and its diagnostics (with the mean token log-prob)."""
     from rodeco.diagnostics import diagnose
-    from rodeco.plugins import BuildContext
+    from rodeco.plugins import BuildContext, default_plugins
     from rodeco.state import ScoreRequest
-    from rodeco_rewards.minilm.reward import build_minilm_rm
 
     cache.score([(i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()])
-    guide = build_minilm_rm({}, BuildContext())
+    guide: Any = default_plugins().build_reward({"name": "minilm_rm"}, BuildContext())  # its parts
     for m in win.values():
         reqs = [ScoreRequest(pool.prompt(i).text, w["text"], (), partial=False) for (i, _), w in m.items()]
         parts = guide.parts(reqs)
