@@ -1,36 +1,28 @@
-"""Decision points from a memory budget.
+"""A memory budget: what it lets a cohort start with and keep, in the engine's units.
 
-The budget ``B`` is the most KV-cache tokens the batch may hold: on CPU ``budget.kv_tokens``; on CUDA, unless
+The budget ``B`` is the most KV-cache tokens a cohort's rows may hold: on CPU ``budget.kv_tokens``; on CUDA, unless
 given, ``B = floor((free_bytes - reserve) * memory_fraction / kv_bytes_per_token)`` with
-``kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`` (keys and values).
+``kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`` (keys and values). It sizes the engine's
+block pool, fixed when the session opens, and each cohort holds a quota of it (its own ``kv_tokens``).
 
-Every active row holds ``L`` tokens of its own, all rows alike. With the fast engine a prompt's cache is stored
-once and shared by its rows: a batch of ``G`` prompts padded to ``P`` tokens holds ``G * P`` shared tokens, each row
-owns only what it generated, and the rows share ``B' = B - G * P``. With an engine that copies the prompt into
-every row (``hf``), nothing is shared: ``B' = B`` and each row's own length counts the prompt too. ``for_batch``
-returns ``B'`` as a ``Budget`` and the length every row starts from (``0`` shared, ``P`` copied).
+**Decision points are asked of the engine's block bookkeeping**, as vLLM's scheduler asks its KV manager: before a
+round, ``Session.steps_within(rows, B, w, ...)`` says how many steps the cohort's rows can take before the blocks they
+hold (plus each row's working memory ``w``) would pass its quota (``rodeco.engines.blocks.Blocks.steps_within`` on
+the Llama engine and its replay layout; the padded count on ``hf``; vLLM's block count on ``vllm``). The arithmetic
+here bounds what the policy may keep and what a cohort may start with, in the same units:
 
-With ``r`` rows, a round decodes until the cache is full: its decision point is ``C = min(L_max, floor(B' / r))``
-own tokens per row, where ``L_max`` is the start length plus ``max_new_tokens``. At a decision point, the next
-round must decode at least ``m = min(min_tokens_per_round, L_max - L)`` tokens, so at most ``floor(B' / (L + m))``
-rows may go on: the policy must reject at least ``r - floor(B' / (L + m))`` rows. Rows are freed before the next
-round allocates, so the cache never holds more than ``B`` tokens.
-
-An engine that allocates its cache in blocks of ``b`` tokens (vLLM: ``generator.kv_block``; ``paged``) shares only
-the full blocks before a prompt's last token (vLLM computes that token for each row, to sample from it): each row
-holds the prompt's last ``P - b * floor((P - 1) / b)`` tokens (1 to ``b``) itself, and a row of own length ``L``
-holds ``ceil(L / b)`` blocks. The arithmetic above then runs in blocks: ``C`` is rounded down to a multiple of
-``b``, ``L + m`` up. With ``b = 1`` (``hf``, ``fast``) it is the token arithmetic above. The ``paged`` engine
-(blocks of 16) is counted the same way: its rows copy their prompt's partial last block at their first token, and
-a prompt of whole blocks it stores entirely once, so for such a prompt the count is one block a row above what it
-holds.
-
-Each row also holds working memory beyond its cache while it decodes: its logits, their sampling copies, attention
-scores (``rodeco.working``). Charged, it is ``w = row_overhead`` tokens a row (``WorkingMemory.tokens``: the bytes
-over ``kv_bytes_per_token``, rounded up), held however long the row is, and not in blocks: a row of own length ``L``
-counts as ``held(L) + w``. Then ``C = floor((floor(B' / r) - w) / b) * b``, at most ``floor(B' / (held(L + m) + w))``
-rows go on, ``n: auto`` is ``floor(B' / ((held(P' + m) + w) * G))`` (``P'`` the start length), and a batch must fit
-``G * (held(P + N) + w)``. With ``w = 0`` every figure is the one above.
+A cohort's prompts of ``P_i`` tokens hold ``S`` tokens once for all their rows, and each row starts from ``base``
+tokens of its own (``for_batch``): on the Llama engine (``KVSpec.aligned``, blocks of ``b``) each prompt is held whole
+in ``ceil(P_i / b)`` blocks and a row's own tokens start in a block of its own (``base = 0``); on vLLM a prompt's full
+blocks before its last token are shared and each row holds the rest of it (``base``: the longest such tail); an
+engine that copies the prompt into every row (``hf``) shares nothing (``S = 0``, ``base`` the longest prompt). The
+rows share ``B' = B - S``. A row of own length ``L`` holds ``held(L) = ceil(L / b) * b`` slots and ``w`` tokens of
+working memory (``row_overhead``: ``WorkingMemory.tokens``, its logits, sampling copies and attention scores,
+``rodeco.working``). At a decision point the next round must decode at least ``m = min(min_tokens_per_round,
+L_max - L)`` tokens, so at most ``floor(B' / (held(L + m) + w))`` rows may go on (``max_rows``: the policy must reject
+the rest); ``n: auto`` is ``floor(B' / ((held(base + m) + w) * G))`` for ``G`` prompts; and a cohort must fit
+``G * (held(base + N) + w)`` plus its shared tokens to start (``check_feasible``). Rows are freed before the next
+round allocates, so the pool never holds more than ``B``.
 """
 
 from __future__ import annotations
@@ -93,22 +85,14 @@ class Budget:
 
     def for_batch(self, prompt_lens: Sequence[int], kv: KVSpec) -> tuple[Budget, int]:
         """(the budget left for the rows' own tokens, the own length a row starts from), for a batch of prompts of
-        ``prompt_lens`` tokens on an engine that stores its cache as ``kv`` says (see the module doc). Prompts are
-        padded to the longest unless ``kv.block`` > 1 (then each keeps its length; the split is the largest share
-        and the largest tail of any prompt, so it bounds every prompt's rows)."""
+        ``prompt_lens`` tokens on an engine that stores its cache as ``kv`` says (see the module doc): the prompts'
+        shared tokens, each prompt's own, are taken off; a row starts from the longest tail any prompt leaves its
+        rows, so the figure bounds every prompt's rows."""
         shared, base = _split(prompt_lens, kv)
         tokens = self.kv_tokens
         if tokens is not None and shared:
-            tokens = max(1, tokens - len(prompt_lens) * shared)
+            tokens = max(1, tokens - shared)
         return Budget(tokens, self.min_tokens_per_round, kv.block, self.row_overhead), base
-
-    def capacity(self, rows: int, max_length: int) -> int:
-        """Cache length per row at which ``rows`` rows, each with its working memory, fill the budget (the next
-        decision point)."""
-        if self.kv_tokens is None:
-            return max_length
-        per_row = self.kv_tokens // max(rows, 1) - self.row_overhead
-        return min(max_length, max(0, per_row) // self.block * self.block)
 
     def max_rows(self, length: int, max_length: int) -> int:
         """The most rows that can decode at least ``min_tokens_per_round`` more tokens from ``length``."""
@@ -117,20 +101,21 @@ class Budget:
         m = min(self.min_tokens_per_round, max_length - length)
         return self.kv_tokens // (self.held(length + m) + self.row_overhead)
 
-    def check_feasible(self, n_prompts: int, prompt_length: int, max_length: int, kv: KVSpec) -> None:
-        """Every prompt must be able to keep one row to the end (in the engine's blocks, ``kv.block``)."""
+    def check_feasible(self, prompt_lens: Sequence[int], max_new_tokens: int, kv: KVSpec) -> None:
+        """Every prompt of ``prompt_lens`` must be able to keep one row to the end (in the engine's blocks,
+        ``kv``), its working memory included."""
         if self.kv_tokens is None:
             return
         w = self.row_overhead
-        need = n_prompts * (Budget(None, block=kv.block).held(max_length) + w)
+        need = full_length_tokens(1, prompt_lens, max_new_tokens, kv) + len(prompt_lens) * w
         if self.kv_tokens < need:
             raise ConfigError(
                 "budget.kv_tokens",
                 self.kv_tokens,
-                f"too small for one row per prompt: {n_prompts} prompt(s) x ({prompt_length} prompt + "
-                f"{max_length - prompt_length} new tokens"
+                f"too small for one row per prompt: {len(prompt_lens)} prompt(s) of up to {max(prompt_lens)} tokens "
+                f"and one row each of {max_new_tokens} new tokens"
                 + (f" + {w} of working memory" if w else "")
-                + f") = {need} tokens",
+                + f" hold {need} tokens in blocks of {kv.block}",
                 f"raise budget.kv_tokens to at least {need}, lower sampling.max_new_tokens, "
                 f"or put fewer prompts in one batch (data.batch_prompts)",
             )
@@ -150,15 +135,14 @@ def block_shared(prompt_len, block: int):
 
 
 def _split(prompt_lens: Sequence[int], kv: KVSpec) -> tuple[int, int]:
-    """(tokens a prompt holds once for all its rows, the own length each row starts from): the most of any of
-    ``prompt_lens`` (see ``Budget.for_batch``)."""
-    longest = max(prompt_lens)
+    """(tokens the prompts of ``prompt_lens`` hold once for all their rows, together; the own length each row starts
+    from, the most of any prompt's) (see ``Budget.for_batch``)."""
     if not kv.shares_prefix:
-        return 0, longest
-    if kv.block == 1:
-        return longest, 0
+        return 0, max(prompt_lens)
+    if kv.aligned or kv.block == 1:  # each prompt whole, in blocks of its own
+        return sum(-(-p // kv.block) * kv.block for p in prompt_lens), 0
     shared = [block_shared(p, kv.block) for p in prompt_lens]
-    return max(shared), max(p - s for p, s in zip(prompt_lens, shared))
+    return sum(shared), max(p - s for p, s in zip(prompt_lens, shared))
 
 
 def full_length_tokens(rows: int, prompt_lens: int | Sequence[int], max_new_tokens: int, kv: KVSpec) -> int:
@@ -167,7 +151,7 @@ def full_length_tokens(rows: int, prompt_lens: int | Sequence[int], max_new_toke
     lets every row of every prompt decode to the end, and one block less does not)."""
     lens = [prompt_lens] if isinstance(prompt_lens, int) else list(prompt_lens)
     shared, base = _split(lens, kv)
-    return len(lens) * (shared + rows * Budget(None, block=kv.block).held(base + max_new_tokens))
+    return shared + len(lens) * rows * Budget(None, block=kv.block).held(base + max_new_tokens)
 
 
 def budget_from_device(free_bytes: int, kv_bytes: int, memory_fraction: float, reserve_bytes: int) -> int:

@@ -62,7 +62,7 @@ class TorchGenerator(ModelGenerator):
         """In the engine's blocks (the Llama engine's blocks of 16, ``hf`` token by token); a prompt's cache stored once
         for all its rows on the Llama engine, copied on ``hf``."""
         cls = self.engine_class()
-        return KVSpec(shares_prefix=bool(cls.shares_prefix), block=cls.block)
+        return KVSpec(shares_prefix=bool(cls.shares_prefix), block=cls.block, aligned=bool(cls.aligned))
 
     def _weights(self) -> FastWeights | None:
         """The engine's prepared weights (fused, prepacked; MKL's packing for the compiled step on an Intel CPU in

@@ -344,7 +344,7 @@ class _Batch:
         s, lim = req.settings, self.limits
         ids = [self.gen.encode(r.source) for r in req.prompts]
         lens = list(map(len, ids))
-        s.budget.check_feasible(len(ids), max(lens), max(lens) + s.max_new_tokens, self.gen.kv)
+        s.budget.check_feasible(lens, s.max_new_tokens, self.gen.kv)
         budget, base = s.budget.for_batch(lens, self.gen.kv)  # the rows' share, their start length
         n = rows_per_prompt(s, budget, base, len(ids), req.policy)
         reserved = int(s.budget.kv_tokens) if s.budget.kv_tokens is not None else 0

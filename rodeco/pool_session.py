@@ -50,7 +50,7 @@ class ReplayGenerator:
         self.info = EngineInfo(name=s["engine"])  # hidden: the pool's recorded states, where it has them
         self.layout = LAYOUTS[self.info.name]
         # pools recorded before blocks were recorded are of rodeco's engines: block 1
-        self.kv = KVSpec(shares_prefix=self.layout.shares_prefix, block=int(s.get("kv_block", 1)))
+        self.kv = KVSpec(self.layout.shares_prefix, int(s.get("kv_block", 1)), self.layout.aligned)
         self._ids: dict[str, list[int]] = {}
         self._live_factory = live or (lambda: live_generator(pool))
         self._live: TorchGenerator | None = None

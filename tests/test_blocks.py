@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rodeco.engines.blocks import FIRST, Blocks
+from rodeco.engines.blocks import FIRST, Blocks, PoolFull
 
 
 def named(b: Blocks, row: int) -> list[int]:
@@ -23,32 +23,33 @@ def check_counts(b: Blocks) -> None:
     assert len(set(b.free)) == len(b.free)
 
 
-def test_a_prompt_fills_whole_blocks_and_the_tokens_land_in_order():
+def test_a_prompt_ends_on_a_block_boundary_and_the_tokens_land_in_order():
+    """A prompt's first block is padded at the front (``starts``), so its last block is full."""
     b = Blocks(4)
     blk, off = b.add(np.array([6, 4]))
     assert b.counts().tolist() == [2, 1] and b.in_use == 3
-    assert off.tolist() == [0, 1, 2, 3, 0, 1, 0, 1, 2, 3]
-    assert blk[:4].tolist() == [named(b, 0)[0]] * 4 and blk[4:6].tolist() == [named(b, 0)[1]] * 2
+    assert b.starts.tolist() == [2, 0] and b.lens.tolist() == [8, 4] and b.longest == 6
+    assert off.tolist() == [2, 3, 0, 1, 2, 3, 0, 1, 2, 3]
+    assert blk[:2].tolist() == [named(b, 0)[0]] * 2 and blk[2:6].tolist() == [named(b, 0)[1]] * 4
     assert blk[6:].tolist() == [named(b, 1)[0]] * 4
     check_counts(b)
 
 
-def test_fan_out_shares_a_prompts_blocks_and_the_first_token_copies_its_partial_block_once_a_row_but_the_last():
+def test_fan_out_shares_all_of_a_prompts_blocks_and_each_row_opens_its_own_without_a_copy():
     b = Blocks(4)
     b.add(np.array([6]))
     b.select(np.zeros(3, dtype=np.int64))  # three rows of one prompt
     assert b.in_use == 2  # shared, counted once
     check_counts(b)
-    full, partial = named(b, 0)
+    prompt = named(b, 0)
     blk, off, src, dst = b.append()
-    assert off.tolist() == [2, 2, 2]
-    assert src.tolist() == [partial, partial] and len(set(dst.tolist())) == 2  # two copies; the last row keeps it
-    assert sorted(blk.tolist()) == sorted([*dst.tolist(), partial])
-    assert all(named(b, r)[0] == full for r in range(3))  # the full block stays shared
-    assert b.in_use == 4
+    assert off.tolist() == [0, 0, 0] and len(src) == 0  # no copy: the prompt's last block is full
+    assert len(set(blk.tolist())) == 3 and not set(blk.tolist()) & set(prompt)
+    assert all(named(b, r)[:2] == prompt for r in range(3)) and b.starts.tolist() == [2, 2, 2]
+    assert b.in_use == 5
     check_counts(b)
-    blk, off, src, dst = b.append()  # no block is shared at the write position now
-    assert len(src) == 0 and off.tolist() == [3, 3, 3]
+    blk, off, src, dst = b.append()  # each row writes into its own block
+    assert len(src) == 0 and off.tolist() == [1, 1, 1]
 
 
 def test_a_prompt_of_whole_blocks_copies_nothing_and_each_row_opens_a_block():
@@ -81,13 +82,30 @@ def test_dropping_rows_frees_the_blocks_no_row_names():
 def test_a_copied_row_shares_its_parent_until_one_of_them_writes():
     b = Blocks(4)
     b.add(np.array([3]))
-    for _ in range(3):
-        b.append()  # 6 tokens: a full block and half of a second
+    for _ in range(2):
+        b.append()  # 3 prompt tokens after a slot of padding, then 2 of its own: half of a second block
     b.select(np.array([0, 0]))  # beam: the row copied
     assert b.in_use == 2
     blk, off, src, dst = b.append()
     assert len(src) == 1 and blk[0] != blk[1] and b.in_use == 3
     check_counts(b)
+
+
+def test_a_fixed_pool_never_grows_and_says_how_many_steps_a_quota_allows():
+    b = Blocks(4, capacity=6)
+    assert b.pool == 6 and len(b.free) == 6
+    b.add(np.array([3, 8]))  # 1 + 2 blocks, whole
+    b.select(np.array([0, 0, 1]))
+    rows = np.arange(3)
+    assert b.steps_within(rows, 6 * 4, 0, 10) == 4  # each row opens one block: 3 + 3 = 6, the next 4 tokens fit
+    assert b.steps_within(np.array([0, 1]), 6 * 4, 0, 10) == 8  # prompt 0 alone: 1 + 2 rows x 2 blocks = 5
+    assert b.steps_within(rows, 5 * 4, 0, 10) == 0  # 3 + 3 blocks do not fit 5
+    assert b.steps_within(rows, 6 * 4, 1, 10) == 0  # nor with a token of working memory a row
+    for _ in range(4):
+        b.append()
+    assert b.in_use == 6 and not b.free
+    with pytest.raises(PoolFull):
+        b.append()
 
 
 def test_the_pool_grows_by_half_at_least_and_keeps_its_blocks():

@@ -112,8 +112,8 @@ def test_rejection_and_fan_out_copy_no_cache_and_free_blocks(tiny_model):
     held, pool = e.allocated_tokens, e.kpool[0].data_ptr()
     e.select(torch.tensor([0, 8]))  # rejection: one row a prompt
     assert e.kpool[0].data_ptr() == pool  # no copy
-    # before: the first prompt's 3 blocks and 8 rows' one each; the second's rows 2 each (a copied tail, then one)
-    assert held == (3 + 8 + 16) * BLOCK
+    # before: the first prompt's 3 blocks, the second's 1 (padded at the front), and 16 rows' one block each
+    assert held == (3 + 1 + 16) * BLOCK
     assert e.allocated_tokens == (3 + 1 + 2) * BLOCK
     e.select(torch.tensor([1]))  # the first prompt's last row gone: its prompt blocks freed too
     assert e.allocated_tokens == 2 * BLOCK
@@ -133,15 +133,15 @@ def test_the_pool_is_fixed_by_the_budget_and_a_step_past_it_is_refused(tiny_mode
     e = LlamaEngine(tiny_model, pool_tokens=6 * BLOCK)
     assert e.pool_tokens == 6 * BLOCK
     pool = e.kpool[0].data_ptr()
-    e.admit(*left_padded([BLOCK + 3], V, 4))  # one full block, shared; a tail of 3 each row copies
+    e.admit(*left_padded([BLOCK + 3], V, 4))  # two blocks (padded at the front), shared by the rows
     e.select(torch.zeros(4, dtype=torch.long))
     rows = np.arange(4)
     k = e.steps_within(rows, 6 * BLOCK, 0, 100)
-    assert k == BLOCK - 3  # 1 shared + 4 rows x 1 block = 5 blocks; the next block for 4 rows does not fit
+    assert k == BLOCK  # 2 shared + 4 rows x 1 block = 6 blocks; the next block for 4 rows does not fit
     assert e.steps_within(rows, 6 * BLOCK, 0, 5) == 5  # at most ``most``
-    assert e.steps_within(rows, 6 * BLOCK, BLOCK // 2, 100) == 0  # with each row's working memory: not one step
+    assert e.steps_within(rows, 6 * BLOCK, 1, 100) == 0  # with a token of working memory a row: not one step
     for s in range(k):
         e.step(tokens(e.rows, V, s))
-    assert e.kpool[0].data_ptr() == pool and e.allocated_tokens == 5 * BLOCK
+    assert e.kpool[0].data_ptr() == pool and e.allocated_tokens == 6 * BLOCK
     with pytest.raises(PoolFull):
         e.step(tokens(e.rows, V, k))

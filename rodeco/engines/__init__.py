@@ -13,7 +13,8 @@
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
 - ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
 - ``block``: tokens its cache allocates at a time (1: token by token; the Llama engine: blocks of 16), what the
-  budget counts in (``rodeco.budget``);
+  budget counts in (``rodeco.budget``); ``aligned``: a prompt ends on a block boundary, so its rows share all its
+  blocks (``rodeco.shape.KVSpec``);
 - ``prepare(model, mkl)``: what every session's engine computes with besides the model (the Llama engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
@@ -69,6 +70,7 @@ class Engine(Forward, Protocol):
     shares_prefix: bool
     compilable: bool
     block: int
+    aligned: bool
 
     def __init__(
         self, model: HFModel, weights: Any = None, compiled: Any = None, pool_tokens: int | None = None

@@ -1,17 +1,18 @@
 """A paged KV cache's bookkeeping, without tensors: which blocks of a pool each row's tokens lie in.
 
-A pool holds blocks of ``size`` tokens. Each row names its blocks in order (its *table*) and holds ``lens`` tokens,
-its prompt's and its own. A prompt's blocks are named by all its rows (they are shared by reference, counted once);
-a row that writes into a block another row also names gets its own copy first (copy-on-write), so a prompt's partial
-last block is copied once by each row at its first token, and a copied row (beam, particle filter) shares its
-parent's blocks until one of them writes. Dropping rows (rejection, finished rows leaving) frees the blocks no row
+A pool holds blocks of ``size`` tokens. Each row names its blocks in order (its *table*) and holds ``lens`` slots,
+its prompt's and its own. A prompt ends on a block boundary: its first block is padded at the front (``starts``:
+the slots before its first token, which attention skips), so all its blocks are whole and named by all its rows
+(shared by reference, counted once), and each row's own tokens start in a block of its own: a fan-out copies
+nothing, and the padding is held once a prompt, not once a row. A row that writes into a block another row also
+names gets its own copy first (copy-on-write), so a copied row (beam, particle filter) shares its parent's blocks
+until one of them writes. Dropping rows (rejection, finished rows leaving) frees the blocks no row
 names any more, with no copy. The blocks in use are what the cache holds (``in_use``).
 
 The pool has a fixed number of blocks (``capacity``: the budget, as vLLM's KV manager has) or, without a budget, grows
 when it runs out of free blocks (by half its size at least). A fixed pool that runs out raises ``PoolFull``: the
 loop asks ``steps_within`` how far a cohort's rows may decode inside its quota before it decodes, so that never
-happens. ``shares=False`` (the ``hf`` engine's count, blocks of one token) gives a repeated row copies of its blocks:
-nothing is shared.
+happens.
 
 The Llama engine (``rodeco.engines.fast``) keeps one of these beside its tensors and applies what it decides; a
 replay counts memory with the same object (``rodeco.engines.layout``), so the two agree by construction.
@@ -33,14 +34,15 @@ class Blocks:
     """Rows' block tables over a pool of blocks of ``size`` tokens (see the module doc); ``capacity``: the pool's
     fixed number of blocks, None: it grows."""
 
-    def __init__(self, size: int, capacity: int | None = None, shares: bool = True) -> None:
+    def __init__(self, size: int, capacity: int | None = None) -> None:
         if size < 1:
             raise ValueError(f"a block holds at least one token, not {size}")
         if capacity is not None and capacity < 1:
             raise ValueError(f"a fixed pool holds at least one block, not {capacity}")
-        self.size, self.capacity, self.shares = size, capacity, shares
+        self.size, self.capacity = size, capacity
         self.tables = np.zeros((0, 0), dtype=np.int64)  # [rows, M]: each row's blocks in order; past them, unread
-        self.lens = np.zeros(0, dtype=np.int64)  # [rows]: tokens each row holds
+        self.lens = np.zeros(0, dtype=np.int64)  # [rows]: slots each row holds (its prompt's padding included)
+        self.starts = np.zeros(0, dtype=np.int64)  # [rows]: its prompt's padding, the slots before its first token
         self.ref = np.zeros(0, dtype=np.int64)  # [pool]: rows naming each block
         self.free: list[int] = []  # blocks no row names, taken from the end
         if capacity is not None:
@@ -68,7 +70,7 @@ class Blocks:
     @property
     def longest(self) -> int:
         """The longest row's tokens (0 without rows): no row is padded to it."""
-        return int(self.lens.max()) if self.rows else 0
+        return int((self.lens - self.starts).max()) if self.rows else 0
 
     def counts(self) -> np.ndarray:
         """[rows] blocks each row names."""
@@ -97,9 +99,12 @@ class Blocks:
 
     def add(self, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One row for each of the new prompts of ``lens`` tokens, after the rows there are, its tokens in blocks of
-        its own. Returns where each token goes, prompt by prompt, in order: (block, offset in the block)."""
-        lens = np.asarray(lens, dtype=np.int64)
-        nb = -(-lens // self.size)
+        its own, the first padded at the front so that the last ends full. Returns where each token goes, prompt by
+        prompt, in order: (block, offset in the block)."""
+        tokens = np.asarray(lens, dtype=np.int64)
+        pad = -tokens % self.size
+        lens = tokens + pad
+        nb = lens // self.size
         ids = self._alloc(int(nb.sum()))
         width = max(self.tables.shape[1], int(nb.max()) if len(nb) else 0)
         self._widen(width)
@@ -109,26 +114,21 @@ class Blocks:
             new[i, :k] = ids[s : s + k]
         self.tables = np.concatenate([self.tables, new])
         self.lens = np.concatenate([self.lens, lens])
-        tok = np.concatenate([np.arange(n) for n in lens]) if len(lens) else np.zeros(0, dtype=np.int64)
-        first = np.repeat(starts, lens)
-        return ids[first + tok // self.size], tok % self.size
+        self.starts = np.concatenate([self.starts, pad])
+        slot = np.concatenate([np.arange(p, n) for p, n in zip(pad, lens)]) if len(lens) else np.zeros(0, np.int64)
+        first = np.repeat(starts, tokens)
+        return ids[first + slot // self.size], slot % self.size
 
     def select(self, rows: np.ndarray) -> None:
         """Keep (and repeat, reorder) rows by index: a repeated row shares its blocks; blocks no row names are
         freed."""
         rows = np.asarray(rows, dtype=np.int64)
-        self.tables, self.lens = self.tables[rows], self.lens[rows]
+        self.tables, self.lens, self.starts = self.tables[rows], self.lens[rows], self.starts[rows]
         width = int(self.counts().max()) if self.rows else 0
         self.tables = self.tables[:, :width]
         named = self.tables[np.arange(width)[None] < self.counts()[:, None]]
         self.ref = np.bincount(named, minlength=self.pool).astype(np.int64)
         self.free = np.flatnonzero(self.ref == 0)[::-1].tolist()
-        if not self.shares:  # a repeated row gets blocks of its own (its first holder keeps the originals)
-            _, first = np.unique(rows, return_index=True)
-            for i in np.setdiff1d(np.arange(len(rows)), first):
-                k = int(self.counts()[i])
-                self.ref[self.tables[i, :k]] -= 1
-                self.tables[i, :k] = self._alloc(k)
 
     def append(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Room for one more token in every row. Returns (block [rows], offset [rows]) where each row writes it, and
@@ -173,8 +173,9 @@ class Blocks:
         room = tokens - row_overhead * len(rows)
         if self.named(rows) * self.size > room:
             return 0
-        sub = Blocks(self.size, None, self.shares)
+        sub = Blocks(self.size)
         sub.tables, sub.lens, sub.ref = self.tables[rows].copy(), self.lens[rows].copy(), self.ref.copy()
+        sub.starts = self.starts[rows].copy()
         sub._grow(self.pool + len(rows))  # a step takes a block a row at most (a copy, or a new one)
         sub.free = sub.free[: len(rows)]
         sub.append()

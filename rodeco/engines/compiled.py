@@ -161,15 +161,16 @@ class _Step(torch.nn.Module):
         off: torch.Tensor,
         tables: torch.Tensor,
         lens: torch.Tensor,
+        starts: torch.Tensor,
         kpool: list[torch.Tensor],
         vpool: list[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden], cos/sin [B, 1, D], the block and offset each row writes ``blk``, ``off`` [B], the rows'
-        block tables [B, M] and tokens ``lens`` [B] (this step's included), the layers' pools -> (logits [B, V], the
-        final normed hidden state [B, hidden])."""
+        block tables [B, M], slots ``lens`` [B] (this step's included) and prompt padding ``starts`` [B], the layers'
+        pools -> (logits [B, V], the final normed hidden state [B, hidden])."""
         w = self.w
         attend = native.paged_attention if self.kernel else native.paged_reference
-        cache = StepCache(kpool, vpool, blk, off, tables, lens, self.scale, attend)
+        cache = StepCache(kpool, vpool, blk, off, tables, lens, starts, self.scale, attend)
         for li in range(len(w.qkv)):
             x = decoder_layer(
                 x, li, self._linear, w.ln1[li], w.ln2[li], self.h, self.hkv, self.d, self.eps, cos, sin, cache

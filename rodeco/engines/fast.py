@@ -1,17 +1,18 @@
 """The Llama-family engine (Llama, Mistral without sliding window, Qwen2), gpt-fast style, on one block pool.
 
 It reuses the HF model's weights (fused: one QKV matmul, one gate+up matmul; ``rodeco.engines.llama.FastWeights``)
-and its rotary embedding module. Each layer's keys and values lie in one pool of blocks of ``BLOCK`` tokens (keys by
-column, ``[blocks, kv_heads, head_dim, BLOCK]``; values by row, ``[blocks, kv_heads, BLOCK, head_dim]``); each row
-names its blocks in order, and which block a token goes to is decided by ``rodeco.engines.blocks.Blocks``. So:
+and its rotary embedding module. Each layer's keys and values lie in one pool of blocks of ``BLOCK`` tokens (the
+paged kernel's vector: 8 or 16), keys by column (``[blocks, kv_heads, head_dim, BLOCK]``), values by row
+(``[blocks, kv_heads, BLOCK, head_dim]``); each row names its blocks in order, and which block a token goes to is
+decided by ``rodeco.engines.blocks.Blocks``. So:
 
-- a prompt is forwarded once and each layer writes its tokens straight into blocks that its rows share by
-  reference, with no padding: a row holds its own prompt's tokens, not the longest prompt's;
-- a row's first token copies its prompt's partial last block (copy-on-write), and so does a copied row's (beam,
-  particle filter) at its next token, for the one block it shares with its parent and writes into;
+- a prompt is forwarded once and each layer writes its tokens straight into blocks that its rows share by reference,
+  with no padding to another prompt's length; it ends on a block boundary (its first block padded at the front, the
+  padding skipped by attention), so a fan-out copies nothing and each row's own tokens start in a block of its own;
+- a copied row (beam, particle filter) shares its parent's blocks and copies the one it writes into (copy-on-write);
 - rejection, finished rows leaving, fan-out and admission copy nothing: they edit the block tables;
 - a step's attention reads each row's own blocks in place (``rodeco.engines.native.paged_attention`` on CPU, else
-  the torch path it replaces, ``paged_reference``), its own number of tokens, so no row reads another's padding.
+  the torch path it replaces, ``paged_reference``), its own number of tokens.
 
 The pool is fixed when the engine is made (``pool_tokens``: the session's budget, ``rodeco.budget``), as vLLM's KV
 manager fixes its own; a session that asks for more blocks than the pool holds is a bug the loop's decision points
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from rodeco.engines.compiled import CompiledStep
 
 SUPPORTED = ("llama", "mistral", "qwen2")
-BLOCK = 16  # tokens a block: rodeco's paged kernel reads blocks of a multiple of ``native.LANES`` (16)
+# tokens a block: one vector of the paged kernel's on this CPU (``native.WIDTH``: 8 on AVX2-only CPUs, 16 with
+# AVX-512), the smallest block it reads; a smaller block wastes less of a row's last block and of a prompt's first
+BLOCK = native.WIDTH
 
 
 def supports(model: HFModel) -> str | None:
@@ -65,6 +68,7 @@ class LlamaEngine:
     shares_prefix = True  # a prompt's blocks are named by all its rows, counted once
     compilable = True  # generator.compile: the step as one graph (``rodeco.engines.compiled``)
     block = BLOCK
+    aligned = True  # a prompt ends on a block boundary (``Blocks``): its rows share all its blocks
 
     def __init__(
         self,
@@ -94,7 +98,7 @@ class LlamaEngine:
         self.kernel = (
             is_cpu(like.device)
             and native.fits(self.d, self.h // self.hkv)
-            and BLOCK % native.LANES == 0
+            and BLOCK % native.WIDTH == 0
             and native.available("paged_attention")
         )
         # the eager step's attention: the paged kernel where it serves, else the torch path it replaces
@@ -197,15 +201,16 @@ class LlamaEngine:
             for pool in (*self.kpool, *self.vpool):
                 pool[d] = pool[s]
         b, o = torch.from_numpy(blk).to(dev), torch.from_numpy(off).to(dev)
-        tables, lens = torch.from_numpy(self.blocks.tables).to(dev), torch.from_numpy(self.blocks.lens).to(dev)
+        bk = self.blocks
+        tables, lens, starts = (torch.from_numpy(x).to(dev) for x in (bk.tables, bk.lens, bk.starts))
         x = F.embedding(tokens, self.embed)  # [B, d]
         cos, sin = self.rotary(x, self.pos[:, None])  # [B, 1, D]
         self.pos = self.pos + 1
         if self.compiled is not None:
-            logits, hidden = self.compiled(x, cos, sin, b, o, tables, lens, self.kpool, self.vpool)
+            logits, hidden = self.compiled(x, cos, sin, b, o, tables, lens, starts, self.kpool, self.vpool)
             self.last_hidden = hidden if self.keep_hidden else None
             return logits
-        cache = StepCache(self.kpool, self.vpool, b, o, tables, lens, self.scale, self.attention)
+        cache = StepCache(self.kpool, self.vpool, b, o, tables, lens, starts, self.scale, self.attention)
         for li, lay in enumerate(self.layers):
             x = decoder_layer(
                 x, li, self._linear, lay.ln1, lay.ln2, self.h, self.hkv, self.d, self.eps, cos, sin, cache

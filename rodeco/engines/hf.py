@@ -22,6 +22,7 @@ class HFEngine:
     shares_prefix = False
     compilable = False  # generator.compile does not apply
     block = 1  # token by token
+    aligned = False  # every row holds its own copy of the prompt
 
     @staticmethod
     def prepare(model: HFModel, mkl: bool = False) -> None:

@@ -25,7 +25,7 @@ class HFLayout:
     one slot per step and drops the leading positions no row reads (``lead``: each row's padding) when rows leave.
     Prompts that join are padded, or pad the rows there, to the longer of the two."""
 
-    shares_prefix = False
+    shares_prefix, aligned = False, False
     compact_fraction = 0.25  # finished rows leave the batch once they are this share of it (rodeco.session)
     keep_hidden, last_hidden = False, None  # no model, no hidden states (a replay reads the pool's)
 
@@ -74,7 +74,7 @@ class VLLMLayout:
     that joins a running batch is not prefilled once (``rodeco.engines.vllm``: each of its rows prefills it), so
     each of its rows holds the whole prompt in its own blocks; its rows count their own tokens."""
 
-    shares_prefix = True
+    shares_prefix, aligned = True, False
     compact_fraction = 0.0
     keep_hidden, last_hidden = False, None
 
@@ -143,7 +143,7 @@ class BlockLayout:
     no tensors, its pool fixed at ``pool_tokens`` as the engine's is. A finished row leaves once finished rows are a
     quarter of the batch, as on the engine. (Pools recorded token by token replay with blocks of one token.)"""
 
-    shares_prefix = True
+    shares_prefix, aligned = True, True
     compact_fraction = 0.25
     keep_hidden, last_hidden = False, None
 

@@ -101,8 +101,8 @@ class PromptCache(PagedCache):
 @dataclass
 class StepCache(PagedCache):
     """A decode step's cache: each row's new token written at block ``blk``, offset ``off`` [B] of the pools; its
-    query heads attend over its own blocks (``tables`` [B, M], ``lens`` [B], this token's included) by ``kernel``
-    (``native.paged_attention`` or ``native.paged_reference``)."""
+    query heads attend over its own blocks (``tables`` [B, M], ``lens`` [B] slots, this token's included, the first
+    ``starts`` [B] its prompt's padding) by ``kernel`` (``native.paged_attention`` or ``native.paged_reference``)."""
 
     kpool: list[torch.Tensor]
     vpool: list[torch.Tensor]
@@ -110,6 +110,7 @@ class StepCache(PagedCache):
     off: torch.Tensor
     tables: torch.Tensor
     lens: torch.Tensor
+    starts: torch.Tensor
     scale: float
     kernel: Callable[..., torch.Tensor]
 
@@ -119,7 +120,8 @@ class StepCache(PagedCache):
         self.kpool[li][self.blk, :, :, self.off] = k
         self.vpool[li][self.blk, :, self.off] = v
         # the query heads of one KV head as a sequence: [B, Hkv, g, D]
-        o = self.kernel(q.view(B, Hkv, H // Hkv, D), self.kpool[li], self.vpool[li], self.tables, self.lens, self.scale)
+        q4 = q.view(B, Hkv, H // Hkv, D)
+        o = self.kernel(q4, self.kpool[li], self.vpool[li], self.tables, self.lens, self.starts, self.scale)
         return o.reshape(B, H, D)
 
 

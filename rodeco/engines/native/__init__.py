@@ -44,6 +44,17 @@ log = logging.getLogger(__name__)
 KERNELS = ("decode_attention", "paged_attention", "mkl_linear")
 SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "mkl_linear.cpp")]  # one extension
 LANES = 16  # head_dim must be a multiple of it (the widest vector the kernels use: 16 fp32 lanes, AVX-512's)
+
+
+def vector_lanes() -> int:
+    """fp32 lanes of the kernels' vectors on this CPU, as ``attention.cpp`` is built for it (``-march=native``): 8 on
+    an AVX2-only CPU, 16 elsewhere (AVX-512; and the generic vectors of a CPU without AVX2). The paged kernel reads
+    blocks of a multiple of it, so the Llama engine's blocks are this many tokens (``rodeco.engines.fast.BLOCK``)."""
+    flags = cpu_facts()["flags"]
+    return 8 if flags["avx2"] and not flags["avx512f"] else 16
+
+
+WIDTH = vector_lanes()
 MOST_GROUP = 8  # query heads a KV head at most (the kernel is instantiated for 1..8)
 _built: bool | None = None
 
@@ -105,6 +116,9 @@ def _build() -> bool:
         )
         return False
 
+    if (built := int(torch.ops.rodeco.lanes())) != WIDTH:  # the compiler saw another CPU than /proc/cpuinfo
+        log.warning("rodeco's native kernels were built for %d lanes, not %d: they are not used", built, WIDTH)
+        return False
     torch.library.register_fake("rodeco::decode_attention")(_like_query)
     torch.library.register_fake("rodeco::paged_attention")(_like_query)
 
@@ -135,28 +149,43 @@ def decode_attention(
 
 
 def paged_attention(
-    q: torch.Tensor, kpool: torch.Tensor, vpool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """q [B, Hkv, g, D] (one token a row), a paged cache's pools of blocks of ``bs`` tokens, keys by column kpool
     [N, Hkv, D, bs] and values vpool [N, Hkv, bs, D] (both contiguous), each row's blocks in order ``tables`` [B, M]
-    (int64; entries past its tokens are not read) and its tokens ``lens`` [B] (int64, >= 1) -> the attention output
-    [B, Hkv, g, D] in q's dtype, computed in fp32. ``D`` and ``bs`` multiples of ``LANES``; ``available(
-    "paged_attention")``."""
-    return torch.ops.rodeco.paged_attention(q, kpool, vpool, tables, lens, scale)
+    (int64; entries past its slots are not read), its slots ``lens`` [B] and the padding before its first token
+    ``starts`` [B] (int64, ``0 <= starts < lens``; those slots are skipped) -> the attention output [B, Hkv, g, D] in
+    q's dtype, computed in fp32. ``D`` a multiple of ``LANES``, ``bs`` of ``WIDTH``; needs
+    ``available("paged_attention")``."""
+    return torch.ops.rodeco.paged_attention(q, kpool, vpool, tables, lens, starts, scale)
 
 
 def paged_reference(
-    q: torch.Tensor, kpool: torch.Tensor, vpool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """What ``paged_attention`` computes, in torch: each row's blocks gathered (``tables`` padded with any valid block
-    past its tokens), its scores and softmax in fp32 with the positions past ``lens`` masked, the weighted values."""
+    past its slots), its scores and softmax in fp32 with the slots before ``starts`` and past ``lens`` masked, the
+    weighted values."""
     B, H, g, D = q.shape
     M, bs = tables.shape[1], kpool.shape[-1]
     k = kpool[tables].permute(0, 2, 1, 4, 3).reshape(B, H, M * bs, D)  # [B, H, M * bs, D]
     v = vpool[tables].permute(0, 2, 1, 3, 4).reshape(B, H, M * bs, D)
     s = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)  # [B, H, g, M * bs]
-    past = torch.arange(M * bs, device=q.device)[None] >= lens[:, None]
-    p = torch.softmax(s.masked_fill_(past[:, None, None], float("-inf")), dim=-1)
+    at = torch.arange(M * bs, device=q.device)[None]
+    out = (at >= lens[:, None]) | (at < starts[:, None])
+    p = torch.softmax(s.masked_fill_(out[:, None, None], float("-inf")), dim=-1)
     return (p @ v.float()).to(q.dtype)
 
 

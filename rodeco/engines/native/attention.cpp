@@ -17,13 +17,14 @@ namespace {
 
 // Lanes: one vector register of fp32. With AVX-512, 16; with AVX2 only, 8, so that a run's NB * G sums fit its 16
 // registers (16 lanes there are two registers each, and the sums spill: on an AVX2-only AMD EPYC the kernels ran 6 to
-// 11 times slower). The inputs' contract stays multiples of 16 (``LANES`` in __init__.py), whatever the width.
+// 11 times slower). head_dim stays a multiple of 16 (``LANES`` in __init__.py) whatever the width; the paged
+// kernel's block is a multiple of the width (``WIDTH`` there: the Llama engine's blocks are one vector of tokens).
 #if defined(__AVX512F__) || !defined(__AVX2__)
 constexpr int64_t W = 16;
 #else
 constexpr int64_t W = 8;
 #endif
-constexpr int64_t LANES = 16;  // head_dim and the block size are multiples of it
+constexpr int64_t LANES = 16;  // head_dim is a multiple of it (and decode_attention's inputs)
 static_assert(LANES % W == 0, "the contract's multiple holds whole vectors");
 typedef float vf __attribute__((vector_size(W * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
@@ -278,10 +279,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
   return out;
 }
 
-// The paged cache's decode attention: row b's lens[b] tokens lie in blocks of bs tokens of a pool, the blocks named
+// The paged cache's decode attention: row b's lens[b] slots lie in blocks of bs tokens of a pool, the blocks named
 // in order by tables[b] (keys by column within a block: [NB, H, D, bs], token stride 1; values by row: [NB, H, bs,
-// D]). The row's chunks of W tokens are scored in runs of NB chunks, each chunk read through its block's address,
-// so a run may span blocks; the lanes past lens[b] are masked. What a row computes depends on its own tokens only.
+// D]); its first starts[b] slots are its prompt's padding (a prompt ends on a block boundary). The row's chunks of W
+// slots are scored in runs of NB chunks, each chunk read through its block's address, so a run may span blocks; the
+// slots before starts[b] and the lanes past lens[b] are masked (their values weigh 0). What a row computes depends on its own tokens only.
 template <int G, int NB, typename T>
 inline void dots_at(const float* qf, int64_t D, const T* const (&k)[NB], int64_t kd, vf (&a)[NB][G]) {
   for (int64_t d = 0; d < D; ++d)
@@ -293,10 +295,11 @@ inline void dots_at(const float* qf, int64_t D, const T* const (&k)[NB], int64_t
 
 template <int G, typename T>
 void attend_paged(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor& vpool, const at::Tensor& tables,
-                  const at::Tensor& lens, float scale, at::Tensor& out) {
+                  const at::Tensor& lens, const at::Tensor& starts, float scale, at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), bs = kpool.size(3), M = tables.size(1);
   const int64_t C = D / W, per = bs / W;  // chunks of W tokens a block
   const int64_t* ld_ = lens.data_ptr<int64_t>();
+  const int64_t* sd_ = starts.data_ptr<int64_t>();
   int64_t most = 0;
   for (int64_t b = 0; b < B; ++b) most = std::max(most, ld_[b]);
   const int64_t ld = (most + W - 1) / W * W + 0;
@@ -332,6 +335,7 @@ void attend_paged(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor
       float inv[G];
       for (int j = 0; j < G; ++j) {
         float* r = s.data() + j * ld;
+        std::fill(r, r + sd_[b], -std::numeric_limits<float>::infinity());
         std::fill(r + L, r + Lr, -std::numeric_limits<float>::infinity());
         vf mv = load(r);
         for (int64_t t0 = W; t0 < Lr; t0 += W) { const vf x = load(r + t0); mv = mv > x ? mv : x; }
@@ -360,9 +364,9 @@ void attend_paged(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor
 
 template <typename T>
 void attend_paged_g(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor& vpool, const at::Tensor& tables,
-                    const at::Tensor& lens, float scale, at::Tensor& out) {
+                    const at::Tensor& lens, const at::Tensor& starts, float scale, at::Tensor& out) {
   switch (q.size(2)) {
-#define RODECO_G(n) case n: return attend_paged<n, T>(q, kpool, vpool, tables, lens, scale, out);
+#define RODECO_G(n) case n: return attend_paged<n, T>(q, kpool, vpool, tables, lens, starts, scale, out);
     RODECO_G(1) RODECO_G(2) RODECO_G(3) RODECO_G(4) RODECO_G(5) RODECO_G(6) RODECO_G(7) RODECO_G(8)
 #undef RODECO_G
     default: TORCH_CHECK(false, "rodeco::paged_attention: at most 8 query heads a KV head, got ", q.size(2));
@@ -370,26 +374,32 @@ void attend_paged_g(const at::Tensor& q, const at::Tensor& kpool, const at::Tens
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor& vpool,
-                           const at::Tensor& tables, const at::Tensor& lens, double scale) {
-  TORCH_CHECK(q.dim() == 4 && kpool.dim() == 4 && vpool.dim() == 4 && tables.dim() == 2 && lens.dim() == 1,
+                           const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& starts,
+                           double scale) {
+  TORCH_CHECK(q.dim() == 4 && kpool.dim() == 4 && vpool.dim() == 4 && tables.dim() == 2 && lens.dim() == 1 &&
+                  starts.dim() == 1,
               "rodeco::paged_attention: q [B, H, g, D], kpool [N, H, D, bs], vpool [N, H, bs, D], tables [B, M], "
-              "lens [B]");
+              "lens [B], starts [B]");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), N = kpool.size(0), bs = kpool.size(3);
-  TORCH_CHECK(D % LANES == 0 && bs % LANES == 0,
-              "rodeco::paged_attention: head_dim and the block size must be multiples of ", LANES);
+  TORCH_CHECK(D % LANES == 0 && bs % W == 0, "rodeco::paged_attention: head_dim must be a multiple of ", LANES,
+              " and the block size of ", W);
   TORCH_CHECK(q.stride(3) == 1 && kpool.is_contiguous() && vpool.is_contiguous(),
               "rodeco::paged_attention: the pools contiguous (keys by column), queries by row");
   TORCH_CHECK(kpool.size(1) == H && kpool.size(2) == D && vpool.size(0) == N && vpool.size(1) == H &&
               vpool.size(2) == bs && vpool.size(3) == D, "rodeco::paged_attention: pool shapes do not match q");
   for (const at::Tensor* t : {&kpool, &vpool})
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "rodeco::paged_attention: q and the pools must share a dtype");
-  TORCH_CHECK(tables.scalar_type() == at::kLong && lens.scalar_type() == at::kLong && tables.size(0) == B &&
-              lens.numel() == B, "rodeco::paged_attention: tables int64 [B, M], lens int64 [B]");
-  const at::Tensor tc = tables.contiguous(), lc = lens.contiguous();
-  const int64_t *td = tc.data_ptr<int64_t>(), *ld = lc.data_ptr<int64_t>(), M = tables.size(1);
+  TORCH_CHECK(tables.scalar_type() == at::kLong && lens.scalar_type() == at::kLong &&
+                  starts.scalar_type() == at::kLong && tables.size(0) == B && lens.numel() == B && starts.numel() == B,
+              "rodeco::paged_attention: tables int64 [B, M], lens int64 [B], starts int64 [B]");
+  const at::Tensor tc = tables.contiguous(), lc = lens.contiguous(), stc = starts.contiguous();
+  const int64_t *td = tc.data_ptr<int64_t>(), *ld = lc.data_ptr<int64_t>(), *sd = stc.data_ptr<int64_t>();
+  const int64_t M = tables.size(1);
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(ld[b] >= 1 && ld[b] <= M * bs, "rodeco::paged_attention: row ", b, " holds ", ld[b],
                 " tokens, its table ", M * bs);
+    TORCH_CHECK(sd[b] >= 0 && sd[b] < ld[b], "rodeco::paged_attention: row ", b, " starts at ", sd[b],
+                " of its ", ld[b], " slots");
     for (int64_t j = 0; j * bs < ld[b]; ++j)
       TORCH_CHECK(td[b * M + j] >= 0 && td[b * M + j] < N, "rodeco::paged_attention: row ", b, " names block ",
                   td[b * M + j], " of ", N);
@@ -397,20 +407,24 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kpool, const a
   at::Tensor out = at::empty(q.sizes(), q.options());
   const float sc = static_cast<float>(scale);
   switch (q.scalar_type()) {
-    case at::kFloat: attend_paged_g<float>(q, kpool, vpool, tc, lc, sc, out); break;
-    case at::kBFloat16: attend_paged_g<c10::BFloat16>(q, kpool, vpool, tc, lc, sc, out); break;
-    case at::kHalf: attend_paged_g<c10::Half>(q, kpool, vpool, tc, lc, sc, out); break;
+    case at::kFloat: attend_paged_g<float>(q, kpool, vpool, tc, lc, stc, sc, out); break;
+    case at::kBFloat16: attend_paged_g<c10::BFloat16>(q, kpool, vpool, tc, lc, stc, sc, out); break;
+    case at::kHalf: attend_paged_g<c10::Half>(q, kpool, vpool, tc, lc, stc, sc, out); break;
     default: TORCH_CHECK(false, "rodeco::paged_attention: float32, bfloat16 or float16, got ", q.scalar_type());
   }
   return out;
 }
 
+int64_t lanes() { return W; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rodeco, m) {
+  m.def("lanes() -> int", &lanes);
   m.def("decode_attention(Tensor q, Tensor kp, Tensor vp, Tensor grp, Tensor bias, Tensor k, Tensor v, "
         "float scale) -> Tensor");
-  m.def("paged_attention(Tensor q, Tensor kpool, Tensor vpool, Tensor tables, Tensor lens, float scale) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor kpool, Tensor vpool, Tensor tables, Tensor lens, Tensor starts, "
+        "float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(rodeco, CPU, m) {

@@ -72,6 +72,7 @@ def cache(a: argparse.Namespace) -> dict[str, Any]:
         "vpool": vpool,
         "tables": tables,
         "lens": torch.full((a.rows,), a.prompt_tokens + a.own, dtype=torch.long),
+        "starts": torch.zeros(a.rows, dtype=torch.long),
         "scale": D**-0.5,
     }
 
