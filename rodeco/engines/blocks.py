@@ -45,6 +45,7 @@ class Blocks:
         self.starts = np.zeros(0, dtype=np.int64)  # [rows]: its prompt's padding, the slots before its first token
         self.ref = np.zeros(0, dtype=np.int64)  # [pool]: rows naming each block
         self.free: list[int] = []  # blocks no row names, taken from the end
+        self.fresh: list[np.ndarray] = []  # blocks handed out since the last ``taken()``: what they hold is stale
         if capacity is not None:
             self._grow(capacity)
 
@@ -90,7 +91,16 @@ class Blocks:
         ids = np.array(self.free[len(self.free) - k :][::-1], dtype=np.int64)
         del self.free[len(self.free) - k :]
         self.ref[ids] = 1
+        if k:
+            self.fresh.append(ids)
         return ids
+
+    def taken(self) -> np.ndarray:
+        """The blocks handed out since the last call (a cache clears them before use: a block's slots that no token
+        fills, its prompt's front padding, must hold no stale values)."""
+        out = np.concatenate(self.fresh) if self.fresh else np.zeros(0, dtype=np.int64)
+        self.fresh = []
+        return out
 
     def _widen(self, width: int) -> None:
         if width > self.tables.shape[1]:

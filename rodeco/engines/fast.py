@@ -92,9 +92,11 @@ class LlamaEngine:
         capacity = None if pool_tokens is None else max(1, pool_tokens // BLOCK)
         self.blocks = Blocks(BLOCK, capacity)
         like = self.embed
-        n = capacity or 0  # a fixed pool is allocated once; a growing one as rows need it
-        self.kpool = [like.new_zeros(n, self.hkv, self.d, BLOCK) for _ in self.layers]
-        self.vpool = [like.new_zeros(n, self.hkv, BLOCK, self.d) for _ in self.layers]
+        # a fixed pool is allocated once, uninitialised (the pages a block lands on are touched when it is first
+        # handed out, and cleared then: ``_fit_pool``); a growing one as rows need it
+        n = capacity or 0
+        self.kpool = [like.new_empty(n, self.hkv, self.d, BLOCK) for _ in self.layers]
+        self.vpool = [like.new_empty(n, self.hkv, BLOCK, self.d) for _ in self.layers]
         self.kernel = (
             is_cpu(like.device)
             and native.fits(self.d, self.h // self.hkv)
@@ -135,14 +137,20 @@ class LlamaEngine:
 
     def _fit_pool(self) -> None:
         """A growing pool (no budget) follows the blocks' pool: a copy of each layer's, amortised (by half at
-        least). A fixed pool was allocated whole."""
+        least); a fixed pool was allocated whole. The blocks just handed out are cleared: a slot no token fills (a
+        prompt's front padding) weighs nothing in attention, and must hold no stale value (NaN times 0)."""
         n, have = self.blocks.pool, self.kpool[0].shape[0]
         if n > have:
             for pools in (self.kpool, self.vpool):
                 for li, old in enumerate(pools):
-                    new = old.new_zeros(n, *old.shape[1:])
+                    new = old.new_empty(n, *old.shape[1:])
                     new[:have] = old
                     pools[li] = new
+        fresh = self.blocks.taken()
+        if len(fresh):
+            ids = torch.from_numpy(fresh).to(self.kpool[0].device)
+            for pool in (*self.kpool, *self.vpool):
+                pool.index_fill_(0, ids, 0)
 
     def _linear(self, x: torch.Tensor, name: str, li: int) -> torch.Tensor:
         return getattr(self.layers[li], name)(x)

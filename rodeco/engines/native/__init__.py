@@ -1,17 +1,15 @@
 """rodeco's native CPU kernels, behind one boundary: this package builds them, says which are available, and holds
 every call of them. Each is asked for by name (``available(name)``):
 
-- ``decode_attention`` (``attention.cpp``, the op ``rodeco::decode_attention``): the compiled step's decode attention
-  on CPU, in place of the attention inductor generates (``rodeco.engines.compiled``);
-- ``paged_attention`` (``attention.cpp``, ``rodeco::paged_attention``): decode attention over a paged cache, each
-  row's tokens in blocks of a pool named by the row's block table, read in place; against the plain torch path it
-  replaces (``paged_reference``: the row's blocks gathered, then two matmuls), paired by ``scripts/paged_pairs.py``;
+- ``paged_attention`` (``attention.cpp``, ``rodeco::paged_attention``): decode attention over the Llama engine's
+  paged cache, each row's tokens in blocks of a pool named by the row's block table, read in place; against the
+  plain torch path it replaces (``paged_reference``: the row's blocks gathered, then two matmuls), paired by
+  ``scripts/paged_pairs.py`` (the kernel alone) and ``scripts/kernel_pairs.py`` (in the compiled step);
 - ``mkl_linear`` (``mkl_linear.cpp``, ``rodeco::mkl_pack`` and ``rodeco::mkl_linear``): MKL's packed fp32 GEMM, the
-  compiled step's linears on an Intel CPU (``rodeco.engines.llama.Linear``); available where PyTorch carries MKL;
+  compiled step's linears on an Intel CPU (``rodeco.engines.llama.Linear``); available where PyTorch carries MKL.
 
 Each stays only while it earns its place against the path it replaces, paired in one run on the CPU it targets
-(``scripts/kernel_pairs.py``; docs/results.md has the figures, and those of the kernels removed for missing it).
-The eager engine needs none of them.
+(docs/results.md has the figures, and those of the kernels removed for missing it).
 
 They are one extension, ``rodeco_native_<hash>``, built on first use with PyTorch's extension builder
 (``torch.utils.cpp_extension.load``: a C++ compiler and ninja, which ``torch.compile`` on CPU needs too), for this
@@ -19,14 +17,14 @@ machine's CPU (``-march=native``), into PyTorch's extension cache (``TORCH_EXTEN
 ``~/.cache/torch_extensions``) under a name that hashes the sources, the CPU's model and flags and the PyTorch
 version, so a home directory shared by unlike machines keeps one build each. The first build takes about 30 s;
 later processes load it. Where it cannot be built (no compiler, a platform the flags do not suit) no kernel is
-available: the compiled step keeps inductor's attention and oneDNN's linears, and says so in the log.
+available: the engine reads its blocks through the torch path, the compiled step keeps oneDNN's linears, and the
+log says so.
 
 What the attention kernel computes, for each row and KV head: the scores of the head's query heads against the
-row's prompt keys (read through the row's prompt index, with the prompt's padding bias) and its own keys, the
-softmax, and the weighted values, all in fp32 whatever the cache's dtype. Keys are read by column (``[..., head_dim,
-tokens]`` in storage, token stride 1), values by row. A row's arithmetic depends on its inputs only: not the other
-rows, the batch size, the round's capacity or the number of threads, so Speculative Rejection's survivors stay
-Best-of-N's samples bit for bit.
+row's keys (read through its block table, its prompt's front padding skipped), the softmax, and the weighted
+values, all in fp32 whatever the cache's dtype. Keys are read by column (``[..., head_dim, tokens]`` in storage,
+token stride 1), values by row. A row's arithmetic depends on its inputs only: not the other rows, the batch size or
+the number of threads, so Speculative Rejection's survivors stay Best-of-N's samples bit for bit.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from rodeco.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("decode_attention", "paged_attention", "mkl_linear")
+KERNELS = ("paged_attention", "mkl_linear")
 SOURCES = [Path(__file__).with_name(n) for n in ("attention.cpp", "mkl_linear.cpp")]  # one extension
 LANES = 16  # head_dim must be a multiple of it (the widest vector the kernels use: 16 fp32 lanes, AVX-512's)
 
@@ -107,10 +105,10 @@ def _build() -> bool:
             is_python_module=False,
             verbose=False,
         )
-    except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: inductor's attention
+    except Exception as e:  # noqa: BLE001  no compiler, no ninja, flags this platform rejects: the torch paths
         log.warning(
             "rodeco's native CPU kernels could not be built (%s: %s); the compiled step uses the attention "
-            "inductor generates and oneDNN's linears",
+            "PyTorch computes and oneDNN's linears",
             type(e).__name__,
             str(e).strip().splitlines()[-1:],
         )
@@ -119,7 +117,6 @@ def _build() -> bool:
     if (built := int(torch.ops.rodeco.lanes())) != WIDTH:  # the compiler saw another CPU than /proc/cpuinfo
         log.warning("rodeco's native kernels were built for %d lanes, not %d: they are not used", built, WIDTH)
         return False
-    torch.library.register_fake("rodeco::decode_attention")(_like_query)
     torch.library.register_fake("rodeco::paged_attention")(_like_query)
 
     log.info("rodeco's native kernels are loaded (%s)", name)
@@ -127,25 +124,8 @@ def _build() -> bool:
 
 
 def _like_query(q: torch.Tensor, *rest: object) -> torch.Tensor:
-    """``decode_attention``'s output as a graph sees it while tracing: shaped like the query."""
+    """``paged_attention``'s output as a graph sees it while tracing: shaped like the query."""
     return q.new_empty(q.shape)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    kp: torch.Tensor,
-    vp: torch.Tensor,
-    grp: torch.Tensor,
-    bias: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """q [B, Hkv, g, D] (one token a row), the prompts' keys and values kp, vp [G, Hkv, P, D], each row's prompt
-    ``grp`` [B] (int64), the prompts' fp32 bias [G, P] (0, or -inf at padding), the rows' own keys and values
-    k, v [B, Hkv, S, D] -> the attention output [B, Hkv, g, D] in q's dtype. Keys by column (``kp.stride(2) ==
-    k.stride(2) == 1``); q, values with head_dim contiguous; ``fits(D, g)``; ``available("decode_attention")``."""
-    return torch.ops.rodeco.decode_attention(q, kp, vp, grp, bias, k, v, scale)
 
 
 def paged_attention(
