@@ -37,7 +37,7 @@ def record_train_pool(overrides: list[str], pool: Path, n: int, gen: Any) -> Any
     ``gen``, ``n`` candidates each."""
     from omegaconf import open_dict
 
-    from rodeco.data import Prompt
+    from rodeco.core.data import Prompt
     from rodeco.experiments.record import record
     from rodeco.plugins import default_plugins
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import compare_survivors, run_tiny
 
+from rodeco.core.generator import TorchGenerator
 from rodeco.engines import native
-from rodeco.generator import TorchGenerator
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inductor_cache")]  # torch.compile
 

@@ -13,7 +13,7 @@
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
 - ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
 - ``block``: tokens its cache allocates at a time (1: token by token; ``paged``: blocks of 16), what the budget
-  counts in (``rodeco.budget``);
+  counts in (``rodeco.common.budget``);
 - ``prepare(model, mkl)``: what every session's engine computes with besides the model (the fast engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
@@ -23,9 +23,9 @@
 ``rodeco.engines.fast.FastLlamaEngine`` runs Llama-family weights with a preallocated per-round cache, and
 ``rodeco.engines.paged.PagedLlamaEngine`` runs them on a paged cache. The folder
 also holds every other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so
-it plugs in at the session, ``rodeco.protocols.Session``), ``layout`` (the model-free layouts a replay counts
+it plugs in at the session, ``rodeco.common.protocols.Session``), ``layout`` (the model-free layouts a replay counts
 memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds is chosen
-above the engines, in ``rodeco.loading``.
+above the engines, in ``rodeco.core.loading``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
 
 # A transformers causal LM (or one of its decoder layers). Its submodules and config are found by name
 # (``model.model.layers``, ``config.num_key_value_heads``), which torch's ``Module`` typing cannot express: its

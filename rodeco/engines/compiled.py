@@ -21,8 +21,8 @@ own tokens are symbolic sizes, so rejections, finished rows, new rounds and new 
 compiled again only where dynamo specializes a size of 0 or 1 (one row, one prompt, the first own token), a bounded
 handful (two in every run measured; ``CompiledStep.compiles`` counts them, ``tests/test_compile.py`` bounds them).
 Nothing is padded. With inductor's attention the budget charges one transient beyond the eager step's
-(``prompt_gather`` in ``rodeco.working``): the layer's prompt keys and values gathered per row, as written; in the
-graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
+(``prompt_gather`` in ``rodeco.common.working``): the layer's prompt keys and values gathered per row, as written; in
+the graphs inspected on CPU inductor fused the gather into the attention loop, so the charge is an upper bound. The
 kernel gathers nothing, and the budget charges nothing for it.
 
 A row's arithmetic does not depend on the other rows, the batch size or the round's capacity (the own tokens are the
@@ -59,10 +59,10 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+from rodeco.common.hardware import cpu_vendor, is_cpu, is_cuda
+from rodeco.common.validation import ConfigError, check_compile
 from rodeco.engines import Engine, HFModel, native
 from rodeco.engines.llama import FastWeights, Linear, rms_norm, rope
-from rodeco.hardware import cpu_vendor, is_cpu, is_cuda
-from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from rodeco.common.hardware import is_cpu
 from rodeco.engines import HFModel
 from rodeco.engines.llama import FastWeights, Layer, rms_norm, rope
-from rodeco.hardware import is_cpu
 
 if TYPE_CHECKING:
     from rodeco.engines.compiled import CompiledStep
@@ -116,7 +116,7 @@ class FastLlamaEngine:
     @staticmethod
     def prepare(model: HFModel, mkl: bool = False) -> FastWeights:
         """The fused and prepacked weights of ``model``: a generator builds them once and hands them to each
-        session's engine (``rodeco.generator.TorchGenerator.new_engine``), so a session does not prepack again.
+        session's engine (``rodeco.core.generator.TorchGenerator.new_engine``), so a session does not prepack again.
         ``mkl``: packed for MKL's GEMM (``FastWeights``), as the compiled step asks for on an Intel CPU in fp32."""
         return FastWeights(model, mkl)
 
@@ -353,7 +353,7 @@ class FastLlamaEngine:
     def _attend(self, q: torch.Tensor, li: int, bias: torch.Tensor, obias: torch.Tensor | None = None) -> torch.Tensor:
         """Layer ``li``'s attention of the rows' queries ``q`` [B, Hkv, g, D] over their prompt's cache and their own
         ``sfx + 1`` tokens -> [B, Hkv, g, D]. The scores are fp32 [B, heads, context]: scaled in place, and freed
-        once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.working``)."""
+        once softmaxed, so a row holds two fp32 copies of its scores at most (``rodeco.common.working``)."""
         S, P = self.sfx, self.plen
         ks, vs = self.k[li][:, :, : S + 1], self.v[li][:, :, : S + 1]
         kpt = self.kp[li].transpose(-1, -2)  # [G, Hkv, D, P]

@@ -16,8 +16,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from rodeco.common.hardware import is_cpu
 from rodeco.engines import HFModel, native
-from rodeco.hardware import is_cpu
 
 log = logging.getLogger(__name__)
 

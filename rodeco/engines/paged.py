@@ -27,11 +27,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rodeco.common.hardware import is_cpu
 from rodeco.engines import HFModel, native
 from rodeco.engines.blocks import Blocks
 from rodeco.engines.fast import FastLlamaEngine
 from rodeco.engines.llama import FastWeights, rope
-from rodeco.hardware import is_cpu
 
 if TYPE_CHECKING:
     from rodeco.engines.compiled import CompiledStep

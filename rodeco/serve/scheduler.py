@@ -1,4 +1,5 @@
-"""The batcher: one thread that owns the decoder and runs the one loop (``rodeco.loop.decode_open``) over the queue.
+"""The batcher: one thread that owns the decoder and runs the one loop (``rodeco.core.loop.decode_open``) over
+the queue.
 
 Jobs queue (bounded: a full queue is a 429). On an engine that admits prompts into a running batch
 (``EngineInfo.admits``: the fast engine, eager or compiled, ``hf`` and vLLM), every job is a cohort of one prompt and
@@ -26,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from rodeco.api import Decoder
-from rodeco.config import ServeConfig
-from rodeco.contracts import policy_info
-from rodeco.loop import Cancelled, Request
-from rodeco.protocols import Policy, StartChooser
+from rodeco.common.protocols import Policy, StartChooser
+from rodeco.common.state import Compute, Counts, PromptResult, PromptView, RoundView, StartView
+from rodeco.common.validation import node_dict
+from rodeco.core.config import ServeConfig
+from rodeco.core.contracts import policy_info
+from rodeco.core.loop import Cancelled, Request
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Compute, Counts, PromptResult, PromptView, RoundView, StartView
-from rodeco.validation import node_dict
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ def batch_kv_tokens(jobs: list[Job], gen: Any) -> int:
 
 
 class _Jobs:
-    """The queue as an open source (``rodeco.loop.Source``): the jobs queued since the last call, moved to
+    """The queue as an open source (``rodeco.core.loop.Source``): the jobs queued since the last call, moved to
     ``running``; None once the server stopped."""
 
     def __init__(self, sched: Scheduler) -> None:
