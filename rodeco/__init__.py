@@ -14,16 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from rodeco.api import Decoder, decode, load_config, run
-from rodeco.calibration import Calibration, best_probability, rejectable, standardize
-from rodeco.config import required
-from rodeco.contracts import Scorer
-from rodeco.hookspecs import hookimpl
-from rodeco.params import take_params
-from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
-from rodeco.protocols import EngineInfo, Policy, Reward, RewardCost, TaskSource
-from rodeco.ranking import best_first, keep_best, keep_top
-from rodeco.results import ResultsWriter, atomic_write
-from rodeco.state import (
+from rodeco.common.hookspecs import hookimpl
+from rodeco.common.params import take_params
+from rodeco.common.protocols import EngineInfo, Policy, Reward, RewardCost, TaskSource
+from rodeco.common.ranking import best_first, keep_best, keep_top
+from rodeco.common.state import (
     Candidate,
     Compute,
     Counts,
@@ -38,22 +33,27 @@ from rodeco.state import (
     ScoreRequest,
     StartView,
 )
-from rodeco.validation import ConfigError, PluginError, check_number, check_positive_int, node_dict
-from rodeco.winner import WinnerRule
+from rodeco.common.validation import ConfigError, PluginError, check_number, check_positive_int, node_dict
+from rodeco.common.winner import WinnerRule
+from rodeco.core.calibration import Calibration, best_probability, rejectable, standardize
+from rodeco.core.config import required
+from rodeco.core.contracts import Scorer
+from rodeco.core.results import ResultsWriter, atomic_write
+from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 
 _LAZY = {
-    "load_model_and_tokenizer": "rodeco.loading",
-    "resolve_dtype": "rodeco.loading",
-    "resolve_device": "rodeco.hardware",  # a *.device setting: auto, cpu, cuda, cuda:N
-    "cache_dir": "rodeco.loading",
+    "load_model_and_tokenizer": "rodeco.core.loading",
+    "resolve_dtype": "rodeco.core.loading",
+    "resolve_device": "rodeco.common.hardware",  # a *.device setting: auto, cpu, cuda, cuda:N
+    "cache_dir": "rodeco.core.loading",
     # pools, for experiments that learn from them (value_train): open one, serve a reward from its cache
-    "open_pool": "rodeco.replay",
-    "PoolReward": "rodeco.pool_rewards",
+    "open_pool": "rodeco.replays.replay",
+    "PoolReward": "rodeco.replays.pool_rewards",
     "pool_served": "rodeco.roles",
     "check_training_prompts": "rodeco.experiments.calibrate",
     "prompts_of": "rodeco.tasks",
-    "data_root": "rodeco.data",
-    "find_data_file": "rodeco.data",
+    "data_root": "rodeco.core.data",
+    "find_data_file": "rodeco.core.data",
 }
 
 __all__ = [

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
 
-from rodeco.budget import Budget
+from rodeco.common.budget import Budget
+from rodeco.common.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
+from rodeco.common.validation import node_dict
 from rodeco.compose import check_plugin_params, load_config
-from rodeco.config import validate
+from rodeco.core.config import validate
 from rodeco.plugins import Plugins, default_plugins
-from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput, SamplingParams
-from rodeco.validation import node_dict
 
 if TYPE_CHECKING:
-    from rodeco.loop import LoopSettings, OpenStats, Request, Source
-    from rodeco.protocols import Generator, Policy, Session
+    from rodeco.common.protocols import Generator, Policy, Session
+    from rodeco.core.loop import LoopSettings, OpenStats, Request, Source
     from rodeco.roles import Roles
 
 __all__ = ["Decoder", "decode", "load_config", "run"]
@@ -38,7 +38,7 @@ def run(cfg: DictConfig, plugins: Plugins | None = None, out_dir: str | Path | N
     if cfg.task == "decode":
         return run_decode(cfg, plugins, out_dir)
     if cfg.task == "serve":
-        from rodeco.validation import ConfigError
+        from rodeco.common.validation import ConfigError
 
         raise ConfigError(
             "task",
@@ -125,7 +125,7 @@ class Decoder:
         return self
 
     def _build(self, cfg: DictConfig, generator: str | Generator | None) -> None:
-        from rodeco.loading import load_generator
+        from rodeco.core.loading import load_generator
         from rodeco.plugins import BuildContext
         from rodeco.roles import RoleBuilder, choose_roles
 
@@ -152,10 +152,10 @@ class Decoder:
         **kw: Any,
     ) -> RunOutput:
         """Decode ``prompts`` as ``rodeco.decode`` would with the decoder's settings plus this call's."""
+        from rodeco.common.validation import ConfigError
         from rodeco.roles import choose_roles
         from rodeco.runner import DecodeRun
         from rodeco.tasks import prompts_of
-        from rodeco.validation import ConfigError
 
         if self.overrides is None:
             raise ConfigError(
@@ -230,11 +230,11 @@ class Decoder:
         """Decode ``prompts`` (``PromptRef``s: each its own index, stream key and seed) as one batch with this call's
         settings, composing no config. ``policy`` is a policy node (``{"name": "fixed", "alpha": 0.5}``; None: the
         decoder's), ``sampling``/``max_new_tokens``/``stop`` replace the decoder's, ``kv_tokens`` is the batch's
-        budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see ``rodeco.loop.decode_batch``, which
+        budget (None: the decoder's). ``cancelled`` and ``check_tokens``: see ``rodeco.core.loop.decode_batch``, which
         this calls with the decoder's reward and partial reward; ``wrap_policy`` wraps the built policy. The call is a
         run to the decoder's plugins: ``rodeco_run_start`` (the decoder's config with this call's settings), then
         ``rodeco_round_end`` and ``rodeco_prompt_done`` from the loop, then ``rodeco_run_end``."""
-        from rodeco.loop import decode_batch
+        from rodeco.core.loop import decode_batch
 
         s, roles = self._settings(policy, n, sampling, max_new_tokens, kv_tokens, stop, all_candidates, check_tokens)
         self.plugins.run_start(config=_call_config(self.cfg, s, roles, kv_tokens), n_prompts=len(prompts))
@@ -271,7 +271,7 @@ class Decoder:
         """A cohort for ``serve_open``: ``prompts`` admitted together with this call's settings, as ``batch`` takes
         them (``kv_tokens``: their budget); ``callbacks``: ``Request``'s ``on_round``, ``on_admit``, ``on_error`` and
         ``cancelled``. A server's request is a cohort of one prompt."""
-        from rodeco.loop import Request
+        from rodeco.core.loop import Request
 
         s, roles = self._settings(policy, n, sampling, max_new_tokens, kv_tokens, stop, all_candidates)
         built = roles.policy
@@ -279,11 +279,11 @@ class Decoder:
 
     def serve_open(self, source: Source, *, kv_tokens: int | None, check_tokens: int = 16, **kw: Any) -> OpenStats:
         """Decode the requests ``source`` gives (``request``) as they arrive, each joining the running batch on its
-        own clock, until it closes (``rodeco.loop.decode_open``, with the decoder's reward and partial reward, its
+        own clock, until it closes (``rodeco.core.loop.decode_open``, with the decoder's reward and partial reward, its
         plugins' ``rodeco_round_end`` and ``rodeco_prompt_done`` fired by the loop); ``kv_tokens``: what the running
         requests' budgets may add up to. It fires no ``run_start`` or ``run_end``: its caller (the server) says
         where its run starts and ends."""
-        from rodeco.loop import decode_open
+        from rodeco.core.loop import decode_open
 
         roles = self.builder.roles(self.choices)
         return decode_open(
@@ -292,7 +292,7 @@ class Decoder:
 
     def budget(self) -> Budget:
         """The decoder's budget (its config's ``budget`` on its generator)."""
-        from rodeco.config import make_budget
+        from rodeco.core.config import make_budget
 
         return make_budget(self.cfg, self.gen)
 
@@ -330,8 +330,8 @@ def decode(
     """Decode ``prompts`` and return a ``RunOutput`` (``.results``: one ``PromptResult`` per prompt).
 
     ``reward``/``policy`` pick config group options (``"logprob"``, ``"fixed"``, ...); ``generator`` is either a
-    config option name or an already loaded generator (``rodeco.protocols.Generator``: a
-    ``rodeco.generator.TorchGenerator``, vLLM's); ``overrides`` are Hydra overrides;
+    config option name or an already loaded generator (``rodeco.common.protocols.Generator``: a
+    ``rodeco.core.generator.TorchGenerator``, vLLM's); ``overrides`` are Hydra overrides;
     keyword arguments set top-level keys (``seed=1``). With ``out_dir``, results are also written there.
     """
     from rodeco.runner import run_decode

@@ -11,11 +11,11 @@ import sys
 from omegaconf import DictConfig
 
 from rodeco.api import run
+from rodeco.common.hardware import cuda_available
+from rodeco.common.validation import ConfigError, Interrupted, PluginError
 from rodeco.compose import CONFIG_MODULE, explain, prefer_typed, prepare
-from rodeco.hardware import cuda_available
+from rodeco.core.report import judge_line, summarize
 from rodeco.merge import IncompleteMerge
-from rodeco.report import judge_line, summarize
-from rodeco.validation import ConfigError, Interrupted, PluginError
 
 log = logging.getLogger("rodeco")
 

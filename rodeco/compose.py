@@ -1,7 +1,7 @@
 """Composing the run config with Hydra, as the CLI and the Python API both do.
 
 - The search path: rodeco's ``conf/`` (the package ``rodeco.conf``) and, through the ``SearchPathPlugin`` in
-  ``rodeco.searchpath`` (which ``prepare`` registers and tells what to add), the config dirs plugins declare
+  ``rodeco.common.searchpath`` (which ``prepare`` registers and tells what to add), the config dirs plugins declare
   (``rodeco_config_dirs``).
 - The ConfigStore: the run schema and every registered experiment's ``experiment_args`` schema.
 - What the user typed wins over what a config group set: ``data.path`` and ``data.prompts`` are two ways to give
@@ -17,10 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rodeco.config import register_configs, split_node
-from rodeco.params import defaults_node
+from rodeco.common.params import defaults_node
+from rodeco.common.validation import ConfigError
+from rodeco.core.config import register_configs, split_node
 from rodeco.plugins import Plugins, default_plugins
-from rodeco.validation import ConfigError
 
 CONFIG_MODULE = "rodeco.conf"
 # Keys that give the same thing two ways: the one typed replaces what a config group set for the other(s).
@@ -40,8 +40,8 @@ def conf_dir() -> Path:
 
 def prepare(plugins: Plugins | None = None) -> Plugins:
     """Before composing: load the plugins, fill the ConfigStore, and make their config dirs the ones that go on
-    Hydra's search path (``rodeco.searchpath``)."""
-    from rodeco.searchpath import compose_with
+    Hydra's search path (``rodeco.common.searchpath``)."""
+    from rodeco.common.searchpath import compose_with
 
     plugins = plugins or default_plugins()
     dirs = plugins.config_dirs()

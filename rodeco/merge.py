@@ -17,12 +17,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError, node_dict
 from rodeco.compose import prefer_typed
-from rodeco.data import HubSource, load_prompts
-from rodeco.judging import summarize as summarize_judges
-from rodeco.results import ResultsWriter, export_alpaca_eval
-from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError, node_dict
+from rodeco.core.data import HubSource, load_prompts
+from rodeco.core.judging import summarize as summarize_judges
+from rodeco.core.results import ResultsWriter, export_alpaca_eval
 
 log = logging.getLogger(__name__)
 

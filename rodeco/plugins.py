@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, cast
 import pluggy
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco import hookspecs
-from rodeco.config import split_node
-from rodeco.params import check_params, is_schema
-from rodeco.protocols import Policy, Reward, TaskSource
-from rodeco.state import Compute, Counts, PromptResult, RoundView
-from rodeco.validation import ConfigError
+from rodeco.common import hookspecs
+from rodeco.common.params import check_params, is_schema
+from rodeco.common.protocols import Policy, Reward, TaskSource
+from rodeco.common.state import Compute, Counts, PromptResult, RoundView
+from rodeco.common.validation import ConfigError
+from rodeco.core.config import split_node
 
 if TYPE_CHECKING:
-    from rodeco.protocols import LanguageModel
+    from rodeco.common.protocols import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class BuildContext:
     generator: LanguageModel | None = None  # the run's model, when one is loaded (its facts, tokenizer and cost)
     device: str = "cpu"
     plugins: Plugins | None = None  # the registries, for plugins built from other plugins (composite, custom)
-    # what the run's scores come from: {"generator", "reward", "partial_reward"} (rodeco.calibration.identities);
+    # what the run's scores come from: {"generator", "reward", "partial_reward"} (rodeco.core.calibration.identities);
     # empty when a plugin is built outside a run
     identities: dict[str, str] = field(default_factory=dict)
 
@@ -60,7 +60,7 @@ class Entry:
     description: str
     plugin: str
     args: type | None = None  # experiments: the dataclass schema of experiment_args
-    params: type | None = None  # rewards and policies: the dataclass of their parameters (rodeco.params)
+    params: type | None = None  # rewards and policies: the dataclass of their parameters (rodeco.common.params)
 
 
 class Registry:
@@ -167,14 +167,14 @@ class PluginManager(pluggy.PluginManager):
             known = sorted(n for n in dir(hookspecs) if n.startswith(GROUP + "_"))
             raise pluggy.PluginValidationError(
                 e.plugin,
-                f"{e}. Fix: rename it to one of the hooks in rodeco.hookspecs ({', '.join(known)}); "
+                f"{e}. Fix: rename it to one of the hooks in rodeco.common.hookspecs ({', '.join(known)}); "
                 f"see docs/plugins.md",
             ) from e
 
 
 class Plugins:
     """The plugin manager, the registries it filled, and typed calls of the lifecycle hooks (it is the loop's
-    ``rodeco.protocols.LoopHooks``: the loop fires ``round_end`` and ``prompt_done`` through it)."""
+    ``rodeco.common.protocols.LoopHooks``: the loop fires ``round_end`` and ``prompt_done`` through it)."""
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
@@ -231,8 +231,8 @@ class Plugins:
     def build_policy(
         self, node: Any, ctx: BuildContext, key: str = "policy", identities: dict[str, str] | None = None
     ) -> Policy:
-        """The policy a config node describes; ``identities`` (``rodeco.calibration.identities``: what the scores it
-        decides by come from) go into its ``BuildContext``, so that a policy tied to them (``calibrated``'s
+        """The policy a config node describes; ``identities`` (``rodeco.core.calibration.identities``: what the scores
+        it decides by come from) go into its ``BuildContext``, so that a policy tied to them (``calibrated``'s
         calibration file) checks them. Without them such a policy cannot check and says so."""
         name, params = split_node(node, key)
         return self.build(self.policies.get(name, f"{key}.name"), params, ctx, identities)
@@ -242,7 +242,7 @@ class Plugins:
         self.pm.hook.rodeco_run_start(config=config, n_prompts=n_prompts)
 
     def round_end(self, view: RoundView, counts: list[Counts]) -> None:
-        """A decision point's hook, given the policy's answer as counts (``rodeco.contracts.select_checked``)."""
+        """A decision point's hook, given the policy's answer as counts (``rodeco.core.contracts.select_checked``)."""
         self.pm.hook.rodeco_round_end(view=view, kept=[c.kept for c in counts], counts=[list(c) for c in counts])
 
     def prompt_done(self, result: PromptResult) -> None:

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.judging import Judges, check_specs, summarize
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError
+from rodeco.core.judging import Judges, check_specs, summarize
+from rodeco.core.results import ResultsWriter, atomic_write, export_alpaca_eval
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.results import ResultsWriter, atomic_write, export_alpaca_eval
 from rodeco.roles import Choice, RoleBuilder, choose, choose_judges
-from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ def judge_pool(cfg: DictConfig, plugins: Plugins) -> RunOutput:
     keeps each judge's mean over all candidates and over the first candidate of each prompt (Best-of-1)."""
     from tqdm.auto import tqdm
 
-    from rodeco.pool import Pool
-    from rodeco.pool_rewards import PoolReward
+    from rodeco.replays.pool import Pool
+    from rodeco.replays.pool_rewards import PoolReward
 
     pool = Pool(cfg.pool)
     choices = choose_judges(cfg.judge, plugins, (choose(cfg.reward, "reward", plugins),))

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.calibration import identities
-from rodeco.config import split_node
-from rodeco.contracts import Scorer, identity_of
-from rodeco.judging import Judge, Judges
+from rodeco.common.protocols import Policy, Reward
+from rodeco.common.state import GOLD
+from rodeco.common.validation import ConfigError
+from rodeco.core.calibration import identities
+from rodeco.core.config import split_node
+from rodeco.core.contracts import Scorer, identity_of
+from rodeco.core.judging import Judge, Judges
 from rodeco.plugins import BuildContext, Entry, Plugins
-from rodeco.pool import reward_key
-from rodeco.pool_rewards import OracleReward, PoolReward
-from rodeco.protocols import Policy, Reward
-from rodeco.state import GOLD
-from rodeco.validation import ConfigError
+from rodeco.replays.pool import reward_key
+from rodeco.replays.pool_rewards import OracleReward, PoolReward
 
 if TYPE_CHECKING:
-    from rodeco.pool import Pool
+    from rodeco.replays.pool import Pool
 
 SAME, ORACLE = "same", "oracle"  # partial_reward options that are not rewards of their own
 

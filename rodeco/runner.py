@@ -15,22 +15,22 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rodeco.backoff import Backoff, free_cached_memory, is_oom
-from rodeco.config import make_budget, winner_rule
-from rodeco.data import Prompt, batches_of
-from rodeco.hardware import cuda_count
-from rodeco.judging import Judges, check_specs
-from rodeco.judging import summarize as summarize_judges
-from rodeco.loop import LoopSettings, decode_batch
+from rodeco.common.backoff import Backoff, free_cached_memory, is_oom
+from rodeco.common.hardware import cuda_count
+from rodeco.common.protocols import Generator, LanguageModel
+from rodeco.common.sampling import SamplingParams
+from rodeco.common.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput
+from rodeco.common.validation import ConfigError, Interrupted, PluginError, node_dict
+from rodeco.common.working import WorkingMemory, working_memory
+from rodeco.core.config import make_budget, winner_rule
+from rodeco.core.data import Prompt, batches_of
+from rodeco.core.judging import Judges, check_specs
+from rodeco.core.judging import summarize as summarize_judges
+from rodeco.core.loop import LoopSettings, decode_batch
+from rodeco.core.results import ResultsWriter, export_alpaca_eval
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator, LanguageModel
-from rodeco.results import ResultsWriter, export_alpaca_eval
 from rodeco.roles import RoleBuilder, Roles, choose_roles
-from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, Counts, PromptRef, PromptResult, RoundView, RunOutput
 from rodeco.tasks import prompts_of
-from rodeco.validation import ConfigError, Interrupted, PluginError, node_dict
-from rodeco.working import WorkingMemory, working_memory
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def shard_device(cfg: DictConfig) -> DictConfig:
 
 
 def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: int) -> WorkingMemory:
-    """Each row's working memory in this run (``rodeco.working``): at the ``longest`` prompt plus max_new_tokens,
+    """Each row's working memory in this run (``rodeco.common.working``): at the ``longest`` prompt plus max_new_tokens,
     with the log-probs and hidden states its roles read."""
     decider = roles.partial or roles.reward
     s = cfg.sampling
@@ -129,7 +129,7 @@ def run_decode(
 ) -> RunOutput:
     """One decode run: the roles chosen (unknown names fail before any model is loaded), the prompts and the
     generator loaded, the roles built, then batch after batch decoded with each result written as it is final."""
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     choices = choose_roles(cfg, plugins)
     prompts = prompts_of(cfg.data)

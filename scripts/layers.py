@@ -1,6 +1,8 @@
-"""The core's layers as a Markdown table, from the one place they are defined: the layers contract in
+"""rodeco's layers as a Markdown table, from the one place they are defined: the layers contracts in
 ``pyproject.toml`` (``[tool.importlinter]``, checked by ``lint-imports``), with each module's purpose taken from the
-first sentence of its docstring.
+first sentence of its docstring. The contract over ``rodeco`` orders its children; a child that is a band of layers
+(``replays``, ``core``, ``common``) has a contract of its own, whose layers stand in its place, its modules named
+``band.module``.
 
     python scripts/layers.py            # print the table
     python scripts/layers.py --write    # put it in docs/guide.md, between the layers:begin and layers:end markers
@@ -24,21 +26,42 @@ BEGIN, END = "<!-- layers:begin -->", "<!-- layers:end -->"
 SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.(?=\s|$)")
 
 
+def layers_contracts(pyproject: Path = REPO / "pyproject.toml") -> dict[str, dict]:
+    """The layers contracts by container: ``rodeco``'s and each band's (``rodeco.core``, ...)."""
+    contracts = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    return {c["containers"][0]: c for c in contracts if c["type"] == "layers" and len(c.get("containers", [])) == 1}
+
+
 def layers_contract(pyproject: Path = REPO / "pyproject.toml") -> dict:
     """The layers contract whose container is ``rodeco``."""
-    contracts = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
-    (contract,) = [c for c in contracts if c["type"] == "layers" and c.get("containers") == ["rodeco"]]
-    return contract
+    return layers_contracts(pyproject)["rodeco"]
 
 
-def layers(contract: dict) -> list[list[str]]:
-    """The layers, top to bottom, each a list of sibling module names (``"a | b"`` -> ``["a", "b"]``)."""
-    return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+def bands(pyproject: Path = REPO / "pyproject.toml") -> dict[str, dict]:
+    """The bands: each child of ``rodeco`` with a layers contract of its own, by name (``core``), with that contract."""
+    return {c.removeprefix("rodeco."): k for c, k in layers_contracts(pyproject).items() if c != "rodeco"}
+
+
+def layers(contract: dict, band_contracts: dict[str, dict] | None = None) -> list[list[str]]:
+    """The layers, top to bottom, each a list of sibling module names (``"a | b"`` -> ``["a", "b"]``); a layer that
+    is a band (a key of ``band_contracts``) is its own contract's layers, its modules named ``band.module``."""
+    band_contracts = band_contracts or {}
+    out = []
+    for layer in contract["layers"]:
+        siblings = [m.strip() for m in layer.split("|")]
+        if len(siblings) == 1 and siblings[0] in band_contracts:
+            band = siblings[0]
+            out += [[f"{band}.{m}" for m in row] for row in layers(band_contracts[band])]
+        else:
+            out.append(siblings)
+    return out
 
 
 def module_file(name: str, package: Path = REPO / "rodeco") -> Path:
-    """``rodeco/NAME.py``, or ``rodeco/NAME/__init__.py`` for a subpackage."""
-    return package / f"{name}.py" if (package / f"{name}.py").is_file() else package / name / "__init__.py"
+    """``rodeco/NAME.py`` (``rodeco/BAND/NAME.py`` for ``BAND.NAME``), or a subpackage's ``rodeco/NAME/__init__.py``."""
+    *folders, stem = name.split(".")
+    folder = package.joinpath(*folders)
+    return folder / f"{stem}.py" if (folder / f"{stem}.py").is_file() else folder / stem / "__init__.py"
 
 
 def first_sentence(path: Path) -> str:
@@ -66,7 +89,7 @@ def entry(name: str, package: Path = REPO / "rodeco") -> str:
 def table(contract: dict | None = None) -> str:
     """The layer table: one row per layer, top to bottom; a row's modules are siblings."""
     rows = ["| layer | modules: what each is for (from its docstring) |", "|---|---|"]
-    for i, siblings in enumerate(layers(contract or layers_contract()), 1):
+    for i, siblings in enumerate(layers(contract or layers_contract(), bands()), 1):
         rows.append(f"| {i} | " + "<br>".join(entry(m) for m in siblings) + " |")
     return "\n".join(rows) + "\n"
 

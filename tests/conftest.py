@@ -12,7 +12,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import LlamaConfig
 
-    from rodeco.protocols import Generator
+    from rodeco.common.protocols import Generator
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -88,7 +88,7 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture()
 def tiny_gen(tiny_model, tiny_tokenizer):
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     def build(engine: str = "auto", chat_template: bool = True) -> Generator:
         return TorchGenerator(tiny_model, tiny_tokenizer, engine=engine, chat_template=chat_template, name="tiny")
@@ -99,8 +99,8 @@ def tiny_gen(tiny_model, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded default generator (SmolLM2-135M-Instruct), loaded once per test session."""
-    from rodeco.generator import TorchGenerator
-    from rodeco.loading import load_model_and_tokenizer
+    from rodeco.core.generator import TorchGenerator
+    from rodeco.core.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="float32", device="cpu")
     return TorchGenerator(model, tok, name="smollm2")
@@ -110,8 +110,8 @@ def smollm2():
 def smollm2_bf16():
     """The embedded generator in bfloat16 (the GPU default) on CPU: ``build(engine)`` gives a ``Generator`` that
     drives it with that engine (the weights are loaded once per test session)."""
-    from rodeco.generator import TorchGenerator
-    from rodeco.loading import load_model_and_tokenizer
+    from rodeco.core.generator import TorchGenerator
+    from rodeco.core.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2", dtype="bfloat16", device="cpu")
 

@@ -37,7 +37,7 @@ def record_train_pool(overrides: list[str], pool: Path, n: int, gen: Any) -> Any
     ``gen``, ``n`` candidates each."""
     from omegaconf import open_dict
 
-    from rodeco.data import Prompt
+    from rodeco.core.data import Prompt
     from rodeco.experiments.record import record
     from rodeco.plugins import default_plugins
 
@@ -186,7 +186,7 @@ def open_batch(
 ) -> Any:
     """A session of ``gen`` opened with ``spec`` (``SessionSpec``'s keywords) and ``kv_tokens``, the prompts admitted
     together, ``n`` rows each, stream keys ``stream_keys`` (default 0, 1, ...)."""
-    from rodeco.state import OpenPrompt, SessionSpec
+    from rodeco.common.state import OpenPrompt, SessionSpec
 
     keys = stream_keys if stream_keys is not None else tuple(range(len(prompt_ids)))
     sess = gen.open_session(SessionSpec(kv_tokens=kv_tokens, **spec))

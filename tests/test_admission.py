@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rodeco.state import OpenPrompt, Row, SamplingParams, SessionSpec
+from rodeco.common.state import OpenPrompt, Row, SamplingParams, SessionSpec
 
 X = "the quick brown fox"
 Y = "explain why the sky is blue in two sentences"  # longer than X: the running prompt's cache is re-padded
@@ -123,7 +123,7 @@ def test_the_compiled_step_admits_without_a_compile_per_admission(tiny_model, ti
     """On the compiled step (fp32) a prompt admitted into a running batch gets its solo candidates, and rows of
     different lengths are one more graph: later admissions, at other steps with other prompts and rows, compile
     nothing new."""
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     comp = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny", compile="true")

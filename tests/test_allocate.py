@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 
 import rodeco
 from rodeco import Calibration, PromptView, RoundView
-from rodeco.budget import Budget
-from rodeco.contracts import Scorer
-from rodeco.data import Prompt
+from rodeco.common.budget import Budget
+from rodeco.common.sampling import SamplingParams
+from rodeco.core.contracts import Scorer
+from rodeco.core.data import Prompt
+from rodeco.core.loop import LoopSettings, decode_batch
 from rodeco.experiments.bench import allocate_bench, results_tables
 from rodeco.experiments.record import record
-from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.replay import open_pool, replay_batch
-from rodeco.sampling import SamplingParams
+from rodeco.replays.replay import open_pool, replay_batch
 from rodeco_policies.allocate import AllocatePolicy
 from rodeco_policies.calibrated import CalibratedPolicy
 
@@ -123,7 +123,7 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory, tiny_model, tiny_tokenizer):
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
     path = tmp_path_factory.mktemp("pool") / "pool"

@@ -23,11 +23,11 @@ import pytest
 import torch
 from helpers import compare_survivors, hf_greedy_logits, open_batch, run_tiny
 
-from rodeco.budget import budget_from_device, full_length_tokens
-from rodeco.config import make_budget
-from rodeco.sampling import SamplingParams
-from rodeco.session import TorchSession
-from rodeco.state import OpenPrompt, SessionSpec
+from rodeco.common.budget import budget_from_device, full_length_tokens
+from rodeco.common.sampling import SamplingParams
+from rodeco.common.state import OpenPrompt, SessionSpec
+from rodeco.core.config import make_budget
+from rodeco.core.session import TorchSession
 
 PROMPTS = ["Write a haiku about autumn.", "Name three primary colors."]
 NEW = 12
@@ -218,7 +218,7 @@ def _cache_bytes(engine) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_kv_bytes_per_token_are_those_of_the_dtype_in_use(tiny_model, tiny_tokenizer, dtype, engine):
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     gen = TorchGenerator(copy.deepcopy(tiny_model).to(dtype), tiny_tokenizer, engine=engine)
     cfg = tiny_model.config
@@ -240,7 +240,7 @@ def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(
     bf16 or fp16
     tokens as fp32 ones."""
     import rodeco
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     gen = TorchGenerator(copy.deepcopy(tiny_model).to(getattr(torch, dtype)), tiny_tokenizer)
     monkeypatch.setattr(gen, "device", torch.device("cuda:0"))
@@ -256,8 +256,8 @@ def test_the_budget_from_free_cuda_memory_counts_the_dtypes_bytes(
 @pytest.mark.parametrize("value", ["bf17", "float64", "int8"])
 def test_an_unknown_dtype_names_the_key_and_the_valid_values(value):
     import rodeco
-    from rodeco.loading import load_generator
-    from rodeco.validation import ConfigError
+    from rodeco.common.validation import ConfigError
+    from rodeco.core.loading import load_generator
 
     cfg = rodeco.load_config([f"generator.dtype={value}", "generator.device=cpu"])
     with pytest.raises(ConfigError) as e:
@@ -281,13 +281,13 @@ def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_di
     faster and how to measure it."""
     import logging
 
-    from rodeco import hardware
-    from rodeco.loading import load_model_and_tokenizer
+    from rodeco.common import hardware
+    from rodeco.core.loading import load_model_and_tokenizer
 
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
     assert hardware.native_bf16() is native
     assert hardware.cpu_facts()["flags"]["avx512_bf16"] is ("avx512_bf16" in flags)
-    with caplog.at_level(logging.INFO, logger="rodeco.loading"):
+    with caplog.at_level(logging.INFO, logger="rodeco.core.loading"):
         model, _ = load_model_and_tokenizer(str(tiny_model_dir), dtype="auto", device="cpu")
     assert model.dtype == torch.float32
     assert ("generator.dtype=bfloat16" in caplog.text) is native
@@ -297,7 +297,7 @@ def test_auto_stays_fp32_on_cpu_and_says_when_bf16_would_be_faster(tiny_model_di
 def test_readme_documents_every_dtype():
     from conftest import REPO
 
-    from rodeco.loading import DTYPES
+    from rodeco.core.loading import DTYPES
 
     (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `generator.dtype`")]
     assert all(f"`{name}`" in row for name in ["auto", *DTYPES])

@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers import run_tiny
 
-from rodeco.budget import Budget, budget_from_device, kv_bytes_per_token
-from rodeco.validation import ConfigError
+from rodeco.common.budget import Budget, budget_from_device, kv_bytes_per_token
+from rodeco.common.validation import ConfigError
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips"]
 
@@ -91,7 +91,7 @@ def test_result_is_written_before_later_prompts_finish(tiny_gen, tmp_path):
 
 @pytest.mark.parametrize("kv", [0, -5])
 def test_nonpositive_budget(kv):
-    from rodeco.validation import ConfigError
+    from rodeco.common.validation import ConfigError
 
     with pytest.raises(ConfigError, match="budget.kv_tokens"):
         Budget(kv_tokens=kv)
@@ -104,7 +104,7 @@ def test_budget_from_free_cuda_memory_when_kv_tokens_is_null(monkeypatch):
     import torch
 
     import rodeco
-    from rodeco.config import make_budget
+    from rodeco.core.config import make_budget
 
     cfg = rodeco.load_config(["budget=cuda", "budget.reserve_gib=1", "budget.memory_fraction=0.5"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (9 * 2**30, 80 * 2**30))
@@ -146,7 +146,7 @@ def test_alpaca_eval_export(tiny_gen, tmp_path):
 
 
 def test_full_length_tokens_by_hand():
-    from rodeco.budget import Budget, KVSpec, full_length_tokens
+    from rodeco.common.budget import Budget, KVSpec, full_length_tokens
 
     assert full_length_tokens(4, 50, 128, KVSpec(True, 1)) == 50 + 4 * 128  # the prompt stored once
     assert full_length_tokens(4, 50, 128, KVSpec(False, 1)) == 4 * (50 + 128)  # copied into every row
@@ -160,8 +160,8 @@ def test_full_length_tokens_by_hand():
 def test_shards_are_disjoint_strided_and_keep_prompt_indices():
     from omegaconf import OmegaConf
 
-    from rodeco.data import prompts_of
-    from rodeco.validation import ConfigError
+    from rodeco.common.validation import ConfigError
+    from rodeco.core.data import prompts_of
 
     base = {
         "path": None,

@@ -290,9 +290,9 @@ def test_calibrate_measures_where_finals_sit_against_partial_scores():
 def test_the_public_builder_passes_identities_so_the_calibration_is_checked(caplog):
     """``Plugins.build_policy`` is a thin wrapper over the one builder (``Plugins.build``, what ``RoleBuilder`` uses):
     given identities, ``calibrated`` checks its file against them; without, it says that it could not."""
-    from rodeco.calibration import identities
+    from rodeco.common.validation import ConfigError
+    from rodeco.core.calibration import identities
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.validation import ConfigError
 
     plugins = default_plugins()
     from conftest import REPO

@@ -17,12 +17,12 @@ import torch
 from helpers import compare_survivors, run_tiny
 from omegaconf import OmegaConf
 
-from rodeco.config import candidate_settings
+from rodeco.common.validation import ConfigError
+from rodeco.core.config import candidate_settings
+from rodeco.core.generator import TorchGenerator
 from rodeco.engines.compiled import compile_setting
 from rodeco.engines.fast import LlamaEngine
 from rodeco.engines.hf import HFEngine
-from rodeco.generator import TorchGenerator
-from rodeco.validation import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inductor_cache")]  # torch.compile
 
@@ -61,7 +61,7 @@ def test_the_setting_is_checked_and_auto_compiles_on_cuda_only():
 
 def test_a_bad_compile_value_is_named_before_any_model_loads():
     import rodeco
-    from rodeco.config import validate
+    from rodeco.core.config import validate
 
     with pytest.raises(ConfigError, match="generator.compile.*maybe.*auto, true or false"):
         validate(rodeco.load_config(["generator.compile=maybe"]))
@@ -158,9 +158,9 @@ def test_mkls_linears_serve_the_compiled_step_on_an_intel_cpu_in_fp32_only(gens,
     """The compiled step's weights are packed for MKL's GEMM where ``uses_mkl`` says (an Intel CPU, fp32, the kernels
     built), the eager step's never (compile off decodes as before); where MKL's rows would depend on the batch the
     weights fall back to oneDNN's, with a warning."""
+    from rodeco.common.hardware import cpu_vendor
     from rodeco.engines import llama, native
     from rodeco.engines.compiled import CompiledStep
-    from rodeco.hardware import cpu_vendor
 
     eager, comp = gens()
     comp.new_engine(), eager.new_engine()
@@ -196,8 +196,8 @@ def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializati
 
 def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     """The compiled step gathers each row's prompt keys and values, one layer at a time: working memory counts it."""
-    from rodeco.sampling import SamplingParams
-    from rodeco.working import working_memory
+    from rodeco.common.sampling import SamplingParams
+    from rodeco.common.working import working_memory
 
     eager, comp = gens()
     s = eager.shape
@@ -216,7 +216,7 @@ def test_the_budget_charges_the_compiled_steps_gathered_prompt(gens):
     assert comp.info.gathers_prompt == (not CompiledStep.uses_kernel(comp.model)) == eager.info.gathers_prompt
     with pytest.MonkeyPatch.context() as mp:  # inductor's attention (CUDA's; CPU's without the kernel) gathers
         mp.setattr("rodeco.engines.compiled._kernel_serves", lambda *a: False)
-        from rodeco.generator import TorchGenerator
+        from rodeco.core.generator import TorchGenerator
 
         assert TorchGenerator(comp.model, comp.tokenizer, engine="fast", compile=True).info.gathers_prompt
 

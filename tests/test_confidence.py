@@ -12,15 +12,15 @@ from omegaconf import open_dict
 
 import rodeco
 from rodeco import hookimpl
-from rodeco.contracts import Scorer, reward_info
-from rodeco.data import Prompt
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError, PluginError
+from rodeco.core.contracts import Scorer, reward_info
+from rodeco.core.data import Prompt
 from rodeco.experiments.record import pool_reward, record
 from rodeco.plugins import BuildContext, default_plugins, get_plugin_manager
-from rodeco.pool import Pool
-from rodeco.replay import open_pool, replay_prompt
+from rodeco.replays.pool import Pool
+from rodeco.replays.replay import open_pool, replay_prompt
 from rodeco.runner import loop_settings, run_decode
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError, PluginError
 from rodeco_rewards.confidence import ConfidenceReward, build_confidence
 
 # token confidences, k = 2: -mean of each position's first two log-probs (the third column is never read)
@@ -247,7 +247,7 @@ K = 5
 @pytest.fixture(scope="module")
 def pool_path(tmp_path_factory, tiny_model, tiny_tokenizer):
     """A pool of 8 candidates per prompt recorded with the 5 most likely tokens' log-probs at each position."""
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
     path = tmp_path_factory.mktemp("pool-top") / "pool"

@@ -17,14 +17,14 @@ from conftest import REPO, SHARED_DATA
 from omegaconf import OmegaConf
 
 import rodeco
-from rodeco.budget import budget_from_device
+from rodeco.common.budget import budget_from_device
+from rodeco.common.state import PromptView, RoundView, ScoreRequest
+from rodeco.common.validation import ConfigError, PluginError
 from rodeco.compose import conf_dir
-from rodeco.config import make_budget, split_node, validate
-from rodeco.contracts import Scorer, select_checked
+from rodeco.core.config import make_budget, split_node, validate
+from rodeco.core.contracts import Scorer, select_checked
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.state import PromptView, RoundView, ScoreRequest
 from rodeco.tasks import prompts_of
-from rodeco.validation import ConfigError, PluginError
 
 
 def options(group: str) -> list[str]:

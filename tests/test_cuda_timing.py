@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import run_tiny
 
-from rodeco import accounting
-from rodeco.accounting import Accounting
+from rodeco.core import accounting
+from rodeco.core.accounting import Accounting
 
 
 @pytest.fixture()

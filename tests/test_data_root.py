@@ -31,7 +31,7 @@ def elsewhere(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.delenv("RODECO_DATA", raising=False)
-    monkeypatch.setattr("rodeco.data.SHARED", Path("no-such-folder-for-rodeco-tests"))
+    monkeypatch.setattr("rodeco.core.data.SHARED", Path("no-such-folder-for-rodeco-tests"))
     return work
 
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import rodeco
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
-from rodeco.validation import ConfigError
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips"]
 BASE = ["reward=logprob", "sampling.max_new_tokens=16", "output.all_candidates=true", "budget.kv_tokens=900"]

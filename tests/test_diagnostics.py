@@ -1,4 +1,5 @@
-"""Hacking diagnostics of one response (``rodeco.diagnostics``): hand-checked values of every field, and the summary."""
+"""Hacking diagnostics of one response (``rodeco.common.diagnostics``): hand-checked values of every field, and
+the summary."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from rodeco.diagnostics import Diagnostics, diagnose, ends_sentence, repeated_fraction, summarize
+from rodeco.common.diagnostics import Diagnostics, diagnose, ends_sentence, repeated_fraction, summarize
 
 
 def test_every_field_by_hand():

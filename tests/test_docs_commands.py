@@ -28,7 +28,7 @@ import pytest
 from conftest import REPO, SHARED_DATA
 
 import rodeco
-from rodeco.config import validate
+from rodeco.core.config import validate
 from rodeco.plugins import BuildContext, get_plugin_manager
 from rodeco.tasks import prompts_of
 
@@ -85,7 +85,7 @@ def test_every_other_documented_command_runs_or_checks_out(where, command, tmp_p
         check_pip(args)
     elif tool == "pytest":
         check_pytest(args)
-    elif args[:2] == ["-m", "rodeco.results"]:
+    elif args[:2] == ["-m", "rodeco.core.results"]:
         run_results_export(args[2:], tmp_path)
     elif args and args[0].startswith("scripts/"):
         check_script(args[0], args[1:] if args[1:] or not where.endswith(INLINE) else ["--help"])
@@ -243,14 +243,14 @@ def check_script(path: str, args: list[str]) -> None:
 
 
 def run_results_export(args: list[str], tmp_path: Path) -> None:
-    """``python -m rodeco.results RESULTS OUT NAME`` run as documented, in a directory where RESULTS is a run's
+    """``python -m rodeco.core.results RESULTS OUT NAME`` run as documented, in a directory where RESULTS is a run's
     results file."""
     results, out, name = args  # its usage: exactly three arguments
     (tmp_path / results).parent.mkdir(parents=True, exist_ok=True)
     rec = {"prompt_index": 0, "prompt": "Write a haiku.", "best": {"text": "Leaves fall."}}
     (tmp_path / results).write_text(json.dumps(rec) + "\n")
     p = subprocess.run(
-        [sys.executable, "-m", "rodeco.results", *args],
+        [sys.executable, "-m", "rodeco.core.results", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -43,11 +43,11 @@ def test_replay_equals_live_on_smollm2_with_the_default_reward(smollm2, tmp_path
     from omegaconf import open_dict
 
     import rodeco
-    from rodeco.contracts import Scorer
-    from rodeco.data import Prompt
+    from rodeco.core.contracts import Scorer
+    from rodeco.core.data import Prompt
     from rodeco.experiments.record import pool_reward, record
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.replay import open_pool, replay_prompt
+    from rodeco.replays.replay import open_pool, replay_prompt
     from rodeco.runner import loop_settings, run_decode
 
     prompt = Prompt(0, "Give three tips for staying healthy.")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers import run_tiny
 
-from rodeco.data import load_prompts
-from rodeco.loading import load_model_and_tokenizer
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
+from rodeco.core.data import load_prompts
+from rodeco.core.loading import load_model_and_tokenizer
 
 
 def _raises(key: str, fn, *args, **kw) -> ConfigError:

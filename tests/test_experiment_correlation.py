@@ -11,10 +11,10 @@ from omegaconf import open_dict
 from scipy import stats
 
 import rodeco
+from rodeco.common.validation import ConfigError
 from rodeco.experiments import correlation
 from rodeco.plugins import default_plugins
-from rodeco.pool import Pool
-from rodeco.validation import ConfigError
+from rodeco.replays.pool import Pool
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips for staying healthy", "explain the sky"]
 

@@ -11,11 +11,11 @@ import pytest
 from omegaconf import open_dict
 
 import rodeco
+from rodeco.common.validation import ConfigError
 from rodeco.experiments import analysis, efficiency
 from rodeco.experiments.metrics import compute_to_match, expected_best_of, improvement_score
 from rodeco.plugins import default_plugins
-from rodeco.pool import Pool
-from rodeco.validation import ConfigError
+from rodeco.replays.pool import Pool
 
 PROMPTS = [f"w{i} w{i + 1} w{i + 2}" for i in range(0, 30, 3)]  # 10 prompts: halves of 5
 HEAD = [

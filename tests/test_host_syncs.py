@@ -1,6 +1,6 @@
 """A decode step that waits for nothing on the host (off the CPU): the random numbers drawn on the device
-(``rodeco.sampling.device_uniforms``, the same as numpy's ``uniforms`` bit for bit) and, on CUDA, the finished rows
-counted one step late (``TorchSession.lag_finished``). On CPU both are forced on here; the GPU check runs a decode under
+(``rodeco.common.sampling.device_uniforms``, the same as numpy's ``uniforms`` bit for bit) and, on CUDA, the
+finished rows counted one step late (``TorchSession.lag_finished``). On CPU both are forced on here; the GPU check runs a decode under
 ``torch.cuda.set_sync_debug_mode("error")`` where a device is lent."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rodeco
-from rodeco.sampling import SamplingParams, device_uniforms, row_keys, uniforms
-from rodeco.session import TorchSession
-from rodeco.state import OpenPrompt, SessionSpec
+from rodeco.common.sampling import SamplingParams, device_uniforms, row_keys, uniforms
+from rodeco.common.state import OpenPrompt, SessionSpec
+from rodeco.core.session import TorchSession
 
 # the ops that make the host wait for a device: a scalar read, a data-dependent shape
 SYNCING = {"aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.item"}

@@ -1,6 +1,6 @@
 """The house rules a linter does not check, read from the source's syntax trees: no function over 80 lines outside
 tests, no ``sys.path`` edits, scripts/ thin command lines over the package, every device question asked of
-``rodeco.hardware``, and mypy configured over all of the code."""
+``rodeco.common.hardware``, and mypy configured over all of the code."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = ("rodeco", "plugins", "scripts")
 MAX_LINES = 80
 # the device probes: the module that answers device questions, and the GPU report that records what torch sees
-DEVICE_ANSWERS = {"rodeco/hardware.py", "rodeco/experiments/bench/gpu_report.py"}
+DEVICE_ANSWERS = {"rodeco/common/hardware.py", "rodeco/experiments/bench/gpu_report.py"}
 THIN_LINES = 12  # a script's command line: a docstring, the import of its main, the call
 TOOLS = {"layers.py"}  # the repository's own tool (docs/guide.md's layer table from pyproject.toml), not a benchmark
 

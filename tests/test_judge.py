@@ -8,9 +8,9 @@ import pytest
 
 import rodeco
 from rodeco import hookimpl
+from rodeco.common.state import judge_entries
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
-from rodeco.state import judge_entries
-from rodeco.validation import ConfigError
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips"]
 BASE = ["reward=logprob", "sampling.max_new_tokens=12", "output.all_candidates=true", "budget.kv_tokens=300"]

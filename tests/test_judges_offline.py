@@ -13,9 +13,9 @@ import torch
 from conftest import REPO, SHARED_DATA, make_tiny_llama
 
 import rodeco
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 from rodeco_rewards.gold import Gold, answer_of, build_gold, is_correct
 from rodeco_rewards.reference import (
     ChrfReward,
@@ -337,7 +337,7 @@ def test_arith_bench_gives_200_distinct_problems_that_arith_gold_solves(arith_be
 
 @pytest.mark.parametrize("method", ["bon_4", "sr_16", "beam_16", "dvts_16", "pf_16"])
 def test_arith_bench_runs_each_method_kind_within_best_of_4s_memory(arith_bench, tiny_gen, method):
-    from rodeco.budget import full_length_tokens
+    from rodeco.common.budget import full_length_tokens
 
     gen = tiny_gen("fast")
     prompt = "What is 23 + 7? Answer with the number."

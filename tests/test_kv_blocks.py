@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rodeco
-from rodeco.budget import Budget, KVSpec, full_length_tokens
+from rodeco.common.budget import Budget, KVSpec, full_length_tokens
+from rodeco.common.validation import ConfigError
 from rodeco.engines.layout import VLLMLayout
-from rodeco.validation import ConfigError
 
 
 def blocks_held(prompt_lens: list[int], rows: int, own: int, b: int) -> int:
@@ -99,7 +99,7 @@ def test_the_vllm_layout_holds_a_joining_prompt_in_each_of_its_rows():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_vllm_engine_without_vllm_names_the_extra():
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     with pytest.raises(ConfigError) as e:
         load_generator(rodeco.load_config(["generator.engine=vllm"]).generator)
@@ -107,7 +107,7 @@ def test_the_vllm_engine_without_vllm_names_the_extra():
 
 
 def test_vllm_only_keys_stay_out_of_a_torch_pools_settings():
-    from rodeco.config import VLLM_ONLY, candidate_settings
+    from rodeco.core.config import VLLM_ONLY, candidate_settings
 
     cfg = rodeco.load_config([])
     assert not set(VLLM_ONLY) & set(candidate_settings(cfg.generator))
@@ -129,12 +129,12 @@ def test_on_a_pool_of_32_token_blocks_the_efficiency_budget_of_best_of_4_is_what
 
     from test_hooks import tiny_generator
 
-    from rodeco.data import prompts_of
+    from rodeco.common.validation import PluginError
+    from rodeco.core.data import prompts_of
     from rodeco.experiments import efficiency
     from rodeco.experiments.record import pool_roles, record
     from rodeco.plugins import default_plugins
-    from rodeco.replay import open_pool, replay_prompt
-    from rodeco.validation import PluginError
+    from rodeco.replays.replay import open_pool, replay_prompt
 
     new, words = 30, [f"w{i}" for i in range(3, 61)]
     texts = [" ".join(words[:10]), " ".join(words[:40])]  # 10 tokens: nothing shared; 40: one shared block

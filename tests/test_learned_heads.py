@@ -14,7 +14,7 @@ import torch
 from test_rewards_preference_rm import WORDS
 from test_rm_default import tiny_encoder_dir  # noqa: F401 - the fixture: the tiny BERT encoder both tests score with
 
-from rodeco.state import ScoreRequest
+from rodeco.common.state import ScoreRequest
 from rodeco_rewards.experiments.head_fit import Examples, fit_anchored, fit_bt, fit_mse, fit_value_head, prepare
 from rodeco_rewards.learned_heads import ASSETS, Head, TextValue, bucket_names, bucket_of, text_value_anchor
 

@@ -13,9 +13,9 @@ import pytest
 from serve_helpers import running
 
 import rodeco
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 from rodeco_rewards.llm_judge import build_llm_judge, length_controlled_win_rate, parse_verdict
 
 SHORT = "{instruction}|{a}|{b}"  # a template that fits the tiny model's 256 positions

@@ -8,8 +8,8 @@ import torch
 from conftest import TINY_SHAPE
 from helpers import compare_survivors, hf_greedy, open_batch, run_tiny
 
-from rodeco.budget import block_shared
-from rodeco.sampling import SamplingParams
+from rodeco.common.budget import block_shared
+from rodeco.common.sampling import SamplingParams
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
 GREEDY = ["sampling.temperature=0", "budget=unlimited"]
@@ -169,7 +169,7 @@ def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha,
     own, base = budget - 2 * max(shared), max(p - s for p, s in zip(lens, shared))
     rows, t = 2 * n, 0
     expected = []
-    while True:  # the documented formula (rodeco/budget.py)
+    while True:  # the documented formula (rodeco/common/budget.py)
         t = min(max_new, own // rows // b * b - base)
         if t >= max_new:
             break
@@ -223,7 +223,7 @@ def test_logprob_reward_matches_a_fresh_forward(tiny_gen, tiny_model):
 
 
 def test_best_of_n_that_does_not_fit_the_budget_says_how_to_fix(tiny_gen):
-    from rodeco.validation import PluginError
+    from rodeco.common.validation import PluginError
 
     with pytest.raises(PluginError, match="budget allows .* raise budget.kv_tokens"):
         run_tiny(
@@ -240,7 +240,7 @@ def test_fast_engine_matches_generate_on_other_llama_family_models(tiny_tokenize
     """The fast engine claims Qwen2 (biased QKV) and Mistral (no sliding window): hold it to generate()."""
     import transformers
 
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import rodeco
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
 
 pytestmark = pytest.mark.slow  # fresh installs and subprocesses
 
@@ -145,7 +145,7 @@ def test_run_checks_plugin_parameters_before_loading_a_model(monkeypatch):
     def no_model(*a, **kw):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("rodeco.loading.load_generator", no_model)
+    monkeypatch.setattr("rodeco.core.loading.load_generator", no_model)
     cfg = rodeco.load_config(["output.progress=false"])
     with open_dict(cfg):
         cfg.policy.alpah = 0.7

@@ -1,4 +1,4 @@
-"""An open source of prompts (``rodeco.loop.decode_open``): prompts join the running batch as they arrive, each
+"""An open source of prompts (``rodeco.core.loop.decode_open``): prompts join the running batch as they arrive, each
 on its own clock with its own budget, settings and policy, and a seeded prompt gets the answer it gets alone
 (``decode_batch`` of that prompt), under Best-of-N, Speculative Rejection and a search policy."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rodeco.budget import Budget, block_shared, full_length_tokens
-from rodeco.contracts import Scorer
-from rodeco.loop import LoopSettings, Request, decode_batch, decode_open
+from rodeco.common.budget import Budget, block_shared, full_length_tokens
+from rodeco.common.state import PromptRef, PromptResult, SamplingParams
+from rodeco.common.validation import ConfigError
+from rodeco.core.contracts import Scorer
+from rodeco.core.loop import LoopSettings, Request, decode_batch, decode_open
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.state import PromptRef, PromptResult, SamplingParams
-from rodeco.validation import ConfigError
 
 TEXTS = ["write a haiku about autumn leaves", "give three tips", "the quick brown fox jumps", "why is the sky blue"]
 
@@ -167,7 +167,7 @@ def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, e
 
 
 def _held(gen, prompt: int, rows: int, clock: int) -> int:
-    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.budget), in the engine's
+    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.common.budget), in the engine's
     blocks."""
     if not gen.kv.shares_prefix:
         return rows * (prompt + clock)
@@ -190,7 +190,7 @@ class Counting:
     """A reward that scores by length and keeps a tally, as the model rewards do: a token and 10 FLOPs a token."""
 
     def __init__(self) -> None:
-        from rodeco.protocols import RewardCost
+        from rodeco.common.protocols import RewardCost
 
         self.cost = RewardCost()
 

@@ -74,7 +74,7 @@ def test_the_wheel_carries_configs_plugins_and_assets(wheel: Path):
         "rodeco_tasks/conf/data/reasoning_gym.yaml",
         "rodeco_tasks/reasoning_gym.py",
         "rodeco_rewards/assets/minilm_bt_head.safetensors",
-        "rodeco/searchpath.py",
+        "rodeco/common/searchpath.py",
         "rodeco/engines/fast.py",
         "rodeco/engines/native/__init__.py",  # every subpackage is listed in pyproject's packages
         "rodeco/engines/native/attention.cpp",  # the native kernels' sources, built on first use

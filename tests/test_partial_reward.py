@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from rodeco.budget import Budget, full_length_tokens
-from rodeco.contracts import Scorer
-from rodeco.loop import LoopSettings, decode_batch
+from rodeco.common.budget import Budget, full_length_tokens
+from rodeco.common.sampling import SamplingParams
+from rodeco.common.state import PolicyInfo
+from rodeco.common.validation import ConfigError
+from rodeco.core.contracts import Scorer
+from rodeco.core.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.sampling import SamplingParams
-from rodeco.state import PolicyInfo
-from rodeco.validation import ConfigError
 
 PROMPTS = [(0, "write a haiku about autumn leaves"), (1, "give three tips")]
 
@@ -314,7 +314,7 @@ def test_nothing_shipped_was_fit_on_an_evaluation_prompt():
     from conftest import REPO, SHARED_DATA
 
     import rodeco
-    from rodeco.data import prompts_of
+    from rodeco.core.data import prompts_of
 
     held: set[str] = set()
     for name in ("alpacafarm100", "specrej100", "demo"):

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rodeco_policies
-from rodeco.contracts import select_checked
+from rodeco.common.state import Counts, PromptView, RoundView
+from rodeco.common.validation import ConfigError, PluginError
+from rodeco.core.contracts import select_checked
 from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
-from rodeco.state import Counts, PromptView, RoundView
-from rodeco.validation import ConfigError, PluginError
 from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
 from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
 
@@ -60,7 +60,7 @@ def rview(*prompts: PromptView, max_new_tokens: int = 64, rnd: int = 0) -> Round
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Property tests: the contract of rodeco.protocols.Policy, for every built-in policy.
+# Property tests: the contract of rodeco.common.protocols.Policy, for every built-in policy.
 
 score = st.one_of(st.floats(-50, 50, allow_nan=False, allow_subnormal=False), st.sampled_from([0.0, 1.0, -1.0]))
 
@@ -287,7 +287,7 @@ def test_correlation_bad_parameters_name_the_key(params: dict, key: str) -> None
 @pytest.mark.parametrize("name, cls", [("adaptive", AdaptivePolicy), ("correlation", CorrelationPolicy)])
 def test_config_option_builds_the_policy(builtins: Plugins, name: str, cls: type) -> None:
     from rodeco.api import load_config
-    from rodeco.config import split_node
+    from rodeco.core.config import split_node
 
     cfg = load_config([f"policy={name}"])
     p_name, params = split_node(cfg.policy, "policy")
@@ -319,7 +319,7 @@ def test_each_policy_states_its_defaults_once(builtins: Plugins, name: str) -> N
     from omegaconf import OmegaConf
 
     from rodeco.api import load_config
-    from rodeco.params import defaults_node
+    from rodeco.common.params import defaults_node
 
     schema = builtins.policies.get(name).params
     assert schema is not None

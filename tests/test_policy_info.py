@@ -1,7 +1,7 @@
 """What a policy needs from the loop is declared once, as its ``info`` (``rodeco.PolicyInfo``), and read once
-(``rodeco.contracts.policy_info``): the built-ins declare theirs, a third-party policy gets the same powers through
+(``rodeco.core.contracts.policy_info``): the built-ins declare theirs, a third-party policy gets the same powers through
 the same record, and a bare ``decision_tokens`` attribute or ``n="calibrated"`` still work, with a warning. A
-reward's optional members are read the same way, by the scoring contract (``rodeco.contracts.reward_info``)."""
+reward's optional members are read the same way, by the scoring contract (``rodeco.core.contracts.reward_info``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from rodeco import BuildContext, PluginError, PolicyInfo, get_plugin_manager
-from rodeco.contracts import policy_info
+from rodeco.core.contracts import policy_info
 
 
 def built(name: str, **params):
@@ -53,7 +53,7 @@ def test_a_bad_declaration_is_the_policys_error():
 
 
 def test_n_calibrated_is_n_policy_with_a_warning():
-    from rodeco.loop import LoopSettings
+    from rodeco.core.loop import LoopSettings
 
     s = LoopSettings(n=4, sampling=None, max_new_tokens=8, budget=None)
     with pytest.warns(DeprecationWarning, match="n=.policy."):
@@ -62,7 +62,7 @@ def test_n_calibrated_is_n_policy_with_a_warning():
 
 def test_a_rewards_optional_members_are_read_by_the_contract():
     from rodeco import RewardCost
-    from rodeco.contracts import RewardInfo, Scorer, identity_of, reward_cost, reward_info
+    from rodeco.core.contracts import RewardInfo, Scorer, identity_of, reward_cost, reward_info
 
     class Plain:
         def score(self, reqs):

@@ -90,8 +90,8 @@ def test_prefix_train_on_a_tiny_pool(tmp_path, tiny_gen, capsys):
     """The whole path: three disjoint splits of the pool's prompts, every (mc, td) fitted and the anchor a
     candidate, a verdict against `same`, a head file the embedded reward loads and scores with."""
     import rodeco
+    from rodeco.common.state import ScoreRequest
     from rodeco.plugins import BuildContext
-    from rodeco.state import ScoreRequest
     from rodeco_rewards.experiments import prefix_train
     from rodeco_rewards.minilm.head import load_head
 

@@ -1,4 +1,4 @@
-"""One ranking helper (``rodeco.ranking``): ``keep_top`` (the per-prompt policies' cut, clamped to the prompt's
+"""One ranking helper (``rodeco.common.ranking``): ``keep_top`` (the per-prompt policies' cut, clamped to the prompt's
 ``min_reject`` and ``k - 1``) and ``keep_best`` (``allocate``'s cut, exact) give, on any input, the rows that their
 two former copies gave (the old ``ranking.keep_top`` and ``rodeco_policies.allocate.keep_best``, copied here)."""
 
@@ -16,7 +16,7 @@ from rodeco_policies import allocate
 from rodeco_policies.allocate import AllocatePolicy
 
 
-def old_keep_top(pv: PromptView, n_reject: int) -> list[int]:  # rodeco/ranking.py before the merge
+def old_keep_top(pv: PromptView, n_reject: int) -> list[int]:  # rodeco/common/ranking.py before the merge
     n_reject = min(pv.k - 1, max(pv.min_reject, n_reject))
     order = np.lexsort((np.asarray(pv.candidate_ids), -np.asarray(pv.scores)))
     return sorted(order[: pv.k - n_reject].tolist())

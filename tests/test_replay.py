@@ -15,17 +15,17 @@ import torch
 from omegaconf import open_dict
 
 import rodeco
-from rodeco.contracts import Scorer
-from rodeco.data import Prompt
+from rodeco.common.validation import ConfigError
+from rodeco.core.contracts import Scorer
+from rodeco.core.data import Prompt
 from rodeco.engines.layout import LAYOUTS
 from rodeco.experiments.bench import replay_trace
 from rodeco.experiments.record import pool_reward, record
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.pool import Pool
-from rodeco.replay import check_replayable, open_pool, replay_batch, replay_prompt
-from rodeco.replay_open import Arrival, replay_arrivals
+from rodeco.replays.pool import Pool
+from rodeco.replays.replay import check_replayable, open_pool, replay_batch, replay_prompt
+from rodeco.replays.replay_open import Arrival, replay_arrivals
 from rodeco.runner import loop_settings, run_decode
-from rodeco.validation import ConfigError
 
 PROMPTS = [
     Prompt(0, "write a haiku about autumn leaves"),
@@ -102,7 +102,7 @@ def test_layouts_admit_as_the_real_engines(tiny_gen, engine):
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory, tiny_model, tiny_tokenizer):
     """A pool of 12 candidates per prompt recorded with each engine."""
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     out = {}
     for engine in ("fast", "hf"):
@@ -337,7 +337,7 @@ def test_the_replay_experiment_writes_results(pools, tmp_path, capsys):
 def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     """partial_reward=oracle decides by each candidate's final reward: fixed alpha 0.5 then keeps the best of the
     started candidates to the end (the budget forces no more than half out here), at the cost `same` pays."""
-    from rodeco.pool_rewards import OracleReward
+    from rodeco.replays.pool_rewards import OracleReward
 
     gen, path = pools["fast"]
     cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", "n=8"])
@@ -371,8 +371,8 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
     the live run's at every decision point (rows pruned in between)."""
     import numpy as np
 
-    from rodeco.contracts import Scorer
-    from rodeco.loop import decode_batch
+    from rodeco.core.contracts import Scorer
+    from rodeco.core.loop import decode_batch
 
     class Probe:
         needs_hidden_states = True

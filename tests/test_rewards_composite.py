@@ -7,10 +7,10 @@ import math
 import pytest
 
 from rodeco import hookimpl
-from rodeco.contracts import Scorer
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError, PluginError
+from rodeco.core.contracts import Scorer
 from rodeco.plugins import BuildContext, get_plugin_manager
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError, PluginError
 from rodeco_rewards import value_function
 from rodeco_rewards.composite import CompositeReward, build_composite
 

@@ -56,8 +56,8 @@ def test_value_function_example_runs(tiny_gen):
 
 @pytest.mark.parametrize("function", ["nope", "custom", None])
 def test_custom_names_a_registered_reward(function):
+    from rodeco.common.validation import ConfigError
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.validation import ConfigError
 
     with pytest.raises(ConfigError) as e:
         default_plugins().build_reward({"name": "custom", "function": function}, BuildContext())

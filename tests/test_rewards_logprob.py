@@ -10,9 +10,9 @@ from conftest import make_tiny_llama
 
 import rodeco
 from rodeco import hookimpl
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import BuildContext, get_plugin_manager
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 from rodeco_rewards import value_function
 from rodeco_rewards.lm_scorer import LMScorer
 from rodeco_rewards.logprob import LogProbReward, aggregate, build_logprob

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 from rodeco_rewards.preference_rm import build_preference_rm
 from rodeco_rewards.rm_format import FALLBACK_TEMPLATE
 

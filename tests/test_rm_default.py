@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rewards_preference_rm import WORDS, _bert_tokenizer
 
+from rodeco.common.state import ScoreRequest
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import BuildContext
-from rodeco.state import ScoreRequest
-from rodeco.validation import ConfigError
 from rodeco_rewards.batching import token_batches
 from rodeco_rewards.minilm.encoder import SentenceEncoder
 from rodeco_rewards.minilm.features import STAT_NAMES, feature_dim, n_embedding, text_stats

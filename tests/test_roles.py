@@ -7,9 +7,9 @@ import pytest
 from helpers import run_tiny
 
 import rodeco
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import Registry, default_plugins
 from rodeco.roles import ORACLE, SAME, RoleBuilder, choose_roles
-from rodeco.validation import ConfigError
 
 
 def test_a_live_run_looks_up_and_builds_each_role_once(tiny_gen, monkeypatch):

@@ -1,10 +1,10 @@
-"""``rodeco.rows.RowBook``: the row bookkeeping the torch, pool and vLLM sessions share."""
+"""``rodeco.common.rows.RowBook``: the row bookkeeping the torch, pool and vLLM sessions share."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rodeco.rows import BookColumn, RowBook
+from rodeco.common.rows import BookColumn, RowBook
 
 
 def test_fan_out_take_and_fork_keep_each_rows_prompt_candidate_and_stream():

@@ -17,7 +17,7 @@ import torch
 from helpers import run_tiny
 
 import rodeco
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
 
 pytestmark = pytest.mark.slow  # sharded runs in subprocesses
 
@@ -290,7 +290,7 @@ def test_device_map_auto_runs_with_the_hf_engine(tiny_model_dir: Path):
     pytest.importorskip("accelerate")
     from omegaconf import OmegaConf
 
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     base = {
         "model": str(tiny_model_dir),

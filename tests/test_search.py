@@ -16,11 +16,11 @@ from test_policies import round_views  # imported here: applying @given inside a
 
 import rodeco_policies
 from rodeco import BuildContext, Counts, PluginError, PolicyInfo
-from rodeco.contracts import select_checked
-from rodeco.sampling import COPY_BIT, SamplingParams, copy_stream, row_keys
-from rodeco.state import Candidate, PromptView, RoundView
-from rodeco.validation import ConfigError
-from rodeco.winner import WinnerRule, boxed, normalize
+from rodeco.common.sampling import COPY_BIT, SamplingParams, copy_stream, row_keys
+from rodeco.common.state import Candidate, PromptView, RoundView
+from rodeco.common.validation import ConfigError
+from rodeco.common.winner import WinnerRule, boxed, normalize
+from rodeco.core.contracts import select_checked
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
 SAMPLING = SamplingParams(1.0, 50, 1.0)

@@ -62,7 +62,7 @@ def test_eos_share_cuts_a_pool_and_finds_where_best_of_n_winners_end(tmp_path, t
     import json as js
 
     import rodeco_rewards.minilm.reward as minilm
-    from rodeco.pool import Pool, PoolCandidate, PoolPrompt
+    from rodeco.replays.pool import Pool, PoolCandidate, PoolPrompt
 
     es = eos_share
     pool = Pool.create(tmp_path / "pool", {"candidates": 3, "max_new_tokens": 8})

@@ -20,12 +20,12 @@ import pytest
 from serve_helpers import SlowGen, client, metric, running, spawn, tiny_model_dir
 
 import rodeco
-from rodeco.budget import Budget
-from rodeco.contracts import Scorer
-from rodeco.loop import LoopSettings, decode_batch
+from rodeco.common.budget import Budget
+from rodeco.common.sampling import SamplingParams
+from rodeco.common.state import PromptRef
+from rodeco.core.contracts import Scorer
+from rodeco.core.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, default_plugins
-from rodeco.sampling import SamplingParams
-from rodeco.state import PromptRef
 
 pytestmark = pytest.mark.slow  # servers in subprocesses
 
@@ -466,7 +466,7 @@ def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(tiny_gen):
 
 
 def test_a_decoder_from_a_composed_config_decodes_batches_not_calls(tiny_gen):
-    from rodeco.validation import ConfigError
+    from rodeco.common.validation import ConfigError
 
     dec = rodeco.Decoder.from_config(
         rodeco.load_config(["reward=logprob", "sampling.max_new_tokens=8"]), generator=tiny_gen("fast")
@@ -530,8 +530,8 @@ def test_search_policies_serve_n_choices_and_their_parameters_are_checked(tiny_g
 def test_keep_at_least_takes_back_the_best_rejected_rows_within_the_budgets_rows():
     from test_policies import pv, rview
 
+    from rodeco.common.state import Counts, PolicyInfo
     from rodeco.serve.scheduler import KeepAtLeast
-    from rodeco.state import Counts, PolicyInfo
 
     class KeepBest:  # keeps each prompt's best row only
         info = PolicyInfo(decision_tokens=7)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from serve_helpers import running
 
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = {"role": "user", "content": "write a haiku"}
@@ -35,7 +35,7 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 def build_gen(model: Any, tokenizer: Any) -> Any:
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     return TorchGenerator(model, tokenizer, engine="fast", name="tiny")
 

@@ -14,14 +14,14 @@ from omegaconf import OmegaConf, open_dict
 
 import rodeco
 from rodeco import hookimpl
-from rodeco.data import load_prompts
+from rodeco.common.protocols import TaskSource
+from rodeco.common.state import PromptRef, ScoreRequest
+from rodeco.common.validation import ConfigError
+from rodeco.common.winner import first_line
+from rodeco.core.data import load_prompts
 from rodeco.plugins import BuildContext, default_plugins, get_plugin_manager
-from rodeco.protocols import TaskSource
 from rodeco.runner import run_decode
-from rodeco.state import PromptRef, ScoreRequest
 from rodeco.tasks import generated, prompts_of
-from rodeco.validation import ConfigError
-from rodeco.winner import first_line
 from rodeco_rewards.gold import Gold, build_gold
 
 pytest.importorskip("reasoning_gym")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from rodeco import hookimpl
+from rodeco.common.validation import ConfigError
 from rodeco.plugins import get_plugin_manager
-from rodeco.validation import ConfigError
 
 pytestmark = pytest.mark.slow  # installs a plugin package
 

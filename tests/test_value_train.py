@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from helpers import record_train_pool
 
+from rodeco.common.state import ScoreRequest as ScoreRequestT
 from rodeco.plugins import default_plugins
-from rodeco.state import ScoreRequest as ScoreRequestT
 
 
 @pytest.mark.parametrize("hidden_units", [0, 32])

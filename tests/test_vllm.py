@@ -21,15 +21,15 @@ pytest.importorskip("vllm")
 from helpers import compare_survivors, vllm_bench_results  # noqa: E402
 
 import rodeco  # noqa: E402
-from rodeco.contracts import Scorer  # noqa: E402
-from rodeco.data import Prompt  # noqa: E402
+from rodeco.common.validation import ConfigError  # noqa: E402
+from rodeco.core.contracts import Scorer  # noqa: E402
+from rodeco.core.data import Prompt  # noqa: E402
+from rodeco.core.loading import load_generator  # noqa: E402
 from rodeco.engines.vllm_session import request_seed  # noqa: E402
 from rodeco.experiments.record import pool_reward, record  # noqa: E402
-from rodeco.loading import load_generator  # noqa: E402
 from rodeco.plugins import BuildContext, default_plugins  # noqa: E402
-from rodeco.replay import open_pool, replay_prompt  # noqa: E402
+from rodeco.replays.replay import open_pool, replay_prompt  # noqa: E402
 from rodeco.runner import loop_settings, run_decode  # noqa: E402
-from rodeco.validation import ConfigError  # noqa: E402
 
 PROMPTS = ["Write a haiku about the sea.", "Name three colors and what they mean to painters."]
 NEW = 40
@@ -102,7 +102,7 @@ def test_a_prompt_admitted_mid_run_draws_its_solo_samples_without_preemption(vge
     """A prompt joins a running vLLM session after 0 and 9 steps, with other rows, length, sampling and seed: its
     candidates are the ones it draws alone (each row's request seeded as alone), the running prompt keeps its own,
     each prompt's rows stay on its own clock, and nothing is preempted."""
-    from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
+    from rodeco.common.state import OpenPrompt, SamplingParams, SessionSpec
 
     running = OpenPrompt(n=3, max_new_tokens=NEW, sampling=SamplingParams(), seed=3, stream_key=11)
     joining = OpenPrompt(
@@ -143,8 +143,8 @@ def test_a_prompt_admitted_mid_run_draws_its_solo_samples_without_preemption(vge
 
 
 def streams_of(res) -> dict[int, int]:
-    """Each candidate's random stream from its lineage (``rodeco.sampling.copy_stream``)."""
-    from rodeco.sampling import copy_stream
+    """Each candidate's random stream from its lineage (``rodeco.common.sampling.copy_stream``)."""
+    from rodeco.common.sampling import copy_stream
 
     out = {c.candidate_id: c.candidate_id for c in res.candidates if c.parent is None}
     for rnd in res.rounds:
@@ -329,7 +329,7 @@ def test_bf16_survivors_are_the_best_of_n_samples():
 
 
 def load_bytes_fp32(gen) -> int:
-    from rodeco.budget import kv_bytes_per_token
+    from rodeco.common.budget import kv_bytes_per_token
 
     s = gen.shape
     return kv_bytes_per_token(s.n_layers, s.n_kv_heads, s.head_dim, 4)
@@ -446,7 +446,7 @@ def test_top_logprobs_are_each_positions_most_likely_and_change_no_sample(vgen):
     """vLLM records each position's k most likely tokens' log-probs (its ``logprobs=k``) when a reward asks: k of
     them, descending, the first at least the sampled token's, one row per response token; and the samples are the
     ones drawn without them."""
-    from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
+    from rodeco.common.state import OpenPrompt, SamplingParams, SessionSpec
 
     ids = vgen.encode(PROMPTS[0])
     rows = {}

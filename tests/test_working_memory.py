@@ -1,5 +1,5 @@
-"""Each row's working memory (``rodeco.working``): the formula against the tensors a decode step allocates, counted
-by a dispatch mode on CPU, and the budget that charges it (``Budget.row_overhead``)."""
+"""Each row's working memory (``rodeco.common.working``): the formula against the tensors a decode step allocates,
+counted by a dispatch mode on CPU, and the budget that charges it (``Budget.row_overhead``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from test_kv_blocks import blocks_held
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from rodeco.budget import Budget, KVSpec
-from rodeco.sampling import scaled
-from rodeco.state import OpenPrompt, SamplingParams, SessionSpec
-from rodeco.validation import ConfigError
-from rodeco.working import working_memory
+from rodeco.common.budget import Budget, KVSpec
+from rodeco.common.sampling import scaled
+from rodeco.common.state import OpenPrompt, SamplingParams, SessionSpec
+from rodeco.common.validation import ConfigError
+from rodeco.common.working import working_memory
 
 LOW, HIGH = 0.8, 1.25  # the formula's total over the measured peak must lie in this range
 HELD = {
@@ -81,7 +81,7 @@ def _model(vocab: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 def gens(tiny_tokenizer):
     """Fast-engine generators: vocabulary 4096 over hidden 32 (logits dominate, as SmolLM2's 49,152 over 576 do),
     and vocabulary 256 (so that attention over a long prompt dominates)."""
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     return {v: TorchGenerator(_model(v), tiny_tokenizer, engine="fast", chat_template=False) for v in (4096, 256)}
 
@@ -168,7 +168,7 @@ def test_scaling_in_place_is_bit_identical_and_leaves_the_logits_alone(dtype, te
 
 
 def test_working_memory_by_hand():
-    from rodeco.shape import ModelShape
+    from rodeco.common.shape import ModelShape
 
     shape = ModelShape(
         n_layers=30,
@@ -255,7 +255,7 @@ def test_a_run_charges_it_where_the_budget_is_device_memory_and_reports_it_in_ev
     import json
 
     import rodeco
-    from rodeco.data import prompts_of
+    from rodeco.core.data import prompts_of
     from rodeco.plugins import BuildContext, default_plugins
     from rodeco.roles import RoleBuilder, choose_roles
     from rodeco.runner import DecodeRun, run_decode

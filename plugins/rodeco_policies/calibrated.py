@@ -1,5 +1,5 @@
 """``calibrated``: reject by how predictive the partial scores are *at this decision length*, as measured on
-training prompts (``rodeco experiment=calibrate``; ``rodeco.calibration``).
+training prompts (``rodeco experiment=calibrate``; ``rodeco.core.calibration``).
 
 At length ``L`` each active row's partial score is put on the calibration's standardized scale (``z``), with the
 spread of every row at the prompt's first decision point, none selected yet, and the population's location carried

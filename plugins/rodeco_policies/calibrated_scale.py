@@ -1,4 +1,4 @@
-"""The scale on which ``calibrated`` reads one prompt's scores: the calibration's (``rodeco.calibration``), where
+"""The scale on which ``calibrated`` reads one prompt's scores: the calibration's (``rodeco.core.calibration``), where
 partial scores are standardized over *every* candidate still active at a length, none selected.
 
 - **Spread**: the standard deviation of the partial scores of every row active at the prompt's first decision point

@@ -4,7 +4,7 @@ The gold answer travels with the prompt (``ScoreRequest.meta["gold_answer"]``): 
 (``data=reasoning_gym``), or a field of a JSONL record beside its prompt. The answer is extracted from the response
 by ``extractor`` (null: the one the task's source declares, else ``last_number`` for a numeric gold answer and
 ``first_line`` otherwise; any ``winner.extractor``, with ``pattern`` for ``regex``). A record that names its source
-(``meta["source"]``) is checked by that source (``rodeco.protocols.TaskSource.check``: reasoning-gym's
+(``meta["source"]``) is checked by that source (``rodeco.common.protocols.TaskSource.check``: reasoning-gym's
 ``score_answer``), and a partial credit below 1.0 counts as 0; other records by equality after
 ``WinnerRule.normalize`` (spaces, ``$``, thousands separators, ``2.0`` is ``2``).
 

@@ -29,7 +29,7 @@ class Pair:
 
 def data_dir(path: str | Path | None = None, key: str = "experiment_args.data_dir") -> Path:
     """The folder that holds ``prefs/``: ``path`` (config key ``key``), else the data root (``RODECO_DATA``, else
-    ``../shared/data``: ``rodeco.data.data_root``)."""
+    ``../shared/data``: ``rodeco.core.data.data_root``)."""
     from rodeco import data_root
 
     root = data_root(None if path is None else str(path), key)

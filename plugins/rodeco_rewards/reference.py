@@ -38,7 +38,7 @@ from rodeco import BuildContext, ConfigError, RewardCost, ScoreRequest, check_po
 
 log = logging.getLogger(__name__)
 
-# relative paths: the working directory, else the data root (rodeco.data.find_data_file)
+# relative paths: the working directory, else the data root (rodeco.core.data.find_data_file)
 DEFAULT_REFERENCES = "prompts/alpaca_eval_gpt4_1106_preview_outputs.json"
 DEFAULT_PROMPTS = "prompts/alpaca_eval_805.jsonl"
 CHRF_ORDER = 6  # character n-grams of n = 1..6

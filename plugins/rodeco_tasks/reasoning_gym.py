@@ -59,7 +59,7 @@ def _scorer(task: str) -> Any:
 
 
 class ReasoningGym:
-    """The ``reasoning_gym`` task source (``rodeco.protocols.TaskSource``)."""
+    """The ``reasoning_gym`` task source (``rodeco.common.protocols.TaskSource``)."""
 
     def generate(self, task: str, size: int, seed: int, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         rg = _rg()

@@ -13,8 +13,8 @@
 - ``shares_prefix``: True if a prompt's cache is stored once for all its rows (then the budget counts it once);
 - ``compilable``: ``generator.compile`` applies to it (``rodeco.engines.compiled``);
 - ``block``: tokens its cache allocates at a time (1: token by token; the Llama engine: blocks of 16), what the
-  budget counts in (``rodeco.budget``); ``aligned``: a prompt ends on a block boundary, so its rows share all its
-  blocks (``rodeco.shape.KVSpec``);
+  budget counts in (``rodeco.common.budget``); ``aligned``: a prompt ends on a block boundary, so its rows share all its
+  blocks (``rodeco.common.shape.KVSpec``);
 - ``prepare(model, mkl)``: what every session's engine computes with besides the model (the Llama engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
@@ -24,9 +24,9 @@
 (``pool_tokens``); ``rodeco.engines.hf.HFEngine`` drives any ``AutoModelForCausalLM`` with transformers'
 ``DynamicCache``, the reference for architectures the Llama engine does not implement. The folder also holds every
 other engine: ``vllm`` (``VLLMGenerator`` and ``VLLMSession``: vLLM samples inside its engine, so it plugs in at the
-session, ``rodeco.protocols.Session``), ``blocks`` (the block bookkeeping), ``layout`` (the model-free layouts a
+session, ``rodeco.common.protocols.Session``), ``blocks`` (the block bookkeeping), ``layout`` (the model-free layouts a
 replay counts memory with) and ``base`` (what the torch and vLLM generators share). Which generator a config builds
-is chosen above the engines, in ``rodeco.loading``.
+is chosen above the engines, in ``rodeco.core.loading``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from rodeco.validation import ConfigError
+from rodeco.common.validation import ConfigError
 
 # A transformers causal LM (or one of its decoder layers). Its submodules and config are found by name
 # (``model.model.layers``, ``config.num_key_value_heads``), which torch's ``Module`` typing cannot express: its

@@ -1,6 +1,6 @@
 """What every generator built from a model shares, whichever engine decodes its rows: the tokenizer and chat
-template, the EOS and pad ids, the model's sizes (FLOPs, KV bytes). ``rodeco.generator.TorchGenerator`` (rodeco's
-engines) and ``rodeco.engines.vllm.VLLMGenerator`` build on it; both implement ``rodeco.protocols.Generator``."""
+template, the EOS and pad ids, the model's sizes (FLOPs, KV bytes). ``rodeco.core.generator.TorchGenerator`` (rodeco's
+engines) and ``rodeco.engines.vllm.VLLMGenerator`` build on it; both implement ``rodeco.common.protocols.Generator``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from rodeco.common.shape import ModelShape
 from rodeco.engines import HFModel
-from rodeco.shape import ModelShape
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -20,8 +20,8 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 class ModelGenerator:
-    """What the model is (``rodeco.protocols.LanguageModel``): its text side, sizes and cost. ``model`` may be on the
-    meta device (vLLM holds the weights)."""
+    """What the model is (``rodeco.common.protocols.LanguageModel``): its text side, sizes and cost. ``model`` may be on
+    the meta device (vLLM holds the weights)."""
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ model's plain fused weights, folded into the graph by inductor's freezing. It re
 Attention, on CPU, is rodeco's paged kernel (``rodeco.engines.native``, the opaque op ``rodeco::paged_attention``),
 which reads each row's blocks in place; elsewhere (CUDA; a CPU where the kernel cannot be built, or a head_dim it
 does not fit) it is the torch path the kernel replaces (``native.paged_reference``: the row's blocks gathered, two
-matmuls in fp32), which the budget charges as a transient (``prompt_gather`` in ``rodeco.working``).
+matmuls in fp32), which the budget charges as a transient (``prompt_gather`` in ``rodeco.common.working``).
 
 Shapes are dynamic (``dynamic=True``), not padded to buckets: the rows, the block tables' width and the pool are
 symbolic sizes, so rejections, finished rows, new rounds and new prompts reuse the graph; a graph is compiled again
@@ -44,10 +44,10 @@ import torch
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
+from rodeco.common.hardware import cpu_vendor, is_cpu, is_cuda
+from rodeco.common.validation import ConfigError, check_compile
 from rodeco.engines import Engine, HFModel, native
 from rodeco.engines.llama import FastWeights, Linear, StepCache, decoder_layer, rms_norm
-from rodeco.hardware import cpu_vendor, is_cpu, is_cuda
-from rodeco.validation import ConfigError, check_compile
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Engines without a model: the cache bookkeeping of ``hf``, the Llama engine and ``vllm`` (rows, cached length,
-slots allocated, the steps a quota allows), for sessions that replay recorded tokens (``rodeco.replay``). They take
-the same calls as the real engines and return placeholder logits, so a replayed run's peak KV memory, decision points
+slots allocated, the steps a quota allows), for sessions that replay recorded tokens (``rodeco.replays.replay``). They
+take the same calls as the real engines and return placeholder logits, so a replayed run's peak KV memory, decision points
 and FLOPs are counted by the same code as a live run's. ``tests/test_replay.py`` checks them call for call against
 the real engines."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rodeco.budget import block_shared
+from rodeco.common.budget import block_shared
 from rodeco.engines.blocks import Blocks
 from rodeco.engines.hf import padded_steps
 
@@ -26,7 +26,7 @@ class HFLayout:
     Prompts that join are padded, or pad the rows there, to the longer of the two."""
 
     shares_prefix, aligned = False, False
-    compact_fraction = 0.25  # finished rows leave the batch once they are this share of it (rodeco.session)
+    compact_fraction = 0.25  # finished rows leave the batch once they are this share of it (rodeco.core.session)
     keep_hidden, last_hidden = False, None  # no model, no hidden states (a replay reads the pool's)
 
     def __init__(self, block: int, pool_tokens: int | None = None) -> None:
@@ -69,8 +69,8 @@ class HFLayout:
 class VLLMLayout:
     """vLLM (``rodeco.engines.vllm``): blocks of ``block`` tokens; each prompt's full blocks before its last token
     stored once while any of its rows lives, each row holding the rest of its prompt and its own tokens in whole
-    blocks (``rodeco.budget.block_shared``). A finished row leaves at once (``compact_fraction`` 0). An upper bound
-    of vLLM's count: it also counts the row's latest token, whose keys vLLM stores only at the next step. A prompt
+    blocks (``rodeco.common.budget.block_shared``). A finished row leaves at once (``compact_fraction`` 0). An upper
+    bound of vLLM's count: it also counts the row's latest token, whose keys vLLM stores only at the next step. A prompt
     that joins a running batch is not prefilled once (``rodeco.engines.vllm``: each of its rows prefills it), so
     each of its rows holds the whole prompt in its own blocks; its rows count their own tokens."""
 

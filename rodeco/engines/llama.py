@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rodeco.common.hardware import is_cpu
 from rodeco.engines import HFModel, native
-from rodeco.hardware import is_cpu
 
 log = logging.getLogger(__name__)
 

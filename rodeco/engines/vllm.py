@@ -2,7 +2,7 @@
 
 vLLM samples inside its engine and hands back tokens, not logits, so it plugs in one level above the torch
 engines' logits interface (``rodeco.engines.Engine``): ``VLLMGenerator`` and ``VLLMSession`` implement
-``rodeco.protocols.Generator`` and ``Session`` (prefill, decode to a decision point, reject, the active rows, the
+``rodeco.common.protocols.Generator`` and ``Session`` (prefill, decode to a decision point, reject, the active rows, the
 stats the accounting reads) with one vLLM request per candidate:
 
 - the row of stream ``c`` of the prompt with stream key ``k`` is a request seeded from ``(seed, k, c)``
@@ -10,7 +10,7 @@ stats the accounting reads) with one vLLM request per candidate:
   engine (vLLM's random streams, not the torch engines');
 - each prompt is prefilled once, by a one-token request, before its rows start; with prefix caching its full
   blocks before its last token are then shared by every row, and each row computes only the rest
-  (``rodeco.budget.block_shared``);
+  (``rodeco.common.budget.block_shared``);
 - ``decode(until)`` steps the engine, every row advancing one token a step (``max_num_seqs`` and
   ``max_num_batched_tokens`` are sized so); a rejected row is aborted, which frees its blocks; a finished row
   leaves as it finishes;
@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 
+from rodeco.common.hardware import is_cuda
+from rodeco.common.protocols import EngineInfo
+from rodeco.common.shape import KVSpec, ModelShape
+from rodeco.common.state import SessionSpec
+from rodeco.common.validation import ConfigError
 from rodeco.engines import HFModel
 from rodeco.engines.base import ModelGenerator
 from rodeco.engines.vllm_session import VLLMSession
-from rodeco.hardware import is_cuda
-from rodeco.protocols import EngineInfo
-from rodeco.shape import KVSpec, ModelShape
-from rodeco.state import SessionSpec
-from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class VLLMSettings:
 
 
 def vllm_settings(cfg: Any) -> VLLMSettings:
-    """The settings from the ``generator`` node (the schema, ``rodeco.config.GeneratorConfig``, holds the defaults)."""
+    """The settings from the ``generator`` node (the schema, ``rodeco.core.config.GeneratorConfig``, holds
+    the defaults)."""
     return VLLMSettings(**{f.name: cfg[f.name] for f in fields(VLLMSettings)})
 
 

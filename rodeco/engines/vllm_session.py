@@ -1,5 +1,5 @@
 """``VLLMSession``: the candidate rows of ``generator.engine=vllm`` (``rodeco.engines.vllm``, whose module doc says
-how they map to vLLM's requests), one vLLM request per row, with ``rodeco.protocols.Session``'s interface: admit
+how they map to vLLM's requests), one vLLM request per row, with ``rodeco.common.protocols.Session``'s interface: admit
 prompts on their own clocks, decode to a decision point, reject, copy, the stats the accounting reads.
 """
 
@@ -11,13 +11,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rodeco.budget import block_shared
-from rodeco.protocols import EngineInfo
-from rodeco.rows import BookColumn, RowBook
-from rodeco.shape import KVSpec
-from rodeco.state import OpenPrompt, Row, SamplingParams, SessionSpec, SessionStats
-from rodeco.stops import StopStrings
-from rodeco.validation import ConfigError
+from rodeco.common.budget import block_shared
+from rodeco.common.protocols import EngineInfo
+from rodeco.common.rows import BookColumn, RowBook
+from rodeco.common.shape import KVSpec
+from rodeco.common.state import OpenPrompt, Row, SamplingParams, SessionSpec, SessionStats
+from rodeco.common.stops import StopStrings
+from rodeco.common.validation import ConfigError
 
 
 class VLLMHandle(Protocol):
@@ -63,7 +63,7 @@ class VLLMSession:
         self.top_k = spec.top_logprobs  # each position's k most likely tokens' log-probs (vLLM's logprobs=k)
         self.ignore_eos = spec.ignore_eos
         # per prompt: its settings and the step it joined at (its clock's 0); stop strings are checked here on each
-        # new token (rodeco.stops), as live rows are
+        # new token (rodeco.common.stops), as live rows are
         self.seeds: list[int] = []
         self.stream_keys: list[int] = []
         self.sampling_of: list[SamplingParams] = []

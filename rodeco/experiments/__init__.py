@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rodeco.common.hookspecs import hookimpl
 from rodeco.experiments.args import (
     CalibrateArgs,
     CorrelationArgs,
@@ -15,7 +16,6 @@ from rodeco.experiments.args import (
     PoolArgs,
     ReplayArgs,
 )
-from rodeco.hookspecs import hookimpl
 
 
 @hookimpl

@@ -15,7 +15,7 @@ import numpy as np
 
 from rodeco.experiments import bootstrap
 from rodeco.experiments.metrics import compute_to_match, curve_end, expected_best_of, improvement_score
-from rodeco.pool import Pool
+from rodeco.replays.pool import Pool
 
 
 def split_halves(indices: list[int]) -> tuple[list[int], list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from rodeco.config import required
+from rodeco.core.config import required
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``rodeco experiment=calibrate pool=DIR``: how predictive the run's ``partial_reward`` is of its ``reward`` at
 each decision length, measured on a pool of *training* prompts (``data``, default ``alpaca_train``; no prompt of
 the data options in ``experiment_args.exclude_data`` may be among them). Writes the calibration file the
-``calibrated`` policy reads (``rodeco.calibration``), and prints per length:
+``calibrated`` policy reads (``rodeco.core.calibration``), and prints per length:
 
 - the mean per-prompt Pearson r (bootstrap 95% CI over prompts) and Kendall tau between partial and final scores;
 - the pooled regression of the standardized final score on the standardized partial score (slope) and its
@@ -21,18 +21,18 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.calibration import Calibration, standardize
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError, check_positive_int, node_dict
 from rodeco.compose import option_file
-from rodeco.data import HubSource, load_prompts
+from rodeco.core.calibration import Calibration, standardize
+from rodeco.core.data import HubSource, load_prompts
 from rodeco.experiments.bootstrap import mean_ci
 from rodeco.experiments.correlation import MIN_CANDIDATES, correlations, score_prompt
 from rodeco.experiments.record import pool_dir, pool_roles, record, served
 from rodeco.plugins import Plugins
-from rodeco.replay import open_pool
+from rodeco.replays.replay import open_pool
 from rodeco.roles import ORACLE, choose_roles
-from rodeco.state import Compute, RunOutput
 from rodeco.tasks import prompts_of
-from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 

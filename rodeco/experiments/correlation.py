@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from rodeco.common.state import Compute, RunOutput, ScoreRequest
+from rodeco.common.validation import ConfigError, check_positive_int, node_dict
 from rodeco.compose import option_node
+from rodeco.core.results import ResultsWriter
 from rodeco.experiments.bootstrap import mean_ci
 from rodeco.experiments.record import pool_dir, record
 from rodeco.plugins import Plugins
-from rodeco.pool import Pool
-from rodeco.pool_rewards import PoolReward
-from rodeco.pool_session import ReplayGenerator
-from rodeco.replay import open_pool
-from rodeco.results import ResultsWriter
+from rodeco.replays.pool import Pool
+from rodeco.replays.pool_rewards import PoolReward
+from rodeco.replays.pool_session import ReplayGenerator
+from rodeco.replays.replay import open_pool
 from rodeco.roles import pool_served
-from rodeco.state import Compute, RunOutput, ScoreRequest
 from rodeco.tasks import prompts_of
-from rodeco.validation import ConfigError, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``rodeco experiment=efficiency``: Best-of-N vs Speculative Rejection at equal memory (the paper's Figure 3), on a
-recorded pool (``rodeco.pool``) replayed by the real loop (``rodeco.replay``).
+recorded pool (``rodeco.replays.pool``) replayed by the real loop (``rodeco.replays.replay``).
 
 Per prompt of the run's prompts (``data``; the pool ``pool=DIR`` is recorded first where prompts are missing):
 
@@ -39,27 +39,27 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rodeco.budget import Budget, full_length_tokens
+from rodeco.common.budget import Budget, full_length_tokens
+from rodeco.common.protocols import Policy
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError, check_number, check_positive_int, node_dict
 from rodeco.compose import option_node
-from rodeco.contracts import Scorer, identity_of
+from rodeco.core.contracts import Scorer, identity_of
+from rodeco.core.loop import START_BY_POLICY, LoopSettings
+from rodeco.core.results import ResultsWriter
 from rodeco.experiments import analysis, render
 from rodeco.experiments.efficiency_judged import judge_efficiency, judges_of
 from rodeco.experiments.live_check import live_check, matched_bon
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.experiments.record import pool_dir, pool_roles, record
-from rodeco.loop import START_BY_POLICY, LoopSettings
 from rodeco.plugins import Plugins
-from rodeco.pool import Pool
-from rodeco.pool_rewards import PoolReward
-from rodeco.pool_session import ReplayGenerator
-from rodeco.protocols import Policy
-from rodeco.replay import open_pool, replay_prompt
-from rodeco.results import ResultsWriter
+from rodeco.replays.pool import Pool
+from rodeco.replays.pool_rewards import PoolReward
+from rodeco.replays.pool_session import ReplayGenerator
+from rodeco.replays.replay import open_pool, replay_prompt
 from rodeco.roles import ORACLE, SAME, Choices, RoleBuilder, choose_roles
 from rodeco.runner import loop_settings
-from rodeco.state import Compute, RunOutput
 from rodeco.tasks import prompts_of
-from rodeco.validation import ConfigError, check_number, check_positive_int, node_dict
 
 log = logging.getLogger(__name__)
 

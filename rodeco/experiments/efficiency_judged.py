@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from rodeco.common.validation import ConfigError
+from rodeco.core.judging import Item, Judges
 from rodeco.experiments.judged import Curve, Winners, analysis_lines, analyze
 from rodeco.experiments.metrics import bon_sizes
-from rodeco.judging import Item, Judges
 from rodeco.plugins import Plugins
-from rodeco.pool import Pool
-from rodeco.pool_rewards import PoolReward
+from rodeco.replays.pool import Pool
+from rodeco.replays.pool_rewards import PoolReward
 from rodeco.roles import Choice, RoleBuilder, choose_judges
-from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -24,21 +24,21 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
-from rodeco.budget import Budget
-from rodeco.contracts import Scorer
+from rodeco.common.budget import Budget
+from rodeco.common.hardware import cpu_facts, cuda_devices, synchronize
+from rodeco.common.protocols import Generator
+from rodeco.common.sampling import SamplingParams
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError
+from rodeco.core.contracts import Scorer
+from rodeco.core.generator import TorchGenerator
+from rodeco.core.loading import load_generator
+from rodeco.core.loop import LoopSettings, decode_batch
+from rodeco.core.results import ResultsWriter
 from rodeco.engines import ENGINES
 from rodeco.engines.vllm import VLLMGenerator
 from rodeco.experiments.bootstrap import geomean_ci
-from rodeco.generator import TorchGenerator
-from rodeco.hardware import cpu_facts, cuda_devices, synchronize
-from rodeco.loading import load_generator
-from rodeco.loop import LoopSettings, decode_batch
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator
-from rodeco.results import ResultsWriter
-from rodeco.sampling import SamplingParams
-from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError
 
 log = logging.getLogger(__name__)
 

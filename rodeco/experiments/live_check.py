@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rodeco.contracts import Scorer
+from rodeco.core.contracts import Scorer
 from rodeco.experiments import analysis
 from rodeco.experiments.metrics import bon_sizes
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.pool import Pool
+from rodeco.replays.pool import Pool
 from rodeco.roles import RoleBuilder
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ def live_check(
     and reward) on ``indices`` under the budget of Best-of-n, and
     Best-of-N for each of ``bon_ns`` (one batch of N, its first N candidates), and compare each with its replay:
     the same winners and token counts make replay fair; the wall times check the time model, per method."""
-    from rodeco.loading import load_generator
-    from rodeco.loop import decode_batch
+    from rodeco.core.loading import load_generator
+    from rodeco.core.loop import decode_batch
 
     gen = gen or load_generator(cfg.generator)
     ctx = BuildContext(generator=gen, device=str(gen.device), plugins=plugins)

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rodeco.config import split_node
+from rodeco.common.state import Compute, RunOutput
+from rodeco.common.validation import ConfigError
+from rodeco.core.config import split_node
+from rodeco.core.results import ResultsWriter
 from rodeco.experiments import analysis, efficiency, render
 from rodeco.plugins import Plugins
-from rodeco.results import ResultsWriter
-from rodeco.state import Compute, RunOutput
-from rodeco.validation import ConfigError
 
 
 def _check_reward(cfg: DictConfig) -> None:

@@ -11,17 +11,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rodeco.config import candidate_settings
-from rodeco.data import Prompt, batches_of
+from rodeco.common.protocols import Generator, Reward
+from rodeco.common.state import Compute, RunOutput
+from rodeco.core.config import candidate_settings
+from rodeco.core.data import Prompt, batches_of
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.pool import Pool
-from rodeco.pool_rewards import PoolReward
-from rodeco.pool_session import ReplayGenerator
-from rodeco.protocols import Generator, Reward
-from rodeco.recording import measure_step_costs, pool_settings, record_prompts
+from rodeco.replays.pool import Pool
+from rodeco.replays.pool_rewards import PoolReward
+from rodeco.replays.pool_session import ReplayGenerator
+from rodeco.replays.recording import measure_step_costs, pool_settings, record_prompts
 from rodeco.roles import RoleBuilder, choose_roles
 from rodeco.runner import check_lengths, loop_settings
-from rodeco.state import Compute, RunOutput
 from rodeco.tasks import prompts_of
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def pool_dir(cfg: DictConfig, out_dir: Path | None) -> Path:
     if cfg.pool is not None:
         return Path(cfg.pool)
     if out_dir is None:
-        from rodeco.validation import ConfigError
+        from rodeco.common.validation import ConfigError
 
         raise ConfigError("pool", None, "no pool directory", "give pool=DIR")
     return Path(out_dir) / "pool"
@@ -71,7 +71,7 @@ def record(
     (``top_logprobs``: each position's k most likely tokens' log-probs too)."""
     from tqdm.auto import tqdm
 
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     if path.is_dir() and (path / "pool.json").is_file():
         pool = Pool(path)

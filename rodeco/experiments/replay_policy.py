@@ -12,15 +12,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rodeco.budget import Budget, full_length_tokens
+from rodeco.common.budget import Budget, full_length_tokens
+from rodeco.common.state import Compute, PromptResult, RunOutput
+from rodeco.common.validation import ConfigError, node_dict
+from rodeco.core.results import ResultsWriter
 from rodeco.experiments.record import pool_roles, served
 from rodeco.plugins import Plugins
-from rodeco.replay import open_pool, pool_served, replay_batch
-from rodeco.results import ResultsWriter
+from rodeco.replays.replay import open_pool, pool_served, replay_batch
 from rodeco.roles import choose_roles
 from rodeco.runner import loop_settings
-from rodeco.state import Compute, PromptResult, RunOutput
-from rodeco.validation import ConfigError, node_dict
 
 
 def best_score(r: PromptResult) -> float:

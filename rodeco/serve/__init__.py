@@ -19,14 +19,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rodeco.api import Decoder
-from rodeco.config import SamplingConfig, ServeConfig
+from rodeco.common.protocols import Generator
+from rodeco.common.validation import ConfigError, node_dict
+from rodeco.core.config import SamplingConfig, ServeConfig
 from rodeco.plugins import Plugins, default_plugins
-from rodeco.protocols import Generator
 from rodeco.serve.app import State, make_app
 from rodeco.serve.jobs import Planner
 from rodeco.serve.metrics import Metrics
 from rodeco.serve.scheduler import Scheduler
-from rodeco.validation import ConfigError, node_dict
 
 __all__ = ["build_state", "check_binding", "serve"]
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rodeco.config import ServeConfig
+from rodeco.core.config import ServeConfig
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job, Planner
 from rodeco.serve.metrics import Metrics

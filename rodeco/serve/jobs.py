@@ -14,16 +14,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from rodeco.budget import Budget, full_length_tokens
+from rodeco.common.budget import Budget, full_length_tokens
+from rodeco.common.protocols import Generator
+from rodeco.common.state import PolicyInfo, PromptRef, SamplingParams
+from rodeco.common.validation import ConfigError
 from rodeco.compose import option_node
-from rodeco.config import SamplingConfig, ServeConfig
-from rodeco.contracts import policy_info
+from rodeco.core.config import SamplingConfig, ServeConfig
+from rodeco.core.contracts import policy_info
 from rodeco.plugins import BuildContext, Plugins
-from rodeco.protocols import Generator
 from rodeco.serve.errors import APIError, bad_field
 from rodeco.serve.schema import ChatRequest, CompletionRequest
-from rodeco.state import PolicyInfo, PromptRef, SamplingParams
-from rodeco.validation import ConfigError
 
 MAX_STOPS = 4  # as OpenAI
 

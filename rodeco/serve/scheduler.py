@@ -1,4 +1,5 @@
-"""The batcher: one thread that owns the decoder and runs the one loop (``rodeco.loop.decode_open``) over the queue.
+"""The batcher: one thread that owns the decoder and runs the one loop (``rodeco.core.loop.decode_open``) over
+the queue.
 
 Jobs queue (bounded: a full queue is a 429). Every job is a cohort of one prompt and joins the running batch within
 ``serve.check_tokens`` tokens of its arrival, whatever its settings, when its budget fits beside the running jobs'
@@ -22,15 +23,15 @@ from typing import Any
 import numpy as np
 
 from rodeco.api import Decoder
-from rodeco.config import ServeConfig
-from rodeco.contracts import policy_info
-from rodeco.loop import Cancelled, Request
-from rodeco.protocols import Policy, StartChooser
+from rodeco.common.protocols import Policy, StartChooser
+from rodeco.common.state import Compute, Counts, PromptResult, PromptView, RoundView, StartView
+from rodeco.common.validation import node_dict
+from rodeco.core.config import ServeConfig
+from rodeco.core.contracts import policy_info
+from rodeco.core.loop import Cancelled, Request
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.state import Compute, Counts, PromptResult, PromptView, RoundView, StartView
-from rodeco.validation import node_dict
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,7 @@ def _progress(rnd: int, pv: PromptView, c: Counts) -> dict[str, Any]:
 
 
 class _Jobs:
-    """The queue as an open source (``rodeco.loop.Source``): the jobs queued since the last call, moved to
+    """The queue as an open source (``rodeco.core.loop.Source``): the jobs queued since the last call, moved to
     ``running``; None once the server stopped."""
 
     def __init__(self, sched: Scheduler) -> None:

@@ -1,7 +1,7 @@
 """rodeco-example: the hook implementations behind the ``example`` entry point of group ``rodeco``.
 
 rodeco registers this module with its plugin manager; every ``@hookimpl`` below must match a hook in
-``rodeco.hookspecs`` (a misspelled name is an error when the manager is built). The lifecycle hooks live on an
+``rodeco.common.hookspecs`` (a misspelled name is an error when the manager is built). The lifecycle hooks live on an
 object instead (``observer.py``), registered through its own entry point ``example_observer``.
 """
 

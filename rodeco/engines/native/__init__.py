@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from rodeco.hardware import cpu_facts
+from rodeco.common.hardware import cpu_facts
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ the batch (the KV memory Best-of-n fills at full length, summed over its prompts
     python scripts/allocate_bench.py pools/af100 --batches 1,4,8 --out runs/allocate100
 
 The pool's prompts in index order are cut into consecutive batches of each size (the rest left out). Every method
-is replayed by the real loop on every batch (``rodeco.replay.replay_batch``; rewards served from the pool's cache)
-from ``n=auto``. Per method and batch size: the mean final reward of the chosen responses, the improvement score
+is replayed by the real loop on every batch (``rodeco.replays.replay.replay_batch``; rewards served from the pool's
+cache) from ``n=auto``. Per method and batch size: the mean final reward of the chosen responses, the improvement score
 (Best-of-n = 100, from the pool's candidates), the FLOPs, and each method's mean reward minus ``allocate``'s, paired
 on the same batches, with a bootstrap 95% CI over batches. Nothing is chosen here: every method runs with its
 option's parameters, so all prompts are reported. Extra arguments are config overrides (e.g. ``reward=...``,
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import rodeco
-from rodeco.budget import Budget, full_length_tokens
+from rodeco.common.budget import Budget, full_length_tokens
 from rodeco.compose import option_node
 from rodeco.experiments.bootstrap import ci as bootstrap_ci
 from rodeco.experiments.bootstrap import draws
@@ -34,7 +34,7 @@ from rodeco.experiments.metrics import expected_best_of, improvement_score
 from rodeco.experiments.record import pool_roles
 from rodeco.experiments.replay_policy import best_score
 from rodeco.plugins import default_plugins
-from rodeco.replay import open_pool, replay_batch
+from rodeco.replays.replay import open_pool, replay_batch
 from rodeco.roles import SAME, choose_roles
 from rodeco.runner import loop_settings
 

@@ -61,7 +61,7 @@ def problems(k: int, seed: int, distinct: bool = True) -> list[tuple[str, int]]:
 
 def run_method(gen, method: str, prompt: str, new: int, reward: str = "logprob") -> dict:
     import rodeco
-    from rodeco.budget import full_length_tokens
+    from rodeco.common.budget import full_length_tokens
 
     kind, n = method.split("_")[0], int(method.split("_")[1])
     ov = [f"reward={reward}", f"sampling.max_new_tokens={new}", "output.all_candidates=true"]
@@ -88,8 +88,8 @@ def run_method(gen, method: str, prompt: str, new: int, reward: str = "logprob")
 
 def winner_answers(rec: dict) -> dict[str, int | None]:
     """Each winner rule's answer (its winner's last number) from a run's finished candidates."""
-    from rodeco.state import Candidate
-    from rodeco.winner import WinnerRule, last_number, normalize
+    from rodeco.common.state import Candidate
+    from rodeco.common.winner import WinnerRule, last_number, normalize
 
     fin = [Candidate(i, [], c["text"], c["score"], True) for i, c in enumerate(rec["candidates"]) if c["finished"]]
     out = {}
@@ -160,8 +160,8 @@ def main() -> int:
     )
     a = ap.parse_args()
     import rodeco
-    from rodeco.loading import load_generator
-    from rodeco.results import atomic_write
+    from rodeco.core.loading import load_generator
+    from rodeco.core.results import atomic_write
 
     gen = load_generator(rodeco.load_config([]).generator)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,8 @@ REPLAYS: dict[str, list[str]] = {
     ],
 }
 # Replayed in batches of prompts, as a live run batches them. ``record --batch-via-api`` records these through
-# ``rodeco.replay.replay_batch`` itself (what a commit whose ``experiment=replay`` replays one prompt at a time has).
+# ``rodeco.replays.replay.replay_batch`` itself (what a commit whose ``experiment=replay`` replays one prompt at a
+# time has).
 REPLAY_BATCHES: dict[str, list[str]] = {
     "replay_batch_allocate": [
         "experiment=replay",
@@ -160,13 +161,13 @@ def bench_ratio(run_dir: Path) -> float:
 
 
 def replay_batches_via_api(args: list[str], pool: Path, out: Path) -> None:
-    """One ``REPLAY_BATCHES`` case through ``rodeco.replay.replay_batch``: the run's prompts in batches of
+    """One ``REPLAY_BATCHES`` case through ``rodeco.replays.replay.replay_batch``: the run's prompts in batches of
     ``data.batch_prompts``, each prompt's result written in order as ``experiment=replay`` writes them."""
     from rodeco.api import load_config
     from rodeco.experiments.record import pool_roles
     from rodeco.plugins import default_plugins
-    from rodeco.pool_rewards import PoolReward
-    from rodeco.replay import open_pool, replay_batch
+    from rodeco.replays.pool_rewards import PoolReward
+    from rodeco.replays.replay import open_pool, replay_batch
     from rodeco.roles import choose_roles
     from rodeco.runner import loop_settings
 
@@ -250,7 +251,7 @@ def main() -> int:
     ap.add_argument(
         "--batch-via-api",
         action="store_true",
-        help="record the batched replays through rodeco.replay.replay_batch, not experiment=replay",
+        help="record the batched replays through rodeco.replays.replay.replay_batch, not experiment=replay",
     )
     a = ap.parse_args()
     ref = a.dir / "reference.json"

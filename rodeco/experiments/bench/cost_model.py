@@ -62,9 +62,9 @@ def mean_prompt_tokens() -> float:
     """Measured: AlpacaEval's 805 prompts through SmolLM2's tokenizer and chat template."""
     from transformers import AutoTokenizer
 
-    from rodeco.data import load_prompts
+    from rodeco.core.data import load_prompts
+    from rodeco.core.loading import locate
     from rodeco.engines.base import chat_ids
-    from rodeco.loading import locate
 
     src, _ = locate("smollm2", None)
     tok = AutoTokenizer.from_pretrained(src, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -21,7 +21,7 @@ import numpy as np
 
 def cut_requests(pool, index: int, cut: int, tokenizer) -> tuple[list, np.ndarray]:
     """Prompt ``index``'s candidates cut at ``cut`` tokens, as finished responses, and whether each ends by EOS."""
-    from rodeco.state import ScoreRequest
+    from rodeco.common.state import ScoreRequest
 
     pp = pool.prompt(index)
     reqs, eos = [], []
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rodeco.experiments.bootstrap import mean_ci as boot  # the same bootstrap over prompts as arith_bench's
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.pool import Pool
+    from rodeco.replays.pool import Pool
 
     pool = Pool(a.pool)
     M = int(pool.settings["max_new_tokens"])

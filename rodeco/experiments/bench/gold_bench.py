@@ -58,7 +58,7 @@ from rodeco.experiments.bootstrap import draws
 from rodeco.experiments.speedup import matched_speedup
 
 if TYPE_CHECKING:
-    from rodeco.state import Candidate
+    from rodeco.common.state import Candidate
 
 REPORT_SEED, SELECT_SEED = 7, 1000  # far apart: reasoning-gym's problem i of seed s is problem i - 1 of seed s + 1
 MAX_NEW = 64
@@ -157,7 +157,7 @@ def pool_gold(pool: Any, gold: Gold) -> dict[int, list[float]]:
 def select(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     gold = Gold()
-    from rodeco.pool import Pool
+    from rodeco.replays.pool import Pool
 
     for task, cfg in CANDIDATES.items():
         path = a.out / "select" / task
@@ -219,7 +219,7 @@ def search_methods() -> list[Method]:
 
 def memory(prompt_tokens: int, kv: Any) -> int:
     """Best-of-4's memory: the KV cache four rows of this prompt fill at full length."""
-    from rodeco.budget import full_length_tokens
+    from rodeco.common.budget import full_length_tokens
 
     return full_length_tokens(4, [prompt_tokens], MAX_NEW, kv)
 
@@ -236,13 +236,14 @@ def finished(cands: list[Candidate] | None) -> list[tuple[int, float, str]]:
 
 
 class Replayer:
-    """One task's pool, one guide: every method replayed through the real loop (``rodeco.replay.replay_batch``)."""
+    """One task's pool, one guide: every method replayed through the real loop
+    (``rodeco.replays.replay.replay_batch``)."""
 
     def __init__(self, pool_path: Path, guide: str) -> None:
         from rodeco.compose import load_config
         from rodeco.experiments.record import pool_roles
         from rodeco.plugins import default_plugins
-        from rodeco.replay import open_pool
+        from rodeco.replays.replay import open_pool
         from rodeco.roles import choose_roles
         from rodeco.runner import loop_settings
 
@@ -265,8 +266,8 @@ class Replayer:
         return self.roles[key]
 
     def run(self, m: Method, index: int, first: int) -> dict[str, Any]:
-        from rodeco.budget import Budget
-        from rodeco.replay import replay_batch
+        from rodeco.common.budget import Budget
+        from rodeco.replays.replay import replay_batch
 
         roles = self.policy_roles(m.policy)
         p = self.pool.prompt(index)
@@ -285,7 +286,7 @@ class Replayer:
         }
 
     def save(self) -> None:
-        from rodeco.replay import pool_served
+        from rodeco.replays.replay import pool_served
 
         for r in self.roles.values():
             for served in pool_served(r.reward, r.partial):
@@ -303,8 +304,8 @@ class Live:
 
     def __init__(self, pool_path: Path, guide: str) -> None:
         import rodeco
-        from rodeco.pool_session import live_generator
-        from rodeco.replay import open_pool
+        from rodeco.replays.pool_session import live_generator
+        from rodeco.replays.replay import open_pool
 
         self.pool, _ = open_pool(pool_path)
         self.gen = live_generator(self.pool)
@@ -317,8 +318,8 @@ class Live:
     def run(self, m: Method, indices: list[int]) -> dict[int, dict[str, Any]]:
         """Method ``m`` on problems ``indices``, decoded together: per problem, its FLOPs, rows started and finished
         candidates (id, guide score, text)."""
+        from rodeco.common.state import PromptRef, PromptResult
         from rodeco.experiments.bench.open_vs_closed import Arrivals
-        from rodeco.state import PromptRef, PromptResult
 
         got: dict[int, PromptResult] = {}
         reqs = []
@@ -438,7 +439,7 @@ def search(a: argparse.Namespace) -> None:
 def load_runs(a: argparse.Namespace) -> tuple[dict, dict, dict]:
     """{task: {guide: {index: record}}} of the replayed methods; the same with the live search methods added, on the
     problems that have both; {task: {index: [gold of every pool candidate]}}."""
-    from rodeco.pool import Pool
+    from rodeco.replays.pool import Pool
 
     gold = Gold()
     runs: dict[str, dict[str, dict[int, dict]]] = {}

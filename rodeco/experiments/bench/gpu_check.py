@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rodeco.common.hardware import cuda_available, cuda_devices, is_cuda, synchronize
 from rodeco.experiments.bench.gpu_report import environment, markdown, write_report  # the report's JSON and Markdown
-from rodeco.hardware import cuda_available, cuda_devices, is_cuda, synchronize
 
 # the engine figures first (engine_bench, syncs, efficiency): the time limit skips what is left, budget and oom
 # were measured on a GPU before
@@ -110,7 +110,7 @@ class Check:
         key = ",".join((engine, *extra))
         if key not in self._gens:
             import rodeco
-            from rodeco.loading import load_generator
+            from rodeco.core.loading import load_generator
 
             self._gens[key] = load_generator(rodeco.load_config([*self.overrides(engine), *extra]).generator)
         return self._gens[key]
@@ -179,7 +179,7 @@ def step_greedy(c: Check) -> dict[str, Any]:
 
 
 def step_survivors(c: Check) -> dict[str, Any]:
-    from rodeco.budget import Budget
+    from rodeco.common.budget import Budget
 
     out: dict[str, Any] = {}
     n, new = c.sizes.rows, c.sizes.new_tokens
@@ -259,7 +259,7 @@ def step_budget(c: Check) -> dict[str, Any]:
         ],
         n="auto",
     )
-    from rodeco.budget import budget_from_device
+    from rodeco.common.budget import budget_from_device
 
     kv = budget_from_device(free, gen.kv_bytes_per_token, frac, int(2.0 * 2**30))
     peak = torch.cuda.max_memory_allocated(gen.device) - base
@@ -304,11 +304,11 @@ def step_oom(c: Check) -> dict[str, Any]:
     torch.cuda.set_per_process_memory_fraction(cap / total, gen.device)
     logs: list[str] = []
     handler = _Collect(logs)
-    logging.getLogger("rodeco.backoff").addHandler(handler)
+    logging.getLogger("rodeco.common.backoff").addHandler(handler)
     try:
         faulted, secs = c.decode(PROMPTS, "fast", ov, n="auto")
     finally:
-        logging.getLogger("rodeco.backoff").removeHandler(handler)
+        logging.getLogger("rodeco.common.backoff").removeHandler(handler)
         torch.cuda.set_per_process_memory_fraction(1.0, gen.device)
         torch.cuda.empty_cache()
     halvings = sum("budget.kv_tokens" in m for m in logs)
@@ -349,8 +349,8 @@ def step_syncs(c: Check) -> dict[str, Any]:
     the host wait for the device (a scalar read, a blocking copy); tokens/s of both."""
     import torch
 
-    from rodeco.sampling import SamplingParams
-    from rodeco.state import OpenPrompt, SessionSpec
+    from rodeco.common.sampling import SamplingParams
+    from rodeco.common.state import OpenPrompt, SessionSpec
 
     cuda, s = is_cuda(c.args.device), c.sizes
     warm, steps = 8, s.bench_tokens

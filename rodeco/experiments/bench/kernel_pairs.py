@@ -50,7 +50,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def _generator(model: str | None, dtype: str) -> Any:
     import rodeco
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
 
     over = [f"generator.dtype={dtype}", "generator.engine=fast", "generator.compile=false"]
     if model:
@@ -66,8 +66,8 @@ class Variant:
 
     def run(self, ids: list[list[int]], rows: int, context: int, steps: int) -> float:
         """Seconds for ``steps`` steps (step and sampling) of ``rows`` rows, after ``context`` untimed ones."""
+        from rodeco.common.sampling import SamplingParams, sample
         from rodeco.engines.fast import LlamaEngine
-        from rodeco.sampling import SamplingParams, sample
 
         gen = self.gen
         eng = LlamaEngine(gen.model, weights=self.weights, compiled=self.step)
@@ -96,10 +96,10 @@ class Variant:
 def _variants(gen: Any, a: argparse.Namespace) -> tuple[dict[str, Variant], dict[str, tuple[str, str]], dict[str, str]]:
     """The compiled steps to time ({name: variant}), the kernels to pair ({kernel: (its variant, the replacement's)})
     and the kernels not paired on this CPU ({kernel: why})."""
+    from rodeco.common.hardware import cpu_vendor
     from rodeco.engines import native
     from rodeco.engines.compiled import CompiledStep
     from rodeco.engines.fast import LlamaEngine
-    from rodeco.hardware import cpu_vendor
 
     model = gen.model
     onednn = LlamaEngine.prepare(model)
@@ -126,9 +126,9 @@ def _variants(gen: Any, a: argparse.Namespace) -> tuple[dict[str, Variant], dict
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rodeco.common.hardware import cpu_facts
     from rodeco.engines import native
     from rodeco.experiments.engine_bench import paired_runs
-    from rodeco.hardware import cpu_facts
 
     a = _args(argv)
     torch.manual_seed(0)

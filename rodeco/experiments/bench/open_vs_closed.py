@@ -66,8 +66,8 @@ class Arrivals:
 
 def decode(dec: Any, prompts: list[Any], a: argparse.Namespace, mode: str) -> Run:
     """The requests of ``prompts`` through the open loop, staggered or all at once."""
-    from rodeco.budget import full_length_tokens
-    from rodeco.state import PromptRef
+    from rodeco.common.budget import full_length_tokens
+    from rodeco.common.state import PromptRef
 
     got: list[Any] = []
     reqs = []

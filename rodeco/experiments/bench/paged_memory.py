@@ -39,7 +39,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_generator(base: Any, engine: str) -> Any:
     """A generator of ``base``'s model and tokenizer on ``engine`` that keeps the engines it opens (``opened``)."""
-    from rodeco.generator import TorchGenerator
+    from rodeco.core.generator import TorchGenerator
 
     class Recording(TorchGenerator):
         opened: list[Any]
@@ -98,7 +98,7 @@ def run(base: Any, a: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None, generator: Any = None) -> dict[str, Any]:
     """``generator``: a loaded torch generator whose model the engine runs (tests); else the config's."""
     import rodeco
-    from rodeco.loading import load_generator
+    from rodeco.core.loading import load_generator
     from rodeco.tasks import prompts_of
 
     a = parse(argv)

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from rodeco.common.hardware import cpu_facts
 from rodeco.engines import native
 from rodeco.experiments.engine_bench import paired_runs
-from rodeco.hardware import cpu_facts
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

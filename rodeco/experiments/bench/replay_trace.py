@@ -4,13 +4,13 @@
         [--phase sr] [--check-tokens 16] [--batch-requests 16] [--out FILE] [-- <rodeco overrides>]
 
 Each ``--trace`` is a ``serve_bench.py`` snapshot: its ``--phase`` requests arrive at their recorded times, each with
-the budget the server gave it (its ``kv_tokens``), and decode through the open loop (``rodeco.replay_open``) over the
-pool's candidates under the phase's policy (``sr``: ``fixed`` with the run's ``--alpha``; ``bon``: ``none``), the
-running requests' budgets within the server's ``--kv-tokens``. The clock is modelled (``TimeModel`` fitted to the
-pool's measured step times, the pool's prefills, rewards as computed), so its latencies are modelled latencies; they
-are printed beside the server's measured ones for the same requests. The pool must hold the trace's prompts (record
-it with ``rodeco experiment=pool`` on the same data, candidates at least the phase's ``best_of``); its seed is one
-for all requests, where the server's requests had their own, so the candidates are other samples of the same model.
+the budget the server gave it (its ``kv_tokens``), and decode through the open loop (``rodeco.replays.replay_open``)
+over the pool's candidates under the phase's policy (``sr``: ``fixed`` with the run's ``--alpha``; ``bon``: ``none``),
+the running requests' budgets within the server's ``--kv-tokens``. The clock is modelled (``TimeModel`` fitted to the
+pool's measured step times, the pool's prefills, rewards as computed), so its latencies are modelled latencies; they are
+printed beside the server's measured ones for the same requests. The pool must hold the trace's prompts (record it with
+``rodeco experiment=pool`` on the same data, candidates at least the phase's ``best_of``); its seed is one for all
+requests, where the server's requests had their own, so the candidates are other samples of the same model.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def replay_one(a: argparse.Namespace, doc: dict[str, Any], trace: str) -> dict[s
     """One snapshot's phase replayed over the pool: its figures measured (the snapshot's) and modelled."""
     from rodeco.experiments.analysis import TimeModel
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.replay import open_pool, pool_served
-    from rodeco.replay_open import Arrival, replay_arrivals
+    from rodeco.replays.replay import open_pool, pool_served
+    from rodeco.replays.replay_open import Arrival, replay_arrivals
 
     args, recs = doc["args"], doc["servers"][a.phase]["records"]
     plugins = default_plugins()

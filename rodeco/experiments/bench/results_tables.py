@@ -520,7 +520,7 @@ def guide_split(snap: dict[str, Any]) -> str:
 
 
 def diagnostics(snap: dict[str, Any]) -> str:
-    """The winners' diagnostics (``rodeco.diagnostics``) and the guide's parts, per method."""
+    """The winners' diagnostics (``rodeco.common.diagnostics``) and the guide's parts, per method."""
     diag = snap["diagnostics"]
     fields = [f for f in next(iter(diag.values())) if not f.startswith("guide_")]
     out = [row(["method", *(f.replace("_", " ") for f in fields)]), row(["---", *["---:"] * len(fields)])]

@@ -53,17 +53,17 @@ def live_runner(pool_path: str, overrides: list[str], compile_step: bool = False
     """A function (prompt index, policy node, start, kv budget, first stream) -> the run record the efficiency
     analysis reads, with the winner (text, tokens, stop reason, lineage) to judge and check."""
     import rodeco
-    from rodeco.budget import Budget
+    from rodeco.common.budget import Budget
+    from rodeco.common.state import PromptRef
     from rodeco.compose import option_node
+    from rodeco.core.loop import decode_batch
     from rodeco.experiments.efficiency import rows_x_context
     from rodeco.experiments.replay_policy import best_score
-    from rodeco.loop import decode_batch
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.pool import Pool
-    from rodeco.pool_session import live_generator
+    from rodeco.replays.pool import Pool
+    from rodeco.replays.pool_session import live_generator
     from rodeco.roles import RoleBuilder, Roles, choose_roles
     from rodeco.runner import loop_settings
-    from rodeco.state import PromptRef
 
     pool = Pool(pool_path)
     plugins = default_plugins()
@@ -155,7 +155,7 @@ def run_searches(a: argparse.Namespace, records: list[dict], sel: list[int], rep
     when a run stops is whole methods on whole sets. Set ``first=0`` is ``methods``, the others ``sets[first]``."""
     from tqdm.auto import tqdm
 
-    from rodeco.results import atomic_write
+    from rodeco.core.results import atomic_write
 
     out_f = a.run_dir / "search_prompts.jsonl"
     done = {}
@@ -352,7 +352,7 @@ def summarize(
     """The efficiency experiment's summary of the records under ``args``: its own methods and the alternatives
     on both halves, the search rows on the report half (``eff``: the efficiency run's efficiency.json)."""
     from rodeco.experiments import analysis
-    from rodeco.pool import Pool
+    from rodeco.replays.pool import Pool
 
     tm = (
         analysis.TimeModel(**eff["time_model"])
@@ -368,8 +368,8 @@ def summarize(
 def analyse(a: argparse.Namespace, records: list[dict], done: dict[int, dict], sel: list[int], rep: list[int]) -> None:
     """The efficiency analysis with the search rows: ``search.json`` (efficiency.json's layout, which
     scripts/results_tables.py renders, with the search rows and how they ran), ``search.md``, and the table."""
+    from rodeco.core.results import atomic_write
     from rodeco.experiments import analysis, render
-    from rodeco.results import atomic_write
 
     labels = ["fixed_alpha_0.5", "fixed_alpha_0.5_oracle", *a.methods]
     alt = [k for k in ALTERNATIVES if all(k in r["methods"] for r in records)]

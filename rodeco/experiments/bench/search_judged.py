@@ -71,8 +71,8 @@ class JudgeCache:
         """Score every (prompt index, prompt, text) that lacks a score, prompt by prompt."""
         from tqdm.auto import tqdm
 
-        from rodeco.judging import Item
-        from rodeco.results import atomic_write
+        from rodeco.core.judging import Item
+        from rodeco.core.results import atomic_write
 
         for j in self.judges.judges:
             scores = self.data[j.name]["scores"]
@@ -183,9 +183,9 @@ def judged(
 ) -> dict[str, Any]:
     """Judge every method's winners on the prompts ``rep`` (the report half, or ``all_reported``: every prompt),
     analyse, print ``judge_*`` lines and write ``search_judged.json.gz``."""
-    from rodeco.pool import Pool
+    from rodeco.core.results import atomic_write
     from rodeco.rejudge import judges_by_name
-    from rodeco.results import atomic_write
+    from rodeco.replays.pool import Pool
 
     labels = [m for m in a.methods if complete_prompts(done, rep, a.firsts, [m])]
     prompts = complete_prompts(done, rep, a.firsts, labels)
@@ -224,9 +224,9 @@ def judged(
 def annotate(win: dict[str, dict[tuple[int, int], dict]], pool: Any, cache: JudgeCache, names: list[str]) -> None:
     """Each winner's judge scores (the texts the cache lacks scored first), its guide's parts (minilm_rm's
     embedding and surface parts) and its diagnostics (with the mean token log-prob)."""
-    from rodeco.diagnostics import diagnose
+    from rodeco.common.diagnostics import diagnose
+    from rodeco.common.state import ScoreRequest
     from rodeco.plugins import BuildContext, default_plugins
-    from rodeco.state import ScoreRequest
 
     cache.score([(i, pool.prompt(i).text, w["text"]) for m in win.values() for (i, _), w in m.items()])
     guide: Any = default_plugins().build_reward({"name": "minilm_rm"}, BuildContext())  # its parts

@@ -28,8 +28,8 @@ def judge_servers(
 ) -> dict[str, Any]:
     """Each server's winners scored by each judge (``scores[judge][server][i]``, None where the request failed),
     the means and paired differences with CIs, the judges' cost, and ``lines`` to print."""
+    from rodeco.core.judging import Item
     from rodeco.experiments.bootstrap import ci, draws
-    from rodeco.judging import Item
 
     servers = [s for s in SERVERS if s in doc["servers"]]
     recs = {s: doc["servers"][s]["records"] for s in servers}

@@ -29,7 +29,7 @@ log = logging.getLogger("serve_bench")
 def shown(path: Path, out: Path | None = None) -> str:
     """``path`` as a record holds it: relative to ``out`` (the run's output), the repository, or rodeco's cache
     (``<rodeco cache>/...``); else its name."""
-    from rodeco.loading import cache_dir
+    from rodeco.core.loading import cache_dir
 
     path = Path(os.path.abspath(path))  # symlinks kept: a venv's python stays the venv's
     for base, label in ((out, ""), (REPO, ""), (cache_dir(), "<rodeco cache>/")):
@@ -140,7 +140,7 @@ def stop(proc: subprocess.Popen, name: str, grace: float = 20.0) -> None:
 def model_dir(generator: str) -> Path:
     """The directory rodeco loads ``generator``'s weights from (the embedded GGUF, dequantized once and cached)."""
     import rodeco
-    from rodeco.loading import weights
+    from rodeco.core.loading import weights
 
     g = rodeco.load_config([f"generator={generator}"]).generator
     src, gguf = weights(g.model, g.gguf_file)
@@ -150,7 +150,7 @@ def model_dir(generator: str) -> Path:
 
 
 def dtype_of(a: argparse.Namespace) -> str:
-    from rodeco.hardware import cuda_available
+    from rodeco.common.hardware import cuda_available
 
     return a.dtype if a.dtype != "auto" else ("bfloat16" if cuda_available() else "float32")
 
@@ -193,8 +193,8 @@ def vllm_argv(a: argparse.Namespace, port: int, src: Path) -> tuple[list[str], d
     """vLLM's server as rodeco's own vLLM engine sets it up (rodeco/engines/vllm.py): the dtype, KV blocks of 32 on
     CPU (16 on CUDA), a KV pool of ``--kv-tokens`` in whole blocks plus vLLM's null block, prefix caching,
     max_model_len the model's context or the pool if smaller."""
+    from rodeco.common.hardware import cuda_available
     from rodeco.engines.vllm import default_block
-    from rodeco.hardware import cuda_available
 
     cfg = json.loads((src / "config.json").read_text())
     dtype = dtype_of(a)

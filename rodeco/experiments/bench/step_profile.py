@@ -58,11 +58,11 @@ def layer_flops(model: torch.nn.Module) -> tuple[float, float]:
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
+    from rodeco.common.hardware import cpu_facts
+    from rodeco.common.sampling import SamplingParams, sample, uniforms
+    from rodeco.core.generator import TorchGenerator
+    from rodeco.core.loading import load_model_and_tokenizer
     from rodeco.experiments.engine_bench import matmul_peak_gflops
-    from rodeco.generator import TorchGenerator
-    from rodeco.hardware import cpu_facts
-    from rodeco.loading import load_model_and_tokenizer
-    from rodeco.sampling import SamplingParams, sample, uniforms
 
     model, tok = load_model_and_tokenizer(a.model, dtype=a.dtype, device="cpu")
     gen = TorchGenerator(model, tok, engine="fast", name=a.model)

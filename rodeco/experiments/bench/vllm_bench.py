@@ -113,10 +113,10 @@ def _sized(a: argparse.Namespace, base: list[str], prompts: list[Any]) -> tuple[
     """The generator with its KV pool, the pool's tokens (Best-of-``--memory-of``'s memory at full length), and
     the longest prompt's tokens."""
     import rodeco
-    from rodeco.budget import KVSpec, full_length_tokens
+    from rodeco.common.budget import KVSpec, full_length_tokens
+    from rodeco.common.hardware import cuda_available
+    from rodeco.core.loading import load_generator, weights
     from rodeco.engines.vllm import default_block
-    from rodeco.hardware import cuda_available
-    from rodeco.loading import load_generator, weights
 
     if a.engine != "vllm":  # rodeco's engines: the generator's own encoding (its chat template, if any) sizes it
         gen = load_generator(rodeco.load_config(base).generator)
