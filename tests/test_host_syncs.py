@@ -1,7 +1,7 @@
 """A decode step that waits for nothing on the host (off the CPU): the random numbers drawn on the device
-(``rodeco.common.sampling.device_uniforms``, the same as numpy's ``uniforms`` bit for bit) and, on CUDA, the
-finished rows counted one step late (``TorchSession.lag_finished``). On CPU both are forced on here; the GPU check runs a decode under
-``torch.cuda.set_sync_debug_mode("error")`` where a device is lent."""
+(``rodeco.common.sampling.device_uniforms``, the same as numpy's ``uniforms`` bit for bit) and, on CUDA, the finished
+rows counted one step late (``TorchSession.lag_finished``). On CPU both are forced on here; the GPU check runs a decode
+under ``torch.cuda.set_sync_debug_mode("error")`` where a device is lent."""
 
 from __future__ import annotations
 

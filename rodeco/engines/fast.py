@@ -14,8 +14,8 @@ decided by ``rodeco.engines.blocks.Blocks``. So:
 - a step's attention reads each row's own blocks in place (``rodeco.engines.native.paged_attention`` on CPU, else
   the torch path it replaces, ``paged_reference``), its own number of tokens.
 
-The pool is fixed when the engine is made (``pool_tokens``: the session's budget, ``rodeco.common.budget``), as
-vLLM's KV manager fixes its own; a session that asks for more blocks than the pool holds is a bug the loop's decision points
+The pool is fixed when the engine is made (``pool_tokens``: the session's budget, ``rodeco.common.budget``), as vLLM's
+KV manager fixes its own; a session that asks for more blocks than the pool holds is a bug the loop's decision points
 exist to prevent (``rodeco.engines.blocks.PoolFull``). Without a budget the pool grows as rows need it.
 
 One decoder layer (``rodeco.engines.llama.decoder_layer``) serves the prefill, the eager step and the compiled step

@@ -1,8 +1,8 @@
-"""Engines without a model: the cache bookkeeping of ``hf``, the Llama engine and ``vllm`` (rows, cached length,
-slots allocated, the steps a quota allows), for sessions that replay recorded tokens (``rodeco.replays.replay``). They
-take the same calls as the real engines and return placeholder logits, so a replayed run's peak KV memory, decision points
-and FLOPs are counted by the same code as a live run's. ``tests/test_replay.py`` checks them call for call against
-the real engines."""
+"""Engines without a model: the cache bookkeeping of ``hf``, the Llama engine and ``vllm`` (rows, cached length, slots
+allocated, the steps a quota allows), for sessions that replay recorded tokens (``rodeco.replays.replay``). They take
+the same calls as the real engines and return placeholder logits, so a replayed run's peak KV memory, decision points
+and FLOPs are counted by the same code as a live run's. ``tests/test_replay.py`` checks them call for call against the
+real engines."""
 
 from __future__ import annotations
 
