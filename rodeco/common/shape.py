@@ -15,11 +15,12 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype_byte
 @dataclass(frozen=True)
 class KVSpec:
     """How an engine stores the KV cache, which every memory figure needs (``rodeco.common.budget``): in blocks of
-    ``block`` tokens (1: token by token), whether a prompt's cache is stored once for all its rows (``shares_prefix``), and
-    whether a prompt ends on a block boundary (``aligned``: the Llama engine pads its first block at the front, so its
-    rows share all its blocks and their own tokens start in blocks of their own; else, as vLLM, a prompt's full blocks
-    before its last token are shared and each row holds the rest). A generator has one (``Generator.kv``); a pool
-    records the one it was recorded with. ``shares_prefix`` and ``block`` have no default."""
+    ``block`` tokens (1: token by token), whether a prompt's cache is stored once for all its rows
+    (``shares_prefix``), and whether a prompt ends on a block boundary (``aligned``: the Llama engine pads its first
+    block at the front, so its rows share all its blocks and their own tokens start in blocks of their own; else, as
+    vLLM, a prompt's full blocks before its last token are shared and each row holds the rest). A generator has one
+    (``Generator.kv``); a pool records the one it was recorded with. ``shares_prefix`` and ``block`` have no
+    default."""
 
     shares_prefix: bool
     block: int
