@@ -8,7 +8,6 @@ import torch
 from conftest import TINY_SHAPE
 from helpers import compare_survivors, hf_greedy, open_batch, run_tiny
 
-from rodeco.common.budget import block_shared
 from rodeco.common.sampling import SamplingParams
 
 PROMPTS = ["write a haiku about autumn leaves", "give three tips", "explain why the sky is blue"]
@@ -82,8 +81,8 @@ def test_the_engine_stores_each_prompts_full_blocks_once_and_frees_them_with_its
     sess.decode(until=5)  # 5 tokens sampled, 4 of them fed: each row holds its prompt and 4 tokens
     b = sess.engine.block
 
-    def held(L: int, rows: int) -> int:  # the prompt's full blocks once, each row the rest in blocks of its own
-        return b * (L // b + rows * (-(-(L + 4) // b) - L // b))
+    def held(L: int, rows: int) -> int:  # the prompt's blocks (whole: padded at the front) once, each row its own
+        return b * (-(-L // b) + rows * -(-4 // b))
 
     L0, L1 = map(len, prompt_ids)
     assert sess.engine.allocated_tokens == held(L0, 4) + held(L1, 4)
@@ -164,13 +163,13 @@ def test_budget_bounds_peak_and_sets_decision_points(tiny_gen, budget, n, alpha,
     )  # rounds follow the formula alone
     assert 0 < out.compute.peak_kv_tokens <= budget
     lens = [len(gen.encode(p)) for p in PROMPTS[:2]]
-    b = gen.kv.block  # paged: blocks of 16, the prompt's full blocks stored once
-    shared = [0] * 2 if engine == "hf" else [p if b == 1 else block_shared(p, b) for p in lens]
-    own, base = budget - 2 * max(shared), max(p - s for p, s in zip(lens, shared))
+    b = gen.kv.block  # fast: blocks of 8 or 16, each prompt in whole blocks stored once; hf: token by token, copied
+    shared = 0 if engine == "hf" else sum(-(-p // b) * b for p in lens)
+    own, base = budget - shared, max(lens) if engine == "hf" else 0  # the rows' share, where a row starts
     rows, t = 2 * n, 0
     expected = []
-    while True:  # the documented formula (rodeco/common/budget.py)
-        t = min(max_new, own // rows // b * b - base)
+    while True:  # the documented count (rodeco/common/budget.py): at clock t a row holds t - 1 tokens of its own
+        t = min(max_new, own // rows // b * b - base + 1)  # the most clock ticks whose blocks fit
         if t >= max_new:
             break
         m = min(4, max_new - t)

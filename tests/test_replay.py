@@ -32,8 +32,11 @@ PROMPTS = [
     Prompt(1, "give three tips"),
     Prompt(2, "explain why the sky is blue in two sentences"),
 ]
-NEW = 16
+NEW = 40  # longer than a block (8 or 16 tokens), so that a budget can force decision points past the first block
 BASE = ["reward=logprob", f"sampling.max_new_tokens={NEW}", "budget.min_tokens_per_round=2"]
+# budgets under which 8 rows of a prompt of PROMPTS meet decision points, on blocks of 8 as of 16: a tight one (70)
+# and a looser one (110), per engine (hf stores the prompt in every row)
+KV = {"fast": {70: 160, 110: 200}, "hf": {70: 240, 110: 290}}
 
 
 @pytest.mark.parametrize("engine", ["hf", "fast"])
@@ -165,8 +168,8 @@ def test_replay_equals_live(pools, engine, policy, params, kv):
     if engine == "hf" and policy not in ("fixed", "none"):
         pytest.skip("the hf engine is checked with none and fixed; the policies are engine-independent")
     gen, path = pools[engine]
-    if kv is not None:  # hf stores the prompt in every row; the Llama engine counts in blocks of 16
-        kv = {"hf": {70: 240, 110: 290}, "fast": {70: 160, 110: 200}}[engine][kv]
+    if kv is not None:
+        kv = KV[engine][kv]
     live, replayed = live_and_replay(gen, path, policy, params, kv)
     decided = 0
     for lv, (rp, comp, _) in zip(live, replayed):
@@ -212,6 +215,7 @@ def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params,
     gen, shared = pools["fast"]
     path = tmp_path / "pool"
     shutil.copytree(shared, path)
+    kv = kv if kv is None else KV["fast"][kv]
     for attempt in ("decoded", "served"):
         live, replayed, rgen = live_and_replay(gen, path, policy, params, kv, with_gen=True)
         copies = 0
@@ -237,8 +241,8 @@ def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params,
 def test_replay_starts_from_auto_as_live(pools):
     gen, path = pools["fast"]
     live, replayed = live_and_replay(
-        gen, path, "fixed", {"alpha": 0.5}, 70, n="auto", extra=("budget.min_tokens_per_round=8",)
-    )  # auto: fewer rows than the pool
+        gen, path, "fixed", {"alpha": 0.5}, 104, n="auto", extra=("budget.min_tokens_per_round=8",)
+    )  # auto: fewer rows than the pool (10 on blocks of 8, 4 on blocks of 16)
     for lv, (rp, comp, _) in zip(live, replayed):
         assert 1 < rp.n_start == lv.n_start <= 12 and rp.best.candidate_id == lv.best.candidate_id
         assert comp.gen_decode_tokens == lv.compute.gen_decode_tokens
@@ -309,7 +313,7 @@ def test_replay_refuses_settings_the_pool_was_not_recorded_with(pools):
 
 def test_rewards_are_computed_once_then_served_from_the_pool(pools):
     gen, path = pools["fast"]
-    cfg = rodeco.load_config([*BASE, "policy.alpha=0.5", "budget.kv_tokens=70", "n=8"])
+    cfg = rodeco.load_config([*BASE, "policy.alpha=0.5", f"budget.kv_tokens={KV['fast'][70]}", "n=8"])
     plugins = default_plugins()
     pool, rgen = open_pool(path)
     pol = plugins.build_policy(cfg.policy, BuildContext(plugins=plugins))
@@ -340,7 +344,7 @@ def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     from rodeco.replays.pool_rewards import OracleReward
 
     gen, path = pools["fast"]
-    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={kv}", "n=8"])
+    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={KV['fast'][kv]}", "n=8"])
     plugins = default_plugins()
     pool, rgen = open_pool(path)
     reward = pool_reward(cfg, plugins, pool, rgen)
@@ -386,7 +390,7 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
             return [float(r.hidden_state[0]) for r in requests]
 
     gen, path = pools["fast"]
-    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", "budget.kv_tokens=70", "n=8"])
+    cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={KV['fast'][70]}", "n=8"])
     plugins = default_plugins()
     pool, rgen = open_pool(path)
     reward = pool_reward(cfg, plugins, pool, rgen)
@@ -421,7 +425,7 @@ def test_a_pool_replayed_with_staggered_arrivals_gives_each_prompt_its_closed_ba
     (``replay_prompt``): winners, candidates and rounds; Best-of-N also what the closed batch of all
     three gets. The modelled clock orders arrival, admission and completion."""
     gen, path = pools[engine]
-    kv = kv if kv is None or engine == "fast" else 240  # hf stores the prompt in every row
+    kv = kv if kv is None else KV[engine][kv]
     ov = [*BASE, f"policy={policy}", *[f"policy.{k}={v}" for k, v in params.items()], "n=8"]
     cfg = rodeco.load_config([*ov, "budget=unlimited" if kv is None else f"budget.kv_tokens={kv}"])
     with open_dict(cfg):
@@ -473,7 +477,7 @@ def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_pa
             "arrival": 0.05 * max(0, i - 1),
             "latency": 1.0 + i,
             "ok": True,
-            "server": {"kv_tokens": 70, "queue_seconds": 0.1},
+            "server": {"kv_tokens": KV["fast"][70], "queue_seconds": 0.1},
         }
         for i in range(3)
     ]
@@ -485,7 +489,7 @@ def test_the_trace_script_replays_a_serve_bench_snapshots_arrivals(pools, tmp_pa
         "top_k": 50,
         "temperature": 1.0,
         "alpha": 0.5,
-        "kv_tokens": 140,
+        "kv_tokens": 2 * KV["fast"][70],
     }
     trace = tmp_path / "serve_bench.json"
     summary = {"requests_per_s": 0.5, "goodput_per_s": 0.5}

@@ -204,7 +204,7 @@ def decode_batch(
     are fired at each decision point (``round_end``, before ``on_round``) and each prompt's end (``prompt_done``,
     after ``on_done``)."""
     refs = [p if isinstance(p, PromptRef) else PromptRef(*p) for p in prompts]
-    b = _Batch(gen, scorer, partial or scorer, _Limits(), per_call=False, hooks=hooks)
+    b = _Batch(gen, scorer, partial or scorer, _Limits(), per_call=False, pool=s.budget.kv_tokens, hooks=hooks)
 
     def asked() -> Collection[int]:
         return () if cancelled is None or b.sess is None else cancelled(b.sess)
@@ -240,7 +240,8 @@ def decode_open(
     end, as ``decode_batch`` fires them."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
-    b = _Batch(gen, scorer, partial or scorer, _Limits(kv_tokens, max_rows, max_prompts), per_call=True, hooks=hooks)
+    limits = _Limits(kv_tokens, max_rows, max_prompts)
+    b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks)
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -303,8 +304,9 @@ class _One:
 class _Batch:
     """The loop's state: the cohorts waiting and running, the session, the trace and the accounting, and the steps
     of ``_run`` (cancel, admit, decode, the rounds' ends, finish, decide). ``per_call``: each prompt is charged what
-    was done for it as it happened (``Accounting``), as an open batch's prompts come and go. ``hooks``: fired at
-    every decision point and every prompt's end (None: none)."""
+    was done for it as it happened (``Accounting``), as an open batch's prompts come and go. ``pool``: the KV tokens
+    the session's pool holds (a closed batch's budget, an open batch's limit; None: no limit, the pool grows).
+    ``hooks``: fired at every decision point and every prompt's end (None: none)."""
 
     def __init__(
         self,
@@ -313,9 +315,10 @@ class _Batch:
         decider: Scorer,
         limits: _Limits,
         per_call: bool,
+        pool: int | None,
         hooks: LoopHooks | None = None,
     ) -> None:
-        self.gen, self.scorer, self.decider, self.limits = gen, scorer, decider, limits
+        self.gen, self.scorer, self.decider, self.limits, self.pool = gen, scorer, decider, limits, pool
         self.hooks: LoopHooks = hooks if hooks is not None else _NoHooks()
         self.waiting: deque[Request] = deque()
         self.running: list[_Cohort] = []
@@ -431,10 +434,7 @@ class _Batch:
         with self.acct.timed("prefill", weights):
             if self.sess is None:
                 first = joining[0]
-                pool = (
-                    self.limits.kv_tokens if self.limits.kv_tokens is not None else first.req.settings.budget.kv_tokens
-                )
-                spec = session_spec(first.req.settings, pool, **recorded_for(self.scorer, self.decider))
+                spec = session_spec(first.req.settings, self.pool, **recorded_for(self.scorer, self.decider))
                 self.sess = gen.open_session(spec)
             sess = self.sess
             prompts = [open_prompt(c.req.settings, r, c.n, c.req.first) for c in joining for r in c.req.prompts]

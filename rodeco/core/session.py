@@ -297,9 +297,12 @@ class TorchSession:
         return list(range(P0, P0 + P))
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
-        """How many steps (at most ``most``) the rows ``rows`` can take with the cache they hold, plus
-        ``row_overhead`` tokens a row, within ``tokens``: the engine's own count (``Forward.steps_within``)."""
-        return self.engine.steps_within(rows, tokens, row_overhead, most)
+        """How many tokens more (at most ``most``) the rows ``rows`` can each sample while the cache they hold, plus
+        ``row_overhead`` tokens a row, stays within ``tokens``: the engine's own count of the steps that feed them
+        (``Forward.steps_within``). A row's latest token is fed at the next step, so right after an admission (no
+        token pending) the first token takes no step."""
+        free = int(self.pending is None and most > 0)
+        return free + self.engine.steps_within(rows, tokens, row_overhead, most - free)
 
     def _finished_count(self) -> int:
         """How many rows have finished. With ``lag_finished`` (CUDA): as of the previous step, whose count was copied
