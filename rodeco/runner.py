@@ -120,7 +120,7 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
         sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
         needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
         needs_hidden=decider.needs_hidden_states,
-        gathered_prompt=longest if gen.info.gathers_prompt else 0,
+        gathered_prompt=longest + s.max_new_tokens if gen.info.gathers_prompt else 0,
     )
 
 

@@ -20,24 +20,23 @@ def test_cuda_budget_formula_by_hand():
     assert budget_from_device(free, kv, 0.9, reserve) == int((98 * 2**30) * 0.9 // 23040)
 
 
-def test_capacity_and_minimum_rejection_by_hand():
+def test_minimum_rejection_by_hand():
     b = Budget(kv_tokens=1000, min_tokens_per_round=8)
-    assert b.capacity(rows=20, max_length=200) == 50  # the cache fills at 1000 / 20 tokens per row
-    assert b.capacity(rows=2, max_length=200) == 200  # capped by the longest response
     assert b.max_rows(length=50, max_length=200) == 1000 // 58  # room for 8 more tokens per row
     assert b.max_rows(length=196, max_length=200) == 1000 // 200  # only 4 tokens left to decode
-    assert Budget(None).capacity(rows=10**6, max_length=77) == 77
+    assert Budget(None).max_rows(length=10, max_length=77) >= 10**9
 
 
 def test_n_auto_is_the_largest_n_whose_first_round_fits(tiny_gen):
     gen = tiny_gen()
     budget, m = 900, 8
     out = run_tiny(gen, PROMPTS, n="auto", overrides=[f"budget.kv_tokens={budget}", "sampling.max_new_tokens=40"])
-    L0 = max(len(gen.encode(p)) for p in PROMPTS)
+    b = gen.kv.block
+    shared = sum(-(-len(gen.encode(p)) // b) * b for p in PROMPTS)  # each prompt once, in whole blocks
     n = out.results[0].n_start
-    own = budget - 2 * L0  # the fast engine stores each prompt once; the rows share the rest
-    assert n == own // (m * 2)
-    assert 2 * L0 + n * 2 * m <= budget < 2 * L0 + (n + 1) * 2 * m
+    own, held = budget - shared, -(-m // b) * b  # the rows share the rest; a row's first round holds m in blocks
+    assert n == own // (held * 2)
+    assert shared + n * 2 * held <= budget < shared + (n + 1) * 2 * held
     assert out.compute.peak_kv_tokens <= budget
 
 

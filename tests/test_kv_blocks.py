@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 import rodeco
 from rodeco.common.budget import Budget, KVSpec, full_length_tokens
 from rodeco.common.validation import ConfigError
+from rodeco.engines.blocks import Blocks
 from rodeco.engines.layout import VLLMLayout
 
 
@@ -29,19 +31,21 @@ def test_block_arithmetic_by_hand():
     B, base = Budget(2000).for_batch([40, 63], KVSpec(shares_prefix=True, block=32))
     assert (B.kv_tokens, base, B.block) == (2000 - 2 * 32, 31, 32)  # 32 shared each; the longest tail is 31
     assert B.held(1) == 32 and B.held(32) == 32 and B.held(33) == 64
-    assert Budget(1000, block=32).capacity(3, 10**6) == 320  # 31 blocks over 3 rows: 10 blocks each
     assert Budget(1000, block=32).max_rows(40, 10**6) == 1000 // 64  # 40 + 8 tokens hold 2 blocks
     assert full_length_tokens(4, 40, 100, KVSpec(True, 32)) == 32 + 4 * 128  # the tail 8 + 100 tokens: 4 blocks a row
     assert full_length_tokens(4, 40, 100, KVSpec(True, 1)) == 40 + 4 * 100  # block 1: the token arithmetic
-    # a batch: every prompt charged the largest share and the largest tail, as Budget.for_batch splits it
-    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 32)) == 2 * (32 + 4 * 160)  # tail 31 + 100: 5 blocks
-    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 1)) == 2 * (63 + 4 * 100)  # padded to the longest
+    # a batch: each prompt's share, every row charged the largest tail, as Budget.for_batch splits it
+    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 32)) == 32 + 32 + 2 * 4 * 160  # tail 31 + 100: 5 blocks
+    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 1)) == 40 + 63 + 2 * 4 * 100  # each prompt its own
+    # the Llama engine: a prompt ends on a block boundary, all its blocks shared, its rows' tokens in blocks of theirs
+    assert Budget(2000).for_batch([40, 63], KVSpec(True, 16, aligned=True)) == (Budget(2000 - 48 - 64, block=16), 0)
+    assert full_length_tokens(4, [40, 63], 100, KVSpec(True, 16, aligned=True)) == 48 + 64 + 2 * 4 * 112
     # a prompt of whole blocks shares all but its last block: vLLM computes the last token for every row
     assert Budget(2000).for_batch([64], KVSpec(True, 32)) == (Budget(2000 - 32, block=32), 32)
     assert Budget(2000).for_batch([40, 63], KVSpec(True, 1))[1] == 0
     assert Budget(2000).for_batch([40, 63], KVSpec(False, 1))[1] == 63
     with pytest.raises(ConfigError) as e:
-        Budget(100, block=32).check_feasible(2, 40, 60, KVSpec(True, 32))  # 2 x 64 slots > 100
+        Budget(100, block=32).check_feasible([40, 40], 20, KVSpec(True, 32))  # 2 x 64 slots > 100
     assert "128 tokens" in e.value.problem
 
 
@@ -49,19 +53,28 @@ def test_block_arithmetic_by_hand():
 @given(
     st.lists(st.integers(1, 200), min_size=1, max_size=4),
     st.integers(1, 64),
-    st.sampled_from([1, 16, 32]),
+    st.sampled_from([1, 8, 16, 32]),
     st.integers(500, 20000),
+    st.integers(0, 40),
 )
-def test_a_decision_point_never_lets_the_rows_overfill_the_budget(prompt_lens, rows, b, kv):
-    """Decoding ``rows`` rows of every prompt to the decision point the split computes holds at most the budget,
-    whatever the prompts' lengths and tails."""
-    budget = Budget(kv)
-    B, base = budget.for_batch(prompt_lens, KVSpec(shares_prefix=True, block=b))
-    cap = B.capacity(rows * len(prompt_lens), base + 10**6)
-    until = cap - base
-    if until < 1:
-        return  # not even one token fits: the loop's start check refuses such a start
-    assert blocks_held(prompt_lens, rows, until, b) <= kv
+def test_a_decision_point_is_the_last_step_the_blocks_fit(prompt_lens, rows, b, kv, w):
+    """``Blocks.steps_within`` (a cohort's decision point): decoding that many steps holds at most the budget, each
+    row's working memory ``w`` included, and one step more would not fit (unless ``most`` capped it), whatever the
+    prompts' lengths, the rows and the block."""
+    blocks = Blocks(b)
+    blocks.add(np.array(prompt_lens))
+    blocks.select(np.repeat(np.arange(len(prompt_lens)), rows))
+    every = np.arange(blocks.rows)
+    most = 10**4
+    k = blocks.steps_within(every, kv, w, most)
+    for _ in range(k):
+        blocks.append()
+    assert blocks.held_tokens + w * blocks.rows <= kv or k == 0
+    if k == 0 and blocks.held_tokens + w * blocks.rows > kv:
+        return  # the prompts alone do not fit: the loop's start check refuses such a start
+    if k < most:
+        blocks.append()
+        assert blocks.held_tokens + w * blocks.rows > kv
 
 
 def test_the_vllm_layout_allocates_blocks_as_vllm_holds_them():

@@ -10,7 +10,6 @@ import torch
 from conftest import tiny_llama_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kv_blocks import blocks_held
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -112,7 +111,8 @@ def measure(
         sess.decode(until=2 + steps)
     wm = working_memory(
         gen.shape,
-        context=sess.prompt_len + 2 + steps,
+        context=prompt + 2 + steps,
+        gathered_prompt=prompt + 2 + steps if gen.info.gathers_prompt else 0,  # the torch path gathers the context
         max_new_tokens=max_new,
         sampling=sampling,
         needs_logprobs=logprobs,
@@ -208,39 +208,32 @@ def test_working_memory_by_hand():
     st.integers(0, 300),
     st.integers(1, 16),
 )
-def test_with_working_memory_the_rows_never_overfill_the_budget(prompt_lens, rows, b, kv, w, m):
-    """Rows each holding ``w`` tokens of working memory besides their cache: decoding to the decision point, and the
-    rows the next round keeps, hold at most the budget; with ``w = 0`` every figure is the one without it."""
+def test_with_working_memory_the_rows_kept_never_overfill_the_budget(prompt_lens, rows, b, kv, w, m):
+    """Rows each holding ``w`` tokens of working memory besides their cache: the rows the next round keeps, and the
+    rows ``n=auto`` starts, hold at most the budget; with ``w = 0`` every figure is the one without it. (Where a
+    round ends is asked of the blocks: ``tests/test_kv_blocks.py``.)"""
     budget = Budget(kv, m, row_overhead=w)
     B, base = budget.for_batch(prompt_lens, KVSpec(shares_prefix=True, block=b))
     assert B.row_overhead == w
-    r, L_max = rows * len(prompt_lens), base + 10**6
-    own = B.capacity(r, L_max) - base
-    if own >= 1:  # else not even one token fits, and the loop's start check refuses the start
-        assert blocks_held(prompt_lens, rows, own, b) + r * w <= kv
-    L = base + max(own, 0)
+    L_max = base + 10**6
+    L = base + kv // max(rows * len(prompt_lens), 1)  # a decision point's own length
     keep = B.max_rows(L, L_max)
     assert keep * (B.held(L + m) + w) <= B.kv_tokens
     n = B.auto_n(len(prompt_lens), base, L_max)
     if n > 1:
         assert n * len(prompt_lens) * (B.held(base + m) + w) <= B.kv_tokens
     plain, _ = Budget(kv, m).for_batch(prompt_lens, KVSpec(shares_prefix=True, block=b))
-    assert (
-        B.capacity(r, L_max) <= plain.capacity(r, L_max)
-        and keep <= plain.max_rows(L, L_max)
-        and n <= plain.auto_n(len(prompt_lens), base, L_max)
-    )
-    if w == 0:  # exactly today's arithmetic
-        assert plain.capacity(r, L_max) == min(L_max, plain.kv_tokens // b // r * b)
-        assert B.capacity(r, L_max) == plain.capacity(r, L_max)
+    assert keep <= plain.max_rows(L, L_max) and n <= plain.auto_n(len(prompt_lens), base, L_max)
+    if w == 0:  # exactly the arithmetic without it
+        assert keep == plain.max_rows(L, L_max) and n == plain.auto_n(len(prompt_lens), base, L_max)
 
 
 def test_row_overhead_in_the_start_checks():
     b = Budget(1000, 8, row_overhead=12)
-    assert b.capacity(rows=20, max_length=200) == 50 - 12 and b.max_rows(50, 200) == 1000 // (58 + 12)
+    assert b.max_rows(50, 200) == 1000 // (58 + 12)
     assert b.auto_n(2, 10, 200) == 1000 // ((18 + 12) * 2)
     with pytest.raises(ConfigError) as e:
-        Budget(100, row_overhead=10).check_feasible(2, 20, 45, KVSpec(True, 1))  # 2 x (45 + 10) > 100
+        Budget(100, row_overhead=10).check_feasible([20, 20], 25, KVSpec(True, 1))  # 20 + 20 + 2 x (25 + 10) > 100
     assert "10 of working memory" in e.value.problem and "110 tokens" in e.value.problem
     with pytest.raises(ConfigError) as e:
         Budget(100, row_overhead=-1)

@@ -50,8 +50,8 @@ class EngineInfo:
 
     name: str  # the engine's stable id, as pools record it: "fast", "hf" or "vllm"
     compiled: bool = False  # the decode step is compiled (``generator.compile``: ``rodeco.engines.compiled``)
-    # each row's step gathers its prompt's keys and values (``prompt_gather`` in ``rodeco.common.working``: 2 H_kv D e
-    # bytes per prompt token per row)
+    # each row's step gathers its context's keys and values from its blocks (the torch path, where the paged kernel
+    # does not serve; ``prompt_gather`` in ``rodeco.common.working``: 2 H_kv D e bytes per token per row)
     gathers_prompt: bool = False
     linear: str = "torch"  # the linear kernel: "mkl", "onednn" (prepacked), "torch" (F.linear) or "vllm" (its own)
     # host syncs: a step's random numbers are drawn on the device (not uploaded from the host), and finished rows are

@@ -19,8 +19,8 @@ each row, with ``V`` the vocabulary, ``e`` the model's bytes per value (``ModelS
     prompt's padding mask expanded to the row (fp32, ``4 c`` at most); ``activations``, what the layer holds
     meanwhile: the residual stream, the fused QKV projection, the rotated queries, the attention's output and the
     rotary cosines and sines (``e (hidden + (3 H + 2 H_kv + 2) D)``); ``prompt_gather``, only where the engine
-    declares it (``EngineInfo.gathers_prompt``: the compiled step with inductor's attention): the layer's prompt keys
-    and values gathered for the row (``2 H_kv P D e`` for a prompt of ``P`` tokens);
+    declares it (``EngineInfo.gathers_prompt``: the Llama engine's torch path, where the paged kernel does not
+    serve): the layer's keys and values of the row's context gathered from its blocks (``2 H_kv c D e``);
   - the logits: ``logits``, the model's output ``V e`` (after prefill the fan-out copy of the prompt's logits takes
     its place), and the larger of what sampling and the log-probs add:
 
@@ -87,7 +87,7 @@ def working_memory(
 ) -> WorkingMemory:
     """The working memory of one row of a model of ``shape`` attending ``context`` tokens (prompt and own; use the
     longest a row reaches) and sampling as ``sampling`` says, term by term (the module doc); ``gathered_prompt``:
-    the prompt tokens whose keys and values the engine gathers per row (``EngineInfo.gathers_prompt``; else 0)."""
+    the tokens whose keys and values the engine gathers per row (``EngineInfo.gathers_prompt``; else 0)."""
     if shape.vocab_size is None or shape.hidden_size is None:
         raise ConfigError(
             "generator.model",
