@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rodeco.common.budget import Budget, block_shared, full_length_tokens
+from rodeco.common.budget import Budget, full_length_tokens
 from rodeco.common.state import PromptRef, PromptResult, SamplingParams
 from rodeco.common.validation import ConfigError
 from rodeco.core.contracts import Scorer
@@ -136,7 +136,7 @@ def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, e
             step(pending)
             rows, lengths = np.bincount(sess.prompt_of), sess.stats.prefill_tokens
             keys = np.unique(sess.prompt_of).tolist()
-            held.append({admitted[k]: _held(gen, int(lengths[k]), int(rows[k]), sess.clock(k)) for k in keys})
+            held.append({admitted[k]: _held(sess, k, int(lengths[k]), int(rows[k])) for k in keys})
 
         sess._step = counted
         return sess
@@ -166,14 +166,13 @@ def test_each_prompt_holds_no_more_than_its_reservation(tiny_gen, monkeypatch, e
     assert any(h[i] > budgets[i] * 0.75 for h in held for i in h)  # and came near their budgets
 
 
-def _held(gen, prompt: int, rows: int, clock: int) -> int:
-    """The tokens a prompt's rows hold after a step as the budget counts them (rodeco.common.budget), in the engine's
-    blocks."""
-    if not gen.kv.shares_prefix:
-        return rows * (prompt + clock)
-    b = gen.kv.block
-    shared = prompt if b == 1 else block_shared(prompt, b)
-    return shared + rows * Budget(None, block=b).held(prompt - shared + clock)
+def _held(sess, key: int, prompt: int, rows: int) -> int:
+    """The tokens prompt ``key``'s rows hold after a step: the blocks they name on ``fast`` (a shared one once), their
+    padded rows on ``hf`` (each row its prompt and its own tokens)."""
+    blocks = getattr(sess.engine, "blocks", None)
+    if blocks is None:
+        return rows * (prompt + sess.clock(key))
+    return blocks.named(np.flatnonzero(sess.prompt_of == key)) * blocks.size
 
 
 def test_a_request_larger_than_the_whole_budget_is_refused_by_name(tiny_gen):

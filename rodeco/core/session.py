@@ -206,11 +206,11 @@ class TorchSession:
                 self._stop_strings()
             self.pending = tok
             n_fin = self._finished_count()
-            full = self._at_length()
-            if n_fin == self.rows or bool(full.all()):
+            full = self._at_length()  # on the host: reading it waits for nothing
+            if n_fin == self.rows or full.all():
                 left += self._retire(torch.ones_like(self.finished))
-            elif bool(full.any()):
-                left += self._retire(full | self.finished)
+            elif full.any():
+                left += self._retire(torch.from_numpy(full).to(self.finished.device) | self.finished)
             elif n_fin >= max(1, self.compact_fraction * self.rows):
                 left += self._retire(self.finished)
             if stepped:  # the whole step: forward, sampling, bookkeeping
@@ -235,10 +235,9 @@ class TorchSession:
         st.step_context.append(context)
         self._track_memory()
 
-    def _at_length(self) -> torch.Tensor:
+    def _at_length(self) -> np.ndarray:
         """[B] the rows that reached their prompt's ``max_new_tokens``."""
-        full = (self.t - self.born[self.prompt_of]) >= self.max_new_of[self.prompt_of]
-        return torch.from_numpy(full).to(self.finished.device)
+        return (self.t - self.born[self.prompt_of]) >= self.max_new_of[self.prompt_of]
 
     @torch.inference_mode()
     def admit(self, prompt_ids: list[list[int]], prompts: list[OpenPrompt]) -> list[int]:
