@@ -47,7 +47,7 @@ class FaultyEngine:
 def faulty(gen, max_rows: int) -> list[int]:
     seen: list[int] = []
     new_engine = gen.new_engine
-    gen.new_engine = lambda: FaultyEngine(new_engine(), max_rows, seen)
+    gen.new_engine = lambda pool_tokens=None: FaultyEngine(new_engine(pool_tokens), max_rows, seen)
     return seen
 
 

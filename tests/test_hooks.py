@@ -92,13 +92,16 @@ class Recorder:
 
 
 def decode_with(plugins: Plugins, gen: TorchGenerator, policy: str, *overrides: str) -> RunOutput:
+    # a budget under which two prompts of 8 rows meet two decision points or more, whichever rows a policy keeps
+    # (at the first: 16 rows of one block each, or two; the rows kept then outgrow it again within 40 tokens)
+    kv = {8: 216}.get(gen.kv.block, 300)
     cfg = load_config(
         [
             f"policy={policy}",
             "reward=logprob",
             "n=8",
             "sampling.max_new_tokens=40",
-            "budget.kv_tokens=200",
+            f"budget.kv_tokens={kv}",
             "budget.min_tokens_per_round=4",
             "data.batch_prompts=2",
             "output.progress=false",
@@ -113,7 +116,7 @@ def decode_with(plugins: Plugins, gen: TorchGenerator, policy: str, *overrides: 
 def test_a_hook_plugin_sees_every_round_of_a_run(gen: TorchGenerator, policy: str) -> None:
     rec = Recorder()
     plugins = get_plugin_manager(extra=[rec])
-    out = decode_with(plugins, gen, policy)
+    out = decode_with(plugins, gen, policy, "sampling.ignore_eos=true")  # no row ends early: several decisions
     kinds = [k for k, _ in rec.events]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"
     assert kinds.count("run_start") == kinds.count("run_end") == 1
@@ -187,7 +190,7 @@ def check_run(rec: Recorder, n_prompts: int) -> tuple[dict[str, Any], list[Promp
     return config, results, compute
 
 
-SETTINGS = ["sampling.max_new_tokens=40", "budget.kv_tokens=200", "budget.min_tokens_per_round=4"]
+SETTINGS = ["sampling.max_new_tokens=40", "budget.kv_tokens=600", "budget.min_tokens_per_round=4"]
 
 
 def test_the_cli_run_fires_every_hook_once_where_it_belongs(tiny_model_dir: Path) -> None:
@@ -229,11 +232,11 @@ def test_decoder_batch_fires_every_hook_once_where_it_belongs(gen: TorchGenerato
     rec = Recorder()
     dec = rodeco.Decoder(reward="logprob", generator=gen, overrides=SETTINGS, plugins=get_plugin_manager(extra=[rec]))
     refs = [PromptRef(i, p) for i, p in enumerate(PROMPTS)]
-    res, compute = dec.batch(refs, n=8, policy={"name": "fixed", "alpha": 0.7}, kv_tokens=150)
+    res, compute = dec.batch(refs, n=8, policy={"name": "fixed", "alpha": 0.7}, kv_tokens=600)
     check_fired(rec, res, cohorts=[[0, 1, 2]])
     config, results, run_compute = check_run(rec, len(PROMPTS))
     assert config["n"] == 8 and config["policy"] == {"name": "fixed", "alpha": 0.7}
-    assert config["budget"]["kv_tokens"] == 150 and config["sampling"]["max_new_tokens"] == 40
+    assert config["budget"]["kv_tokens"] == 600 and config["sampling"]["max_new_tokens"] == 40
     assert results == res and run_compute is compute
     dec.batch(refs[:1], n=2, policy={"name": "none"})
     assert [k for k, _ in rec.events].count("run_start") == [k for k, _ in rec.events].count("run_end") == 2
@@ -275,7 +278,7 @@ def pool_path(gen: TorchGenerator, tmp_path_factory: pytest.TempPathFactory) -> 
     from rodeco.experiments.record import record
 
     path = tmp_path_factory.mktemp("pool") / "pool"
-    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=16", "budget.min_tokens_per_round=2"])
+    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=40", "budget.min_tokens_per_round=2"])
     record(cfg, get_plugin_manager(), path, [Prompt(i, p) for i, p in enumerate(PROMPTS)], 12, gen=gen)
     return path
 
@@ -299,11 +302,11 @@ def test_the_replay_experiment_fires_every_hook_once_where_it_belongs(pool_path:
         [
             "experiment=replay",
             "reward=logprob",
-            "sampling.max_new_tokens=16",
+            "sampling.max_new_tokens=40",
             "budget.min_tokens_per_round=2",
             f"pool={pool_path}",
             "n=8",
-            "experiment_args.best_of=2",
+            "experiment_args.best_of=4",
             "data.batch_prompts=1",
         ]
     )
@@ -325,7 +328,7 @@ def test_an_arrival_trace_replayed_fires_the_loops_hooks(pool_path: Path) -> Non
 
     rec = Recorder()
     plugins = get_plugin_manager(extra=[rec])
-    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=16", "policy=fixed", "budget.kv_tokens=70", "n=8"])
+    cfg = load_config(["reward=logprob", "sampling.max_new_tokens=40", "policy=fixed", "budget.kv_tokens=160", "n=8"])
     pool, rgen = open_pool(pool_path)
     reward = Scorer(pool_reward(cfg, plugins, pool, rgen), "logprob")
     s = loop_settings(cfg, rgen, "fixed", "logprob")
@@ -544,7 +547,7 @@ def test_hook_overhead_tiny_model(gen: TorchGenerator, capsys: pytest.CaptureFix
         "reward=logprob",
         "n=8",
         "sampling.max_new_tokens=64",
-        "budget.kv_tokens=300",
+        "budget.kv_tokens=600",
         "budget.min_tokens_per_round=4",
         "data.prompts=[w1 w2 w3,w4 w5,w6 w7 w8 w9,w10]",
     ]
@@ -566,7 +569,7 @@ def test_hook_overhead_smollm2(capsys: pytest.CaptureFixture) -> None:
         "policy.alpha=0.25",
         "reward=logprob",
         "n=8",
-        "sampling.max_new_tokens=32",
+        "sampling.max_new_tokens=64",  # two decision points on blocks of 8 as of 16
         "budget.kv_tokens=400",
         "data.prompts=[Write a haiku about autumn.,Give three tips for staying healthy.]",
     ]

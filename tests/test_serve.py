@@ -154,7 +154,7 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
     request answered within the budget. /metrics adds up."""
     gen = tiny_gen("fast")
     reqs = [dict(prompt=PROMPTS[i % 4] + " " * (i // 4), seed=100 + i) for i in range(16)]
-    with running(gen, ["serve.batch_wait_s=0.3", "budget.kv_tokens=3000"]) as (url, state):
+    with running(gen, ["budget.kv_tokens=3000"]) as (url, state):
         c = client(url)
 
         def ask(q, policy):
@@ -191,7 +191,7 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
 def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen):
     gen = SlowGen(tiny_gen("fast"), delay=0.05)
     body = LONG_BODY
-    with running(gen, ["serve.check_tokens=4", "serve.batch_wait_s=0.2"]) as (url, state):
+    with running(gen, ["serve.check_tokens=4"]) as (url, state):
         other = {}
         t = threading.Thread(
             target=lambda: other.update(
@@ -478,7 +478,7 @@ def test_a_decoder_from_a_composed_config_decodes_batches_not_calls(tiny_gen):
 
 
 def test_a_batch_starts_no_more_rows_than_serve_max_batch_rows(tiny_gen):
-    with running(tiny_gen("fast"), ["serve.max_batch_rows=8", "serve.batch_wait_s=0.5"]) as (url, _):
+    with running(tiny_gen("fast"), ["serve.max_batch_rows=8"]) as (url, _):
         c = client(url)
         with ThreadPoolExecutor(3) as pool:  # three requests of 4 rows, queued together: 8 rows fit one batch
             rs = list(
@@ -498,7 +498,6 @@ def test_search_policies_serve_n_choices_and_their_parameters_are_checked(tiny_g
     choices (copies within the budget); a parameter the policy refuses is a 400 naming the request's field."""
     ov = [
         "serve.policies=[{name: particle_filter}, {name: beam, beam_width: [1, 8]}, {name: dvts}]",
-        "serve.batch_wait_s=0.3",
     ]
     pols = [{"policy": "particle_filter"}, {"policy": "beam", "params": {"beam_width": 2}}, {"policy": "dvts"}]
     with running(tiny_gen("fast"), ov) as (url, _):

@@ -290,7 +290,6 @@ def small(tiny_model, tiny_tokenizer):
                 f"serve.max_body_bytes={SMALL_BODY}",
                 "serve.max_queue=1",
                 "serve.batch_requests=1",
-                "serve.batch_wait_s=0.5",
                 "serve.retry_after_s=2",
             ],
         ) as (url, state):

@@ -381,7 +381,7 @@ def test_the_server_on_vllm_answers_batches_and_aborts_a_gone_clients_rows(vgen)
     import httpx2 as httpx
     from serve_helpers import SlowGen, client, metric, running
 
-    ov = [*gen_overrides(), f"budget.kv_tokens={POOL}", "serve.batch_wait_s=0.3", "serve.check_tokens=4"]
+    ov = [*gen_overrides(), f"budget.kv_tokens={POOL}", "serve.check_tokens=4"]
     with running(SlowGen(vgen, 0.02), ov) as (url, state):
         c = client(url)
         r = c.chat.completions.create(

@@ -377,8 +377,7 @@ class TorchSession:
     def fork(self, parents: list[int], ids: list[int], streams: list[int]) -> list[int]:
         """Copy rows: copy ``j`` of row ``parents[j]`` (a batch index) becomes candidate ``ids[j]`` with stream
         ``streams[j]``, holding its parent's cache, tokens, log-probs and pending token; copies go right after their
-        parent, so rows stay grouped by prompt (the fast engine's per-prompt segments stay contiguous). Returns the
-        copies' batch indices."""
+        parent, so rows stay grouped by prompt. Returns the copies' batch indices."""
         source = self.source
         if source is not None:
             source.forking(self)

@@ -53,13 +53,15 @@ def figure(path: Path, key: str) -> float:
 
 
 def run_once(cmd: list[str], checkout: Path | None, out: Path) -> None:
-    """``python cmd`` with ``{out}`` filled in; with ``checkout``, that checkout's code first on the path."""
+    """``python cmd`` with ``{out}`` filled in, run in ``out`` (a command's own folder comes first on its path, so not
+    this checkout's root); with ``checkout``, that checkout's code first on the path."""
     env = dict(os.environ)
     if checkout is not None:
         root = checkout.resolve()
         env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "plugins"), env.get("PYTHONPATH", "")])
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, *(c.replace("{out}", str(out)) for c in cmd)], env=env, check=True)
+    cmd = [c.replace("{out}", str(out.resolve())) for c in cmd]
+    subprocess.run([sys.executable, *cmd], env=env, check=True, cwd=out)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -366,7 +366,7 @@ def step_syncs(c: Check) -> dict[str, Any]:
             sess.device_uniforms = sess.lag_finished = lagged
             sampling = SamplingParams(1.0, 50, 1.0)
             sess.admit(ids, [OpenPrompt(s.bench_batch // 2, end + 1, sampling, 0, k) for k in (0, 1)])
-            sess.decode(end + 1, pause=warm)  # shapes compiled (graphs recorded), the draw keys uploaded
+            sess.decode(end + 1, pause=warm)  # shapes compiled, the draw keys uploaded
             sync(c.args.device)
             err, t0 = None, time.perf_counter()
             if cuda and lagged:
@@ -523,7 +523,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import torch
 
     report: dict[str, Any] = {"environment": environment(a.device), "args": vars(a), "steps": {}}
     if is_cuda(a.device) and not cuda_available():
@@ -531,11 +530,6 @@ def main(argv: list[str] | None = None) -> int:
         write_report(report, Path(a.out))
         print(f"gpu_check: skipped: no CUDA ({Path(a.out) / 'gpu_check.md'})")
         return 0
-    if is_cuda(a.device):  # why inductor declines a CUDA graph, if it does: in the report
-        torch._logging.set_logs(cudagraphs=True)
-        logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(
-            _Collect(report.setdefault("cudagraph_log", []))
-        )
     c = Check(a, Sizes.quick() if a.quick else Sizes(), time.monotonic() + a.time_limit, report)
     run_steps(c, a.steps.split(","))
     failed = [k for k, r in report["steps"].items() if r.get("ok") is False]
