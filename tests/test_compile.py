@@ -183,13 +183,15 @@ def test_runs_with_rejections_and_finished_rows_compile_at_most_the_specializati
     """However many rows, prompts, rounds and tokens: at most ``MOST_GRAPHS`` graphs per compiled step, and once a
     run has compiled them a run of other prompts, rows and rounds compiles none."""
     _, comp = gens()
-    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]
+    ov = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=900"]
     first = run_tiny(comp, PROMPTS, n=8, policy="fixed", overrides=ov)
     assert any(c.stop_reason == "eos" for r in first.results for c in r.candidates)  # rows finished on the way
     assert any(not c.finished for r in first.results for c in r.candidates)  # and rows were rejected
+    tight = ["sampling.max_new_tokens=40", "budget=cpu", "budget.kv_tokens=700"]  # rejected down to few rows
+    run_tiny(comp, PROMPTS, n=8, policy="fixed", overrides=tight)
     graphs = comp.compiled.compiles
     assert 1 <= graphs <= MOST_GRAPHS
-    run_tiny(comp, PROMPTS[:2], n=5, policy="fixed", overrides=ov)  # other prompts, rows and rounds
+    run_tiny(comp, PROMPTS[:2], n=5, policy="fixed", overrides=tight)  # other prompts, rows and rounds
     run_tiny(comp, PROMPTS[1:], n=3, policy="none", overrides=["sampling.max_new_tokens=12", "budget=unlimited"])
     assert comp.compiled.compiles == graphs
 

@@ -91,6 +91,19 @@ def test_the_vllm_layout_allocates_blocks_as_vllm_holds_them():
     assert lay.allocated_tokens == 64 + 2 * 32 and lay.length == 70 + 25  # tail 6 + 25 tokens: one block
 
 
+def test_the_vllm_layout_counts_a_rows_latest_token_as_vllm_does():
+    """vLLM holds a row's latest sampled token too, and the session samples a row's first token from its prefill: so
+    3 rows of a 70-token prompt (two shared blocks of 32, a 6-token tail each) fit 25 more tokens in 160."""
+    lay = VLLMLayout(32)
+    lay.admit(torch.zeros(1, 70, dtype=torch.long), torch.ones(1, 70, dtype=torch.long))
+    lay.select(torch.zeros(3, dtype=torch.long))
+    rows = np.arange(3)
+    assert lay.steps_within(rows, 64 + 3 * 32, 0, 100) == 25  # the session adds the first token: 26 sampled
+    lay.step(torch.zeros(3, dtype=torch.long))
+    assert lay.steps_within(rows, 64 + 3 * 32, 0, 100) == 24
+    assert lay.steps_within(rows, 64 + 3 * 32, 2, 100) == 0  # 2 tokens a row more: the next block is needed at once
+
+
 def test_the_vllm_layout_holds_a_joining_prompt_in_each_of_its_rows():
     """A prompt that joins a running vLLM batch is prefilled by each of its rows (``rodeco.engines.vllm``), so its
     rows hold its prompt in their own blocks, nothing shared, and count their own tokens."""
@@ -106,6 +119,12 @@ def test_the_vllm_layout_holds_a_joining_prompt_in_each_of_its_rows():
     running = 64 + 3 * 32  # its 2 full blocks once, each row its 6-token tail and 15 tokens: one block
     joined = 2 * 64  # each row: 40 prompt tokens and 5 of its own, two blocks
     assert lay.allocated_tokens == running + joined and lay.length == 70 + 15
+    alone = VLLMLayout(32)  # its decision points are counted as it decodes alone: its first block shared
+    alone.admit(torch.zeros(1, 40, dtype=torch.long), torch.ones(1, 40, dtype=torch.long))
+    alone.select(torch.zeros(2, dtype=torch.long))
+    for _ in range(5):
+        alone.step(torch.zeros(2, dtype=torch.long))
+    assert lay.steps_within(np.array([3, 4]), 96, 0, 100) == alone.steps_within(np.arange(2), 96, 0, 100) == 18
     lay.select(torch.tensor([3, 4]))  # the first prompt's rows leave
     assert lay.allocated_tokens == joined and lay.length == 70 + 5
 

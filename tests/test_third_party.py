@@ -183,9 +183,9 @@ def test_example_package_experiment_runs_from_the_cli(
             f"generator.model={tiny_model_dir}",
             "data.prompts=[w1 w2 w3]",
             "n=8",
-            "sampling.max_new_tokens=16",
+            "sampling.max_new_tokens=40",
             "sampling.ignore_eos=true",
-            "budget.kv_tokens=80",
+            "budget.kv_tokens=200",  # decision points on blocks of 8 as of 16
             "budget.min_tokens_per_round=2",
             "experiment_args.alphas=[0.0,0.5]",
             f"hydra.run.dir={tmp_path}",

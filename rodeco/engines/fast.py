@@ -93,10 +93,12 @@ class LlamaEngine:
         self.blocks = Blocks(BLOCK, capacity)
         like = self.embed
         # a fixed pool is allocated once, uninitialised (the pages a block lands on are touched when it is first
-        # handed out, and cleared then: ``_fit_pool``); a growing one as rows need it
+        # handed out, and cleared then: ``_fit_pool``); a growing one as rows need it. Both are inference tensors, as
+        # the pools a step grows are: a compiled step's guards see one kind of pool
         n = capacity or 0
-        self.kpool = [like.new_empty(n, self.hkv, self.d, BLOCK) for _ in self.layers]
-        self.vpool = [like.new_empty(n, self.hkv, BLOCK, self.d) for _ in self.layers]
+        with torch.inference_mode():
+            self.kpool = [like.new_empty(n, self.hkv, self.d, BLOCK) for _ in self.layers]
+            self.vpool = [like.new_empty(n, self.hkv, BLOCK, self.d) for _ in self.layers]
         self.kernel = (
             is_cpu(like.device)
             and native.fits(self.d, self.h // self.hkv)

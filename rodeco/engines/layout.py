@@ -121,13 +121,17 @@ class VLLMLayout:
         return torch.zeros(ids.shape[0], 1)
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
-        """As ``rodeco.engines.vllm_session.VLLMSession.steps_within`` counts."""
+        """As ``rodeco.engines.vllm_session.VLLMSession.steps_within`` counts: each prompt as it is held alone
+        (its full blocks shared by its rows), and a row's latest token too, so a row holds one token more than it has
+        fed (``own``): the one pending, or the one the session samples from the prefill without a step
+        (``TorchSession.steps_within``)."""
         if len(rows) == 0 or most <= 0:
             return max(0, most)
-        grp = self.grp[rows]
-        shared = int(sum(self.full[rows][grp == g][0] for g in np.unique(grp)))
+        grp, plen = self.grp[rows], (self.full + self.tail)[rows]
+        alone = block_shared(plen, self.block)
+        shared = int(sum(alone[grp == g][0] for g in np.unique(grp)))
         k = np.arange(0, most + 1)
-        own = (self.tail + self.own)[rows]
+        own = plen - alone + self.own[rows] + 1
         held = shared + (-(-(own[:, None] + k[None]) // self.block) * self.block).sum(0) + row_overhead * len(rows)
         fits = np.flatnonzero(held <= tokens)
         return int(fits.max()) if len(fits) else 0

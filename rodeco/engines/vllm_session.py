@@ -135,14 +135,18 @@ class VLLMSession:
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
         """How many steps (at most ``most``) ``rows`` can take within ``tokens``, counted as vLLM's block manager
-        holds them (an upper bound: the row's latest token counted too): each prompt's shared blocks once, each row
-        the rest of its prompt and its own tokens in whole blocks, and ``row_overhead`` tokens a row."""
+        holds them when their prompt decodes alone (an upper bound: the row's latest token counted too): each
+        prompt's full blocks once, each row the rest of its prompt and its own tokens in whole blocks, and
+        ``row_overhead`` tokens a row. Counted as alone, so that a prompt's decision points do not depend on its
+        neighbours: one that joined a running batch holds its prompt once per row (``admit``), which vLLM's pool
+        (``budget=engine``) absorbs."""
         if len(rows) == 0 or most <= 0:
             return max(0, most)
         b = self.gen.kv.block
         prompts = self.prompt_of[rows]
-        shared = sum(self.shared_of[p] for p in np.unique(prompts))
-        own = np.array([self.prompt_lens[p] - self.shared_of[p] + len(self.tokens[r]) for r, p in zip(rows, prompts)])
+        alone = {int(p): block_shared(self.prompt_lens[p], b) for p in np.unique(prompts)}
+        shared = sum(alone.values())
+        own = np.array([self.prompt_lens[p] - alone[int(p)] + len(self.tokens[r]) for r, p in zip(rows, prompts)])
         k = np.arange(0, most + 1)
         held = shared + (-(-(own[:, None] + k[None]) // b) * b).sum(0) + row_overhead * len(rows)
         fits = np.flatnonzero(held <= tokens)
