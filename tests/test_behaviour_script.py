@@ -51,3 +51,21 @@ def test_check_compares_with_what_was_recorded(beh, tmp_path, monkeypatch, now, 
     monkeypatch.setattr(beh, "run_all", lambda out, bench, **kw: now)
     monkeypatch.setattr(sys, "argv", ["behaviour.py", "check", str(tmp_path)])
     assert beh.main() == code
+
+
+def test_a_difference_is_named_by_its_fields_and_what_was_got_is_kept(beh, tmp_path, monkeypatch, capsys):
+    rec = {"best": {"score": 0.5, "token_ids": [1, 2]}, "compute": {"gen_prefill_tokens": 40}}
+    now = {"best": {"score": 0.50001, "token_ids": [1, 2, 3]}, "compute": {"gen_prefill_tokens": 37}}
+    old, new = json.dumps(rec) + "\n", json.dumps(now) + "\n"
+    assert beh.differences(old, new) == {
+        "/best/score ~": 1,
+        "/best/token_ids (lengths differ)": 1,
+        "/compute/gen_prefill_tokens": 1,
+    }
+    assert beh.differences(old, old) == {}
+    (tmp_path / "reference.json").write_text(json.dumps({"demo": old}))
+    monkeypatch.setattr(beh, "run_all", lambda out, bench, **kw: {"demo": new})
+    monkeypatch.setattr(sys, "argv", ["behaviour.py", "check", str(tmp_path)])
+    assert beh.main() == 1
+    assert "    /compute/gen_prefill_tokens: 1" in capsys.readouterr().out.splitlines()
+    assert json.loads((tmp_path / "check.json").read_text()) == {"demo": new}

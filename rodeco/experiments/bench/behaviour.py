@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 RODECO = [str(Path(sys.executable).parent / "rodeco")]  # the rodeco of this interpreter's environment
 COMMON = ["output.progress=false"]
@@ -152,6 +153,38 @@ def normalized(results: Path) -> str:
     return "".join(json.dumps(strip_times(r), sort_keys=True) + "\n" for r in lines)
 
 
+def differences(old: str, new: str, tol: float = 1e-4) -> dict[str, int]:
+    """Where two recorded outputs (JSON lines) differ: each differing field's path (list items as ``[]``) and how
+    many times; a number within ``tol`` (relative, at least absolute) is marked ``~``: the order of sums."""
+    out: dict[str, int] = {}
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                if k in a and k in b:
+                    walk(a[k], b[k], f"{path}/{k}")
+                else:
+                    out[f"{path}/{k} (only {'before' if k in a else 'now'})"] = out.get(f"{path}/{k}", 0) + 1
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for x, y in zip(a, b):
+                walk(x, y, f"{path}[]")
+        elif a != b:
+            close = isinstance(a, float) and isinstance(b, float) and abs(a - b) <= tol * max(1.0, abs(a))
+            key = path + (" ~" if close else " (lengths differ)" if isinstance(a, list) else "")
+            out[key] = out.get(key, 0) + 1
+
+    olds, news = old.splitlines(), new.splitlines()
+    if len(olds) != len(news):
+        return {f"lines: {len(olds)} before, {len(news)} now": 1}
+    for i, (a, b) in enumerate(zip(olds, news)):
+        try:
+            walk(json.loads(a), json.loads(b), "")
+        except json.JSONDecodeError:  # a line that is no JSON record: compared as text
+            if a != b:
+                out[f"line {i} (text)"] = 1
+    return out
+
+
 def bench_ratio(run_dir: Path) -> float:
     out = rodeco(["experiment=engine_bench"], run_dir)
     m = re.search(r"speedup_vs_hf_generate: ([0-9.]+)", out)
@@ -262,6 +295,7 @@ def main() -> int:
         return 0
     want = json.loads(ref.read_text(encoding="utf-8"))
     got = run_all(a.dir / "check", not a.no_bench and "engine_bench_ratio" in want, vllm=a.vllm)
+    (a.dir / "check.json").write_text(json.dumps(got, indent=1), encoding="utf-8")  # to compare, or renew the record
     ok = True
     for k, v in want.items():
         if k == "engine_bench_ratio":
@@ -273,6 +307,9 @@ def main() -> int:
         else:
             same = got.get(k) == v
             print(f"{k}: {'identical' if same else 'DIFFERENT'}")
+            if not same and isinstance(v, str) and isinstance(got.get(k), str):
+                for path, count in differences(v, str(got[k])).items():
+                    print(f"    {path}: {count}")
         ok &= same
     return 0 if ok else 1
 

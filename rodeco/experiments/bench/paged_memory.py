@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None, generator: Any = None) -> dict[str, Any]
     res: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}, "figures": f}
     if a.baseline is not None:
         b = json.loads(a.baseline.read_text())["figures"]
+        res["baseline"] = b  # the snapshot holds both sides of each ratio
         res["over_baseline"] = {
             "tokens_before_first_decision": f["tokens_before_first_decision"] / b["tokens_before_first_decision"],
             "peak_kv_tokens": f["peak_kv_tokens"] / b["peak_kv_tokens"],
