@@ -63,6 +63,11 @@ def test_a_difference_is_named_by_its_fields_and_what_was_got_is_kept(beh, tmp_p
         "/compute/gen_prefill_tokens": 1,
     }
     assert beh.differences(old, old) == {}
+    two = old + old  # a field one side lacks, counted on each line
+    assert beh.differences(two, two.replace('"gen_prefill_tokens"', '"prefill"')) == {
+        "/compute/gen_prefill_tokens (only before)": 2,
+        "/compute/prefill (only now)": 2,
+    }
     (tmp_path / "reference.json").write_text(json.dumps({"demo": old}))
     monkeypatch.setattr(beh, "run_all", lambda out, bench, **kw: {"demo": new})
     monkeypatch.setattr(sys, "argv", ["behaviour.py", "check", str(tmp_path)])

@@ -12,6 +12,7 @@ import torch
 from rodeco.common.budget import block_shared
 from rodeco.engines.blocks import Blocks
 from rodeco.engines.hf import padded_steps
+from rodeco.engines.vllm_session import alone_steps_within
 
 
 def _token_by_token(layout: object, block: int) -> None:
@@ -121,20 +122,11 @@ class VLLMLayout:
         return torch.zeros(ids.shape[0], 1)
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
-        """As ``rodeco.engines.vllm_session.VLLMSession.steps_within`` counts: each prompt as it is held alone
-        (its full blocks shared by its rows), and a row's latest token too, so a row holds one token more than it has
-        fed (``own``): the one pending, or the one the session samples from the prefill without a step
+        """As the live vLLM session counts (``alone_steps_within``). A row holds one token more than it has fed
+        (``own``): the one pending, or the one the session samples from the prefill without a step
         (``TorchSession.steps_within``)."""
-        if len(rows) == 0 or most <= 0:
-            return max(0, most)
-        grp, plen = self.grp[rows], (self.full + self.tail)[rows]
-        alone = block_shared(plen, self.block)
-        shared = int(sum(alone[grp == g][0] for g in np.unique(grp)))
-        k = np.arange(0, most + 1)
-        own = plen - alone + self.own[rows] + 1
-        held = shared + (-(-(own[:, None] + k[None]) // self.block) * self.block).sum(0) + row_overhead * len(rows)
-        fits = np.flatnonzero(held <= tokens)
-        return int(fits.max()) if len(fits) else 0
+        plen = (self.full + self.tail)[rows]
+        return alone_steps_within(plen, self.grp[rows], self.own[rows] + 1, self.block, tokens, row_overhead, most)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.own = self.own + 1

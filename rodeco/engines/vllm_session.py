@@ -20,6 +20,27 @@ from rodeco.common.stops import StopStrings
 from rodeco.common.validation import ConfigError
 
 
+def alone_steps_within(
+    plen: np.ndarray, prompts: np.ndarray, held: np.ndarray, block: int, tokens: int, row_overhead: int, most: int
+) -> int:
+    """How many steps (at most ``most``) rows can take within ``tokens``, counted as vLLM's block manager holds them
+    when their prompt decodes alone (an upper bound: a row's latest token counted too). Per row: ``plen`` its prompt's
+    length, ``prompts`` its prompt, ``held`` the tokens of its own it holds. Each prompt's full blocks once, each row
+    the rest of its prompt and its own tokens in whole blocks, and ``row_overhead`` tokens a row. Counted as alone, so
+    that a prompt's decision points do not depend on its neighbours: one that joined a running batch holds its prompt
+    once per row (``VLLMSession.admit``), which vLLM's pool (``budget=engine``) absorbs. The live session and its
+    replay (``rodeco.engines.layout.VLLMLayout``) both count with it."""
+    if len(plen) == 0 or most <= 0:
+        return max(0, most)
+    alone = block_shared(plen, block)
+    shared = int(sum(alone[prompts == p][0] for p in np.unique(prompts)))
+    own = plen - alone + held
+    k = np.arange(0, most + 1)
+    total = shared + (-(-(own[:, None] + k[None]) // block) * block).sum(0) + row_overhead * len(plen)
+    fits = np.flatnonzero(total <= tokens)
+    return int(fits.max()) if len(fits) else 0
+
+
 class VLLMHandle(Protocol):
     """What a session reads of its generator (``rodeco.engines.vllm.VLLMGenerator``): vLLM's ``LLM``, the block
     pool's use and peak, preemptions, request ids, and the ``Generator`` members the stats need."""
@@ -70,7 +91,6 @@ class VLLMSession:
         self.max_new_of: list[int] = []
         self.stops_of: list[StopStrings] = []
         self.born: list[int] = []
-        self.shared_of: list[int] = []  # per prompt: its tokens held once for all its rows (warmed), else 0
         self.prompt_ids: list[list[int]] = []
         self.prompt_lens: list[int] = []
         self.stats = SessionStats(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
@@ -134,23 +154,12 @@ class VLLMSession:
         return list(range(P0, P0 + len(prompts)))
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
-        """How many steps (at most ``most``) ``rows`` can take within ``tokens``, counted as vLLM's block manager
-        holds them when their prompt decodes alone (an upper bound: the row's latest token counted too): each
-        prompt's full blocks once, each row the rest of its prompt and its own tokens in whole blocks, and
-        ``row_overhead`` tokens a row. Counted as alone, so that a prompt's decision points do not depend on its
-        neighbours: one that joined a running batch holds its prompt once per row (``admit``), which vLLM's pool
-        (``budget=engine``) absorbs."""
-        if len(rows) == 0 or most <= 0:
-            return max(0, most)
-        b = self.gen.kv.block
+        """How many steps (at most ``most``) ``rows`` can take within ``tokens``: ``alone_steps_within`` of their
+        prompts' lengths and the tokens they have sampled."""
         prompts = self.prompt_of[rows]
-        alone = {int(p): block_shared(self.prompt_lens[p], b) for p in np.unique(prompts)}
-        shared = sum(alone.values())
-        own = np.array([self.prompt_lens[p] - alone[int(p)] + len(self.tokens[r]) for r, p in zip(rows, prompts)])
-        k = np.arange(0, most + 1)
-        held = shared + (-(-(own[:, None] + k[None]) // b) * b).sum(0) + row_overhead * len(rows)
-        fits = np.flatnonzero(held <= tokens)
-        return int(fits.max()) if len(fits) else 0
+        plen = np.asarray(self.prompt_lens, dtype=np.int64)[prompts]
+        sampled = np.array([len(self.tokens[r]) for r in rows], dtype=np.int64)
+        return alone_steps_within(plen, prompts, sampled, self.gen.kv.block, tokens, row_overhead, most)
 
     def _fits(self, rows: int, n: int) -> None:
         most = self.gen.info.max_rows  # generator.max_num_seqs
@@ -177,7 +186,6 @@ class VLLMSession:
         st.decode_flops = np.append(st.decode_flops, np.zeros(len(prompt_ids)))
         keys = range(P0, P0 + len(prompt_ids))
         shared = [i for i in keys if warm and block_shared(self.prompt_lens[i], self.gen.kv.block)]
-        self.shared_of += [block_shared(self.prompt_lens[i], self.gen.kv.block) if i in shared else 0 for i in keys]
         once = {f"w{self.uid}-{i}": i for i in shared}
         for rid, j in once.items():
             llm.add_request(rid, TokensPrompt(prompt_token_ids=self.prompt_ids[j]), self._params(1, None, j))

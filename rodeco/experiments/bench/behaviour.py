@@ -164,7 +164,8 @@ def differences(old: str, new: str, tol: float = 1e-4) -> dict[str, int]:
                 if k in a and k in b:
                     walk(a[k], b[k], f"{path}/{k}")
                 else:
-                    out[f"{path}/{k} (only {'before' if k in a else 'now'})"] = out.get(f"{path}/{k}", 0) + 1
+                    key = f"{path}/{k} (only {'before' if k in a else 'now'})"
+                    out[key] = out.get(key, 0) + 1
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
             for x, y in zip(a, b):
                 walk(x, y, f"{path}[]")
@@ -305,10 +306,11 @@ def main() -> int:
             same = abs(rel) <= a.tolerance
             print(f"{k}: recorded {v:.3f}, now {got[k]:.3f} ({rel:+.1%}) {'ok' if same else 'OUTSIDE the tolerance'}")
         else:
-            same = got.get(k) == v
+            now = got.get(k)
+            same = now == v
             print(f"{k}: {'identical' if same else 'DIFFERENT'}")
-            if not same and isinstance(v, str) and isinstance(got.get(k), str):
-                for path, count in differences(v, str(got[k])).items():
+            if not same and isinstance(v, str) and isinstance(now, str):
+                for path, count in differences(v, now).items():
                     print(f"    {path}: {count}")
         ok &= same
     return 0 if ok else 1
