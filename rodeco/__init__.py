@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rodeco.api import Decoder, decode, load_config, run
+from rodeco.common.confidence import group_confidences, lowest_group_confidence, token_confidence
 from rodeco.common.hookspecs import hookimpl
 from rodeco.common.params import take_params
 from rodeco.common.protocols import EngineInfo, Policy, Reward, RewardCost, TaskSource
@@ -85,6 +86,9 @@ __all__ = [
     "keep_top",
     "keep_best",
     "best_first",
+    "token_confidence",  # a trace's token confidence (DeepConf): the confidence reward, deepconf, the weighted vote
+    "group_confidences",
+    "lowest_group_confidence",
     "Candidate",
     "Compute",
     "PromptResult",

@@ -119,7 +119,7 @@ def row_working_memory(cfg: DictConfig, gen: Generator, roles: Roles, longest: i
         max_new_tokens=s.max_new_tokens,
         sampling=SamplingParams(s.temperature, s.top_k, s.top_p),
         needs_logprobs=roles.reward.needs_logprobs or decider.needs_logprobs,
-        needs_hidden=decider.needs_hidden_states,
+        needs_hidden=roles.reward.needs_hidden_states or decider.needs_hidden_states,
         gathered_prompt=longest + s.max_new_tokens if gen.info.gathers_prompt else 0,
     )
 

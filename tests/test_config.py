@@ -175,7 +175,8 @@ def test_every_reward_option_builds_and_scores(tiny_gen):
 
 
 def tiny_view(min_reject: int) -> RoundView:
-    """One prompt's 8 rows at the first decision point, with distinct scores."""
+    """One prompt's 8 rows at the first decision point, with distinct scores (and top-k log-probs whose confidences
+    rank the rows alike)."""
     scores = np.array([0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4])
     pv = PromptView(
         prompt_index=0,
@@ -189,6 +190,7 @@ def tiny_view(min_reject: int) -> RoundView:
         origins=list(range(8)),
         max_rows=8 - min_reject,
         rng=np.random.default_rng(0),
+        top_logprobs=[np.full((16, 5), -s) for s in scores],  # token confidences ranked as the scores (deepconf)
     )
     return RoundView(round=0, prompts=[pv], max_rows_next=8 - min_reject, max_new_tokens=128, n_start=8)
 
@@ -201,6 +203,7 @@ EXPECTED_KEPT = {
     "none": lambda p: 8,
     "fixed": lambda p: 8 - math.floor(p["alpha"] * 8),
     "correlation": lambda p: 8 - math.floor(p["alpha"] * 8),
+    "deepconf": lambda p: 8,  # its first decision point is its warm-up: every row goes on
     "example_keep": lambda p: p["keep"],
 }
 

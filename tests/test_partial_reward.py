@@ -3,6 +3,8 @@ while ``reward`` picks the winner; each role's cost is reported), and hidden sta
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -75,9 +77,24 @@ def test_hidden_state_equals_a_fresh_forward_pass(tiny_gen, engine):
         np.testing.assert_allclose(r.hidden_state, ref.numpy(), atol=2e-4, rtol=1e-3)
 
 
-def test_a_hidden_state_reward_cannot_pick_the_winner():
-    with pytest.raises(ConfigError, match="partial_reward=probe"):
-        Scorer(HiddenProbe(), "probe", "reward")
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_a_finished_response_carries_its_last_steps_state(tiny_gen, engine):
+    """A hidden-state reward picking the winner gets each finished response's last step's state: after reading the
+    whole response where it ended by EOS, after all of it but its last token where it was cut at its length, as a
+    fresh forward pass gives it, though finished rows wait in the batch (stepped on padding) until they leave."""
+    gen = tiny_gen(engine)
+    probe = HiddenProbe()
+    s = dataclasses.replace(settings(gen), max_new_tokens=40, budget=Budget(None, 2))
+    results, _ = decode_batch(gen, Scorer(probe, "probe"), fixed(0.0), PROMPTS, s)
+    reason = {(r.prompt_index, c.candidate_id): c.stop_reason for r in results for c in r.candidates}
+    finals = [r for r in probe.seen if not r.partial]
+    assert {reason[r.prompt_index, r.candidate_id] for r in finals} >= {"eos", "length"}
+    model = gen.model
+    for r in finals:
+        read = list(r.response_ids) if reason[r.prompt_index, r.candidate_id] == "eos" else list(r.response_ids[:-1])
+        with torch.no_grad():
+            ref = model.model(input_ids=torch.tensor([gen.encode(r.prompt) + read])).last_hidden_state[0, -1]
+        np.testing.assert_allclose(r.hidden_state, ref.numpy(), atol=2e-4, rtol=1e-3)
 
 
 def test_same_is_the_reward_deciding(tiny_gen):

@@ -19,10 +19,11 @@ from rodeco.plugins import BuildContext, Plugins, get_plugin_manager
 from rodeco_policies.adaptive import AdaptivePolicy, build_adaptive, estimate_noise
 from rodeco_policies.correlation import CorrelationPolicy, build_correlation, rank_agreement
 
-BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated", "allocate")
+BUILTIN = ("none", "fixed", "adaptive", "correlation", "calibrated", "allocate", "deepconf")
 SEARCH = ("particle_filter", "beam", "dvts")  # answer with Counts: tests/test_search.py holds them to the contract
 CROSS_PROMPT = ("allocate",)  # may reject fewer than a prompt's min_reject where another prompt rejects more
 NEVER_REJECTS = {"none"}  # Best-of-N: fails (select_checked) when the budget forces a rejection
+MAY_END = {"deepconf"}  # may stop every row of a prompt that has a finished candidate (the contract allows it)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,8 @@ def prompt_views(draw, index: int, allow_min_reject: bool) -> PromptView:
     tokens = draw(st.integers(1, 200))
     candidate_ids = sorted(draw(st.sets(st.integers(0, 64), min_size=k, max_size=k)))
     min_reject = draw(st.integers(0, k - 1)) if allow_min_reject else 0
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))  # each row's top-5 log-probs so far (deepconf reads them)
+    top = [-np.sort(rng.exponential(size=(tokens, 5)), axis=1) for _ in range(k)]
     return PromptView(
         prompt_index=index,
         candidate_ids=candidate_ids,
@@ -87,6 +90,7 @@ def prompt_views(draw, index: int, allow_min_reject: bool) -> PromptView:
         finished_scores=finished,
         tokens_generated=tokens,
         min_reject=min_reject,
+        top_logprobs=top,
     )
 
 
@@ -114,7 +118,7 @@ def test_policy_contract(builtins: Plugins, name: str, data) -> None:
     assert len(keep) == len(view.prompts)
     for kept, p in zip(keep, view.prompts):
         kept = [int(i) for i in kept]
-        assert kept, f"{name} kept no row of a prompt"
+        assert kept or (name in MAY_END and p.finished_scores), f"{name} kept no row of a prompt"
         assert len(set(kept)) == len(kept), f"{name} returned duplicates {kept}"
         assert all(0 <= i < p.k for i in kept), f"{name} returned out-of-range rows {kept} for k={p.k}"
         if name not in CROSS_PROMPT:

@@ -238,6 +238,23 @@ def test_replay_of_a_forking_policy_equals_live(pools, tmp_path, policy, params,
         assert (rgen.continued > 0) == (attempt == "decoded")  # the second replay decodes nothing
 
 
+def test_a_vote_that_stops_replays_as_live(pools):
+    """winner.stop over a pool: the same prompts stop at the same length, with the same candidates cut and the same
+    compute (a Beta threshold of 0.6 settles a vote on its first answer, so every prompt with a row that ends early
+    stops)."""
+    gen, path = pools["fast"]
+    vote = ("winner.rule=majority", "winner.extractor=regex", "winner.pattern='(.)'", "winner.stop=beta")
+    extra = (*vote, "winner.stop_threshold=0.6", "winner.stop_tokens=4")
+    live, replayed = live_and_replay(gen, path, "none", {}, None, n=12, extra=extra)
+    assert any(lv.stopped_at is not None for lv in live)
+    for lv, (rp, comp, _) in zip(live, replayed):
+        assert (rp.stopped_at, rp.answer, rp.best.candidate_id) == (lv.stopped_at, lv.answer, lv.best.candidate_id)
+        assert [(c.candidate_id, c.token_ids, c.stop_reason) for c in rp.candidates] == [
+            (c.candidate_id, c.token_ids, c.stop_reason) for c in lv.candidates
+        ]
+        assert (comp.gen_decode_tokens, comp.decode_steps) == (lv.compute.gen_decode_tokens, lv.compute.decode_steps)
+
+
 def test_replay_starts_from_auto_as_live(pools):
     gen, path = pools["fast"]
     live, replayed = live_and_replay(
@@ -370,24 +387,24 @@ def test_the_oracle_with_alpha_half_keeps_the_true_best(pools, kv):
     assert decided > 0
 
 
+class Probe:
+    """A reward that reads hidden states: keeps each request's, by (prompt, candidate, length, partial)."""
+
+    needs_hidden_states = True
+
+    def __init__(self):
+        self.seen = {}
+
+    def score(self, requests):
+        for r in requests:
+            self.seen[(r.prompt_index, r.candidate_id, len(r.response_ids), r.partial)] = np.asarray(r.hidden_state)
+        return [float(r.hidden_state[0]) for r in requests]
+
+
 def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
     """A partial reward that reads hidden states decides the same in a replay as live: the pool's stored states are
     the live run's at every decision point (rows pruned in between)."""
-    import numpy as np
-
-    from rodeco.core.contracts import Scorer
     from rodeco.core.loop import decode_batch
-
-    class Probe:
-        needs_hidden_states = True
-
-        def __init__(self):
-            self.seen = {}
-
-        def score(self, requests):
-            for r in requests:
-                self.seen[(r.prompt_index, r.candidate_id, len(r.response_ids))] = np.asarray(r.hidden_state)
-            return [float(r.hidden_state[0]) for r in requests]
 
     gen, path = pools["fast"]
     cfg = rodeco.load_config([*BASE, "policy=fixed", "policy.alpha=0.5", f"budget.kv_tokens={KV['fast'][70]}", "n=8"])
@@ -412,6 +429,25 @@ def test_a_replay_serves_the_hidden_states_a_live_run_gives(pools):
         assert [r.kept_ids for r in rp.rounds] == [r.kept_ids for r in lv.rounds]
     assert live.seen and live.seen.keys() == replayed.seen.keys()
     for k, h in live.seen.items():  # float16 in the pool
+        np.testing.assert_allclose(replayed.seen[k], h, rtol=2e-3, atol=2e-3)
+
+
+def test_a_replay_serves_the_final_hidden_states_a_live_run_gives(pools):
+    """A reward that reads hidden states picking the winner gets, in a replay, the live run's state of each finished
+    response's last step (the pool's float16 copy of it)."""
+    from rodeco.core.loop import decode_batch
+
+    gen, path = pools["fast"]
+    cfg = rodeco.load_config([*BASE, "policy=none", "budget=unlimited", "n=8"])
+    pool, rgen = open_pool(path)
+    pol = default_plugins().build_policy(cfg.policy, BuildContext())
+    live, replayed = Probe(), Probe()
+    for p in PROMPTS:
+        decode_batch(gen, Scorer(live, "probe"), pol, [(p.index, p.text)], loop_settings(cfg, gen))
+        replay_prompt(pool, rgen, Scorer(replayed, "probe"), pol, p.index, loop_settings(cfg, rgen, "none", "probe"))
+    finals = {k: h for k, h in live.seen.items() if not k[3]}
+    assert len(finals) == 8 * len(PROMPTS) and finals.keys() == {k for k in replayed.seen if not k[3]}
+    for k, h in finals.items():
         np.testing.assert_allclose(replayed.seen[k], h, rtol=2e-3, atol=2e-3)
 
 

@@ -13,6 +13,7 @@ from rodeco_policies.allocate import AllocateParams, build_allocate
 from rodeco_policies.basic import FixedParams, NoneParams, build_fixed, build_none
 from rodeco_policies.calibrated import CalibratedParams, build_calibrated
 from rodeco_policies.correlation import CorrelationParams, build_correlation
+from rodeco_policies.deepconf import DeepConfParams, build_deepconf
 from rodeco_policies.search import (
     BeamParams,
     DVTSParams,
@@ -71,6 +72,12 @@ def rodeco_register_policies(register: Callable[..., None]) -> None:
         build_beam,
         "reward-guided beam search: the top beam_width rows, each expanded into n / beam_width rows",
         params=BeamParams,
+    )
+    register(
+        "deepconf",
+        build_deepconf,
+        "DeepConf online: stop rows whose lowest group confidence falls below a warm-up percentile; confidence vote",
+        params=DeepConfParams,
     )
     register(
         "dvts",

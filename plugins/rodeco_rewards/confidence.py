@@ -27,25 +27,19 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from rodeco import BuildContext, RewardCost, ScoreRequest, check_positive_int, take_params
+from rodeco import (
+    BuildContext,
+    RewardCost,
+    ScoreRequest,
+    check_positive_int,
+    group_confidences,
+    take_params,
+    token_confidence,
+)
 
 Form = Literal["lowest_group", "mean", "tail", "bottom"]
 FORMS: tuple[str, ...] = get_args(Form)
 BOTTOM = 0.1  # form=bottom: the share of the lowest groups averaged
-
-
-def token_confidence(top: Sequence[Sequence[float]], k: int) -> np.ndarray:
-    """[tokens] ``-mean`` of each position's ``k`` most likely tokens' log-probs."""
-    a = np.asarray(top, dtype=np.float64).reshape(len(top), -1)[:, :k]
-    return -a.mean(axis=1)
-
-
-def group_confidences(c: np.ndarray, window: int) -> np.ndarray:
-    """Means over every ``window`` consecutive tokens (one group, the whole response, when it is shorter)."""
-    if len(c) <= window:
-        return np.array([c.mean()])
-    s = np.concatenate([[0.0], np.cumsum(c)])
-    return (s[window:] - s[:-window]) / window
 
 
 def aggregate(c: np.ndarray, form: str, window: int, tail: int) -> float:

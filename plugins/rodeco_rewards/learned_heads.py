@@ -174,8 +174,8 @@ class ValueHead:
             raise ConfigError(
                 "partial_reward",
                 "value_head",
-                "a request carries no hidden state (a finished response, or a pool recorded without them)",
-                "use it as partial_reward only",
+                "a request carries no hidden state (a pool recorded without them, or the vllm engine)",
+                "replay a pool recorded with experiment_args.hidden_states=true, or decode with a rodeco engine",
             )
         h = np.stack([np.asarray(r.hidden_state, dtype=np.float64) for r in requests])
         lengths = [len(r.response_ids) for r in requests]

@@ -68,8 +68,8 @@ class Reward(Protocol):
     """Scores (prompt, response) pairs, partial or complete.
 
     Optional class attributes: ``needs_logprobs = True`` makes the loop fill ``ScoreRequest.logprobs`` with the
-    generator's per-token log-probabilities; ``needs_hidden_states = True`` fills ``ScoreRequest.hidden_state`` of
-    partial requests with the generator's final-layer hidden state (such a reward can only be a ``partial_reward``);
+    generator's per-token log-probabilities; ``needs_hidden_states = True`` fills ``ScoreRequest.hidden_state`` with
+    the generator's final-layer hidden state (partial and finished requests; not on the ``vllm`` engine);
     ``needs_top_logprobs = k`` fills ``ScoreRequest.top_logprobs`` with the ``k`` most likely tokens' log-probs at
     each response position; ``cost: RewardCost`` is read for compute accounting. Every request carries the prompt's
     data record beyond its text (``ScoreRequest.meta``: a task's gold answer).

@@ -85,9 +85,9 @@ class Row:
     candidate_id: int
     token_ids: list[int]
     logprobs: list[float] | None
-    reason: str = ""  # "" while active; "eos" | "stop" (a stop string) | "length" | "rejected" once it left
+    reason: str = ""  # "" while active; "eos" | "stop" (a stop string) | "length" | "rejected" | "settled" once it left
     stop: int | None = None  # the EOS token that ended it (reason "eos")
-    hidden: np.ndarray | None = None  # [hidden] the state that sampled the latest token (active rows, when asked)
+    hidden: np.ndarray | None = None  # [hidden] the state that sampled its latest token (when asked)
     stream: int | None = None  # the random-stream key within its prompt (None: the candidate id)
     top_logprobs: list[list[float]] | None = None  # [tokens][k] the k most likely tokens' log-probs (when asked)
 
@@ -174,9 +174,10 @@ class ScoreRequest:
     ``response_ids`` are the generator's token ids; rewards that have their own tokenizer re-tokenize
     ``response``. ``logprobs`` holds the generator's log-probability of each response token and is filled only
     when the reward declares ``needs_logprobs = True``. ``hidden_state`` is the generator's final-layer hidden state
-    (the final norm's output) at the position that sampled the response's last token, i.e. after reading the prompt
-    and all response tokens but the last; it is filled for partial requests when the reward declares
-    ``needs_hidden_states = True`` (finished responses get ``None``). ``top_logprobs`` holds, for each response token,
+    (the final norm's output) at the position that sampled the response's last token, filled when the reward
+    declares ``needs_hidden_states = True``: for a partial request, after reading the prompt and all response tokens
+    but the last; for a finished one, the state of its last step, which sampled its EOS (after reading the whole
+    response) or, cut at its length, its last token. ``top_logprobs`` holds, for each response token,
     the log-probabilities of the generator's ``k`` most likely tokens at that position (descending), filled when the
     reward declares ``needs_top_logprobs = k``. ``meta`` holds the prompt's data record beyond its text (a task's
     ``gold_answer``, its checker's fields); empty where the record has none.
@@ -217,6 +218,9 @@ class PromptView:
     max_rows: int = 0  # this prompt's share of the rows the budget fits next round (RoundView.max_rows_next)
     # seeded by (run seed, prompt's stream key, round): a policy that samples (particle_filter) stays reproducible
     rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
+    # [k] each row's [tokens, top_logprobs] log-probs of the most likely tokens at each position, when its policy's
+    # info asks (PolicyInfo.top_logprobs); None otherwise
+    top_logprobs: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def k(self) -> int:
@@ -246,6 +250,11 @@ class PolicyInfo:
     decision_tokens: int | None = None  # a decision point every that many tokens too, besides the budget's
     chooses_start: bool = False  # it sizes its own start with choose_start(StartView) -> rows, under n=policy
     rejects: bool = True  # False: it never rejects a row (Best-of-N), so a budget must hold every row to the end
+    # k: each row's k most likely tokens' log-probs at each of its positions, in PromptView.top_logprobs (0: none)
+    top_logprobs: int = 0
+    # fields of the winner rule (rodeco.WinnerRule) it sets whatever winner says, e.g. deepconf's
+    # {"rule": "weighted", "weight": "confidence"}; the others (the extractor) stay the run's. None: the run's rule
+    winner: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -297,10 +306,11 @@ class Candidate:
     score: float | None  # final reward, or the last partial reward if it was rejected
     finished: bool  # reached EOS or max_new_tokens
     rejected_at_round: int | None = None
-    stop_reason: str = ""  # "eos", "stop" (a stop string), "length", "rejected"
+    stop_reason: str = ""  # "eos", "stop" (a stop string), "length", "rejected", "settled" (its vote was decided)
     parent: int | None = None  # a copy's parent candidate (None: a starting row); left out of records when None
     forked_round: int | None = None  # the decision point that made the copy
     judge: list[JudgeScore] | None = None  # the judges' scores (``rodeco.core.judging``), set after the decode
+    confidence: float | None = None  # its trace's confidence, where the winner rule weighs by it (left out when None)
 
 
 @dataclass
@@ -396,6 +406,7 @@ class PromptResult:
     # the prompt's record (what judges check against): written as ``record`` beside a gold answer, else left out
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     judge: list[JudgeScore] | None = None  # the winner's judge scores, set after the decode (left out when None)
+    stopped_at: int | None = None  # the tokens at which its vote was settled and its rows stopped (winner.stop)
 
     @property
     def best_response(self) -> str:
@@ -407,7 +418,7 @@ class PromptResult:
         d = asdict(self)
         d["compute"] = self.compute.to_dict()
         for c in [d["best"]] + (d["candidates"] or []):
-            for k in ("parent", "forked_round"):
+            for k in ("parent", "forked_round", "confidence"):
                 if c[k] is None:
                     del c[k]
             del c["judge"]
@@ -422,7 +433,7 @@ class PromptResult:
                 del r["copies"]
         if d["winner"] == "reward":
             del d["winner"]
-        for k in ("answer", "gold_answer"):
+        for k in ("answer", "gold_answer", "stopped_at"):
             if d[k] is None:
                 del d[k]
         meta = d.pop("meta")

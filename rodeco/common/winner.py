@@ -6,7 +6,18 @@
 - ``rule: weighted``: weighted Best-of-N (search-and-learn's ``utils/score.py``, its_hub's weighted vote): each
   answer's weight is the sum of its candidates' ``softmax(reward / temperature)`` weights. Softmax weights are
   positive on any reward scale (a preference RM's logits as a PRM's probabilities); a large ``temperature`` is the
-  plain majority, a small one the highest reward.
+  plain majority, a small one the highest reward. With ``weight: confidence`` a candidate's weight is instead its
+  trace's confidence (DeepConf's vote, arXiv 2508.15260): the lowest mean, over any ``window`` consecutive tokens, of
+  ``-mean`` of the ``top_k`` most likely tokens' log-probs at each position (``Candidate.confidence``), summed as it
+  is (it is positive).
+
+A vote can stop when it is decided (``stop``, off by default): every ``stop_tokens`` tokens the loop retires a
+prompt's finished rows and asks ``settled``; a settled prompt's active rows stop (they leave as rejected and do not
+vote), and its result says where (``PromptResult.stopped_at``). ``stop: beta`` is Adaptive-Consistency's Beta test
+(Aggarwal et al. 2023): the chance, under a uniform prior, that the leading answer's share exceeds the runner-up's,
+given their votes, is at least ``stop_threshold``. ``stop: certain``: no answer can overtake the leader even if
+every row still decoding voted against it, so the winner's answer is the one the full vote would give (majority
+only). Votes are counted, one a candidate, whatever the rule's weights.
 
 Extractors: ``boxed`` (the last ``\\boxed{...}``, nested braces allowed), ``last_number``, ``first_line`` (the
 first line with text, an ``Answer:`` label dropped: a word, a list or a sentence), ``regex`` (``pattern``:
@@ -21,14 +32,18 @@ from __future__ import annotations
 import importlib
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from rodeco.common.confidence import lowest_group_confidence
 from rodeco.common.state import Candidate
 from rodeco.common.validation import ConfigError
 
 RULES = ("reward", "majority", "weighted")
+WEIGHTS = ("reward", "confidence")
+STOPS = ("beta", "certain")
 EXTRACTORS = ("boxed", "last_number", "first_line", "regex")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -127,6 +142,12 @@ class WinnerRule:
     extractor: str = "boxed"
     pattern: str | None = None
     temperature: float = 1.0
+    weight: str = "reward"  # rule=weighted: a candidate's weight, softmax(reward / temperature) or its confidence
+    top_k: int = 5  # weight=confidence: a token's confidence is -mean of its top_k log-probs
+    window: int = 16  # weight=confidence: a trace's confidence is its lowest mean over this many tokens
+    stop: str | None = None  # None, "beta" or "certain": the vote's stopping test
+    stop_threshold: float = 0.95  # stop=beta: the chance the leader leads that settles the vote
+    stop_tokens: int = 8  # stop: the vote is tested every this many tokens
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -135,8 +156,61 @@ class WinnerRule:
             raise ConfigError(
                 "winner.temperature", self.temperature, "must be a number above 0", "set winner.temperature, e.g. 1.0"
             )
+        if self.weight not in WEIGHTS:
+            raise ConfigError("winner.weight", self.weight, "unknown weight", f"use one of {', '.join(WEIGHTS)}")
+        for key, example in (("top_k", 5), ("window", 16), ("stop_tokens", 8)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"winner.{key}", v, "must be a whole number of at least 1", f"e.g. {example}")
+        if self.stop is not None:
+            if self.stop not in STOPS:
+                raise ConfigError(
+                    "winner.stop", self.stop, "unknown stopping test", f"use one of {', '.join(STOPS)}, or null"
+                )
+            if self.rule == "reward":
+                raise ConfigError(
+                    "winner.stop",
+                    self.stop,
+                    "stops a vote, and winner.rule=reward does not vote",
+                    "set winner.rule=majority or weighted, or winner.stop=null",
+                )
+            if self.stop == "certain" and self.rule != "majority":
+                raise ConfigError(
+                    "winner.stop",
+                    self.stop,
+                    f"is exact only for the majority vote, not winner.rule={self.rule}",
+                    "set winner.rule=majority, or winner.stop=beta",
+                )
+            if not (isinstance(self.stop_threshold, (int, float)) and 0.5 < self.stop_threshold < 1):
+                raise ConfigError(
+                    "winner.stop_threshold", self.stop_threshold, "must lie between 0.5 and 1", "e.g. 0.95"
+                )
         if self.rule != "reward":
             self.extract  # noqa: B018  resolved now: a bad extractor fails at start-up, not at the first prompt
+
+    @property
+    def top_logprobs(self) -> int:
+        """The top-k log-probs its weights read at each position (0: none)."""
+        return self.top_k if self.rule == "weighted" and self.weight == "confidence" else 0
+
+    def confidence(self, top: Sequence[Sequence[float]] | None) -> float | None:
+        """A trace's confidence from its positions' top-k log-probs (None without them): its lowest group confidence
+        (``rodeco.common.confidence``)."""
+        if not top:
+            return None
+        return lowest_group_confidence(top, self.top_k, self.window)
+
+    def settled(self, answers: Sequence[str | None], remaining: int) -> bool:
+        """Whether a prompt's vote is decided: ``answers`` its finished candidates' extracted answers (None: no
+        answer, no vote), ``remaining`` its rows still decoding."""
+        votes = Counter(normalize(a) for a in answers if a is not None and normalize(a))
+        if not votes or self.stop is None:
+            return False
+        top = sorted(votes.values(), reverse=True) + [0]
+        first, second = top[0], top[1]
+        if self.stop == "certain":
+            return first > second + remaining
+        return beta_lead(first, second) >= self.stop_threshold
 
     @staticmethod
     def normalize(answer: str) -> str:
@@ -162,12 +236,27 @@ class WinnerRule:
         weight: dict[str, float] = {}
         best: dict[str, Candidate] = {}
         for c, a in voting:
-            w = 1.0 if self.rule == "majority" else math.exp((_final(c) - hi) / self.temperature)
+            if self.rule == "majority":
+                w = 1.0
+            elif self.weight == "confidence":
+                assert c.confidence is not None, f"candidate {c.candidate_id} has no confidence to weigh it by"
+                w = c.confidence
+            else:
+                w = math.exp((_final(c) - hi) / self.temperature)
             weight[a] = weight.get(a, 0.0) + w
             if a not in best or _final(c) > _final(best[a]):
                 best[a] = c
         answer = max(weight, key=lambda a: (weight[a], _final(best[a])))
         return Choice(best[answer], self.rule, answer)
+
+
+def beta_lead(first: int, second: int) -> float:
+    """Adaptive-Consistency's Beta test: ``P(p > 1/2)`` for ``p ~ Beta(first + 1, second + 1)``, the chance under a
+    uniform prior that the answer with ``first`` votes is likelier than the one with ``second``. Exact for whole
+    counts: ``I_{1/2}(a, b) = P(Binomial(a + b - 1, 1/2) >= a)``."""
+    a, b = first + 1, second + 1
+    m = a + b - 1
+    return sum(math.comb(m, j) for j in range(a)) / 2**m
 
 
 def _final(c: Candidate) -> float:

@@ -218,6 +218,18 @@ class WinnerConfig:
     )
     pattern: Optional[str] = field(default=None, metadata={"help": "extractor=regex: the pattern (its first group)"})
     temperature: float = field(default=1.0, metadata={"help": "rule=weighted: weights softmax(reward / temperature)"})
+    weight: str = field(
+        default="reward",
+        metadata={"help": "rule=weighted: reward (softmax of the reward) or confidence (the trace's, DeepConf's vote)"},
+    )
+    top_k: int = field(default=5, metadata={"help": "weight=confidence: a token's confidence is -mean top-k log-prob"})
+    window: int = field(default=16, metadata={"help": "weight=confidence: the trace's lowest mean over this many"})
+    stop: Optional[str] = field(
+        default=None,
+        metadata={"help": "stop a prompt once its vote is settled: beta (Adaptive-Consistency), certain, or null"},
+    )
+    stop_threshold: float = field(default=0.95, metadata={"help": "stop=beta: the chance the leader leads"})
+    stop_tokens: int = field(default=8, metadata={"help": "stop: test the vote every this many tokens"})
 
 
 @dataclass

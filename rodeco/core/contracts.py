@@ -23,7 +23,7 @@ class RewardInfo:
     come from beyond its parameters."""
 
     needs_logprobs: bool = False  # requests carry the generator's token log-probabilities
-    needs_hidden_states: bool = False  # partial requests carry the generator's hidden state
+    needs_hidden_states: bool = False  # requests carry the generator's hidden state (partial and finished)
     identity: str | None = None  # e.g. a trained head's hash: cached scores are keyed by it
     needs_top_logprobs: int = 0  # k: requests carry the k most likely tokens' log-probs at each position
     needs_meta: tuple[str, ...] = ()  # fields every prompt's record must hold (``gold_answer``): checked before a run
@@ -69,14 +69,6 @@ class Scorer:
         info = reward_info(reward)
         self.needs_logprobs, self.needs_hidden_states = info.needs_logprobs, info.needs_hidden_states
         self.needs_top_logprobs, self.needs_meta = info.needs_top_logprobs, info.needs_meta
-        if self.needs_hidden_states and role == "reward":
-            raise ConfigError(
-                "reward",
-                name,
-                "it reads the generator's hidden states, which only partial responses "
-                "at decision points carry (finished ones are scored after they leave the batch)",
-                f"use it to decide, not to pick the winner: partial_reward={name}",
-            )
         self.identity: str | None = info.identity  # what its scores come from (a head's hash)
         self._report = getattr(reward, "report", None)  # a judge's own figures beside its mean (a win rate)
         self.calls = 0

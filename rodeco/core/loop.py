@@ -9,8 +9,10 @@ while cohorts are running or may still arrive:
     admit the waiting cohorts, in arrival order, while their budgets fit beside the running ones'
         (each prompt forwarded once, its cache fanned out to n rows)
     decode to the earliest decision point of a running cohort (where its rows would outgrow its budget, or its
-        policy's decision_tokens), pausing every check_tokens tokens to admit and to let cancelled prompts leave
-    score the finished rows of the cohorts at their decision point (reward); a prompt with no row left gets its result
+        policy's decision_tokens) or vote check (winner.stop_tokens), pausing every check_tokens tokens to admit and
+        to let cancelled prompts leave
+    score the finished rows of the cohorts at their decision point or vote check (reward); a prompt whose vote is
+        settled (winner.stop) stops its rows; a prompt with no row left gets its result
     each cohort at its decision point: score its active rows (partial_reward), counts = policy(view of its prompts),
         apply them (0: the row leaves the cache; c > 1: c - 1 copies join it)
 the winner rule picks each prompt's winner among its finished candidates (by default the highest reward)
@@ -36,6 +38,7 @@ from rodeco.common.protocols import Generator, LanguageModel, LoopHooks, Policy,
 from rodeco.common.state import Compute, Counts, PromptRef, PromptResult, RoundView, Row
 from rodeco.common.stops import StopStrings
 from rodeco.common.validation import ConfigError
+from rodeco.common.winner import WinnerRule
 from rodeco.core.accounting import Accounting
 from rodeco.core.contracts import Scorer, policy_info, select_checked
 from rodeco.core.rounds import (
@@ -48,6 +51,7 @@ from rodeco.core.rounds import (
     rows_per_prompt,
     score_rows,
     session_spec,
+    winner_of,
 )
 from rodeco.core.trace import Trace
 
@@ -127,8 +131,9 @@ class _Limits:
 @dataclass
 class _Cohort:
     """An admitted cohort: its request, batch keys, budget (``Budget.for_batch`` of its prompts alone), start
-    length, rows per prompt at the start, decision interval, the session's step when it joined, and the decision
-    points it has passed."""
+    length, rows per prompt at the start, decision interval, its winner rule (its policy's, where the policy sets
+    one), the top-k log-probs its policy reads, the session's step when it joined, and the decision points it has
+    passed."""
 
     req: Request
     ids: list[list[int]]
@@ -137,6 +142,8 @@ class _Cohort:
     n: int
     every: int | None
     reserved: int
+    winner: WinnerRule
+    top_k: int = 0
     keys: list[int] = field(default_factory=list)
     born: int = 0
     rounds: int = 0
@@ -159,6 +166,21 @@ class _Cohort:
     def rows(self, sess: Session) -> np.ndarray:
         """Its rows' batch indices, in order."""
         return np.nonzero(np.isin(sess.prompt_of, self.keys))[0]
+
+    @property
+    def vote_every(self) -> int | None:
+        """Tokens between its vote checks (``winner.stop``), None: its vote does not stop."""
+        return self.winner.stop_tokens if self.winner.stop is not None else None
+
+    def at_vote_check(self, sess: Session) -> bool:
+        clock, every = self.clock(sess), self.vote_every
+        return every is not None and clock > 0 and clock % every == 0
+
+    def next_stop(self, sess: Session) -> int:
+        """Where its decoding stops next on its own clock: its decision point, or its next vote check."""
+        if self.vote_every is None:
+            return self.until
+        return min(self.until, (self.clock(sess) // self.vote_every + 1) * self.vote_every)
 
     def next_point(self, sess: Session) -> int:
         """Its next decision point on its own clock: where the blocks its rows hold would outgrow its quota (its
@@ -229,6 +251,7 @@ def decode_open(
     max_rows: int | None = None,
     max_prompts: int | None = None,
     hooks: LoopHooks | None = None,
+    top_logprobs: int = 0,
 ) -> OpenStats:
     """Decode every request ``source`` gives until it closes and nothing is running (see the module doc).
     ``kv_tokens``: the memory all running cohorts' budgets may add up to (None: no limit); a request whose own budget
@@ -237,11 +260,13 @@ def decode_open(
     the prompts and rows in the batch. ``max_rows`` and ``max_prompts`` bound the rows the running cohorts start
     with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
     (``EngineInfo.max_rows``) applies too. ``hooks`` are fired at each cohort's decision points and each prompt's
-    end, as ``decode_batch`` fires them."""
+    end, as ``decode_batch`` fires them. ``top_logprobs``: the session records at least this many of each step's most
+    likely tokens' log-probs (a request whose policy reads more than it records is refused)."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     limits = _Limits(kv_tokens, max_rows, max_prompts)
     b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks)
+    b.top_k = top_logprobs
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -271,7 +296,7 @@ def _run(b: _Batch, source: Source, check: int | None, observe: Callable[[int, i
             continue
         b.decode(check)
         b.cancel()
-        b.round_ends()
+        b.settle(b.round_ends())
         b.finish()
         for c in list(b.running):  # each cohort at its own decision point
             if c.clock(sess) >= c.until and c.rows(sess).size:
@@ -328,6 +353,7 @@ class _Batch:
         self.acct = Accounting(gen, 0, per_call=per_call)
         self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
         self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
+        self.top_k = 0  # the top-k log-probs the session records at each step (at least; set when it opens)
 
     def close(self) -> None:
         if self.sess is not None:
@@ -357,8 +383,18 @@ class _Batch:
             raise ConfigError(
                 "n", n, f"more rows than the open batch's {lim.max_rows}", f"ask for at most {lim.max_rows}"
             )
-        every = policy_info(req.policy, s.policy_name).decision_tokens
-        return _Cohort(req, ids, budget, base, n, every, reserved)
+        info = policy_info(req.policy, s.policy_name)
+        winner = winner_of(s, info)
+        top_k = max(info.top_logprobs, winner.top_logprobs)
+        if self.sess is not None and top_k > self.top_k:
+            raise ConfigError(
+                "policy",
+                s.policy_name,
+                f"reads the {top_k} most likely tokens' log-probs, which the running session does not record "
+                f"(it records {self.top_k})",
+                "start the server or the decode with that policy (or a reward that reads as many)",
+            )
+        return _Cohort(req, ids, budget, base, n, info.decision_tokens, reserved, winner, top_k)
 
     def cancel(self) -> None:
         """Prompts whose ``cancelled()`` says so: refused while waiting, their rows rejected while running."""
@@ -426,7 +462,7 @@ class _Batch:
         for c in joining:
             s = c.req.settings
             text = c.text(gen)
-            own = (s.policy_name, s.reward_name, s.winner, s.all_candidates, text)
+            own = (s.policy_name, s.reward_name, c.winner, s.all_candidates, text)
             c.keys = [trace.admit(r, c.n, *own) for r in c.req.prompts]
         self.acct.admit(len(trace.prompts) - P0)
         weights = np.zeros(len(trace.prompts))
@@ -434,8 +470,10 @@ class _Batch:
         with self.acct.timed("prefill", weights):
             if self.sess is None:
                 first = joining[0]
-                spec = session_spec(first.req.settings, self.pool, **recorded_for(self.scorer, self.decider))
+                recorded = recorded_for(self.scorer, self.decider, max(self.top_k, *(c.top_k for c in joining)))
+                spec = session_spec(first.req.settings, self.pool, **recorded)
                 self.sess = gen.open_session(spec)
+                self.top_k = spec.top_logprobs
             sess = self.sess
             prompts = [open_prompt(c.req.settings, r, c.n, c.req.first) for c in joining for r in c.req.prompts]
             keys = sess.admit([i for c in joining for i in c.ids], prompts)
@@ -454,7 +492,7 @@ class _Batch:
         for c in self.running:  # a round starts: its decision point is fixed for the round
             if c.until < 0:
                 c.until = c.next_point(sess)
-        ahead = min(c.until - c.clock(sess) for c in self.running)
+        ahead = min(c.next_stop(sess) - c.clock(sess) for c in self.running)
         if ahead <= 0:
             return
         self.stats.step_rows.append(sess.rows)
@@ -466,14 +504,16 @@ class _Batch:
             for row in sess.decode(until=sess.t + ahead, pause=pause):
                 owner[row.prompt].left.append(row)
 
-    def round_ends(self) -> None:
-        """The cohorts whose round ends here (at their decision point, or with no unfinished row): their finished
-        rows leave and are scored with the round's others, one call for all such cohorts (one per distinct set of
-        stop strings, each cutting its own text)."""
+    def round_ends(self) -> list[_Cohort]:
+        """The cohorts whose round ends here (at their decision point or vote check, or with no unfinished row):
+        their finished rows leave and are scored with the round's others, one call for all such cohorts (one per
+        distinct set of stop strings, each cutting its own text). Returns them."""
         sess = self.sess
         assert sess is not None
         fin = sess.finished_rows()
-        ending = [c for c in self.running if c.clock(sess) >= c.until or fin[c.rows(sess)].all()]
+        ending = [
+            c for c in self.running if c.clock(sess) >= c.until or c.at_vote_check(sess) or fin[c.rows(sess)].all()
+        ]
         keys = [k for c in ending for k in c.keys]
         retired = sess.retire_finished(keys) if ending else []
         owner = {k: c for c in ending for k in c.keys}
@@ -490,6 +530,22 @@ class _Batch:
             if rows:
                 scores = score_rows(self.scorer, "reward", texts[stop], self.trace.prompts, rows, self.acct)
                 self.trace.finished(rows, scores)
+        return ending
+
+    def settle(self, cohorts: list[_Cohort]) -> None:
+        """Of ``cohorts`` (their finished rows just scored), each prompt whose vote is settled (``winner.stop``): its
+        active rows stop, and it gets its result."""
+        sess = self.sess
+        assert sess is not None
+        for c in cohorts:
+            if c.winner.stop is None:
+                continue
+            for p in c.keys:
+                rows = np.flatnonzero(sess.prompt_of == p)
+                if p in c.gone or not rows.size:
+                    continue
+                if c.winner.settled(self.trace.answers(p), len(rows)):
+                    self.trace.stopped(p, sess.reject(rows.tolist()), c.clock(sess))
 
     def finish(self) -> None:
         """A prompt with no row left gets its result; a cohort whose prompts all have one leaves."""
@@ -520,10 +576,17 @@ class _Batch:
         trace.scored(sess.prompt_of[rows], sess.cand[rows], scores)
         with acct.timed("prune", np.isin(np.arange(acct.n_prompts), c.keys).astype(float)):
             fit = c.budget.max_rows(c.base + clock, c.base + s.max_new_tokens)
-            view, rows_of, keys = round_view(c.rounds, sess, rows, np.asarray(scores), trace, s, clock, fit, c.n)
+            tops = [_top(r, c.top_k) for r in mine] if c.top_k else None
+            view, rows_of, keys = round_view(c.rounds, sess, rows, np.asarray(scores), trace, s, clock, fit, c.n, tops)
             counts = select_checked(c.req.policy, s.policy_name, view)
             self.hooks.round_end(view, counts)
             if c.req.on_round is not None:
                 c.req.on_round(view, counts)
             apply_counts(sess, trace, c.rounds, rows_of, keys, view, counts, at=clock)
         c.rounds += 1
+
+
+def _top(row: Row, k: int) -> np.ndarray:
+    """[tokens, k] a row's most likely tokens' log-probs at each position (its policy's ``top_logprobs``)."""
+    top = row.top_logprobs or []
+    return np.asarray(top, dtype=np.float64).reshape(len(top), -1)[:, :k]

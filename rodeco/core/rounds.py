@@ -4,6 +4,7 @@ scored in a role, and the rows a prompt starts with (``rows_per_prompt``). ``rod
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from rodeco.common.sampling import copy_stream
 from rodeco.common.state import (
     Counts,
     OpenPrompt,
+    PolicyInfo,
     PromptRef,
     PromptView,
     RoundView,
@@ -75,14 +77,26 @@ def open_prompt(s: LoopSettings, ref: PromptRef, n: int, first: int = 0) -> Open
     )
 
 
-def recorded_for(scorer: Scorer, decider: Scorer) -> dict[str, Any]:
+def recorded_for(scorer: Scorer, decider: Scorer, top_k: int = 0) -> dict[str, Any]:
     """What a session records for the roles (``session_spec``'s keywords): the token log-probs either reads, the
-    hidden states the partial scorer reads, the most top-k log-probs either reads."""
+    hidden states either reads, the most top-k log-probs either reads or the policy and winner rule read
+    (``top_k``)."""
     return {
         "needs_logprobs": scorer.needs_logprobs or decider.needs_logprobs,
-        "needs_hidden": decider.needs_hidden_states,
-        "top_logprobs": max(scorer.needs_top_logprobs, decider.needs_top_logprobs),
+        "needs_hidden": scorer.needs_hidden_states or decider.needs_hidden_states,
+        "top_logprobs": max(scorer.needs_top_logprobs, decider.needs_top_logprobs, top_k),
     }
+
+
+def winner_of(s: LoopSettings, info: PolicyInfo) -> WinnerRule:
+    """The winner rule of a cohort: the run's (``winner``), with the fields its policy sets (``PolicyInfo.winner``:
+    deepconf's confidence-weighted vote) replaced."""
+    if not info.winner:
+        return s.winner
+    try:
+        return dataclasses.replace(s.winner, **dict(info.winner))
+    except TypeError as e:
+        raise PluginError(f"policy {s.policy_name!r} sets winner fields {dict(info.winner)}: {e}") from e
 
 
 def apply_counts(
@@ -218,20 +232,23 @@ def round_view(
     clock: int,
     fit: int,
     n_start: int,
+    tops: list[np.ndarray] | None = None,
 ) -> tuple[RoundView, list[np.ndarray], list[int]]:
     """A cohort's view at decision point ``rnd``: its prompts' views (its ``rows``, batch indices in order, and their
     ``scores``; ``clock`` its tokens so far), each prompt's batch rows (in the view's local order) and its batch key.
     ``fit``: the most rows the budget lets the cohort decode on (copies may grow it up to that), shared among its
-    prompts; the rows it must shed beyond are split among them in proportion to their rows."""
+    prompts; the rows it must shed beyond are split among them in proportion to their rows. ``tops``: each row's
+    top-k log-probs (its policy reads them), in ``rows``' order."""
     of = sess.prompt_of[rows]
     views, rows_of, keys = [], [], np.unique(of)
     shares = np.full(len(keys), fit // len(keys)) + (np.arange(len(keys)) < fit % len(keys))
     for p, share in zip(keys, shares):
         mine = of == p
         rows_of.append(rows[mine])
-        views.append(
-            prompt_view(rnd, int(p), sess.cand[rows[mine]].tolist(), scores[mine], trace, clock, int(share), s.seed)
-        )
+        pv = prompt_view(rnd, int(p), sess.cand[rows[mine]].tolist(), scores[mine], trace, clock, int(share), s.seed)
+        if tops is not None:
+            pv.top_logprobs = [tops[i] for i in np.flatnonzero(mine)]
+        views.append(pv)
     _share_min_reject(views, len(rows) - fit)
     view = RoundView(round=rnd, prompts=views, max_rows_next=fit, max_new_tokens=s.max_new_tokens, n_start=n_start)
     return view, rows_of, keys.tolist()

@@ -221,9 +221,12 @@ class TorchSession:
         """Feed the rows' pending tokens: the next logits (and hidden states), charged to each prompt by its rows
         and its context (its prompt and its own tokens)."""
         st, context = self.stats, self.engine.length
+        before = self.hidden if self.needs_hidden else None
         self.logits = self.hidden = None  # sampled from already: let the step not hold them and its own
         self.logits = self.engine.step(pending)  # [B, V]
         self.hidden = self.engine.last_hidden
+        if before is not None and self.hidden is not None:  # a finished row keeps the state of its last step
+            self.hidden = torch.where(self.finished[:, None], before.to(self.hidden.dtype), self.hidden)
         counts = np.bincount(self.prompt_of, minlength=len(st.decode_tokens))
         st.decode_tokens += counts
         # each prompt's rows at its own context: its prompt and the tokens cached before this one
@@ -358,8 +361,18 @@ class TorchSession:
         idx = which.nonzero()[:, 0].tolist()
         n_tok, fin, stop = self.n_tok.tolist(), self.finished.tolist(), self.stopped.tolist()
         left = [self._finished(i, n_tok[i], "stop" if stop[i] else "eos" if fin[i] else "length") for i in idx]
+        self._with_hidden(left, idx)
         self.select((~which).nonzero()[:, 0])
         return left
+
+    def _with_hidden(self, left: list[Row], idx: list[int]) -> None:
+        """Rows ``idx`` leaving as ``left`` carry the state of their last step (when a reward asks): a finished
+        row's is the one that sampled its last token (EOS included), after reading its whole response."""
+        h = self._hidden() if self.needs_hidden and left else None
+        if h is not None:
+            got = h[torch.tensor(idx, dtype=torch.long, device=h.device)].float().cpu().numpy()
+            for row, x in zip(left, got):
+                row.hidden = x
 
     def _finished(self, i: int, n: int, reason: str) -> Row:
         lps = self.lp[i, :n].tolist() if self.lp is not None else None
@@ -370,6 +383,7 @@ class TorchSession:
         """Drop active rows (batch indices) after a decision point; returns them with their text so far."""
         steps = self.steps()
         left = [self._finished(i, steps if isinstance(steps, int) else int(steps[i]), "rejected") for i in rows]
+        self._with_hidden(left, rows)
         keep = sorted(set(range(self.rows)) - set(rows))
         self.select(torch.tensor(keep, dtype=torch.long))
         return left

@@ -13,6 +13,8 @@ import numpy as np
 from rodeco.common.state import Candidate, Compute, Counts, PromptRef, PromptResult, Round, RoundView, Row
 from rodeco.common.winner import WinnerRule
 
+LEFT_UNFINISHED = ("rejected", "settled")  # a row a policy rejected, or one stopped because its prompt's vote settled
+
 
 @dataclass(frozen=True)
 class _Own:
@@ -41,6 +43,7 @@ class Trace:
         self.parent: list[dict[int, tuple[int, int]]] = []  # per prompt: copy -> (parent, round of the fork)
         self.origin: list[dict[int, int]] = []  # per prompt: candidate -> position of its starting row
         self.next_id: list[int] = []
+        self.stopped_at: dict[int, int] = {}  # prompt -> the tokens at which its vote was settled (winner.stop)
 
     def admit(
         self,
@@ -70,6 +73,7 @@ class Trace:
         """Prompt ``p``'s result was given: its rows are no longer kept (an open source's prompts come and go)."""
         self.left = [r for r in self.left if r.prompt != p]
         self.partial[p], self.final[p], self.parent[p], self.origin[p] = {}, {}, {}, {}
+        self.stopped_at.pop(p, None)
 
     def start(self, prompt_of: Sequence[int] | np.ndarray, cands: Sequence[int] | np.ndarray) -> None:
         """The starting rows (after prefill): each is its own origin; copies take ids above them."""
@@ -109,6 +113,20 @@ class Trace:
 
     def rejected(self, rows: Sequence[Row]) -> None:
         self.left += rows
+
+    def answers(self, p: int) -> list[str | None]:
+        """Prompt ``p``'s finished candidates' answers so far, as its winner rule extracts them (its vote)."""
+        own = self.own[p]
+        done = [f for f in self.left if f.prompt == p and f.reason not in LEFT_UNFINISHED]
+        return [own.winner.extract(own.text(f.token_ids)) for f in done]
+
+    def stopped(self, p: int, rows: Sequence[Row], tokens: int) -> None:
+        """Prompt ``p``'s vote was settled at ``tokens``: its active ``rows`` stopped (they leave unfinished, with
+        reason ``settled``)."""
+        for r in rows:
+            r.reason = "settled"
+        self.left += rows
+        self.stopped_at[p] = tokens
 
     def cancel(self, rows: Sequence[Row]) -> None:
         """The rows that left with a prompt whose request went away (it gets no result)."""
@@ -151,23 +169,31 @@ class Trace:
     def finished_ids(self, p: int) -> list[int]:
         return list(self.final[p])
 
+    def _last_partial(self, p: int, c: int) -> float | None:
+        """Candidate ``c``'s latest partial score (None: it left before any decision point scored it)."""
+        scores = self.partial[p].get(c)
+        return scores[-1] if scores else None
+
     def result(self, p: int, compute: Compute) -> PromptResult:
         own = self.own[p]
         cands = []
         for f in (f for f in self.left if f.prompt == p):
-            rejected = f.reason == "rejected"
+            rejected = f.reason in LEFT_UNFINISHED
             parent, rnd = self.parent[p].get(f.candidate_id, (None, None))
             cands.append(
                 Candidate(
                     candidate_id=f.candidate_id,
                     token_ids=f.token_ids,
                     text=own.text(f.token_ids),
-                    score=self.partial[p][f.candidate_id][-1] if rejected else self.final[p].get(f.candidate_id),
+                    score=self._last_partial(p, f.candidate_id) if rejected else self.final[p].get(f.candidate_id),
                     finished=not rejected,
                     stop_reason=f.reason,
-                    rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if rejected else None,
+                    rejected_at_round=len(self.partial[p][f.candidate_id]) - 1 if f.reason == "rejected" else None,
                     parent=parent,
                     forked_round=rnd,
+                    confidence=own.winner.confidence(f.top_logprobs)
+                    if own.winner.top_logprobs and not rejected
+                    else None,
                 )
             )
         choice = own.winner.choose([c for c in cands if c.finished])
@@ -185,4 +211,5 @@ class Trace:
             answer=choice.answer,
             gold_answer=self.prompts[p].gold_answer,
             meta=self.prompts[p].meta,
+            stopped_at=self.stopped_at.get(p),
         )

@@ -218,8 +218,9 @@ class RecordedRows:
 
     def hidden(self, sess: TorchSession) -> torch.Tensor | None:
         """The recorded state that sampled each row's latest token (zeros for a row that joined and has none yet:
-        a prompt is scored only at its own decision points, never at its step 0)."""
+        a prompt is scored only at its own decision points, never at its step 0); a finished row's last one."""
         steps = np.broadcast_to(np.asarray(sess.steps(), dtype=np.int64), (sess.rows,))
+        steps = np.minimum(steps, sess.n_tok.cpu().numpy())  # a finished row's tokens stop at its last
         if not sess.rows or int(steps.max()) == 0:
             return None
         idx = torch.from_numpy(self.indices[sess.prompt_of])
