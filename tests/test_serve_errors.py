@@ -568,6 +568,15 @@ def config(*overrides: str) -> Any:
     return load_config(["reward=logprob", *overrides])
 
 
+def test_a_vote_that_stops_is_not_served():
+    from rodeco.plugins import default_plugins
+    from rodeco.serve import check_serve
+
+    with pytest.raises(ConfigError, match="winner.stop"):
+        check_serve(config("winner.rule=majority", "winner.stop=beta"), default_plugins())
+    check_serve(config(), default_plugins())
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5"])
 def test_public_binding_without_key_is_refused(host, monkeypatch):
     from rodeco.serve import check_binding

@@ -79,6 +79,13 @@ def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"serve.{key}", v, "must be a positive whole number", f"set serve.{key} to e.g. 16")
     if not 0 < s.request_memory <= 1:
         raise ConfigError("serve.request_memory", s.request_memory, "must be in (0, 1]", "set it to e.g. 0.25")
+    if cfg.winner.stop is not None:
+        raise ConfigError(
+            "winner.stop",
+            cfg.winner.stop,
+            "a settled vote stops a prompt's rows, and a request's n choices need n finished candidates",
+            "serve with winner.stop=null (the default)",
+        )
     if s.best_of > s.max_best_of:
         raise ConfigError(
             "serve.best_of",
