@@ -84,7 +84,7 @@ def test_a_finished_response_carries_its_last_steps_state(tiny_gen, engine):
     fresh forward pass gives it, though finished rows wait in the batch (stepped on padding) until they leave."""
     gen = tiny_gen(engine)
     probe = HiddenProbe()
-    s = dataclasses.replace(settings(gen), max_new_tokens=40, budget=Budget(None, 2))
+    s = dataclasses.replace(settings(gen, n=16), max_new_tokens=64, budget=Budget(None, 2))
     results, _ = decode_batch(gen, Scorer(probe, "probe"), fixed(0.0), PROMPTS, s)
     reason = {(r.prompt_index, c.candidate_id): c.stop_reason for r in results for c in r.candidates}
     finals = [r for r in probe.seen if not r.partial]

@@ -1,4 +1,4 @@
-"""A trace's token confidence (DeepConf, Fu et al. 2025, arXiv 2508.15260), from the generator's top-k log-probs.
+"""A trace's token confidence, DeepConf's (arXiv 2508.15260), from the generator's top-k log-probs.
 
 A token's confidence is the mean negative log-probability of the ``k`` most likely tokens at its position,
 ``C_i = -(1/k) sum_j log P_i(j)``: high where the distribution is peaked, low where it is flat. A *group* is
