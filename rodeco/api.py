@@ -285,13 +285,13 @@ class Decoder:
         where its run starts and ends."""
         from rodeco.core.contracts import policy_info
         from rodeco.core.loop import decode_open
-        from rodeco.core.rounds import winner_of
+        from rodeco.core.rounds import top_logprobs_read
         from rodeco.runner import loop_settings
 
         roles = self.builder.roles(self.choices)
         s = loop_settings(self.cfg, self.gen, self.choices.policy.name, self.choices.reward.name)
         info = policy_info(roles.policy, s.policy_name)  # the session records what the decoder's own policy reads
-        kw.setdefault("top_logprobs", max(info.top_logprobs, winner_of(s, info).top_logprobs))
+        kw.setdefault("top_logprobs", top_logprobs_read(s, info))
         return decode_open(
             self.gen, roles.reward, source, kv_tokens, roles.partial, check_tokens, hooks=self.plugins, **kw
         )

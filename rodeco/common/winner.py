@@ -12,12 +12,13 @@
   is (it is positive).
 
 A vote can stop when it is decided (``stop``, off by default): every ``stop_tokens`` tokens the loop retires a
-prompt's finished rows and asks ``settled``; a settled prompt's active rows stop (they leave as rejected and do not
-vote), and its result says where (``PromptResult.stopped_at``). ``stop: beta`` is Adaptive-Consistency's Beta test
-(Aggarwal et al. 2023): the chance, under a uniform prior, that the leading answer's share exceeds the runner-up's,
-given their votes, is at least ``stop_threshold``. ``stop: certain``: no answer can overtake the leader even if
-every row still decoding voted against it, so the winner's answer is the one the full vote would give (majority
-only). Votes are counted, one a candidate, whatever the rule's weights.
+prompt's finished rows and asks ``settled``; a settled prompt's active rows stop (they leave unfinished, with
+``stop_reason`` ``settled``, and do not vote), and its result says where (``PromptResult.stopped_at``).
+``stop: beta`` is Adaptive-Consistency's Beta test (Aggarwal et al. 2023): the chance, under a uniform prior, that
+the leading answer's share exceeds the runner-up's, given their votes, is at least ``stop_threshold``.
+``stop: certain``: no answer can overtake the leader even if every row still decoding voted against it, so the
+winner's answer is the one the full vote would give (majority only). Votes are counted, one a candidate, whatever
+the rule's weights.
 
 Extractors: ``boxed`` (the last ``\\boxed{...}``, nested braces allowed), ``last_number``, ``first_line`` (the
 first line with text, an ``Answer:`` label dropped: a word, a list or a sentence), ``regex`` (``pattern``:

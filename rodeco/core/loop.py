@@ -51,6 +51,7 @@ from rodeco.core.rounds import (
     rows_per_prompt,
     score_rows,
     session_spec,
+    top_logprobs_read,
     winner_of,
 )
 from rodeco.core.trace import Trace
@@ -265,8 +266,7 @@ def decode_open(
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     limits = _Limits(kv_tokens, max_rows, max_prompts)
-    b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks)
-    b.top_k = top_logprobs
+    b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks, top_k=top_logprobs)
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -331,7 +331,9 @@ class _Batch:
     of ``_run`` (cancel, admit, decode, the rounds' ends, finish, decide). ``per_call``: each prompt is charged what
     was done for it as it happened (``Accounting``), as an open batch's prompts come and go. ``pool``: the KV tokens
     the session's pool holds (a closed batch's budget, an open batch's limit; None: no limit, the pool grows).
-    ``hooks``: fired at every decision point and every prompt's end (None: none)."""
+    ``hooks``: fired at every decision point and every prompt's end (None: none). ``top_k``: the least top-k
+    log-probs the session records at each step (more where the first cohorts' rewards, policies or winner rules
+    read more)."""
 
     def __init__(
         self,
@@ -342,6 +344,7 @@ class _Batch:
         per_call: bool,
         pool: int | None,
         hooks: LoopHooks | None = None,
+        top_k: int = 0,
     ) -> None:
         self.gen, self.scorer, self.decider, self.limits, self.pool = gen, scorer, decider, limits, pool
         self.hooks: LoopHooks = hooks if hooks is not None else _NoHooks()
@@ -353,7 +356,7 @@ class _Batch:
         self.acct = Accounting(gen, 0, per_call=per_call)
         self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
         self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
-        self.top_k = 0  # the top-k log-probs the session records at each step (at least; set when it opens)
+        self.top_k = top_k  # the top-k log-probs the session records at each step (at least; set when it opens)
 
     def close(self) -> None:
         if self.sess is not None:
@@ -384,8 +387,7 @@ class _Batch:
                 "n", n, f"more rows than the open batch's {lim.max_rows}", f"ask for at most {lim.max_rows}"
             )
         info = policy_info(req.policy, s.policy_name)
-        winner = winner_of(s, info)
-        top_k = max(info.top_logprobs, winner.top_logprobs)
+        winner, top_k = winner_of(s, info), top_logprobs_read(s, info)
         if self.sess is not None and top_k > self.top_k:
             raise ConfigError(
                 "policy",

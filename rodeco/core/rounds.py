@@ -88,6 +88,11 @@ def recorded_for(scorer: Scorer, decider: Scorer, top_k: int = 0) -> dict[str, A
     }
 
 
+def top_logprobs_read(s: LoopSettings, info: PolicyInfo) -> int:
+    """The top-k log-probs a cohort's policy and its winner rule (``winner_of``) read at each position."""
+    return max(info.top_logprobs, winner_of(s, info).top_logprobs)
+
+
 def winner_of(s: LoopSettings, info: PolicyInfo) -> WinnerRule:
     """The winner rule of a cohort: the run's (``winner``), with the fields its policy sets (``PolicyInfo.winner``:
     deepconf's confidence-weighted vote) replaced."""
