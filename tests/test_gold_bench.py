@@ -1,5 +1,6 @@
 """``scripts/gold_bench.py``'s arithmetic: the FLOPs speedup at matched gold accuracy against the Best-of-N curve,
-any-of-N over disjoint candidate groups, the winner rules' gold scores, and the table and goal over synthetic runs."""
+any-of-N over disjoint candidate groups, the winner rules' gold scores, repeated texts dropped, and the table and the
+headline over synthetic runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from rodeco.experiments.bench import gold_bench as gb
+from rodeco.experiments.bench import gold_report as gr
 from rodeco.experiments.speedup import matched_speedup
 
 CURVE = [(10.0, 0.1), (20.0, 0.2), (40.0, 0.4)]  # (FLOPs, accuracy) at N = 1, 2, 4
@@ -32,15 +34,18 @@ def test_matched_speedup(accuracy, flops, want):
 
 def test_any_of_n_averages_disjoint_groups():
     g = [0, 0, 1, 0, 0, 0, 0, 1]
-    assert gb._any_of(g, 1) == pytest.approx(0.25)
-    assert gb._any_of(g, 2) == pytest.approx(0.5)  # groups (0,0) (1,0) (0,0) (0,1)
-    assert gb._any_of(g, 8) == 1.0
+    assert gr._any_of(g, 1) == pytest.approx(0.25)
+    assert gr._any_of(g, 2) == pytest.approx(0.5)  # groups (0,0) (1,0) (0,0) (0,1)
+    assert gr._any_of(g, 8) == 1.0
 
 
 def test_winner_rules_score_their_winners_gold():
-    cands = [(0, 3.0, "It is 4"), (1, 1.0, "5"), (2, 0.5, "the answer is 5"), (3, 0.1, "7")]
+    cands = [(0, 3.0, "It is 4", 9.0), (1, 1.0, "5", 1.0), (2, 0.5, "the answer is 5", 1.0), (3, 0.1, "7", 0.5)]
     got = gb.winners(cands, lambda t: 1.0 if t.endswith("5") else 0.0, "last_number")
-    assert got == {"reward": 0.0, "majority": 1.0, "weighted": 0.0}  # weighted: softmax weight of 4 > 5's
+    # weighted: softmax weight of 4 > 5's; confidence: 4's 9 against 5's 1 + 1
+    assert got == {"reward": 0.0, "majority": 1.0, "weighted": 0.0, "confidence": 0.0}
+    cands[1] = (1, 1.0, "5", 8.5)
+    assert gb.winners(cands, lambda t: 1.0 if t.endswith("5") else 0.0, "last_number")["confidence"] == 1.0
     assert gb.winners([], lambda t: 1.0, "last_number") == dict.fromkeys(gb.RULES, 0.0)
 
 
@@ -48,7 +53,7 @@ def synthetic(P: int = 40) -> tuple[dict, dict]:
     """Best-of-N better with N at linear FLOPs; a method near Best-of-16's accuracy at a quarter of its FLOPs."""
     rng = np.random.default_rng(0)
     runs: dict = {"t": {"g": {}}}
-    ceiling = {"t": {i: list(rng.integers(0, 2, 32).astype(float)) for i in range(P)}}
+    ceiling = {"t": {i: list(rng.integers(0, 2, 64).astype(float)) for i in range(P)}}
     for i in range(P):
         m = {}
         for n in gb.BON:
@@ -56,31 +61,51 @@ def synthetic(P: int = 40) -> tuple[dict, dict]:
             m[f"bon_{n}"] = [{"flops": 1e9 * n, **dict.fromkeys(gb.RULES, right)}]
         right = float(rng.random() < 0.55)
         m["sr"] = [{"flops": 4e9, **dict.fromkeys(gb.RULES, right)}]
+        m["top"] = [{"flops": 8e9, **dict.fromkeys(gb.RULES, 1.0)}]  # always right: above the curve's top
         runs["t"]["g"][i] = {"index": i, "methods": m}
     return runs, ceiling
 
 
-def test_the_table_and_the_goal_over_synthetic_runs():
+def test_the_table_and_the_headline_over_synthetic_runs():
     runs, ceiling = synthetic()
-    tab = gb.table(runs, ceiling, ["t"], resamples=200, guides=["g", "absent"])
+    tab = gr.table(runs, ceiling, ["t"], resamples=200, guides=["g", "absent"])
     assert tab["guides"] == ["g"]
     assert tab["problems"] == 40 and set(tab["any_of"]) == {str(n) for n in gb.BON}
     sr = tab["rows"]["g/sr/reward"]
     v, lo, hi = sr["speedup_at_matched_accuracy"]
-    assert lo <= v <= hi and sr["gflops"][0] == pytest.approx(4.0)
+    assert lo <= v <= hi and sr["gflops"][0] == pytest.approx(4.0) and sr["speedup_bound"] == ""
     bon16 = tab["rows"]["g/bon_16/reward"]["accuracy"][0]
     assert tab["best_bon16_accuracy"] == pytest.approx(bon16)
     assert sr["bon16_flops_ratio"][0] == pytest.approx(4.0)  # Best-of-16's 16 GFLOPs over its 4
-    if sr["accuracy"][0] >= bon16:
-        assert tab["goal"]["label"] in {f"g/sr/{r}" for r in gb.RULES} and tab["goal"]["ratio"][0] == pytest.approx(4)
-    else:
-        assert tab["goal"]["label"] is None
+    top = tab["best_bon"]
+    assert top["accuracy"] == max(p["accuracy"] for p in tab["bon_curve"])
+    # always right: above every Best-of-N, so its speedup is the top's FLOPs over its own, a lower bound
+    t = tab["rows"]["g/top/reward"]
+    assert t["speedup_bound"] == "lower" and t["bound_share"] == 1.0
+    assert t["speedup_at_matched_accuracy"][0] == pytest.approx(top["gflops"] / 8.0)
+    assert t["vs_best_bon"][0] == pytest.approx(1.0 - top["accuracy"])
+    assert gr.fmt(t["speedup_at_matched_accuracy"], 2, t["speedup_bound"]).startswith("≥ ")
+    # the curve is held flat at its ends; a method at Best-of-1's FLOPs and accuracy gains nothing
+    assert gr.curve_accuracy_at(1e9, np.array([1e9, 2e9]), np.array([0.1, 0.3])) == pytest.approx(0.1)
+    assert gr.curve_accuracy_at(2**0.5 * 1e9, np.array([1e9, 2e9]), np.array([0.1, 0.3])) == pytest.approx(0.2)
+    assert gr.headline(tab) == "g/top/reward"  # the one row that reaches the best Best-of-N's accuracy
+
+
+def test_the_headline_is_the_most_accurate_row_when_none_reaches_the_curves_best():
+    row = {"accuracy": [0.3, 0.2, 0.4], "speedup_at_matched_accuracy": [9.0, 1, 10]}
+    sel = {"best_bon": {"accuracy": 0.5}, "rows": {"g/bon_64/reward": row, "g/a/reward": row}}
+    sel["rows"]["g/b/majority"] = {**row, "accuracy": [0.35, 0.3, 0.4], "speedup_at_matched_accuracy": [1.0, 1, 1]}
+    assert gr.headline(sel) == "g/b/majority"
+
+
+def test_a_repeated_text_keeps_its_first_problem():
+    assert gr.first_of_each_text({3: "a", 1: "b", 2: "a", 5: "c", 4: "b"}) == {1, 2, 5}
 
 
 def test_live_search_records_join_the_replayed_ones_on_the_problems_both_ran():
     replayed = {i: {"index": i, "methods": {"bon_1": [{"flops": 1.0}]}} for i in range(3)}
     live = {i: {"index": i, "methods": {"beam_16": [{"flops": 2.0}]}, "seconds": 5.0} for i in (1, 2, 7)}
-    both = gb.merged(replayed, live)
+    both = gr.merged(replayed, live)
     assert sorted(both) == [1, 2]  # problem 7 was never replayed, 0 never searched
     assert set(both[1]["methods"]) == {"bon_1", "beam_16"} and both[1]["seconds"] == 5.0
     assert [m.label for m in gb.search_methods()] == ["beam_16", "dvts_16", "pf_16"]
@@ -95,3 +120,13 @@ def test_a_tasks_settings_reach_the_config_as_they_are(task):
 
     cfg = rodeco.load_config(["data=reasoning_gym", f"data.task={task}", gb.task_config(gb.CANDIDATES[task])])
     assert OmegaConf.to_container(cfg.data.task_config) == gb.CANDIDATES[task]
+
+
+def test_the_methods_and_their_memory():
+    ms = {m.label: m for m in gb.methods(64)}
+    assert [k for k in ms if k.startswith("bon_")] == [f"bon_{n}" for n in gb.BON]
+    assert ms["bon_16"].groups == 4 and not ms["bon_16"].memory  # Best-of-N holds its own memory
+    assert ms["sr_fixed_16"].memory and ms["sr_adaptive_auto"].n == "auto"  # at Best-of-4's memory
+    assert ms["deepconf_32"].policy == {"name": "deepconf"} and ms["deepconf_32"].groups == 2
+    assert dict(ms["vote_stop_64"].winner) == {"stop": "beta"} and ms["vote_stop_64"].policy == {"name": "none"}
+    assert "bon_64" not in {m.label for m in gb.methods(32)} and "vote_stop_32" in {m.label for m in gb.methods(32)}

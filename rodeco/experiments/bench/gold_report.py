@@ -1,0 +1,296 @@
+"""The gold yardstick's report (``python scripts/gold_bench.py report``): the figures from the records the ``run`` and
+``search`` steps wrote (``rodeco.experiments.bench.gold_bench``).
+
+Per task and pooled, with 95% CIs from a paired bootstrap over problems (every figure of a resample read from the same
+problems, so accuracy and FLOPs move together):
+
+- each (guide, method, rule)'s gold accuracy and FLOPs;
+- the Best-of-N curve: at each N the best (guide, rule) pair's accuracy, every guide and every rule the methods get
+  (the guide's argmax, the majority vote, the guide-weighted and the confidence-weighted vote);
+- each row's speedup at matched accuracy: the FLOPs the curve needs to reach its accuracy (interpolated in log FLOPs
+  on the curve's running maximum) over its own, recomputed in every resample (the matched point moves with it). A row
+  above the curve's top is charged the top's FLOPs: its speedup is a lower bound, printed ``≥``; ``bound_share`` is
+  the share of resamples where it was;
+- each row's accuracy against the curve's at the same FLOPs (``gain_at_matched_flops``), and against the curve's
+  best (``vs_best_bon``);
+- any-of-N, the ceiling.
+
+A problem whose text repeats an earlier problem's in its task is dropped (reasoning-gym's generators repeat easy
+problems). The headline is one (guide, method, rule) row chosen on the selection problems (``--split select`` runs),
+never on the report's: of the rows whose selection accuracy reaches the selection curve's best, the fastest at matched
+accuracy; if none does, the most accurate. The report prints it, then the full table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rodeco.experiments.bench.gold_tasks import BON, GUIDES, RULES, Gold, chosen, pool_gold, pools_of, runs_of
+from rodeco.experiments.bootstrap import ci as bootstrap_ci
+from rodeco.experiments.bootstrap import draws
+from rodeco.experiments.speedup import matched_speedup, monotone
+
+Runs = dict[str, dict[str, dict[int, dict]]]  # task -> guide -> problem index -> record
+
+
+def load_runs(out: Path, split: str, tasks: list[str]) -> tuple[Runs, Runs, dict, dict[str, int]]:
+    """The replayed methods' records; the same with the live search methods added, on the problems that have both;
+    {task: {index: [gold of every pool candidate]}}; each task's count of problems dropped as repeated texts."""
+    from rodeco.replays.pool import Pool
+
+    gold = Gold()
+    runs: Runs = {}
+    both: Runs = {}
+    ceiling: dict[str, dict[int, list[float]]] = {}
+    dropped: dict[str, int] = {}
+
+    def read(f: Path, keep: set[int]) -> dict[int, dict]:
+        return {r["index"]: r for r in map(json.loads, f.open()) if r["index"] in keep} if f.is_file() else {}
+
+    for task in tasks:
+        path = pools_of(out, split) / task
+        if not (path / "pool.json").is_file():
+            continue
+        pool = Pool(path)
+        keep = first_of_each_text({i: pool.prompt(i).text for i in pool.indices()})
+        dropped[task] = len(pool.indices()) - len(keep)
+        ceiling[task] = {i: g for i, g in pool_gold(pool, gold).items() if i in keep}
+        for guide in GUIDES:
+            replayed = read(runs_of(out, split) / task / f"{guide}.jsonl", keep)
+            if replayed:
+                runs.setdefault(task, {})[guide] = replayed
+            live = read(runs_of(out, split) / task / f"{guide}.search.jsonl", keep)
+            if live:
+                both.setdefault(task, {})[guide] = merged(replayed, live)
+    return runs, both, ceiling, dropped
+
+
+def first_of_each_text(texts: dict[int, str]) -> set[int]:
+    """The indices of each text's first problem."""
+    seen: dict[str, int] = {}
+    for i in sorted(texts):
+        seen.setdefault(texts[i], i)
+    return set(seen.values())
+
+
+def merged(replayed: dict[int, dict], live: dict[int, dict]) -> dict[int, dict]:
+    """Each problem that ran both: its record with the replayed methods and the live ones."""
+    return {i: {**r, "methods": {**replayed[i]["methods"], **r["methods"]}} for i, r in live.items() if i in replayed}
+
+
+def curve_accuracy_at(f: float, curve_f: np.ndarray, curve_a: np.ndarray) -> float:
+    """The Best-of-N curve's accuracy at FLOPs ``f``: its running maximum interpolated in log FLOPs, held flat past
+    either end."""
+    return float(np.interp(math.log(f), np.log(curve_f), monotone(curve_a)))
+
+
+def table(runs: Runs, ceiling: dict, tasks: list[str], resamples: int, guides: list[str], seed: int = 0) -> dict:
+    """Per (guide, method, rule): the figures of the module doc over the problems every guide ran, and the curve."""
+    guides = [g for g in guides if all(g in runs.get(t, {}) for t in tasks)]
+    keys = [(t, i) for t in tasks for i in sorted(set.intersection(*(set(runs[t][g]) for g in guides)))]
+    P = len(keys)
+    labels = list(next(iter(runs[keys[0][0]][guides[0]].values()))["methods"]) if P else []
+    acc: dict[tuple[str, str, str], np.ndarray] = {}
+    flops: dict[tuple[str, str], np.ndarray] = {}
+    for g in guides:
+        for m in labels:
+            recs = [runs[t][g][i]["methods"][m] for t, i in keys]
+            flops[g, m] = np.array([np.mean([r["flops"] for r in rs]) for rs in recs])
+            for rule in RULES:
+                acc[g, m, rule] = np.array([np.mean([r.get(rule, math.nan) for r in rs]) for rs in recs])
+    anyof = {n: np.array([_any_of(ceiling[t][i], n) for t, i in keys]) for n in BON}
+    boots = draws(P, resamples, seed)
+    bon = [f"bon_{n}" for n in BON if f"bon_{n}" in labels]
+    pairs = [(g, r) for g in guides for r in RULES]
+
+    def curve(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (FLOPs, accuracy) at each N: the best pair's
+        f = np.array([np.mean([flops[g, m][idx].mean() for g in guides]) for m in bon])
+        a = np.array([np.nanmax([acc[g, m, r][idx].mean() for g, r in pairs]) for m in bon])
+        return f, a
+
+    def ci(f: Any) -> list[float]:
+        return [f(np.arange(P)), *bootstrap_ci([f(b) for b in boots])]
+
+    def speedup(k: tuple[str, str, str], idx: np.ndarray) -> tuple[float, str]:
+        f, a = curve(idx)
+        return matched_speedup(acc[k][idx].mean(), flops[k[:2]][idx].mean(), a, f)
+
+    def gain(k: tuple[str, str, str], idx: np.ndarray) -> float:
+        f, a = curve(idx)
+        return float(acc[k][idx].mean() - curve_accuracy_at(flops[k[:2]][idx].mean(), f, a))
+
+    def vs_best(k: tuple[str, str, str], idx: np.ndarray) -> float:
+        return float(acc[k][idx].mean() - curve(idx)[1].max())
+
+    def best_pair(m: str) -> tuple[str, str]:  # the (guide, rule) at the top of Best-of-N's column m
+        return max(pairs, key=lambda gr: float(np.nan_to_num(acc[gr[0], m, gr[1]].mean(), nan=-1.0)))
+
+    def bon16(idx: np.ndarray) -> float:
+        return float(np.mean([flops[g, "bon_16"][idx].mean() for g in guides])) if "bon_16" in bon else math.nan
+
+    out: dict[str, Any] = {"problems": P, "tasks": tasks, "guides": guides, "rows": {}}
+    every = np.arange(P)
+    for g in guides:
+        for m in labels:
+            for rule in RULES:
+                k = (g, m, rule)
+                if not np.isfinite(acc[k]).all():
+                    continue  # a rule the method's records lack
+                point, bound = speedup(k, every) if bon else (math.nan, "")
+                out["rows"][f"{g}/{m}/{rule}"] = {
+                    "accuracy": ci(lambda b, k=k: acc[k][b].mean()),
+                    "gflops": ci(lambda b, k=k: flops[k[:2]][b].mean() / 1e9),
+                    "speedup_at_matched_accuracy": [point, *ci(lambda b, k=k: speedup(k, b)[0])[1:]] if bon else [],
+                    "speedup_bound": bound,
+                    "bound_share": float(np.mean([speedup(k, b)[1] == "lower" for b in boots])) if bon else 0.0,
+                    "gain_at_matched_flops": ci(lambda b, k=k: gain(k, b)) if bon else [],
+                    "vs_best_bon": ci(lambda b, k=k: vs_best(k, b)) if bon else [],
+                    "bon16_flops_ratio": ci(lambda b, k=k: bon16(b) / flops[k[:2]][b].mean()),
+                }
+    out["any_of"] = {str(n): ci(lambda b, n=n: anyof[n][b].mean()) for n in BON}
+    if bon:
+        f, a = curve(every)
+        out["bon_curve"] = [
+            {
+                "n": int(m.split("_")[1]),
+                "gflops": f[j] / 1e9,
+                "accuracy": a[j],
+                "by": best_pair(m),
+            }
+            for j, m in enumerate(bon)
+        ]
+        top = int(np.argmax(monotone(a)))
+        out["best_bon"] = {**out["bon_curve"][top], "accuracy_ci": ci(lambda b: curve(b)[1].max())}
+    out["best_bon16_accuracy"] = out["bon_curve"][bon.index("bon_16")]["accuracy"] if "bon_16" in bon else math.nan
+    return out
+
+
+def _any_of(g: list[float], n: int) -> float:
+    """Any of N right, averaged over the pool's disjoint groups of N candidates."""
+    groups = [g[k : k + n] for k in range(0, len(g) - n + 1, n)]
+    return float(np.mean([max(x) for x in groups])) if groups else math.nan
+
+
+def headline(selection: dict[str, Any]) -> str | None:
+    """The row chosen on the selection problems' table: of the rows (not Best-of-N) whose accuracy reaches the
+    curve's best, the fastest at matched accuracy; if none does, the most accurate."""
+    rows = {k: r for k, r in selection["rows"].items() if "/bon_" not in k}
+    if not rows:
+        return None
+    top = selection["best_bon"]["accuracy"]
+    reached = [k for k, r in rows.items() if r["accuracy"][0] >= top]
+    if reached:
+        return max(reached, key=lambda k: rows[k]["speedup_at_matched_accuracy"][0])
+    return max(rows, key=lambda k: rows[k]["accuracy"][0])
+
+
+def report(a: argparse.Namespace) -> None:
+    tasks = list(chosen(a))
+    runs, both, ceiling, dropped = load_runs(a.out, "report", tasks)
+    tasks = [t for t in tasks if runs.get(t)]
+    own = [g for g in GUIDES if g != "minilm_rm"]  # the generator's own guides and the verifier: every problem
+    out: dict[str, Any] = {"pooled": table(runs, ceiling, tasks, a.resamples, own)}
+    for t in tasks:
+        out[t] = table(runs, ceiling, [t], a.resamples, own)
+    out["pooled_with_minilm_rm"] = table(runs, ceiling, tasks, a.resamples, list(GUIDES))  # its problems only
+    searched = [t for t in tasks if both.get(t)]
+    if searched:  # the live search methods beside the replayed ones, on the problems they ran
+        guides = [g for g in GUIDES if all(g in both[t] for t in searched)]
+        out["pooled_with_search"] = table(both, ceiling, searched, a.resamples, guides)
+        for t in searched:
+            out[f"{t}_with_search"] = table(both, ceiling, [t], a.resamples, guides)
+    sel_runs, sel_both, sel_ceiling, _ = load_runs(a.out, "select", tasks)
+    sel_tasks = [t for t in tasks if sel_runs.get(t)]
+    if sel_tasks:
+        sel = sel_both if all(sel_both.get(t) for t in sel_tasks) else sel_runs
+        sel_tab = table(sel, sel_ceiling, sel_tasks, 0, own)
+        out["headline"] = {"row": headline(sel_tab), "selection": sel_tab}
+    out["dropped_repeated_texts"] = dropped
+    out["selection"] = json.loads((a.out / "select.json").read_text())
+    for name, tab in out.items():
+        if isinstance(tab, dict) and "rows" in tab:
+            print_table(name, tab)
+    if "headline" in out:
+        print_headline(out["headline"]["row"], out)
+    if a.snapshot:
+        save_snapshot(a.snapshot, out, runs, both)
+
+
+def save_snapshot(path: Path, out: dict[str, Any], runs: Runs, both: Runs) -> None:
+    """The figures and, per task, guide, problem and method, the guide's best text (what a reader checks a claim
+    by)."""
+    texts = {t: {g: dict(both.get(t, {}).get(g, {})) for g in gs} for t, gs in runs.items()}
+    for t, gs in runs.items():
+        for g, rs in gs.items():
+            texts[t][g] = {**rs, **texts[t][g]}  # a searched problem's record holds every method
+    winners_texts = {
+        t: {
+            g: {i: {m: r["methods"][m][0].get("best", "") for m in r["methods"]} for i, r in rs.items()}
+            for g, rs in gs.items()
+        }
+        for t, gs in texts.items()
+    }
+    blob = json.dumps({"figures": out, "winners": winners_texts, "command": " ".join(sys.argv)})
+    with gzip.open(path, "wt") as f:
+        f.write(blob)
+    print(f"snapshot: {path}")
+
+
+def fmt(x: list[float], d: int = 3, bound: str = "") -> str:
+    if not x or not math.isfinite(x[0]):
+        return "–"
+    v, lo, hi = x
+    sign = "≥ " if bound == "lower" else "≤ " if bound == "upper" else ""
+    return f"{sign}{v:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]" if math.isfinite(lo) else f"{sign}{v:.{d}f}"
+
+
+def print_table(name: str, tab: dict[str, Any]) -> None:
+    """Per guide and method: FLOPs, the four rules' accuracies, and its best rule's speedup at matched accuracy."""
+    print(f"\n## {name}: {tab['problems']} problems ({', '.join(tab['tasks'])})")
+    if "best_bon" in tab:
+        b = tab["best_bon"]
+        print(f"best Best-of-N: N = {b['n']} ({'/'.join(b['by'])}) {fmt(b['accuracy_ci'])} at {b['gflops']:.0f} GFLOPs")
+    print("any-of-N (the ceiling): " + ", ".join(f"{n}: {fmt(v)}" for n, v in tab["any_of"].items()))
+    rows = tab["rows"]
+    head = " | ".join(RULES)
+    print(f"| guide | method | GFLOPs/problem | {head} | speedup at matched accuracy (its best rule) |")
+    print("|---|---|---|" + "---|" * len(RULES) + "---|")
+    for key in [k for k in rows if k.endswith("/reward")]:
+        g, m, _ = key.split("/")
+        accs: dict[str, dict[str, Any]] = {r: rows[f"{g}/{m}/{r}"] for r in RULES if f"{g}/{m}/{r}" in rows}
+        best = max(accs, key=lambda r: accs[r]["accuracy"][0])
+        row = accs[best]
+        print(
+            f"| {g} | {m} | {fmt(rows[key]['gflops'], 1)} | "
+            + " | ".join(fmt(accs[r]["accuracy"]) if r in accs else "–" for r in RULES)
+            + f" | {fmt(row['speedup_at_matched_accuracy'], 2, row['speedup_bound'])} ({best}) |"
+        )
+    for g in tab["guides"]:
+        if f"{g}/bon_16/reward" in rows:
+            argmax, vote = (rows[f"{g}/bon_16/{r}"]["accuracy"] for r in ("reward", "weighted"))
+            print(
+                f"{g}: Best-of-16 argmax {fmt(argmax)}, weighted vote {fmt(vote)}; any-of-16 {fmt(tab['any_of']['16'])}"
+            )
+
+
+def print_headline(key: str | None, out: dict[str, Any]) -> None:
+    if key is None or key not in out["pooled"]["rows"]:
+        print(f"\nheadline: {key} (chosen on the selection problems) has no report row")
+        return
+    r, b = out["pooled"]["rows"][key], out["pooled"]["best_bon"]
+    print(f"\nheadline (chosen on the selection problems): {key}")
+    print(f"  accuracy {fmt(r['accuracy'])} at {fmt(r['gflops'], 1)} GFLOPs")
+    print(f"  best Best-of-N (N = {b['n']}): {fmt(b['accuracy_ci'])} at {b['gflops']:.0f} GFLOPs")
+    print(f"  accuracy minus the best Best-of-N's (paired) {fmt(r['vs_best_bon'])}")
+    print(
+        f"  speedup at matched accuracy {fmt(r['speedup_at_matched_accuracy'], 2, r['speedup_bound'])}"
+        f" (capped at the curve's top in {r['bound_share']:.0%} of resamples)"
+    )
