@@ -5,6 +5,7 @@ Steps, each resumable (results are written per problem as they finish)::
 
     python scripts/gold_bench.py select --out runs/gold        # candidate tasks on selection seeds: which to keep
     python scripts/gold_bench.py record --out runs/gold        # the report pools: 150 problems x 64 candidates a task
+    python scripts/gold_bench.py record --out runs/gold --split select  # the selection pools: 30 x 64 a task
     python scripts/gold_bench.py run --out runs/gold --split select  # every method x guide on the selection pools
     python scripts/gold_bench.py run --out runs/gold           # ... and on the report pools
     python scripts/gold_bench.py search --out runs/gold --limit 24  # beam, dvts, particle filter, live
@@ -146,8 +147,11 @@ def select(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def record(a: argparse.Namespace) -> None:
+    """The chosen tasks' pools of a split: the report problems, or (``--split select``) the selection problems, with
+    ``--candidates`` each."""
+    size, seed = (a.problems, REPORT_SEED) if a.split == "report" else (a.select_problems, SELECT_SEED)
     for task, cfg in chosen(a).items():
-        record_pool(task, cfg, a.out / "pools" / task, a.problems, REPORT_SEED, a.candidates, a.problems)
+        record_pool(task, cfg, pools_of(a.out, a.split) / task, size, seed, a.candidates, a.problems)
 
 
 # --- run ------------------------------------------------------------------------------------------------------------
@@ -438,7 +442,7 @@ def main() -> int:
         "--split",
         choices=["report", "select"],
         default="report",
-        help="run, search: the report problems' pools, or the selection problems' (the headline is chosen there)",
+        help="record, run, search: the report problems' pools, or the selection problems' (the headline's choice)",
     )
     ap.add_argument("--guides", nargs="+", default=list(GUIDES))
     ap.add_argument(
