@@ -46,6 +46,14 @@ def _register_response_rewards(register: Callable[..., None]) -> None:
         "the generator's own token confidence (DeepConf): -mean top-k log-prob, lowest window, mean or tail",
         params=ConfidenceParams,
     )
+    from rodeco_rewards.verifier import VerifierParams, build_verifier
+
+    register(
+        "verifier",
+        build_verifier,
+        "a head trained on gold labels (rodeco experiment=verifier_train): log-odds that the answer is right",
+        params=VerifierParams,
+    )
     register(
         "minilm_rm",
         build_minilm_rm,
@@ -178,6 +186,14 @@ def rodeco_register_experiments(register: Callable[..., None]) -> None:
         "refit the embedded RM's head on prefixes too (TCRM's lookahead and "
         "smoothness terms): partial_reward=minilm_prefix",
         args=PrefixTrainArgs,
+    )
+    from rodeco_rewards.experiments import VerifierTrainArgs, verifier_train
+
+    register(
+        "verifier_train",
+        verifier_train.run,
+        "train the verifier reward on gold-labelled training pools: held-out AUC, calibration, leave-one-task-out",
+        args=VerifierTrainArgs,
     )
     from rodeco_rewards.experiments import judge_train
 

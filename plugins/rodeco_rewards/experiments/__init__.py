@@ -100,3 +100,22 @@ class RMBenchArgs:
     lengths: list[int] = required("partial lengths in generator tokens")
     batches: list[int] = required("requests per score call")
     repeats: int = required("timed calls per cell (the median is reported)")
+
+
+@dataclass
+class VerifierTrainArgs:
+    pools: list[str] = required(
+        "training pools, one per task, recorded on training seeds with experiment_args.hidden_states=true and "
+        "experiment_args.top_logprobs=5"
+    )
+    holdout: list[dict] = required(
+        "held-out problem sets ({seed, size}) regenerated per task: a training problem with one of their texts is "
+        "dropped (the selection and report seeds)"
+    )
+    prefixes: list[int] = required("prefix lengths whose partial states are examples, and the length buckets")
+    features: list[str] = required("feature sets tried (hidden+stats, stats, hidden): the ablation")
+    l2: list[float] = required("L2 penalties tried (chosen with the features on the choose problems)")
+    choose_fraction: float = required("share of each task's problems (seeded) that choose the features and penalty")
+    report_fraction: float = required("share of each task's problems (seeded) held out for the report only")
+    bootstrap: int = required("bootstrap resamples of the report problems, for the AUCs' CIs")
+    install: bool = required("also write the head to rodeco_rewards/assets/verifier (the committed one)")

@@ -1,0 +1,362 @@
+"""``rodeco experiment=verifier_train``: train the ``verifier`` reward (``rodeco_rewards.verifier``) on pools of
+training problems whose candidates the task's own checker labelled, and measure it on problems it never saw.
+
+- Data: ``experiment_args.pools``, one pool per task, recorded on training seeds with hidden states and top-k
+  log-probs (``rodeco experiment=pool ... experiment_args.hidden_states=true experiment_args.top_logprobs=5``). A
+  problem whose text is one of the held-out sets' (``experiment_args.holdout``: each task's selection and report
+  problems, regenerated from the pool's own task settings) is dropped, and so is a repeated text: reasoning-gym's
+  problem ``i`` of seed ``s`` is problem ``i - 1`` of seed ``s + 1``, so nearby seeds share problems.
+- Labels: each candidate's final answer checked by its task (the ``gold`` judge); a right answer is 1.
+- Examples: every candidate at each prefix of ``experiment_args.prefixes`` it is still decoding at (more tokens
+  than the prefix: its tokens so far, the state that sampled the last of them), and at its end (the state of its
+  last step), each labelled with its final answer's correctness. The features are computed by the reward's own code
+  from the requests a live run would send.
+- Splits: each task's problems shuffled once (seeded) into *fit*, *choose* and *report*. For each feature set of
+  ``experiment_args.features`` and each L2 penalty of ``experiment_args.l2``, a logistic head with one weight vector
+  per length bucket (``experiment_args.prefixes`` are the buckets' upper bounds) is fitted on the fit problems; the
+  pair with the highest mean AUC over (task, prefix) on the choose problems is the verifier. The report problems are
+  used once: AUC per task and prefix (95% bootstrap CIs over problems), calibration (expected calibration error,
+  10 bins), and each feature set's AUC beside the chosen one's (the ablation).
+- Leave-one-task-out: the chosen setting refitted on the other tasks' fit problems, measured on the task's report
+  problems.
+
+The head is written to the run directory (``verifier.npz``/``.json``, with its provenance: pools, seeds, tasks,
+counts, the choice and every figure); ``experiment_args.install=true`` also writes it to
+``rodeco_rewards/assets/verifier``, the committed one ``reward=verifier`` loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from rodeco import (
+    BuildContext,
+    Compute,
+    ConfigError,
+    RunOutput,
+    atomic_write,
+    node_dict,
+    open_pool,
+)
+from rodeco_rewards.experiments.learned_heads_train import split
+from rodeco_rewards.learned_heads import ASSETS, Head, bucket_names, bucket_of
+from rodeco_rewards.verifier import FEATURES, features
+
+log = logging.getLogger(__name__)
+
+END = "end"
+
+
+@dataclass
+class Examples:
+    """Examples of some problems stacked: one row per (candidate, prefix or end)."""
+
+    x: np.ndarray  # [E, F] float32 features of the richest set (hidden states first, then the statistics)
+    y: np.ndarray  # [E] 1.0: the candidate's final answer is right
+    task: np.ndarray  # [E] task name
+    problem: np.ndarray  # [E] a problem's key, unique across pools
+    length: np.ndarray  # [E] tokens read
+    at: np.ndarray  # [E] the prefix, or END
+
+    def take(self, m: np.ndarray) -> Examples:
+        return Examples(self.x[m], self.y[m], self.task[m], self.problem[m], self.length[m], self.at[m])
+
+
+def columns(kind: str, hidden: int, n_stats: int) -> np.ndarray:
+    """The columns of ``Examples.x`` a feature set reads."""
+    if kind == "hidden":
+        return np.arange(hidden)
+    if kind == "stats":
+        return np.arange(hidden, hidden + n_stats)
+    return np.arange(hidden + n_stats)
+
+
+def auc(score: np.ndarray, y: np.ndarray) -> float:
+    """The area under the ROC curve (Mann-Whitney, ties halved); nan without both classes."""
+    pos, neg = int(y.sum()), int(len(y) - y.sum())
+    if not pos or not neg:
+        return float("nan")
+    order = np.argsort(score, kind="stable")
+    ranks = np.empty(len(score))
+    s = score[order]
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error: the examples' share-weighted gap between mean prediction and rate, per bin."""
+    k = np.minimum((p * bins).astype(int), bins - 1)
+    return float(sum(abs(p[k == b].mean() - y[k == b].mean()) * (k == b).mean() for b in range(bins) if (k == b).any()))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 200) -> tuple[np.ndarray, float]:
+    """Weights and bias minimising the mean logistic loss plus ``l2 * |w|^2`` on standardized ``x`` (L-BFGS)."""
+    import torch
+
+    X, Y = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y.astype(np.float64))
+    w = torch.zeros(X.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(X @ w + b, Y) + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return w.detach().numpy(), float(b.detach())
+
+
+def fit_head(ex: Examples, kind: str, l2: float, edges: Sequence[int], hidden: int, n_stats: int, meta: dict) -> Head:
+    """A logistic head on ``kind``'s columns, one weight vector per length bucket (a bucket without both classes
+    takes the pooled fit)."""
+    cols = columns(kind, hidden, n_stats)
+    x = ex.x[:, cols].astype(np.float64)
+    mean, std = x.mean(0), x.std(0)
+    std = np.where(std > 1e-8, std, 1.0)
+    z = (x - mean) / std
+    pooled = fit_logistic(z, ex.y, l2)
+    k = bucket_of(ex.length, edges)
+    ws, bs = [], []
+    for b in range(len(edges) + 1):
+        m = k == b
+        both = m.any() and 0 < ex.y[m].sum() < m.sum()
+        w, c = fit_logistic(z[m], ex.y[m], l2) if both else pooled
+        ws.append(w)
+        bs.append(c)
+    return Head.linear(mean, std, np.stack(ws), np.array(bs), {**meta, "features": kind, "l2": l2}, edges)
+
+
+def scores(head: Head, ex: Examples, hidden: int, n_stats: int) -> np.ndarray:
+    return head(ex.x[:, columns(str(head.meta["features"]), hidden, n_stats)], ex.length)
+
+
+def by_cell(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
+    """AUC per task and prefix (and END), and pooled over tasks."""
+    out: dict[str, dict[str, float]] = {}
+    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
+        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
+        out[task] = {str(at): auc(s[mt & (ex.at == str(at))], ex.y[mt & (ex.at == str(at))]) for at in [*prefixes, END]}
+    return out
+
+
+def mean_auc(cells: dict[str, dict[str, float]]) -> float:
+    vals = [v for t, row in cells.items() if t != "pooled" for v in row.values() if np.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def auc_cis(s: np.ndarray, ex: Examples, prefixes: Sequence[int], resamples: int, seed: int) -> dict[str, Any]:
+    """Per task and prefix: the AUC with a 95% bootstrap CI over problems."""
+    out: dict[str, Any] = {}
+    rng = np.random.default_rng(seed)
+    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
+        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
+        out[task] = {}
+        for at in [*prefixes, END]:
+            m = mt & (ex.at == str(at))
+            probs = np.unique(ex.problem[m])
+            rows = {q: np.flatnonzero(m & (ex.problem == q)) for q in probs}
+            boot = []
+            for _ in range(resamples if len(probs) else 0):
+                idx = np.concatenate([rows[q] for q in rng.choice(probs, len(probs))])
+                a = auc(s[idx], ex.y[idx])
+                if np.isfinite(a):
+                    boot.append(a)
+            point = auc(s[m], ex.y[m])
+            lo, hi = (np.percentile(boot, [2.5, 97.5]).tolist()) if boot else (float("nan"), float("nan"))
+            out[task][str(at)] = {"auc": point, "ci": [lo, hi], "problems": len(probs), "right": float(ex.y[m].mean())}
+    return out
+
+
+def calibration(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Per task and prefix: expected calibration error of the predicted probability."""
+    p = 1 / (1 + np.exp(-s))
+    out: dict[str, dict[str, float]] = {}
+    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
+        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
+        out[task] = {}
+        for at in [*prefixes, END]:
+            m = mt & (ex.at == str(at))
+            out[task][str(at)] = ece(p[m], ex.y[m]) if m.any() else float("nan")
+    return out
+
+
+def held_out_texts(plugins, prompt_meta: dict[str, Any], holdout: list[dict[str, int]]) -> set[str]:
+    """The texts of a task's held-out problem sets (regenerated with the pool's task settings)."""
+    source = plugins.source(str(prompt_meta["source"]))
+    texts: set[str] = set()
+    for h in holdout:
+        for q, _ in source.generate(str(prompt_meta["task"]), int(h["size"]), int(h["seed"]), prompt_meta["config"]):
+            texts.add(q)
+    return texts
+
+
+def collect(a: dict[str, Any], plugins) -> tuple[Examples, dict[str, Any], int, int]:
+    """Every pool's examples (see the module doc), the provenance, the hidden size and the statistics' count."""
+    gold = plugins.build_reward({"name": "gold"}, BuildContext(plugins=plugins))
+    prefixes = sorted(int(t) for t in a["prefixes"])
+    xs, ys, tasks, probs, lens, ats = [], [], [], [], [], []
+    prov: dict[str, Any] = {"pools": [], "dropped_held_out": 0, "dropped_repeated": 0}
+    seen: set[str] = set()
+    generator = None
+    for path in a["pools"]:
+        pool, _ = open_pool(path)
+        max_new = int(pool.settings["max_new_tokens"])
+        generator = generator or str(pool.settings["generator"].get("model", ""))
+        indices = pool.indices()
+        held: set[str] | None = None
+        kept = 0
+        for i in indices:
+            p = pool.prompt(i)
+            if held is None:
+                held = held_out_texts(plugins, p.meta, a["holdout"])
+            if p.text in held:
+                prov["dropped_held_out"] += 1
+                continue
+            if p.text in seen:
+                prov["dropped_repeated"] += 1
+                continue
+            seen.add(p.text)
+            kept += 1
+            H = pool.hidden(i)
+            labels = gold.score(p.final_requests())
+            reqs, at = [], []
+            for c, cand in enumerate(p.candidates):
+                n = len(cand.token_ids)
+                for t in prefixes:
+                    if t < n:
+                        reqs.append(p.request(c, t, "", np.asarray(H[c, t - 1], dtype=np.float32)))
+                        at.append(str(t))
+                last = n if cand.stop is not None and n < max_new else n - 1
+                end = np.asarray(H[c, max(last, 0)], dtype=np.float32)
+                reqs.append(dataclasses.replace(p.request(c), hidden_state=end))
+                at.append(END)
+            xs.append(features(reqs, "hidden+stats", max_new).astype(np.float32))
+            ys.append(np.array([labels[r.candidate_id] >= 1.0 for r in reqs], dtype=np.float64))
+            tasks += [str(p.meta["task"])] * len(reqs)
+            probs += [f"{Path(path).name}/{i}"] * len(reqs)
+            lens += [len(r.response_ids) for r in reqs]
+            ats += at
+        prov["pools"].append(
+            {
+                "path": str(path),
+                "task": str(p.meta["task"]) if indices else None,
+                "seed": int(p.meta.get("seed", -1)) if indices else None,
+                "problems": len(indices),
+                "kept": kept,
+                "candidates": pool.candidates,
+                "max_new_tokens": max_new,
+            }
+        )
+        log.info("%s: %d problems kept of %d", path, kept, len(indices))
+    x = np.concatenate(xs)
+    hidden = x.shape[1] - 9
+    ex = Examples(x, np.concatenate(ys), np.array(tasks), np.array(probs), np.array(lens), np.array(ats))
+    prov["generator"] = generator
+    return ex, prov, hidden, 9
+
+
+def splits(ex: Examples, a: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Boolean masks (fit, choose, report) over the examples: each task's problems split once, seeded."""
+    fit, choose, report = (np.zeros(len(ex.y), bool) for _ in range(3))
+    for task in sorted(set(ex.task.tolist())):
+        probs = sorted(set(ex.problem[ex.task == task].tolist()))
+        keys = list(range(len(probs)))
+        f, c, r = split(keys, a["choose_fraction"], a["report_fraction"], seed)
+        for mask, part in ((fit, f), (choose, c), (report, r)):
+            mask |= np.isin(ex.problem, [probs[k] for k in part])
+    return fit, choose, report
+
+
+def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
+    a = node_dict(cfg.experiment_args)
+    bad = [k for k in a["features"] if k not in FEATURES]
+    if bad or not a["features"]:
+        raise ConfigError("experiment_args.features", bad, "unknown feature sets", f"use some of {', '.join(FEATURES)}")
+    if not a["pools"]:
+        raise ConfigError(
+            "experiment_args.pools",
+            a["pools"],
+            "no training pools",
+            "record one per task on training seeds (experiment_args.hidden_states=true experiment_args.top_logprobs=5)",
+        )
+    prefixes = sorted(int(t) for t in a["prefixes"])
+    ex, prov, hidden, n_stats = collect(a, plugins)
+    fit, choose, report = splits(ex, a, int(cfg.seed))
+    meta = {"max_new_tokens": int(max(p["max_new_tokens"] for p in prov["pools"])), **prov, "prefixes": prefixes}
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, Head] | None = None
+    for kind in a["features"]:
+        for l2 in a["l2"]:
+            head = fit_head(ex.take(fit), kind, float(l2), prefixes, hidden, n_stats, meta)
+            m = mean_auc(by_cell(scores(head, ex.take(choose), hidden, n_stats), ex.take(choose), prefixes))
+            tried.append({"features": kind, "l2": float(l2), "choose_auc": m})
+            log.info("%s, l2 %g: choose AUC %.4f", kind, l2, m)
+            if best is None or m > best[0]:
+                best = (m, head)
+    assert best is not None
+    head = best[1]
+    rep = ex.take(report)
+    figures: dict[str, Any] = {
+        "chosen": {"features": head.meta["features"], "l2": head.meta["l2"]},
+        "tried": tried,
+        "report_auc": auc_cis(scores(head, rep, hidden, n_stats), rep, prefixes, int(a["bootstrap"]), int(cfg.seed)),
+        "report_ece": calibration(scores(head, rep, hidden, n_stats), rep, prefixes),
+        "ablation": {},
+        "leave_one_task_out": {},
+        "examples": {"fit": int(fit.sum()), "choose": int(choose.sum()), "report": int(report.sum())},
+        "right_rate": float(ex.y.mean()),
+        "buckets": bucket_names(prefixes),
+    }
+    kind, l2 = str(head.meta["features"]), float(head.meta["l2"])
+    for other in a["features"]:  # each feature set at its own best penalty on the choose problems
+        row = max((t for t in tried if t["features"] == other), key=lambda t: t["choose_auc"])
+        h = head if other == kind else fit_head(ex.take(fit), other, row["l2"], prefixes, hidden, n_stats, meta)
+        figures["ablation"][other] = by_cell(scores(h, rep, hidden, n_stats), rep, prefixes)
+    for task in sorted(set(ex.task.tolist())):
+        h = fit_head(ex.take(fit & (ex.task != task)), kind, l2, prefixes, hidden, n_stats, meta)
+        own = ex.take(report & (ex.task == task))
+        figures["leave_one_task_out"][task] = by_cell(scores(h, own, hidden, n_stats), own, prefixes)[task]
+    head.meta["figures"] = figures
+    out = Path(out_dir) if out_dir is not None else Path(".")
+    head.save(out / "verifier")
+    if a["install"]:
+        head.save(ASSETS / "verifier")
+    print_figures(figures, prefixes)
+    atomic_write(out / "verifier_train.json", json.dumps(figures, indent=1) + "\n")
+    return RunOutput([], Compute(), out, figures)
+
+
+def print_figures(f: dict[str, Any], prefixes: Sequence[int]) -> None:
+    cols = [*map(str, prefixes), END]
+    print(f"verifier: features {f['chosen']['features']}, l2 {f['chosen']['l2']:g} (chosen on the choose problems)")
+    print("held-out AUC [95% CI] by task and prefix (report problems):")
+    print("task".ljust(18) + "".join(c.rjust(22) for c in cols))
+    for task, row in f["report_auc"].items():
+        cells = [f"{row[c]['auc']:.3f} [{row[c]['ci'][0]:.3f}, {row[c]['ci'][1]:.3f}]" for c in cols]
+        print(task.ljust(18) + "".join(x.rjust(22) for x in cells))
+    print("calibration error (ECE) by task and prefix:")
+    for task, row in f["report_ece"].items():
+        print(task.ljust(18) + "".join(f"{row[c]:.3f}".rjust(22) for c in cols))
+    print("ablation, AUC pooled over tasks:")
+    for kind, cells in f["ablation"].items():
+        print(kind.ljust(18) + "".join(f"{cells['pooled'][c]:.3f}".rjust(22) for c in cols))
+    print("leave-one-task-out AUC (trained without the task):")
+    for task, row in f["leave_one_task_out"].items():
+        print(task.ljust(18) + "".join(f"{row[c]:.3f}".rjust(22) for c in cols))

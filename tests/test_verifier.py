@@ -1,0 +1,165 @@
+"""The ``verifier`` reward and ``rodeco experiment=verifier_train``: its AUC and its logistic fit on data whose answer
+is known, and end to end on pools a tiny random Llama records for a task source of this test (its checker says a
+response is right when its first line holds an "a"): held-out problems are dropped, the head is fitted and measured
+per task and prefix, and the saved head scores a live run's partial and finished responses as ``reward`` and
+``partial_reward``, the finished ones by the state of their last step."""
+
+from __future__ import annotations
+
+import json
+from itertools import product
+
+import numpy as np
+import pytest
+from omegaconf import open_dict
+
+import rodeco
+from rodeco import BuildContext, ConfigError, ScoreRequest, get_plugin_manager, hookimpl
+from rodeco.core.data import Prompt
+from rodeco.experiments.record import record
+from rodeco.plugins import default_plugins
+from rodeco_rewards.experiments.verifier_train import auc, ece, fit_logistic
+from rodeco_rewards.verifier import STATS, Verifier, features, trace_stats
+
+ALL = ["output.all_candidates=true"]
+WORDS = ["leaves", "river", "stone", "cloud", "lamp", "tiger", "snow", "bread"]
+
+
+def test_auc_is_the_share_of_ordered_pairs():
+    rng = np.random.default_rng(0)
+    s = rng.integers(0, 5, 60).astype(float)  # many ties
+    y = (rng.random(60) < 0.4).astype(float)
+    pairs = [(a, b) for a, b in product(s[y == 1], s[y == 0])]
+    brute = np.mean([1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs])
+    assert auc(s, y) == pytest.approx(brute)
+    assert np.isnan(auc(s, np.ones(60)))
+
+
+def test_a_logistic_fit_finds_the_direction_that_separates_and_is_calibrated():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4000, 5))
+    p = 1 / (1 + np.exp(-(2.0 * x[:, 1] - 1.0)))
+    y = (rng.random(4000) < p).astype(float)
+    w, b = fit_logistic(x, y, 1e-4)
+    assert np.argmax(np.abs(w)) == 1 and w[1] == pytest.approx(2.0, rel=0.15) and b == pytest.approx(-1.0, abs=0.15)
+    assert ece(1 / (1 + np.exp(-(x @ w + b))), y) < 0.03
+
+
+def test_trace_statistics_are_what_they_say():
+    lp = [-0.5, -1.5, -1.0]
+    top = [[-0.1, -2.0], [-1.0, -1.0], [-0.5, -1.5]]
+    st = dict(zip(STATS, trace_stats(lp, top, True, 30)))
+    assert st["mean_logprob"] == pytest.approx(-1.0) and st["min_logprob"] == -1.5
+    assert st["mean_confidence"] == pytest.approx(np.mean([0.1, 2.0, 1.0, 1.0, 0.5, 1.5]) * 1.0, rel=0.5)
+    assert st["log_length"] == pytest.approx(np.log(4)) and st["length_share"] == pytest.approx(0.1)
+    assert st["finished"] == 1.0
+    req = ScoreRequest("p", "r", (1, 2, 3), partial=True, logprobs=tuple(lp), top_logprobs=tuple(map(tuple, top)))
+    assert features([req], "stats", 30).shape == (1, len(STATS))
+    with pytest.raises(ConfigError, match="hidden states"):
+        features([req], "hidden+stats", 30)
+
+
+class Vowels:
+    """A task source of this test: problems are short word lists, a response is right when its first line holds an
+    "a" (the tiny random model gives some of each)."""
+
+    def generate(self, task, size, seed, config):
+        rng = np.random.default_rng([seed, len(task)])
+        out = []
+        for i in range(size):
+            words = " ".join(rng.choice(WORDS, 3))
+            rec = {"gold_answer": "a", "source": "vowels", "task": task, "config": {}, "seed": seed, "index": i}
+            out.append((f"{task}: say something about {words}", rec))
+        return out
+
+    def check(self, answer, record):
+        return float(answer is not None and "a" in answer)
+
+    def extractor(self, task):
+        return "first_line"
+
+
+class Register:
+    @hookimpl
+    def rodeco_register_sources(self, register):
+        register("vowels", Vowels, "test problems")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model, tiny_tokenizer):
+    """Two tasks' pools recorded by the tiny model (12 problems of 8 candidates each, with hidden states and top-5
+    log-probs), the verifier trained on them, and the plugins that know the test's task source."""
+    from rodeco.core.generator import TorchGenerator
+
+    gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
+    plugins = get_plugin_manager(extra=[Register()])
+    root = tmp_path_factory.mktemp("verifier")
+    src = Vowels()
+    cfg = rodeco.load_config(["reward=logprob", "sampling.max_new_tokens=24", "generator.model=tiny"])
+    pools = []
+    for task in ("alpha", "beta"):
+        probs = [Prompt(i, q, rec) for i, (q, rec) in enumerate(src.generate(task, 12, 5, {}))]
+        path = root / task
+        record(cfg, plugins, path, probs, 8, gen=gen, top_logprobs=5)
+        pools.append(str(path))
+    held = [{"seed": 5, "size": 2}]  # the first two problems of each pool are held out
+    cfg = rodeco.load_config(
+        [
+            "experiment=verifier_train",
+            "experiment_args.prefixes=[4,8,16]",
+            "experiment_args.l2=[0.01,1.0]",
+            "experiment_args.bootstrap=20",
+        ]
+    )
+    with open_dict(cfg):
+        cfg.experiment_args.pools, cfg.experiment_args.holdout = pools, held
+    out = rodeco.run(cfg, plugins, out_dir=root / "run")
+    return out, root / "run", gen, plugins
+
+
+def test_the_trainer_drops_held_out_problems_and_reports_per_task_and_prefix(trained):
+    out, run_dir, _, _ = trained
+    f = out.extra
+    meta = json.loads((run_dir / "verifier.json").read_text())
+    assert meta["dropped_held_out"] == 4 and [p["kept"] for p in meta["pools"]] == [10, 10]
+    assert f["chosen"]["features"] in ("hidden+stats", "stats", "hidden")
+    assert set(f["report_auc"]) == {"alpha", "beta", "pooled"}
+    assert set(f["report_auc"]["pooled"]) == {"4", "8", "16", "end"}
+    assert set(f["ablation"]) == {"hidden+stats", "stats", "hidden"} and set(f["leave_one_task_out"]) == {
+        "alpha",
+        "beta",
+    }
+    assert 0 < f["right_rate"] < 1
+    cell = f["report_auc"]["pooled"]["end"]
+    assert 0 <= cell["auc"] <= 1 and cell["ci"][0] <= cell["auc"] <= cell["ci"][1]
+    assert len(f["tried"]) == 6 and f["examples"]["report"] > 0
+
+
+def test_the_trained_head_guides_a_live_run_as_reward_and_partial_reward(trained):
+    _, run_dir, gen, plugins = trained
+    head = str(run_dir / "verifier")
+    reward = plugins.build_reward({"name": "verifier", "head": head}, BuildContext(generator=gen, plugins=plugins))
+    assert isinstance(reward, Verifier) and reward.needs_logprobs
+    out = rodeco.decode(
+        ["alpha: say something about snow"],
+        generator=gen,
+        n=6,
+        reward="verifier",
+        policy="particle_filter",
+        overrides=[
+            f"reward.head={head}",
+            "policy.decision_tokens=8",
+            "budget=unlimited",
+            "sampling.max_new_tokens=24",
+            "output.all_candidates=true",
+        ],
+    )
+    r = out.results[0]
+    assert len(r.rounds) == 2 and all(np.isfinite(list(rd.scores.values())).all() for rd in r.rounds)
+    finals = [c for c in r.candidates if c.finished]
+    assert finals and all(np.isfinite(c.score) for c in finals) and r.best.score == max(c.score for c in finals)
+
+
+def test_a_missing_verifier_says_how_to_train_one(tmp_path):
+    with pytest.raises(ConfigError, match="verifier_train"):
+        default_plugins().build_reward({"name": "verifier", "head": str(tmp_path / "none")}, BuildContext())
