@@ -14,7 +14,7 @@ import pytest
 from omegaconf import open_dict
 
 import rodeco
-from rodeco import BuildContext, ConfigError, ScoreRequest, get_plugin_manager, hookimpl
+from rodeco import BuildContext, ConfigError, ScoreRequest, WinnerRule, get_plugin_manager, hookimpl
 from rodeco.core.data import Prompt
 from rodeco.experiments.record import record
 from rodeco.plugins import default_plugins
@@ -43,6 +43,54 @@ def test_a_logistic_fit_finds_the_direction_that_separates_and_is_calibrated():
     w, b = fit_logistic(x, y, 1e-4)
     assert np.argmax(np.abs(w)) == 1 and w[1] == pytest.approx(2.0, rel=0.15) and b == pytest.approx(-1.0, abs=0.15)
     assert ece(1 / (1 + np.exp(-(x @ w + b))), y) < 0.03
+
+
+def test_within_problem_auc_counts_pairs_of_the_same_problem_and_point_only():
+    from rodeco_rewards.experiments.verifier_train import END, Examples, pair_differences, within_auc
+
+    y = np.array([1, 0, 0, 1, 0, 1, 0.0])
+    ex = Examples(
+        x=np.arange(7, dtype=np.float32)[:, None],
+        y=y,
+        task=np.array(["t"] * 7),
+        problem=np.array(["a", "a", "a", "b", "b", "c", "c"]),
+        length=np.array([8, 8, 8, 8, 8, 8, 8]),
+        at=np.array(["8", "8", "8", "8", "8", END, END]),
+    )
+    s = np.array([2.0, 1.0, 3.0, 0.0, 5.0, 1.0, 1.0])
+    got = within_auc(s, ex, [8])["t"]
+    assert got["8"] == pytest.approx(1 / 3)  # a: 2 > 1 but 2 < 3; b: 0 < 5 (b's rows are never compared with a's)
+    assert got[END] == pytest.approx(0.5)  # a tie
+    d = pair_differences(ex.x.astype(np.float64), ex)
+    assert sorted(d[:, 0].tolist()) == [-2.0, -1.0, -1.0, -1.0]  # right minus wrong (0 - 1, 0 - 2, 3 - 4, 5 - 6)
+
+
+def test_a_pairwise_head_ranks_within_problems():
+    """Each problem has its own offset on feature 0 (what makes it easy), and within a problem feature 1 tells right
+    from wrong: the pairwise head leans on feature 1, ranks within problems, and its mean probability is the rate."""
+    from rodeco_rewards.experiments.verifier_train import Examples, fit_head, within_auc
+
+    rng = np.random.default_rng(3)
+    P, C = 200, 8
+    easy = rng.normal(size=P)
+    x0 = np.repeat(easy, C) + 0.1 * rng.normal(size=P * C)
+    x1 = rng.normal(size=P * C)
+    logit = 3 * np.repeat(easy, C) + 1.5 * x1 - 1
+    y = (rng.random(P * C) < 1 / (1 + np.exp(-logit))).astype(float)
+    ex = Examples(
+        x=np.stack([x0, x1], 1).astype(np.float32),
+        y=y,
+        task=np.array(["t"] * (P * C)),
+        problem=np.repeat(np.arange(P).astype(str), C),
+        length=np.full(P * C, 10),
+        at=np.array(["end"] * (P * C)),
+    )
+    head = fit_head(ex, "stats", 1e-3, [], 0, 2, {}, "pairwise")
+    w = head.w2[0]
+    assert w[1] > abs(w[0])  # the within-problem direction
+    s = head(ex.x, ex.length)
+    assert within_auc(s, ex, [])["t"]["end"] > 0.7
+    assert abs((1 / (1 + np.exp(-s))).mean() - y.mean()) < 0.03  # calibrated on the labels
 
 
 def test_trace_statistics_are_what_they_say():
@@ -123,16 +171,22 @@ def test_the_trainer_drops_held_out_problems_and_reports_per_task_and_prefix(tra
     meta = json.loads((run_dir / "verifier.json").read_text())
     assert meta["dropped_held_out"] == 4 and [p["kept"] for p in meta["pools"]] == [10, 10]
     assert f["chosen"]["features"] in ("hidden+stats", "stats", "hidden")
-    assert set(f["report_auc"]) == {"alpha", "beta", "pooled"}
-    assert set(f["report_auc"]["pooled"]) == {"4", "8", "16", "end"}
-    assert set(f["ablation"]) == {"hidden+stats", "stats", "hidden"} and set(f["leave_one_task_out"]) == {
-        "alpha",
-        "beta",
+    assert f["chosen"]["objective"] in ("pointwise", "pairwise")
+    assert set(f["report_auc"]) == set(f["report_within_auc"]) == {"alpha", "beta", "pooled"}
+    assert set(f["report_auc"]["pooled"]) == set(f["report_within_auc"]["pooled"]) == {"4", "8", "16", "end"}
+    assert set(f["ablation"]) == {
+        f"{o}/{k}" for o in ("pointwise", "pairwise") for k in ("hidden+stats", "stats", "hidden")
     }
+    assert set(f["leave_one_task_out"]) == {"alpha", "beta"}
     assert 0 < f["right_rate"] < 1
     cell = f["report_auc"]["pooled"]["end"]
     assert 0 <= cell["auc"] <= 1 and cell["ci"][0] <= cell["auc"] <= cell["ci"][1]
-    assert len(f["tried"]) == 6 and f["examples"]["report"] > 0
+    assert len(f["tried"]) == 12 and f["examples"]["report"] > 0
+    pick = f["best_of_pool"]["pooled"]  # the head's pick among a problem's candidates: between a random pick and any
+    assert 0 <= pick["verifier"][0] <= pick["any"][0] and pick["random"][0] <= pick["any"][0]
+    # the chosen setting is the best within problems on the choose problems
+    best = max(f["tried"], key=lambda t: t["choose_within_auc"])
+    assert (best["objective"], best["features"], best["l2"]) == tuple(f["chosen"].values())
 
 
 def test_the_trained_head_guides_a_live_run_as_reward_and_partial_reward(trained):
@@ -158,6 +212,30 @@ def test_the_trained_head_guides_a_live_run_as_reward_and_partial_reward(trained
     assert len(r.rounds) == 2 and all(np.isfinite(list(rd.scores.values())).all() for rd in r.rounds)
     finals = [c for c in r.candidates if c.finished]
     assert finals and all(np.isfinite(c.score) for c in finals) and r.best.score == max(c.score for c in finals)
+    # as a vote's weight: the same run with the verifier-weighted vote picks the answer of most weight
+    vote = rodeco.decode(
+        ["alpha: say something about snow"],
+        generator=gen,
+        n=6,
+        reward="verifier",
+        policy="none",
+        overrides=[
+            f"reward.head={head}",
+            "winner.rule=weighted",
+            "winner.extractor=first_line",
+            "budget=unlimited",
+            "sampling.max_new_tokens=24",
+            "output.all_candidates=true",
+        ],
+    ).results[0]
+    fin = [c for c in vote.candidates if c.finished]
+    weight: dict[str, float] = {}
+    for c in fin:
+        a = WinnerRule.normalize(c.text.strip().splitlines()[0]) if c.text.strip() else ""
+        if a:
+            weight[a] = weight.get(a, 0.0) + float(np.exp(c.score - max(x.score for x in fin)))
+    assert weight, "no finished candidate voted"
+    assert WinnerRule.normalize(vote.best.text.strip().splitlines()[0]) == max(weight, key=weight.get)
 
 
 def test_a_missing_verifier_says_how_to_train_one(tmp_path):

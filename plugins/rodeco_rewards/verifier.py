@@ -9,9 +9,11 @@ It reads what the generator already computed for each row, so scoring costs a do
   lowest-group and last-16 token confidences (``needs_top_logprobs``: DeepConf's), and the position (``log(1 + L)``,
   ``L / T``) and whether the response is finished.
 
-The head is a logistic regression, one weight vector per length bucket (``rodeco_rewards.learned_heads.Head``), fitted
-by ``rodeco experiment=verifier_train`` on pools of training problems whose candidates the task's checker labelled, at
-prefixes (8, 16, 32, ... tokens) and at the end. A score is the head's log-odds that the response's final answer will
+The head is linear, one weight vector per length bucket (``rodeco_rewards.learned_heads.Head``), fitted by
+``rodeco experiment=verifier_train`` on pools of training problems whose candidates the task's checker labelled, at
+prefixes (8, 16, 32, ... tokens) and at the end: a logistic regression of the labels (``pointwise``), or weights
+that order a problem's right rows above its wrong ones with offsets calibrated to the rate of right answers
+(``pairwise``). A score is the head's log-odds that the response's final answer will
 be right: it ranks rows at decision points (``partial_reward=verifier``), picks the winner (``reward=verifier``) and,
 as a vote's weight, weighs answers (``winner.rule=weighted``: ``softmax(log-odds / temperature)``). The head's
 ``features`` (``hidden+stats``, ``stats`` or ``hidden``) say which of them it reads; a ``stats`` head needs no hidden

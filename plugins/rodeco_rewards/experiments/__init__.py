@@ -114,6 +114,9 @@ class VerifierTrainArgs:
     )
     prefixes: list[int] = required("prefix lengths whose partial states are examples, and the length buckets")
     features: list[str] = required("feature sets tried (hidden+stats, stats, hidden): the ablation")
+    objectives: list[str] = required(
+        "objectives tried: pointwise (each row's label) and pairwise (right over wrong rows of a problem, calibrated)"
+    )
     l2: list[float] = required("L2 penalties tried (chosen with the features on the choose problems)")
     choose_fraction: float = required("share of each task's problems (seeded) that choose the features and penalty")
     report_fraction: float = required("share of each task's problems (seeded) held out for the report only")

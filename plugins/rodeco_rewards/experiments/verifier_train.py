@@ -54,6 +54,7 @@ from rodeco_rewards.verifier import FEATURES, features
 log = logging.getLogger(__name__)
 
 END = "end"
+OBJECTIVES = ("pointwise", "pairwise")
 
 
 @dataclass
@@ -123,24 +124,105 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 200) -
     return w.detach().numpy(), float(b.detach())
 
 
-def fit_head(ex: Examples, kind: str, l2: float, edges: Sequence[int], hidden: int, n_stats: int, meta: dict) -> Head:
-    """A logistic head on ``kind``'s columns, one weight vector per length bucket (a bucket without both classes
-    takes the pooled fit)."""
+def fit_head(
+    ex: Examples,
+    kind: str,
+    l2: float,
+    edges: Sequence[int],
+    hidden: int,
+    n_stats: int,
+    meta: dict,
+    objective: str = "pointwise",
+) -> Head:
+    """A logistic head on ``kind``'s columns, one weight vector per length bucket.
+
+    ``pointwise``: each bucket's weights fitted to its examples' labels (a bucket without both classes takes the
+    pooled fit). ``pairwise``: one weight vector fitted to tell the right row from the wrong among rows of the same
+    problem at the same point (every right-wrong pair of a problem at a prefix, or at the end: the ranking a decision
+    point and the winner's pick need; Bradley-Terry, so a difference of scores is a log-odds), then, per bucket, an
+    offset that makes the mean predicted probability the bucket's rate of right answers (calibration in the large:
+    what makes one problem easier than another is what this head does not learn)."""
     cols = columns(kind, hidden, n_stats)
     x = ex.x[:, cols].astype(np.float64)
     mean, std = x.mean(0), x.std(0)
     std = np.where(std > 1e-8, std, 1.0)
     z = (x - mean) / std
-    pooled = fit_logistic(z, ex.y, l2)
     k = bucket_of(ex.length, edges)
     ws, bs = [], []
-    for b in range(len(edges) + 1):
-        m = k == b
-        both = m.any() and 0 < ex.y[m].sum() < m.sum()
-        w, c = fit_logistic(z[m], ex.y[m], l2) if both else pooled
-        ws.append(w)
-        bs.append(c)
-    return Head.linear(mean, std, np.stack(ws), np.array(bs), {**meta, "features": kind, "l2": l2}, edges)
+    if objective == "pairwise":
+        d = pair_differences(z, ex)
+        direction, _ = fit_logistic(np.concatenate([d, -d]), np.r_[np.ones(len(d)), np.zeros(len(d))], l2)
+        s = z @ direction
+        pooled = offset(s, ex.y)
+        for b in range(len(edges) + 1):
+            m = k == b
+            ws.append(direction)
+            bs.append(offset(s[m], ex.y[m]) if m.any() and 0 < ex.y[m].sum() < m.sum() else pooled)
+    else:
+        pooled = fit_logistic(z, ex.y, l2)
+        for b in range(len(edges) + 1):
+            m = k == b
+            w, c = fit_logistic(z[m], ex.y[m], l2) if m.any() and 0 < ex.y[m].sum() < m.sum() else pooled
+            ws.append(w)
+            bs.append(c)
+    info = {**meta, "features": kind, "l2": l2, "objective": objective}
+    return Head.linear(mean, std, np.stack(ws), np.array(bs), info, edges)
+
+
+def offset(s: np.ndarray, y: np.ndarray) -> float:
+    """The ``c`` whose ``mean(sigmoid(s + c))`` is ``mean(y)`` (bisection; ``y`` holds both classes)."""
+    lo, hi = -50.0 - float(s.max()), 50.0 - float(s.min())
+    for _ in range(100):
+        c = (lo + hi) / 2
+        lo, hi = (c, hi) if np.mean(1 / (1 + np.exp(-(s + c)))) < y.mean() else (lo, c)
+    return (lo + hi) / 2
+
+
+def groups(ex: Examples) -> dict[tuple[str, str], np.ndarray]:
+    """The examples of each (problem, prefix or end): rows a decision point (or the winner's pick) compares."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(ex.problem.tolist(), ex.at.tolist())):
+        out.setdefault(key, []).append(i)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def pair_differences(z: np.ndarray, ex: Examples, cap: int = 64) -> np.ndarray:
+    """[pairs, F] right row's features minus wrong row's, within each group (at most ``cap`` pairs a group, drawn
+    seeded, so that no problem outweighs the rest)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for idx in groups(ex).values():
+        right, wrong = idx[ex.y[idx] == 1], idx[ex.y[idx] == 0]
+        if not len(right) or not len(wrong):
+            continue
+        pairs = np.array([(r, w) for r in right for w in wrong])
+        if len(pairs) > cap:
+            pairs = pairs[rng.choice(len(pairs), cap, replace=False)]
+        out.append(z[pairs[:, 0]] - z[pairs[:, 1]])
+    return np.concatenate(out) if out else np.zeros((0, z.shape[1]))
+
+
+def within_auc(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Per task and prefix (and pooled): the share of right-wrong pairs of the same problem at the same point that
+    the scores order right (ties halved): how well the head ranks the rows a decision point compares."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for (_, at), idx in groups(ex).items():
+        right, wrong = s[idx][ex.y[idx] == 1], s[idx][ex.y[idx] == 0]
+        if len(right) and len(wrong):
+            cmp = np.sign(right[:, None] - wrong[None, :])
+            won = float((cmp > 0).sum() + 0.5 * (cmp == 0).sum())
+            task = str(ex.task[idx[0]])
+            for t in (task, "pooled"):
+                c = cells.setdefault((t, at), [0.0, 0.0])
+                c[0] += won
+                c[1] += cmp.size
+    out: dict[str, dict[str, float]] = {}
+    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
+        out[task] = {}
+        for at in [*map(str, prefixes), END]:
+            won, n = cells.get((task, at), (0.0, 0.0))
+            out[task][at] = won / n if n else float("nan")
+    return out
 
 
 def scores(head: Head, ex: Examples, hidden: int, n_stats: int) -> np.ndarray:
@@ -194,6 +276,37 @@ def calibration(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[st
         for at in [*prefixes, END]:
             m = mt & (ex.at == str(at))
             out[task][str(at)] = ece(p[m], ex.y[m]) if m.any() else float("nan")
+    return out
+
+
+def best_of_pool(s: np.ndarray, ex: Examples, hidden: int, resamples: int, seed: int) -> dict[str, Any]:
+    """Per task and pooled, over the problems of ``ex``: the gold accuracy of the candidate each picks among a
+    problem's finished responses (all its candidates: Best-of-16 on 16-candidate pools), with 95% bootstrap CIs over
+    problems: the head's argmax, the mean token log-prob's argmax (``logprob``), a random pick (the mean), and any
+    (the ceiling)."""
+    end = ex.at == END
+    mean_lp = ex.x[:, hidden].astype(np.float64)  # the first statistic, STATS[0]
+    rows: dict[str, list[float]] = {}
+    tasks: list[str] = []
+    for q in np.unique(ex.problem[end]):
+        m = end & (ex.problem == q)
+        y = ex.y[m]
+        tasks.append(str(ex.task[m][0]))
+        for name, v in (("verifier", float(y[np.argmax(s[m])])), ("logprob", float(y[np.argmax(mean_lp[m])]))):
+            rows.setdefault(name, []).append(v)
+        rows.setdefault("random", []).append(float(y.mean()))
+        rows.setdefault("any", []).append(float(y.max()))
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {}
+    t = np.array(tasks)
+    for task in [*sorted(set(tasks)), "pooled"]:
+        idx = np.flatnonzero(t == task) if task != "pooled" else np.arange(len(t))
+        boots = [rng.choice(idx, len(idx)) for _ in range(resamples)] if len(idx) else []
+        out[task] = {"problems": len(idx)}
+        for name, v in rows.items():
+            a = np.asarray(v)
+            lo, hi = np.percentile([a[b].mean() for b in boots], [2.5, 97.5]).tolist() if boots else [np.nan] * 2
+            out[task][name] = [float(a[idx].mean()) if len(idx) else float("nan"), lo, hi]
     return out
 
 
@@ -258,6 +371,8 @@ def collect(a: dict[str, Any], plugins) -> tuple[Examples, dict[str, Any], int, 
                 "path": str(path),
                 "task": str(p.meta["task"]) if indices else None,
                 "seed": int(p.meta.get("seed", -1)) if indices else None,
+                "task_config": p.meta.get("config") if indices else None,
+                "sampling": pool.settings.get("sampling"),
                 "problems": len(indices),
                 "kept": kept,
                 "candidates": pool.candidates,
@@ -289,6 +404,11 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     bad = [k for k in a["features"] if k not in FEATURES]
     if bad or not a["features"]:
         raise ConfigError("experiment_args.features", bad, "unknown feature sets", f"use some of {', '.join(FEATURES)}")
+    bad = [k for k in a["objectives"] if k not in OBJECTIVES]
+    if bad or not a["objectives"]:
+        raise ConfigError(
+            "experiment_args.objectives", bad, "unknown objectives", f"use some of {', '.join(OBJECTIVES)}"
+        )
     if not a["pools"]:
         raise ConfigError(
             "experiment_args.pools",
@@ -302,37 +422,60 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     meta = {"max_new_tokens": int(max(p["max_new_tokens"] for p in prov["pools"])), **prov, "prefixes": prefixes}
     tried: list[dict[str, Any]] = []
     best: tuple[float, Head] | None = None
-    for kind in a["features"]:
-        for l2 in a["l2"]:
-            head = fit_head(ex.take(fit), kind, float(l2), prefixes, hidden, n_stats, meta)
-            m = mean_auc(by_cell(scores(head, ex.take(choose), hidden, n_stats), ex.take(choose), prefixes))
-            tried.append({"features": kind, "l2": float(l2), "choose_auc": m})
-            log.info("%s, l2 %g: choose AUC %.4f", kind, l2, m)
-            if best is None or m > best[0]:
-                best = (m, head)
+    heads: dict[tuple[str, str, float], Head] = {}
+    for objective in a["objectives"]:
+        for kind in a["features"]:
+            for l2 in a["l2"]:
+                head = fit_head(ex.take(fit), kind, float(l2), prefixes, hidden, n_stats, meta, objective)
+                heads[objective, kind, float(l2)] = head
+                s_choose = scores(head, ex.take(choose), hidden, n_stats)
+                m = mean_auc(within_auc(s_choose, ex.take(choose), prefixes))
+                pooled = mean_auc(by_cell(s_choose, ex.take(choose), prefixes))
+                row = {"objective": objective, "features": kind, "l2": float(l2), "choose_within_auc": m}
+                tried.append({**row, "choose_auc": pooled})
+                log.info("%s, %s, l2 %g: choose AUC within problems %.4f, pooled %.4f", objective, kind, l2, m, pooled)
+                if best is None or m > best[0]:
+                    best = (m, head)
     assert best is not None
     head = best[1]
     rep = ex.take(report)
+    s_rep = scores(head, rep, hidden, n_stats)
+    boot, seed = int(a["bootstrap"]), int(cfg.seed)
+    objective, kind, l2 = str(head.meta["objective"]), str(head.meta["features"]), float(head.meta["l2"])
     figures: dict[str, Any] = {
-        "chosen": {"features": head.meta["features"], "l2": head.meta["l2"]},
+        "chosen": {"objective": objective, "features": kind, "l2": l2},
         "tried": tried,
-        "report_auc": auc_cis(scores(head, rep, hidden, n_stats), rep, prefixes, int(a["bootstrap"]), int(cfg.seed)),
-        "report_ece": calibration(scores(head, rep, hidden, n_stats), rep, prefixes),
+        "report_within_auc": within_auc(s_rep, rep, prefixes),
+        "report_auc": auc_cis(s_rep, rep, prefixes, boot, seed),
+        "report_ece": calibration(s_rep, rep, prefixes),
+        "best_of_pool": best_of_pool(s_rep, rep, hidden, boot, seed),
         "ablation": {},
         "leave_one_task_out": {},
         "examples": {"fit": int(fit.sum()), "choose": int(choose.sum()), "report": int(report.sum())},
         "right_rate": float(ex.y.mean()),
         "buckets": bucket_names(prefixes),
     }
-    kind, l2 = str(head.meta["features"]), float(head.meta["l2"])
-    for other in a["features"]:  # each feature set at its own best penalty on the choose problems
-        row = max((t for t in tried if t["features"] == other), key=lambda t: t["choose_auc"])
-        h = head if other == kind else fit_head(ex.take(fit), other, row["l2"], prefixes, hidden, n_stats, meta)
-        figures["ablation"][other] = by_cell(scores(h, rep, hidden, n_stats), rep, prefixes)
+    for obj in a["objectives"]:  # each objective and feature set at its own best penalty on the choose problems
+        for other in a["features"]:
+            row = max(
+                (t for t in tried if t["features"] == other and t["objective"] == obj),
+                key=lambda t: t["choose_within_auc"],
+            )
+            s_other = scores(heads[obj, other, row["l2"]], rep, hidden, n_stats)
+            figures["ablation"][f"{obj}/{other}"] = {
+                "within": within_auc(s_other, rep, prefixes)["pooled"],
+                "pooled": by_cell(s_other, rep, prefixes)["pooled"],
+                "best_of_pool": best_of_pool(s_other, rep, hidden, 0, seed)["pooled"]["verifier"][0],
+            }
     for task in sorted(set(ex.task.tolist())):
-        h = fit_head(ex.take(fit & (ex.task != task)), kind, l2, prefixes, hidden, n_stats, meta)
+        h = fit_head(ex.take(fit & (ex.task != task)), kind, l2, prefixes, hidden, n_stats, meta, objective)
         own = ex.take(report & (ex.task == task))
-        figures["leave_one_task_out"][task] = by_cell(scores(h, own, hidden, n_stats), own, prefixes)[task]
+        s_own = scores(h, own, hidden, n_stats)
+        figures["leave_one_task_out"][task] = {
+            "within": within_auc(s_own, own, prefixes)[task],
+            "pooled": by_cell(s_own, own, prefixes)[task],
+            "best_of_pool": best_of_pool(s_own, own, hidden, boot, seed)[task],
+        }
     head.meta["figures"] = figures
     out = Path(out_dir) if out_dir is not None else Path(".")
     head.save(out / "verifier")
@@ -345,18 +488,50 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
 
 def print_figures(f: dict[str, Any], prefixes: Sequence[int]) -> None:
     cols = [*map(str, prefixes), END]
-    print(f"verifier: features {f['chosen']['features']}, l2 {f['chosen']['l2']:g} (chosen on the choose problems)")
-    print("held-out AUC [95% CI] by task and prefix (report problems):")
-    print("task".ljust(18) + "".join(c.rjust(22) for c in cols))
-    for task, row in f["report_auc"].items():
-        cells = [f"{row[c]['auc']:.3f} [{row[c]['ci'][0]:.3f}, {row[c]['ci'][1]:.3f}]" for c in cols]
-        print(task.ljust(18) + "".join(x.rjust(22) for x in cells))
-    print("calibration error (ECE) by task and prefix:")
-    for task, row in f["report_ece"].items():
-        print(task.ljust(18) + "".join(f"{row[c]:.3f}".rjust(22) for c in cols))
-    print("ablation, AUC pooled over tasks:")
-    for kind, cells in f["ablation"].items():
-        print(kind.ljust(18) + "".join(f"{cells['pooled'][c]:.3f}".rjust(22) for c in cols))
-    print("leave-one-task-out AUC (trained without the task):")
-    for task, row in f["leave_one_task_out"].items():
-        print(task.ljust(18) + "".join(f"{row[c]:.3f}".rjust(22) for c in cols))
+    c = f["chosen"]
+    print(f"verifier: {c['objective']}, features {c['features']}, l2 {c['l2']:g} (chosen on the choose problems)")
+
+    def grid(title: str, rows: dict[str, Any], cell: Any) -> None:
+        print(title)
+        print("task".ljust(22) + "".join(c.rjust(22) for c in cols))
+        for name, row in rows.items():
+            print(name.ljust(22) + "".join(cell(row, c).rjust(22) for c in cols))
+
+    grid(
+        "held-out AUC within problems (right-wrong pairs of a problem at the same point):",
+        f["report_within_auc"],
+        lambda r, c: f"{r[c]:.3f}",
+    )
+    grid(
+        "held-out AUC [95% CI] by task and prefix, pooled over problems:",
+        f["report_auc"],
+        lambda r, c: f"{r[c]['auc']:.3f} [{r[c]['ci'][0]:.3f}, {r[c]['ci'][1]:.3f}]",
+    )
+    grid("calibration error (ECE) by task and prefix:", f["report_ece"], lambda r, c: f"{r[c]:.3f}")
+    grid(
+        "ablation, AUC within problems, pooled over tasks:",
+        {k: v["within"] for k, v in f["ablation"].items()},
+        lambda r, c: f"{r[c]:.3f}",
+    )
+    grid(
+        "leave-one-task-out AUC within problems (trained without the task):",
+        {k: v["within"] for k, v in f["leave_one_task_out"].items()},
+        lambda r, c: f"{r[c]:.3f}",
+    )
+    grid(
+        "leave-one-task-out AUC pooled over problems:",
+        {k: v["pooled"] for k, v in f["leave_one_task_out"].items()},
+        lambda r, c: f"{r[c]:.3f}",
+    )
+    print("the pick among a report problem's candidates (all 16: Best-of-16), gold accuracy [95% CI]:")
+    for task, row in f["best_of_pool"].items():
+        cells = [f"{n} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for n, v in row.items() if n != "problems"]
+        print(task.ljust(18) + f"({row['problems']} problems) " + "  ".join(cells))
+    print(
+        "ablation, the head's Best-of-16 pick (pooled): "
+        + ", ".join(f"{k} {v['best_of_pool']:.3f}" for k, v in f["ablation"].items())
+    )
+    print(
+        "leave-one-task-out, the head's Best-of-16 pick: "
+        + ", ".join(f"{k} {v['best_of_pool']['verifier'][0]:.3f}" for k, v in f["leave_one_task_out"].items())
+    )
