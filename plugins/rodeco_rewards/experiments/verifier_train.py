@@ -153,11 +153,11 @@ def fit_head(
         d = pair_differences(z, ex)
         direction, _ = fit_logistic(np.concatenate([d, -d]), np.r_[np.ones(len(d)), np.zeros(len(d))], l2)
         s = z @ direction
-        pooled = offset(s, ex.y)
+        pooled_offset = offset(s, ex.y)
         for b in range(len(edges) + 1):
             m = k == b
             ws.append(direction)
-            bs.append(offset(s[m], ex.y[m]) if m.any() and 0 < ex.y[m].sum() < m.sum() else pooled)
+            bs.append(offset(s[m], ex.y[m]) if m.any() and 0 < ex.y[m].sum() < m.sum() else pooled_offset)
     else:
         pooled = fit_logistic(z, ex.y, l2)
         for b in range(len(edges) + 1):
@@ -292,8 +292,8 @@ def best_of_pool(s: np.ndarray, ex: Examples, hidden: int, resamples: int, seed:
         m = end & (ex.problem == q)
         y = ex.y[m]
         tasks.append(str(ex.task[m][0]))
-        for name, v in (("verifier", float(y[np.argmax(s[m])])), ("logprob", float(y[np.argmax(mean_lp[m])]))):
-            rows.setdefault(name, []).append(v)
+        for name, pick in (("verifier", float(y[np.argmax(s[m])])), ("logprob", float(y[np.argmax(mean_lp[m])]))):
+            rows.setdefault(name, []).append(pick)
         rows.setdefault("random", []).append(float(y.mean()))
         rows.setdefault("any", []).append(float(y.max()))
     rng = np.random.default_rng(seed)
@@ -303,8 +303,8 @@ def best_of_pool(s: np.ndarray, ex: Examples, hidden: int, resamples: int, seed:
         idx = np.flatnonzero(t == task) if task != "pooled" else np.arange(len(t))
         boots = [rng.choice(idx, len(idx)) for _ in range(resamples)] if len(idx) else []
         out[task] = {"problems": len(idx)}
-        for name, v in rows.items():
-            a = np.asarray(v)
+        for name, picks in rows.items():
+            a = np.asarray(picks)
             lo, hi = np.percentile([a[b].mean() for b in boots], [2.5, 97.5]).tolist() if boots else [np.nan] * 2
             out[task][name] = [float(a[idx].mean()) if len(idx) else float("nan"), lo, hi]
     return out
