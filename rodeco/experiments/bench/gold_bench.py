@@ -107,7 +107,7 @@ def record_pool(task: str, cfg: dict[str, Any], path: Path, size: int, seed: int
         f"sampling.max_new_tokens={MAX_NEW}",
         f"experiment_args.candidates={candidates}",
         f"experiment_args.top_logprobs={TOP_K}",
-        "experiment_args.batch_prompts=4",
+        "experiment_args.batch_prompts=1",  # hidden states are recorded one prompt at a time
         "experiment_args.hidden_states=true",
         f"pool={path}",
         f"hydra.run.dir={path.parent / ('run_' + path.name)}",
