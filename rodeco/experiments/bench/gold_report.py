@@ -107,68 +107,55 @@ def table(runs: Runs, ceiling: dict, tasks: list[str], resamples: int, guides: l
             for rule in RULES:
                 acc[g, m, rule] = np.array([np.mean([r.get(rule, math.nan) for r in rs]) for rs in recs])
     anyof = {n: np.array([_any_of(ceiling[t][i], n) for t, i in keys]) for n in BON}
-    boots = draws(P, resamples, seed)
+    # every figure at the problems as they are (column 0) and in each resample (columns 1..R), the same draws for all
+    draw = np.concatenate([np.arange(P)[None], draws(P, resamples, seed)]) if P else np.zeros((1, 0), dtype=int)
+
+    def means(x: np.ndarray) -> np.ndarray:
+        return x[draw].mean(1)
+
+    A = {k: means(v) for k, v in acc.items()}
+    F = {k: means(v) for k, v in flops.items()}
     bon = [f"bon_{n}" for n in BON if f"bon_{n}" in labels]
     pairs = [(g, r) for g in guides for r in RULES]
+    # the Best-of-N curve in each draw: [len(bon), R + 1] FLOPs and accuracy (the best guide and rule at each N)
+    cf = np.array([np.mean([F[g, m] for g in guides], 0) for m in bon])
+    ca = np.array([np.nanmax([A[g, m, r] for g, r in pairs], 0) for m in bon])
 
-    def curve(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (FLOPs, accuracy) at each N: the best pair's
-        f = np.array([np.mean([flops[g, m][idx].mean() for g in guides]) for m in bon])
-        a = np.array([np.nanmax([acc[g, m, r][idx].mean() for g, r in pairs]) for m in bon])
-        return f, a
-
-    def ci(f: Any) -> list[float]:
-        return [f(np.arange(P)), *bootstrap_ci([f(b) for b in boots])]
-
-    def speedup(k: tuple[str, str, str], idx: np.ndarray) -> tuple[float, str]:
-        f, a = curve(idx)
-        return matched_speedup(acc[k][idx].mean(), flops[k[:2]][idx].mean(), a, f)
-
-    def gain(k: tuple[str, str, str], idx: np.ndarray) -> float:
-        f, a = curve(idx)
-        return float(acc[k][idx].mean() - curve_accuracy_at(flops[k[:2]][idx].mean(), f, a))
-
-    def vs_best(k: tuple[str, str, str], idx: np.ndarray) -> float:
-        return float(acc[k][idx].mean() - curve(idx)[1].max())
+    def ci(v: np.ndarray) -> list[float]:
+        return [float(v[0]), *bootstrap_ci(v[1:])]
 
     def best_pair(m: str) -> tuple[str, str]:  # the (guide, rule) at the top of Best-of-N's column m
-        return max(pairs, key=lambda gr: float(np.nan_to_num(acc[gr[0], m, gr[1]].mean(), nan=-1.0)))
+        return max(pairs, key=lambda gr: float(np.nan_to_num(A[gr[0], m, gr[1]][0], nan=-1.0)))
 
-    def bon16(idx: np.ndarray) -> float:
-        return float(np.mean([flops[g, "bon_16"][idx].mean() for g in guides])) if "bon_16" in bon else math.nan
-
+    bon16 = np.mean([F[g, "bon_16"] for g in guides], 0) if "bon_16" in bon else np.full(len(draw), math.nan)
     out: dict[str, Any] = {"problems": P, "tasks": tasks, "guides": guides, "rows": {}}
-    every = np.arange(P)
     for g in guides:
         for m in labels:
             for rule in RULES:
                 k = (g, m, rule)
                 if not np.isfinite(acc[k]).all():
                     continue  # a rule the method's records lack
-                point, bound = speedup(k, every) if bon else (math.nan, "")
-                out["rows"][f"{g}/{m}/{rule}"] = {
-                    "accuracy": ci(lambda b, k=k: acc[k][b].mean()),
-                    "gflops": ci(lambda b, k=k: flops[k[:2]][b].mean() / 1e9),
-                    "speedup_at_matched_accuracy": [point, *ci(lambda b, k=k: speedup(k, b)[0])[1:]] if bon else [],
-                    "speedup_bound": bound,
-                    "bound_share": float(np.mean([speedup(k, b)[1] == "lower" for b in boots])) if bon else 0.0,
-                    "gain_at_matched_flops": ci(lambda b, k=k: gain(k, b)) if bon else [],
-                    "vs_best_bon": ci(lambda b, k=k: vs_best(k, b)) if bon else [],
-                    "bon16_flops_ratio": ci(lambda b, k=k: bon16(b) / flops[k[:2]][b].mean()),
-                }
-    out["any_of"] = {str(n): ci(lambda b, n=n: anyof[n][b].mean()) for n in BON}
+                a, f = A[k], F[g, m]
+                row: dict[str, Any] = {"accuracy": ci(a), "gflops": ci(f / 1e9), "bon16_flops_ratio": ci(bon16 / f)}
+                if bon:
+                    sp = [matched_speedup(a[d], f[d], ca[:, d], cf[:, d]) for d in range(len(draw))]
+                    gain = [a[d] - curve_accuracy_at(f[d], cf[:, d], ca[:, d]) for d in range(len(draw))]
+                    row |= {
+                        "speedup_at_matched_accuracy": ci(np.array([x for x, _ in sp])),
+                        "speedup_bound": sp[0][1],
+                        "bound_share": float(np.mean([b == "lower" for _, b in sp[1:]])) if len(sp) > 1 else 0.0,
+                        "gain_at_matched_flops": ci(np.array(gain)),
+                        "vs_best_bon": ci(a - ca.max(0)),
+                    }
+                out["rows"][f"{g}/{m}/{rule}"] = row
+    out["any_of"] = {str(n): ci(means(anyof[n])) for n in BON}
     if bon:
-        f, a = curve(every)
         out["bon_curve"] = [
-            {
-                "n": int(m.split("_")[1]),
-                "gflops": f[j] / 1e9,
-                "accuracy": a[j],
-                "by": best_pair(m),
-            }
+            {"n": int(m.split("_")[1]), "gflops": cf[j, 0] / 1e9, "accuracy": ca[j, 0], "by": best_pair(m)}
             for j, m in enumerate(bon)
         ]
-        top = int(np.argmax(monotone(a)))
-        out["best_bon"] = {**out["bon_curve"][top], "accuracy_ci": ci(lambda b: curve(b)[1].max())}
+        top = int(np.argmax(monotone(ca[:, 0])))
+        out["best_bon"] = {**out["bon_curve"][top], "accuracy_ci": ci(ca.max(0))}
     out["best_bon16_accuracy"] = out["bon_curve"][bon.index("bon_16")]["accuracy"] if "bon_16" in bon else math.nan
     return out
 
