@@ -130,3 +130,13 @@ def test_the_methods_and_their_memory():
     assert ms["deepconf_32"].policy == {"name": "deepconf"} and ms["deepconf_32"].groups == 2
     assert dict(ms["vote_stop_64"].winner) == {"stop": "beta"} and ms["vote_stop_64"].policy == {"name": "none"}
     assert "bon_64" not in {m.label for m in gb.methods(32)} and "vote_stop_32" in {m.label for m in gb.methods(32)}
+
+
+def test_the_gap_closed_is_measured_from_logprobs_best_rule_to_any_of_16():
+    draws = np.array  # each figure: the point estimate, then two resamples
+    A = {("logprob", "bon_16", r): draws([0.2, 0.2, 0.3]) for r in gb.RULES}
+    A["logprob", "bon_16", "majority"] = draws([0.25, 0.2, 0.3])  # logprob's best rule at the point estimate
+    A |= {("verifier", "bon_16", r): draws([0.3, 0.4, 0.3]) for r in gb.RULES}
+    out = gr.gap_closed(A, ["logprob", "verifier"], draws([0.45, 0.4, 0.5]), lambda v: [float(v[0]), *v[1:].tolist()])
+    assert out["logprob"]["rule"] == "majority" and out["logprob"]["share"][0] == 0.0
+    assert out["verifier"]["share"] == pytest.approx([0.25, 1.0, 0.0])  # (0.3-0.25)/(0.45-0.25), (0.4-0.2)/0.2, 0

@@ -149,6 +149,8 @@ def table(runs: Runs, ceiling: dict, tasks: list[str], resamples: int, guides: l
                     }
                 out["rows"][f"{g}/{m}/{rule}"] = row
     out["any_of"] = {str(n): ci(means(anyof[n])) for n in BON}
+    if "bon_16" in bon and "logprob" in guides:
+        out["gap_closed"] = gap_closed(A, guides, means(anyof[16]), ci)
     if bon:
         out["bon_curve"] = [
             {"n": int(m.split("_")[1]), "gflops": cf[j, 0] / 1e9, "accuracy": ca[j, 0], "by": best_pair(m)}
@@ -157,6 +159,21 @@ def table(runs: Runs, ceiling: dict, tasks: list[str], resamples: int, guides: l
         top = int(np.argmax(monotone(ca[:, 0])))
         out["best_bon"] = {**out["bon_curve"][top], "accuracy_ci": ci(ca.max(0))}
     out["best_bon16_accuracy"] = out["bon_curve"][bon.index("bon_16")]["accuracy"] if "bon_16" in bon else math.nan
+    return out
+
+
+def gap_closed(A: dict, guides: list[str], any16: np.ndarray, ci: Any) -> dict[str, Any]:
+    """Per guide: its Best-of-16 under its best rule (chosen at the point estimate, then held in every draw), and the
+    share of the gap between ``logprob``'s (the same way) and any-of-16 it closes, ``(g - logprob) / (any - logprob)``
+    in each draw."""
+    best = {g: max(RULES, key=lambda r: float(np.nan_to_num(A[g, "bon_16", r][0], nan=-1.0))) for g in guides}
+    lp = A["logprob", "bon_16", best["logprob"]]
+    out = {}
+    for g in guides:
+        a = A[g, "bon_16", best[g]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = (a - lp) / (any16 - lp)
+        out[g] = {"rule": best[g], "accuracy": ci(a), "share": ci(share)}
     return out
 
 
@@ -259,6 +276,11 @@ def print_table(name: str, tab: dict[str, Any]) -> None:
             f"| {g} | {m} | {fmt(rows[key]['gflops'], 1)} | "
             + " | ".join(fmt(accs[r]["accuracy"]) if r in accs else "–" for r in RULES)
             + f" | {fmt(row['speedup_at_matched_accuracy'], 2, row['speedup_bound'])} ({best}) |"
+        )
+    for g, v in tab.get("gap_closed", {}).items():
+        print(
+            f"{g}: Best-of-16 ({v['rule']}) {fmt(v['accuracy'])}, the gap logprob's leaves to any-of-16 closed "
+            f"{fmt(v['share'])}"
         )
     for g in tab["guides"]:
         if f"{g}/bon_16/reward" in rows:
