@@ -204,7 +204,8 @@ def report(a: argparse.Namespace) -> None:
     out: dict[str, Any] = {"pooled": table(runs, ceiling, tasks, a.resamples, own)}
     for t in tasks:
         out[t] = table(runs, ceiling, [t], a.resamples, own)
-    out["pooled_with_minilm_rm"] = table(runs, ceiling, tasks, a.resamples, list(GUIDES))  # its problems only
+    if any("minilm_rm" in runs[t] for t in tasks):  # the default reward, on the problems it ran
+        out["pooled_with_minilm_rm"] = table(runs, ceiling, tasks, a.resamples, list(GUIDES))
     searched = [t for t in tasks if both.get(t)]
     if searched:  # the live search methods beside the replayed ones, on the problems they ran
         guides = [g for g in GUIDES if all(g in both[t] for t in searched)]
