@@ -241,3 +241,13 @@ def test_the_trained_head_guides_a_live_run_as_reward_and_partial_reward(trained
 def test_a_missing_verifier_says_how_to_train_one(tmp_path):
     with pytest.raises(ConfigError, match="verifier_train"):
         default_plugins().build_reward({"name": "verifier", "head": str(tmp_path / "none")}, BuildContext())
+
+
+def test_the_committed_verifier_refuses_another_generators_rows(tiny_model, tiny_tokenizer):
+    from rodeco.core.generator import TorchGenerator
+
+    gen = TorchGenerator(tiny_model, tiny_tokenizer, engine="fast", name="tiny")
+    with pytest.raises(ConfigError, match="trained on smollm2's samples"):
+        default_plugins().build_reward({"name": "verifier"}, BuildContext(generator=gen))
+    head = default_plugins().build_reward({"name": "verifier"}, BuildContext())
+    assert isinstance(head, Verifier) and head.head.meta["objective"] in ("pointwise", "pairwise")
