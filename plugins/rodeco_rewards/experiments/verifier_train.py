@@ -399,6 +399,38 @@ def splits(ex: Examples, a: dict[str, Any], seed: int) -> tuple[np.ndarray, np.n
     return fit, choose, report
 
 
+def choose_head(
+    ex: Examples,
+    fit: np.ndarray,
+    choose: np.ndarray,
+    a: dict[str, Any],
+    prefixes: list[int],
+    hidden: int,
+    n_stats: int,
+    meta: dict[str, Any],
+) -> tuple[Head, dict[tuple[str, str, float], Head], list[dict[str, Any]]]:
+    """Every (objective, feature set, penalty) fitted on the fit problems; the one with the highest mean AUC within
+    problems on the choose problems, every head, and what each scored."""
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, Head] | None = None
+    heads: dict[tuple[str, str, float], Head] = {}
+    for objective in a["objectives"]:
+        for kind in a["features"]:
+            for l2 in a["l2"]:
+                head = fit_head(ex.take(fit), kind, float(l2), prefixes, hidden, n_stats, meta, objective)
+                heads[objective, kind, float(l2)] = head
+                s_choose = scores(head, ex.take(choose), hidden, n_stats)
+                m = mean_auc(within_auc(s_choose, ex.take(choose), prefixes))
+                pooled = mean_auc(by_cell(s_choose, ex.take(choose), prefixes))
+                row = {"objective": objective, "features": kind, "l2": float(l2), "choose_within_auc": m}
+                tried.append({**row, "choose_auc": pooled})
+                log.info("%s, %s, l2 %g: choose AUC within problems %.4f, pooled %.4f", objective, kind, l2, m, pooled)
+                if best is None or m > best[0]:
+                    best = (m, head)
+    assert best is not None
+    return best[1], heads, tried
+
+
 def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     a = node_dict(cfg.experiment_args)
     bad = [k for k in a["features"] if k not in FEATURES]
@@ -420,24 +452,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     ex, prov, hidden, n_stats = collect(a, plugins)
     fit, choose, report = splits(ex, a, int(cfg.seed))
     meta = {"max_new_tokens": int(max(p["max_new_tokens"] for p in prov["pools"])), **prov, "prefixes": prefixes}
-    tried: list[dict[str, Any]] = []
-    best: tuple[float, Head] | None = None
-    heads: dict[tuple[str, str, float], Head] = {}
-    for objective in a["objectives"]:
-        for kind in a["features"]:
-            for l2 in a["l2"]:
-                head = fit_head(ex.take(fit), kind, float(l2), prefixes, hidden, n_stats, meta, objective)
-                heads[objective, kind, float(l2)] = head
-                s_choose = scores(head, ex.take(choose), hidden, n_stats)
-                m = mean_auc(within_auc(s_choose, ex.take(choose), prefixes))
-                pooled = mean_auc(by_cell(s_choose, ex.take(choose), prefixes))
-                row = {"objective": objective, "features": kind, "l2": float(l2), "choose_within_auc": m}
-                tried.append({**row, "choose_auc": pooled})
-                log.info("%s, %s, l2 %g: choose AUC within problems %.4f, pooled %.4f", objective, kind, l2, m, pooled)
-                if best is None or m > best[0]:
-                    best = (m, head)
-    assert best is not None
-    head = best[1]
+    head, heads, tried = choose_head(ex, fit, choose, a, prefixes, hidden, n_stats, meta)
     rep = ex.take(report)
     s_rep = scores(head, rep, hidden, n_stats)
     boot, seed = int(a["bootstrap"]), int(cfg.seed)
