@@ -194,40 +194,25 @@ def test_the_trained_head_guides_a_live_run_as_reward_and_partial_reward(trained
     head = str(run_dir / "verifier")
     reward = plugins.build_reward({"name": "verifier", "head": head}, BuildContext(generator=gen, plugins=plugins))
     assert isinstance(reward, Verifier) and reward.needs_logprobs
-    out = rodeco.decode(
-        ["alpha: say something about snow"],
-        generator=gen,
-        n=6,
-        reward="verifier",
-        policy="particle_filter",
-        overrides=[
-            f"reward.head={head}",
-            "policy.decision_tokens=8",
-            "budget=unlimited",
-            "sampling.max_new_tokens=24",
-            "output.all_candidates=true",
-        ],
-    )
-    r = out.results[0]
+
+    def decode(policy: str, *overrides: str):  # one prompt, six rows, the trained head as the reward
+        common = [f"reward.head={head}", "budget=unlimited", "sampling.max_new_tokens=24", "output.all_candidates=true"]
+        out = rodeco.decode(
+            ["alpha: say something about snow"],
+            generator=gen,
+            n=6,
+            reward="verifier",
+            policy=policy,
+            overrides=[*common, *overrides],
+        )
+        return out.results[0]
+
+    r = decode("particle_filter", "policy.decision_tokens=8")
     assert len(r.rounds) == 2 and all(np.isfinite(list(rd.scores.values())).all() for rd in r.rounds)
     finals = [c for c in r.candidates if c.finished]
     assert finals and all(np.isfinite(c.score) for c in finals) and r.best.score == max(c.score for c in finals)
     # as a vote's weight: the same run with the verifier-weighted vote picks the answer of most weight
-    vote = rodeco.decode(
-        ["alpha: say something about snow"],
-        generator=gen,
-        n=6,
-        reward="verifier",
-        policy="none",
-        overrides=[
-            f"reward.head={head}",
-            "winner.rule=weighted",
-            "winner.extractor=first_line",
-            "budget=unlimited",
-            "sampling.max_new_tokens=24",
-            "output.all_candidates=true",
-        ],
-    ).results[0]
+    vote = decode("none", "winner.rule=weighted", "winner.extractor=first_line")
     fin = [c for c in vote.candidates if c.finished]
     weight: dict[str, float] = {}
     for c in fin:

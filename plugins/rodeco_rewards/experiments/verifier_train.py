@@ -368,7 +368,7 @@ def collect(a: dict[str, Any], plugins) -> tuple[Examples, dict[str, Any], int, 
             ats += at
         prov["pools"].append(
             {
-                "path": str(path),
+                "pool": Path(path).name,  # the pool's directory name, not this machine's path
                 "task": str(p.meta["task"]) if indices else None,
                 "seed": int(p.meta.get("seed", -1)) if indices else None,
                 "task_config": p.meta.get("config") if indices else None,

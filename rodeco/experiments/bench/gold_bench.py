@@ -300,6 +300,7 @@ class Live:
         self.pool, _ = open_pool(pool_path)
         self.gen = live_generator(self.pool)
         sampling = [f"sampling.{k}={v}" for k, v in self.pool.settings["sampling"].items()]
+        w = base_winner(extractor)
         self.decoder = rodeco.Decoder(
             generator=self.gen,
             overrides=[
@@ -307,7 +308,9 @@ class Live:
                 "partial_reward=same",
                 f"sampling.max_new_tokens={MAX_NEW}",
                 *sampling,
-                *(f"winner.{k}={getattr(base_winner(extractor), k)}" for k in ("rule", "weight", "extractor")),
+                f"winner.rule={w.rule}",
+                f"winner.weight={w.weight}",
+                f"winner.extractor={w.extractor}",
             ],
         )
 
