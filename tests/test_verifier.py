@@ -18,7 +18,8 @@ from rodeco import BuildContext, ConfigError, ScoreRequest, WinnerRule, get_plug
 from rodeco.core.data import Prompt
 from rodeco.experiments.record import record
 from rodeco.plugins import default_plugins
-from rodeco_rewards.experiments.verifier_train import auc, ece, fit_logistic
+from rodeco_rewards.experiments.verifier_metrics import auc, ece
+from rodeco_rewards.experiments.verifier_train import fit_logistic
 from rodeco_rewards.verifier import STATS, Verifier, features, trace_stats
 
 ALL = ["output.all_candidates=true"]
@@ -46,7 +47,8 @@ def test_a_logistic_fit_finds_the_direction_that_separates_and_is_calibrated():
 
 
 def test_within_problem_auc_counts_pairs_of_the_same_problem_and_point_only():
-    from rodeco_rewards.experiments.verifier_train import END, Examples, pair_differences, within_auc
+    from rodeco_rewards.experiments.verifier_metrics import END, Examples, within_auc
+    from rodeco_rewards.experiments.verifier_train import pair_differences
 
     y = np.array([1, 0, 0, 1, 0, 1, 0.0])
     ex = Examples(
@@ -68,7 +70,8 @@ def test_within_problem_auc_counts_pairs_of_the_same_problem_and_point_only():
 def test_a_pairwise_head_ranks_within_problems():
     """Each problem has its own offset on feature 0 (what makes it easy), and within a problem feature 1 tells right
     from wrong: the pairwise head leans on feature 1, ranks within problems, and its mean probability is the rate."""
-    from rodeco_rewards.experiments.verifier_train import Examples, fit_head, within_auc
+    from rodeco_rewards.experiments.verifier_metrics import Examples, within_auc
+    from rodeco_rewards.experiments.verifier_train import fit_head
 
     rng = np.random.default_rng(3)
     P, C = 200, 8

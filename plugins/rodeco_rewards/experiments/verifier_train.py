@@ -11,12 +11,14 @@ training problems whose candidates the task's own checker labelled, and measure 
   than the prefix: its tokens so far, the state that sampled the last of them), and at its end (the state of its
   last step), each labelled with its final answer's correctness. The features are computed by the reward's own code
   from the requests a live run would send.
-- Splits: each task's problems shuffled once (seeded) into *fit*, *choose* and *report*. For each feature set of
-  ``experiment_args.features`` and each L2 penalty of ``experiment_args.l2``, a logistic head with one weight vector
-  per length bucket (``experiment_args.prefixes`` are the buckets' upper bounds) is fitted on the fit problems; the
-  pair with the highest mean AUC over (task, prefix) on the choose problems is the verifier. The report problems are
-  used once: AUC per task and prefix (95% bootstrap CIs over problems), calibration (expected calibration error,
-  10 bins), and each feature set's AUC beside the chosen one's (the ablation).
+- Splits: each task's problems shuffled once (seeded) into *fit*, *choose* and *report*. For each objective of
+  ``experiment_args.objectives`` (``pointwise``, ``pairwise``: ``fit_head``), feature set of
+  ``experiment_args.features`` and L2 penalty of ``experiment_args.l2``, a head with one weight vector per length
+  bucket (``experiment_args.prefixes`` are the buckets' upper bounds) is fitted on the fit problems; the one with the
+  highest mean AUC within problems over (task, prefix) on the choose problems is the verifier. The report problems
+  are used once (``rodeco_rewards.experiments.verifier_metrics``): AUC within problems, AUC per task and prefix (95%
+  bootstrap CIs over problems), calibration (expected calibration error, 10 bins), the pick among a problem's
+  candidates against ``logprob``'s, and each objective and feature set beside the chosen one (the ablation).
 - Leave-one-task-out: the chosen setting refitted on the other tasks' fit problems, measured on the task's report
   problems.
 
@@ -31,7 +33,6 @@ import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,28 +49,23 @@ from rodeco import (
     open_pool,
 )
 from rodeco_rewards.experiments.learned_heads_train import split
+from rodeco_rewards.experiments.verifier_metrics import (
+    END,
+    Examples,
+    auc_cis,
+    best_of_pool,
+    by_cell,
+    calibration,
+    groups,
+    mean_auc,
+    within_auc,
+)
 from rodeco_rewards.learned_heads import ASSETS, Head, bucket_names, bucket_of
 from rodeco_rewards.verifier import FEATURES, features
 
 log = logging.getLogger(__name__)
 
-END = "end"
 OBJECTIVES = ("pointwise", "pairwise")
-
-
-@dataclass
-class Examples:
-    """Examples of some problems stacked: one row per (candidate, prefix or end)."""
-
-    x: np.ndarray  # [E, F] float32 features of the richest set (hidden states first, then the statistics)
-    y: np.ndarray  # [E] 1.0: the candidate's final answer is right
-    task: np.ndarray  # [E] task name
-    problem: np.ndarray  # [E] a problem's key, unique across pools
-    length: np.ndarray  # [E] tokens read
-    at: np.ndarray  # [E] the prefix, or END
-
-    def take(self, m: np.ndarray) -> Examples:
-        return Examples(self.x[m], self.y[m], self.task[m], self.problem[m], self.length[m], self.at[m])
 
 
 def columns(kind: str, hidden: int, n_stats: int) -> np.ndarray:
@@ -79,30 +75,6 @@ def columns(kind: str, hidden: int, n_stats: int) -> np.ndarray:
     if kind == "stats":
         return np.arange(hidden, hidden + n_stats)
     return np.arange(hidden + n_stats)
-
-
-def auc(score: np.ndarray, y: np.ndarray) -> float:
-    """The area under the ROC curve (Mann-Whitney, ties halved); nan without both classes."""
-    pos, neg = int(y.sum()), int(len(y) - y.sum())
-    if not pos or not neg:
-        return float("nan")
-    order = np.argsort(score, kind="stable")
-    ranks = np.empty(len(score))
-    s = score[order]
-    i = 0
-    while i < len(s):  # average ranks over ties
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
-
-
-def ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
-    """Expected calibration error: the examples' share-weighted gap between mean prediction and rate, per bin."""
-    k = np.minimum((p * bins).astype(int), bins - 1)
-    return float(sum(abs(p[k == b].mean() - y[k == b].mean()) * (k == b).mean() for b in range(bins) if (k == b).any()))
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 200) -> tuple[np.ndarray, float]:
@@ -178,14 +150,6 @@ def offset(s: np.ndarray, y: np.ndarray) -> float:
     return (lo + hi) / 2
 
 
-def groups(ex: Examples) -> dict[tuple[str, str], np.ndarray]:
-    """The examples of each (problem, prefix or end): rows a decision point (or the winner's pick) compares."""
-    out: dict[tuple[str, str], list[int]] = {}
-    for i, key in enumerate(zip(ex.problem.tolist(), ex.at.tolist())):
-        out.setdefault(key, []).append(i)
-    return {k: np.asarray(v) for k, v in out.items()}
-
-
 def pair_differences(z: np.ndarray, ex: Examples, cap: int = 64) -> np.ndarray:
     """[pairs, F] right row's features minus wrong row's, within each group (at most ``cap`` pairs a group, drawn
     seeded, so that no problem outweighs the rest)."""
@@ -202,112 +166,8 @@ def pair_differences(z: np.ndarray, ex: Examples, cap: int = 64) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, z.shape[1]))
 
 
-def within_auc(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
-    """Per task and prefix (and pooled): the share of right-wrong pairs of the same problem at the same point that
-    the scores order right (ties halved): how well the head ranks the rows a decision point compares."""
-    cells: dict[tuple[str, str], list[float]] = {}
-    for (_, at), idx in groups(ex).items():
-        right, wrong = s[idx][ex.y[idx] == 1], s[idx][ex.y[idx] == 0]
-        if len(right) and len(wrong):
-            cmp = np.sign(right[:, None] - wrong[None, :])
-            won = float((cmp > 0).sum() + 0.5 * (cmp == 0).sum())
-            task = str(ex.task[idx[0]])
-            for t in (task, "pooled"):
-                c = cells.setdefault((t, at), [0.0, 0.0])
-                c[0] += won
-                c[1] += cmp.size
-    out: dict[str, dict[str, float]] = {}
-    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
-        out[task] = {}
-        for at in [*map(str, prefixes), END]:
-            won, n = cells.get((task, at), (0.0, 0.0))
-            out[task][at] = won / n if n else float("nan")
-    return out
-
-
 def scores(head: Head, ex: Examples, hidden: int, n_stats: int) -> np.ndarray:
     return head(ex.x[:, columns(str(head.meta["features"]), hidden, n_stats)], ex.length)
-
-
-def by_cell(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
-    """AUC per task and prefix (and END), and pooled over tasks."""
-    out: dict[str, dict[str, float]] = {}
-    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
-        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
-        out[task] = {str(at): auc(s[mt & (ex.at == str(at))], ex.y[mt & (ex.at == str(at))]) for at in [*prefixes, END]}
-    return out
-
-
-def mean_auc(cells: dict[str, dict[str, float]]) -> float:
-    vals = [v for t, row in cells.items() if t != "pooled" for v in row.values() if np.isfinite(v)]
-    return float(np.mean(vals)) if vals else float("nan")
-
-
-def auc_cis(s: np.ndarray, ex: Examples, prefixes: Sequence[int], resamples: int, seed: int) -> dict[str, Any]:
-    """Per task and prefix: the AUC with a 95% bootstrap CI over problems."""
-    out: dict[str, Any] = {}
-    rng = np.random.default_rng(seed)
-    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
-        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
-        out[task] = {}
-        for at in [*prefixes, END]:
-            m = mt & (ex.at == str(at))
-            probs = np.unique(ex.problem[m])
-            rows = {q: np.flatnonzero(m & (ex.problem == q)) for q in probs}
-            boot = []
-            for _ in range(resamples if len(probs) else 0):
-                idx = np.concatenate([rows[q] for q in rng.choice(probs, len(probs))])
-                a = auc(s[idx], ex.y[idx])
-                if np.isfinite(a):
-                    boot.append(a)
-            point = auc(s[m], ex.y[m])
-            lo, hi = (np.percentile(boot, [2.5, 97.5]).tolist()) if boot else (float("nan"), float("nan"))
-            out[task][str(at)] = {"auc": point, "ci": [lo, hi], "problems": len(probs), "right": float(ex.y[m].mean())}
-    return out
-
-
-def calibration(s: np.ndarray, ex: Examples, prefixes: Sequence[int]) -> dict[str, dict[str, float]]:
-    """Per task and prefix: expected calibration error of the predicted probability."""
-    p = 1 / (1 + np.exp(-s))
-    out: dict[str, dict[str, float]] = {}
-    for task in [*sorted(set(ex.task.tolist())), "pooled"]:
-        mt = np.ones(len(ex.y), bool) if task == "pooled" else ex.task == task
-        out[task] = {}
-        for at in [*prefixes, END]:
-            m = mt & (ex.at == str(at))
-            out[task][str(at)] = ece(p[m], ex.y[m]) if m.any() else float("nan")
-    return out
-
-
-def best_of_pool(s: np.ndarray, ex: Examples, hidden: int, resamples: int, seed: int) -> dict[str, Any]:
-    """Per task and pooled, over the problems of ``ex``: the gold accuracy of the candidate each picks among a
-    problem's finished responses (all its candidates: Best-of-16 on 16-candidate pools), with 95% bootstrap CIs over
-    problems: the head's argmax, the mean token log-prob's argmax (``logprob``), a random pick (the mean), and any
-    (the ceiling)."""
-    end = ex.at == END
-    mean_lp = ex.x[:, hidden].astype(np.float64)  # the first statistic, STATS[0]
-    rows: dict[str, list[float]] = {}
-    tasks: list[str] = []
-    for q in np.unique(ex.problem[end]):
-        m = end & (ex.problem == q)
-        y = ex.y[m]
-        tasks.append(str(ex.task[m][0]))
-        for name, pick in (("verifier", float(y[np.argmax(s[m])])), ("logprob", float(y[np.argmax(mean_lp[m])]))):
-            rows.setdefault(name, []).append(pick)
-        rows.setdefault("random", []).append(float(y.mean()))
-        rows.setdefault("any", []).append(float(y.max()))
-    rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {}
-    t = np.array(tasks)
-    for task in [*sorted(set(tasks)), "pooled"]:
-        idx = np.flatnonzero(t == task) if task != "pooled" else np.arange(len(t))
-        boots = [rng.choice(idx, len(idx)) for _ in range(resamples)] if len(idx) else []
-        out[task] = {"problems": len(idx)}
-        for name, picks in rows.items():
-            a = np.asarray(picks)
-            lo, hi = np.percentile([a[b].mean() for b in boots], [2.5, 97.5]).tolist() if boots else [np.nan] * 2
-            out[task][name] = [float(a[idx].mean()) if len(idx) else float("nan"), lo, hi]
-    return out
 
 
 def held_out_texts(plugins, prompt_meta: dict[str, Any], holdout: list[dict[str, int]]) -> set[str]:
