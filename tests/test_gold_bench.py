@@ -140,3 +140,17 @@ def test_the_gap_closed_is_measured_from_logprobs_best_rule_to_any_of_16():
     out = gr.gap_closed(A, ["logprob", "verifier"], draws([0.45, 0.4, 0.5]), lambda v: [float(v[0]), *v[1:].tolist()])
     assert out["logprob"]["rule"] == "majority" and out["logprob"]["share"][0] == 0.0
     assert out["verifier"]["share"] == pytest.approx([0.25, 1.0, 0.0])  # (0.3-0.25)/(0.45-0.25), (0.4-0.2)/0.2, 0
+
+
+def test_the_modelled_pick_rises_with_auc_and_the_needed_auc_reaches_its_target():
+    rng = np.random.default_rng(1)
+    gold = (rng.random((30, 64)) < 0.15).astype(float)
+    anyof = float(np.mean([gr._any_of(list(g), 16) for g in gold]))
+    picks = [gr.modelled_pick(gold, a) for a in (0.5, 0.7, 0.9, 0.999)]
+    assert picks == sorted(picks)
+    assert picks[0] == pytest.approx(gold.mean(), abs=0.02)  # no signal: a random row's accuracy
+    assert picks[-1] == pytest.approx(anyof, abs=0.01)  # a near-perfect guide: any-of-16
+    target = (gold.mean() + anyof) / 2
+    need = gr.auc_needed(gold, target)
+    assert 0.5 < need < 0.999 and gr.modelled_pick(gold, need) >= target > gr.modelled_pick(gold, need - 0.01)
+    assert math.isnan(gr.auc_needed(gold, anyof + 0.1))  # beyond any-of-16: no AUC reaches it

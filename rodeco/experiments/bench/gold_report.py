@@ -29,6 +29,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -151,6 +152,7 @@ def table(runs: Runs, ceiling: dict, tasks: list[str], resamples: int, guides: l
     out["any_of"] = {str(n): ci(means(anyof[n])) for n in BON}
     if "bon_16" in bon and "logprob" in guides:
         out["gap_closed"] = gap_closed(A, guides, means(anyof[16]), ci)
+        out["auc_needed_modelled"] = needed(out, np.array([ceiling[t][i][:64] for t, i in keys], dtype=float))
     if bon:
         out["bon_curve"] = [
             {"n": int(m.split("_")[1]), "gflops": cf[j, 0] / 1e9, "accuracy": ca[j, 0], "by": best_pair(m)}
@@ -175,6 +177,43 @@ def gap_closed(A: dict, guides: list[str], any16: np.ndarray, ci: Any) -> dict[s
             share = (a - lp) / (any16 - lp)
         out[g] = {"rule": best[g], "accuracy": ci(a), "share": ci(share)}
     return out
+
+
+def needed(tab: dict[str, Any], gold: np.ndarray) -> dict[str, Any]:
+    """What closing half the gap takes, modelled (``modelled_pick``): the Best-of-16 accuracy it means, the
+    within-problem AUC a guide needs for it, and the modelled pick at a few AUCs."""
+    lp, any16 = tab["gap_closed"]["logprob"]["accuracy"][0], tab["any_of"]["16"][0]
+    target = lp + (any16 - lp) / 2
+    return {
+        "target": target,
+        "auc": auc_needed(gold, target),
+        "pick_at": {str(a): modelled_pick(gold, a) for a in (0.6, 0.7, 0.8, 0.9)},
+    }
+
+
+def modelled_pick(gold: np.ndarray, auc: float, n: int = 16, reps: int = 20, seed: int = 0) -> float:
+    """The gold accuracy of a modelled guide's argmax among each problem's disjoint groups of ``n`` candidates
+    (``gold``: [problems, candidates]): scores ``d * gold + noise``, unit normal noise, with ``d`` set so that a right
+    row outranks a wrong one of its problem with probability ``auc`` (equal-variance binormal: ``d = sqrt(2) *
+    Phi^-1(auc)``). The same noise for every ``auc`` (``reps`` draws, seeded), so the figure rises with it."""
+    d = math.sqrt(2) * NormalDist().inv_cdf(min(max(auc, 1e-9), 1 - 1e-9))
+    k = gold.shape[1] // n * n
+    g = gold[:, :k].reshape(len(gold), -1, n)
+    noise = np.random.default_rng(seed).standard_normal((reps, *g.shape))
+    pick = np.argmax(d * g[None] + noise, axis=-1)
+    return float(np.take_along_axis(np.broadcast_to(g, noise.shape), pick[..., None], -1).mean())
+
+
+def auc_needed(gold: np.ndarray, target: float, n: int = 16) -> float:
+    """The within-problem AUC at which the modelled guide's Best-of-``n`` pick reaches ``target`` (bisection; nan
+    when even a near-perfect one does not)."""
+    lo, hi = 0.5, 0.999
+    if modelled_pick(gold, hi, n) < target:
+        return math.nan
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if modelled_pick(gold, mid, n) < target else (lo, mid)
+    return hi
 
 
 def _any_of(g: list[float], n: int) -> float:
@@ -282,6 +321,14 @@ def print_table(name: str, tab: dict[str, Any]) -> None:
         print(
             f"{g}: Best-of-16 ({v['rule']}) {fmt(v['accuracy'])}, the gap logprob's leaves to any-of-16 closed "
             f"{fmt(v['share'])}"
+        )
+    if "auc_needed_modelled" in tab:
+        m = tab["auc_needed_modelled"]
+        print(
+            f"closing half the gap means Best-of-16 at {m['target']:.3f}: a guide needs a within-problem AUC of "
+            f"{m['auc']:.3f} for it (modelled; the modelled pick at AUC "
+            + ", ".join(f"{a}: {v:.3f}" for a, v in m["pick_at"].items())
+            + ")"
         )
     for g in tab["guides"]:
         if f"{g}/bon_16/reward" in rows:
