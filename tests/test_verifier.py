@@ -181,6 +181,10 @@ def test_the_trainer_drops_held_out_problems_and_reports_per_task_and_prefix(tra
         f"{o}/{k}" for o in ("pointwise", "pairwise") for k in ("hidden+stats", "stats", "hidden")
     }
     assert set(f["leave_one_task_out"]) == {"alpha", "beta"}
+    curve = f["learning_curve"]  # the chosen head on a quarter, half and all of the fit problems
+    counts = [int(k.split()[0]) for k in curve]
+    assert counts == sorted(counts) and len(set(counts)) == 3 and counts[-1] == f["problems"]["fit"]
+    assert all(set(row) == {"4", "8", "16", "end"} for row in curve.values())
     assert 0 < f["right_rate"] < 1
     cell = f["report_auc"]["pooled"]["end"]
     assert 0 <= cell["auc"] <= 1 and cell["ci"][0] <= cell["auc"] <= cell["ci"][1]

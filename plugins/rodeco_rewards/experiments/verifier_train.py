@@ -291,6 +291,32 @@ def choose_head(
     return best[1], heads, tried
 
 
+def learning_curve(
+    ex: Examples,
+    fit: np.ndarray,
+    report: np.ndarray,
+    chosen: tuple[str, float, str],
+    prefixes: list[int],
+    hidden: int,
+    n_stats: int,
+    meta: dict[str, Any],
+) -> dict[str, dict[str, float]]:
+    """The chosen head refitted on the first quarter, half and all of each task's fit problems: its AUC within
+    problems on the report problems, pooled over tasks. Flat: more problems of the same kind would not help it."""
+    kind, l2, objective = chosen
+    out = {}
+    for share in (0.25, 0.5, 1.0):
+        keep = np.zeros(len(ex.y), bool)
+        for task in sorted(set(ex.task[fit].tolist())):
+            probs = sorted(set(ex.problem[fit & (ex.task == task)].tolist()))
+            keep |= np.isin(ex.problem, probs[: max(1, round(share * len(probs)))])
+        h = fit_head(ex.take(fit & keep), kind, l2, prefixes, hidden, n_stats, meta, objective)
+        rep = ex.take(report)
+        problems = len(set(ex.problem[fit & keep].tolist()))
+        out[f"{problems} problems"] = within_auc(scores(h, rep, hidden, n_stats), rep, prefixes)["pooled"]
+    return out
+
+
 def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
     a = node_dict(cfg.experiment_args)
     bad = [k for k in a["features"] if k not in FEATURES]
@@ -327,6 +353,9 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
         "ablation": {},
         "leave_one_task_out": {},
         "examples": {"fit": int(fit.sum()), "choose": int(choose.sum()), "report": int(report.sum())},
+        "problems": {
+            k: len(set(ex.problem[m].tolist())) for k, m in (("fit", fit), ("choose", choose), ("report", report))
+        },
         "right_rate": float(ex.y.mean()),
         "buckets": bucket_names(prefixes),
     }
@@ -351,6 +380,7 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
             "pooled": by_cell(s_own, own, prefixes)[task],
             "best_of_pool": best_of_pool(s_own, own, hidden, boot, seed)[task],
         }
+    figures["learning_curve"] = learning_curve(ex, fit, report, (kind, l2, objective), prefixes, hidden, n_stats, meta)
     head.meta["figures"] = figures
     out = Path(out_dir) if out_dir is not None else Path(".")
     head.save(out / "verifier")
@@ -405,6 +435,11 @@ def print_figures(f: dict[str, Any], prefixes: Sequence[int]) -> None:
     print(
         "ablation, the head's Best-of-16 pick (pooled): "
         + ", ".join(f"{k} {v['best_of_pool']:.3f}" for k, v in f["ablation"].items())
+    )
+    grid(
+        "learning curve: the chosen head fitted on some of the fit problems, AUC within problems (report problems):",
+        f.get("learning_curve", {}),
+        lambda r, c: f"{r[c]:.3f}",
     )
     print(
         "leave-one-task-out, the head's Best-of-16 pick: "
