@@ -154,3 +154,13 @@ def test_the_modelled_pick_rises_with_auc_and_the_needed_auc_reaches_its_target(
     need = gr.auc_needed(gold, target)
     assert 0.5 < need < 0.999 and gr.modelled_pick(gold, need) >= target > gr.modelled_pick(gold, need - 0.01)
     assert math.isnan(gr.auc_needed(gold, anyof + 0.1))  # beyond any-of-16: no AUC reaches it
+
+
+def test_a_search_methods_headline_is_read_from_the_table_with_the_search_methods(capsys):
+    runs, ceiling = synthetic()
+    tab = gr.table(runs, ceiling, ["t"], resamples=20, guides=["g"])
+    gr.print_headline("g/top/reward", {"pooled": {"rows": {}}, "pooled_with_search": tab})
+    out = capsys.readouterr().out
+    assert "from the pooled_with_search table (40 problems)" in out and "speedup at matched accuracy ≥" in out
+    gr.print_headline("g/absent/reward", {"pooled": tab})
+    assert "has no report row" in capsys.readouterr().out

@@ -339,11 +339,19 @@ def print_table(name: str, tab: dict[str, Any]) -> None:
 
 
 def print_headline(key: str | None, out: dict[str, Any]) -> None:
-    if key is None or key not in out["pooled"]["rows"]:
+    """The headline's report row: in the pooled table, or (a live search method) the table with the search methods,
+    over the problems they ran."""
+    name = next(
+        (n for n in ("pooled", "pooled_with_search") if key is not None and key in out.get(n, {}).get("rows", {})), None
+    )
+    if name is None:
         print(f"\nheadline: {key} (chosen on the selection problems) has no report row")
         return
-    r, b = out["pooled"]["rows"][key], out["pooled"]["best_bon"]
-    print(f"\nheadline (chosen on the selection problems): {key}")
+    r, b = out[name]["rows"][key], out[name]["best_bon"]
+    print(
+        f"\nheadline (chosen on the selection problems): {key}, from the {name} table "
+        f"({out[name]['problems']} problems)"
+    )
     print(f"  accuracy {fmt(r['accuracy'])} at {fmt(r['gflops'], 1)} GFLOPs")
     print(f"  best Best-of-N (N = {b['n']}): {fmt(b['accuracy_ci'])} at {b['gflops']:.0f} GFLOPs")
     print(f"  accuracy minus the best Best-of-N's (paired) {fmt(r['vs_best_bon'])}")
