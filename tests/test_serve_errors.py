@@ -17,7 +17,7 @@ import httpx2 as httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from serve_helpers import running
+from serve_helpers import metric, running
 
 from rodeco.common.validation import ConfigError
 
@@ -265,7 +265,6 @@ def test_alpha_in_range_is_taken(http):
 
 def test_errors_are_counted(server, http):
     """A refused request is counted under its status in /metrics, not as a 5xx."""
-    from serve_helpers import metric
 
     before = metric(http.get("/metrics").text, "rodeco_requests_total", 'endpoint="chat",status="400"')
     assert http.post(CHAT, json=chat(n=0)).status_code == 400
@@ -615,3 +614,28 @@ def test_loopback_binding_needs_no_key(host, monkeypatch):
 
     monkeypatch.delenv("RODECO_API_KEY", raising=False)
     check_binding(config(f"serve.host='{host}'"))
+
+
+# -- admission by latency slack ----------------------------------------------------------------------------------------
+def test_a_request_the_plan_has_miss_the_latency_target_is_429_at_once(tiny_model, tiny_tokenizer):
+    from rodeco.serve.slack import StepModel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RODECO_API_KEY", raising=False)
+        with running(
+            build_gen(tiny_model, tiny_tokenizer), ["serve.latency_target=5", "serve.retry_after_s=3"]
+        ) as (url, state):
+            times = state.scheduler.step_times
+            assert times is not None and times.model.seconds(8, 20) > 0  # fitted at start-up
+            with httpx.Client(base_url=url, timeout=60) as c:
+                assert c.post(CHAT, json=chat(max_tokens=4, best_of=2)).status_code == 200
+                times.model, times.refit_every = StepModel(0.5, 0.0, 0.0), 10**9  # half a second a step, kept
+                t0 = time.monotonic()
+                r = c.post(CHAT, json=chat(max_tokens=16, best_of=2))  # 8 s planned: past the 5 s target
+                assert r.status_code == 429 and time.monotonic() - t0 < 2, r.text
+                err = error_of(r)
+                assert err["type"] == "rate_limit_error" and err["code"] == "latency_target", err
+                assert "serve.latency_target" in err["message"] and "Fix:" in err["message"], err
+                assert r.headers["retry-after"] == "3"  # it never could: serve.retry_after_s
+                assert c.post(CHAT, json=chat(max_tokens=4, best_of=2)).status_code == 200  # 2 s planned
+                assert metric(c.get("/metrics").text, "rodeco_refused_latency_target_total") == 1

@@ -281,6 +281,13 @@ class ServeConfig:
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight requests get this long"})
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
+    latency_target: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "seconds from a request's arrival to its last token: a request the step-time plan has miss it, "
+            "or push another past its own, gets 429 with Retry-After at once (null: every request queues)"
+        },
+    )
 
 
 @dataclass

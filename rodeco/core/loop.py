@@ -101,6 +101,9 @@ class Cancelled(Exception):
         self.prompts, self.rows = list(prompts), rows
 
 
+StepsFeed = Callable[[list[int], list[int], list[float]], None]  # a stretch's steps: rows, context a row, seconds
+
+
 class Source(Protocol):
     def take(self, wait: bool) -> list[Request] | None:
         """The requests that arrived since the last call, in arrival order; with ``wait``, block until one arrives.
@@ -253,6 +256,7 @@ def decode_open(
     max_prompts: int | None = None,
     hooks: LoopHooks | None = None,
     top_logprobs: int = 0,
+    on_steps: StepsFeed | None = None,
 ) -> OpenStats:
     """Decode every request ``source`` gives until it closes and nothing is running (see the module doc).
     ``kv_tokens``: the memory all running cohorts' budgets may add up to (None: no limit); a request whose own budget
@@ -262,11 +266,14 @@ def decode_open(
     with and their prompts (a request asking more rows than ``max_rows`` is refused); the engine's own bound
     (``EngineInfo.max_rows``) applies too. ``hooks`` are fired at each cohort's decision points and each prompt's
     end, as ``decode_batch`` fires them. ``top_logprobs``: the session records at least this many of each step's most
-    likely tokens' log-probs (a request whose policy reads more than it records is refused)."""
+    likely tokens' log-probs (a request whose policy reads more than it records is refused). ``on_steps(rows,
+    context, seconds)`` is told, after each stretch of decoding, its steps' rows, cached tokens a row and seconds
+    (a server's step-time model)."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     limits = _Limits(kv_tokens, max_rows, max_prompts)
     b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks, top_k=top_logprobs)
+    b.on_steps = on_steps
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -357,6 +364,8 @@ class _Batch:
         self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
         self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
         self.top_k = top_k  # the top-k log-probs the session records at each step (at least; set when it opens)
+        self.on_steps: StepsFeed | None = None  # told each stretch's steps (decode_open's on_steps)
+        self.steps_fed = 0
 
     def close(self) -> None:
         if self.sess is not None:
@@ -505,6 +514,10 @@ class _Batch:
         with self.acct.timed("decode", weights):
             for row in sess.decode(until=sess.t + ahead, pause=pause):
                 owner[row.prompt].left.append(row)
+        if self.on_steps is not None:
+            st, k = sess.stats, self.steps_fed
+            self.steps_fed = len(st.step_seconds)
+            self.on_steps(st.step_rows[k:], st.step_context[k:], st.step_seconds[k:])
 
     def round_ends(self) -> list[_Cohort]:
         """The cohorts whose round ends here (at their decision point or vote check, or with no unfinished row):

@@ -53,6 +53,7 @@ class Job:
     stream: bool = False
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
+    step0: int = 0  # the server's decode steps when it started (its progress: the steps since)
     shared: int = 0  # the most requests that decoded beside it (itself included), in the open batch
     future: Future = field(default_factory=Future)
     cancelled: bool = False

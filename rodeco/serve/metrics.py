@@ -50,6 +50,11 @@ class Metrics:
         self.cancelled_rows = Counter(
             "rodeco_cancelled_rows", "rows that left a batch because their request was cancelled", registry=r
         )
+        self.refused_slack = Counter(
+            "rodeco_refused_latency_target",
+            "requests refused (429) as the plan has them miss serve.latency_target",
+            registry=r,
+        )
         self.latency = Histogram(
             "rodeco_request_latency_seconds", "arrival to answer", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r
         )

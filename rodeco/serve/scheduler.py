@@ -15,6 +15,7 @@ has stopped; the loop fires ``rodeco_round_end`` and ``rodeco_prompt_done`` for 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from rodeco.core.loop import Cancelled, Request
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
+from rodeco.serve.slack import StepTimes, Work, measure_steps, plan
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +92,24 @@ class Scheduler:
         self.served = Compute()  # what the answered requests were charged, summed: the run's compute at its end
         self.thread = threading.Thread(target=self._loop, name="rodeco-batcher", daemon=True)
         metrics.budget.set(-1 if self.budget.kv_tokens is None else self.budget.kv_tokens)
+        self.steps = 0  # decode steps so far
+        self.step_times: StepTimes | None = None  # the step-time model (serve.latency_target): fitted at start
+
+    def _fed(self, rows: list[int], context: list[int], seconds: list[float]) -> None:
+        """A stretch of decoding: its steps counted, and the step-time model refitted with them."""
+        with self.cond:
+            self.steps += len(seconds)
+            if self.step_times is not None:
+                self.step_times.add(rows, context, seconds)
 
     def start(self) -> None:
         """The server's run starts: ``rodeco_run_start`` (the server's config; its prompts are not known in advance,
         so ``n_prompts`` is 0), then the batcher thread."""
         self.dec.plugins.run_start(config=node_dict(self.dec.cfg), n_prompts=0)
+        if self.serve.latency_target is not None:
+            model = measure_steps(self.dec.gen)
+            log.info("step-time model: %.4f s + %.2e s a row + %.2e s a row's cached token", model.a, model.b, model.c)
+            self.step_times = StepTimes(model)
         self.thread.start()
 
     def submit(self, job: Job) -> None:
@@ -115,9 +130,41 @@ class Scheduler:
                     code="queue_full",
                     headers={"Retry-After": str(self.serve.retry_after_s)},
                 )
+            if self.step_times is not None:
+                self._admit_by_slack(job)
             self.queue.append(job)
             self.metrics.queue_depth.set(len(self.queue))
             self.cond.notify_all()
+
+    def _admit_by_slack(self, job: Job) -> None:
+        """``serve.latency_target``: 429 at once, with the seconds until it could start as ``Retry-After``, for a job
+        the step-time plan has finish past the target or push a running or queued one past its own (held
+        ``self.cond``)."""
+        assert self.step_times is not None and self.serve.latency_target is not None
+        target, now = self.serve.latency_target, time.monotonic()
+        works = []
+        for j in [*self.running, *self.queue]:  # the running ones first, then in arrival order
+            done = self.steps - j.step0 if j.started is not None else 0
+            left = max(j.key.max_tokens - done, 0)
+            deadline = j.submitted + target - now
+            works.append(
+                Work(j.key.best_of, j.prompt_tokens + done, left, j.kv_tokens, deadline, j.started is not None)
+            )
+        new = Work(job.key.best_of, job.prompt_tokens, job.key.max_tokens, job.kv_tokens, target, running=False)
+        d = plan(works, new, self.step_times.model, self.budget.kv_tokens, self.serve.check_tokens)
+        if d.accept:
+            return
+        self.metrics.refused_slack.inc()
+        wait = math.ceil(d.retry_after) if math.isfinite(d.retry_after) else self.serve.retry_after_s
+        raise APIError(
+            429,
+            f"the server cannot answer within serve.latency_target ({target:g} s): the plan has this request finish "
+            f"in {d.finish:.1f} s, or push another past its target. Fix: retry after {wait} s, or ask for fewer "
+            "tokens (max_tokens) or candidates (best_of)",
+            type="rate_limit_error",
+            code="latency_target",
+            headers={"Retry-After": str(wait)},
+        )
 
     def cancel(self, job: Job, why: str) -> None:
         """A job's client went away or its time ran out: it leaves the queue, or its batch within
@@ -194,6 +241,7 @@ class Scheduler:
                     observe=observe,
                     max_rows=self.serve.max_batch_rows,
                     max_prompts=self.serve.batch_requests,
+                    on_steps=self._fed,
                 )
             except Exception as e:  # a failed decode fails its jobs, never the server
                 log.exception("the open batch failed")
@@ -218,7 +266,7 @@ class Scheduler:
         def on_admit() -> None:
             now = time.monotonic()
             for j in jobs:
-                j.started = now
+                j.started, j.step0 = now, self.steps
                 m.queue_wait.observe(now - j.submitted)
             m.admissions.inc(len(jobs))
 
