@@ -45,10 +45,18 @@ class StepModel:
     @classmethod
     def fit(cls, rows: Sequence[float], context: Sequence[float], seconds: Sequence[float]) -> StepModel:
         """Least squares over measured steps, each coefficient kept at 0 or above (a negative one is dropped and the
-        rest refitted). Needs at least one step."""
+        rest refitted), then again without the steps slower than the first fit by more than three times the median
+        gap (a pause that is not the engine's: another process, the garbage collector). Needs at least one step."""
         if not len(seconds):
             raise ValueError("a step-time model needs at least one measured step")
         r, x, y = (np.asarray(v, dtype=np.float64) for v in (rows, context, seconds))
+        first = cls._fit(r, x, y)
+        gap = y - np.array([first.seconds(int(a), float(b)) for a, b in zip(r, x)])
+        keep = gap <= 3 * np.median(np.abs(gap)) + 1e-12
+        return cls._fit(r[keep], x[keep], y[keep]) if keep.sum() >= 3 and not keep.all() else first
+
+    @classmethod
+    def _fit(cls, r: np.ndarray, x: np.ndarray, y: np.ndarray) -> StepModel:
         cols = np.stack([np.ones_like(r), r, r * x], 1)
         keep = [0, 1, 2]
         coef = np.zeros(3)
