@@ -33,7 +33,7 @@ from rodeco.core.loop import Cancelled, Request
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.serve.slack import StepTimes, Work, measure_steps, plan
+from rodeco.serve.slack import Limits, StepTimes, Work, measure_steps, plan
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,10 @@ class Scheduler:
                 Work(j.key.best_of, j.prompt_tokens + done, left, j.kv_tokens, deadline, j.started is not None)
             )
         new = Work(job.key.best_of, job.prompt_tokens, job.key.max_tokens, job.kv_tokens, target, running=False)
-        d = plan(works, new, self.step_times.model, self.budget.kv_tokens, self.serve.check_tokens)
+        lim = Limits(
+            self.budget.kv_tokens, self.serve.batch_requests, self.serve.max_batch_rows, self.serve.check_tokens
+        )
+        d = plan(works, new, self.step_times.model, lim)
         if d.accept:
             return
         self.metrics.refused_slack.inc()

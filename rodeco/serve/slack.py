@@ -8,7 +8,8 @@ cache). It is fitted by least squares to measured steps (``SessionStats.step_row
 ``plan`` simulates the batch: the running jobs and the queued ones (which start in arrival order, as the loop admits
 them, when their memory fits beside the running ones') decode together, a step at a time for all their rows, each to
 its length; a job's rows and length are upper bounds (rows only leave, except a search policy's copies, which its
-memory bounds; a row may stop before its length), so the plan errs late. A new job is accepted when, queued behind
+memory bounds; a row may stop before its length), so the plan errs late. The batch's bounds (``Limits``: memory,
+jobs and rows at once) hold in the plan as in the loop. A new job is accepted when, queued behind
 the others, it finishes within its deadline and pushes no other job past its own (a job the plan already has late is
 not made later). Otherwise it is refused, with the seconds until it could start.
 """
@@ -125,13 +126,36 @@ class Decision:
     retry_after: float
 
 
-def simulate(
-    jobs: Sequence[Work], model: StepModel, kv_tokens: int | None, chunk: int = 8
-) -> list[tuple[float, float]]:
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the batch as the loop admits: the KV tokens the running jobs' reservations may add up to, the
+    most jobs and the most rows decoding at once (None: no bound), and the steps between admissions."""
+
+    kv_tokens: int | None = None
+    max_jobs: int | None = None
+    max_rows: int | None = None
+    chunk: int = 8
+
+    def fits(self, live: Sequence[Work], job: Work) -> bool:
+        if not live:
+            return True  # alone, a job always starts (one above every bound never does: ``never``)
+        return (
+            (self.kv_tokens is None or sum(j.reserved for j in live) + job.reserved <= self.kv_tokens)
+            and (self.max_jobs is None or len(live) + 1 <= self.max_jobs)
+            and (self.max_rows is None or sum(j.rows for j in live) + job.rows <= self.max_rows)
+        )
+
+    def never(self, job: Work) -> bool:
+        return (self.kv_tokens is not None and job.reserved > self.kv_tokens) or (
+            self.max_rows is not None and job.rows > self.max_rows
+        )
+
+
+def simulate(jobs: Sequence[Work], model: StepModel, limits: Limits) -> list[tuple[float, float]]:
     """Each job's (start, finish) in seconds from now: the running jobs and the queued ones (in order, each once its
-    ``not_before`` has come and its reservation fits beside the running ones'; the first that cannot start holds
-    the ones behind it) decode ``chunk`` steps at a time together. A queued job whose reservation exceeds
-    ``kv_tokens`` never starts, nor do the ones behind it: (inf, inf)."""
+    ``not_before`` has come and it fits beside the running ones (``Limits.fits``); the first that cannot start holds
+    the ones behind it) decode ``limits.chunk`` steps at a time together. A queued job above the limits never
+    starts, nor do the ones behind it: (inf, inf)."""
     start = [0.0 if j.running else math.inf for j in jobs]
     finish = [math.inf] * len(jobs)
     left = [j.steps_left for j in jobs]
@@ -143,23 +167,16 @@ def simulate(
         for i in [i for i in live if left[i] <= 0]:
             finish[i] = t
             live.remove(i)
-        if queue and kv_tokens is not None and jobs[queue[0]].reserved > kv_tokens:
-            break  # it never fits: it and the ones behind it never start
+        if queue and limits.never(jobs[queue[0]]):
+            queue.clear()  # it never fits: it and the ones behind it never start
         if not live and queue:
             t = max(t, jobs[queue[0]].not_before)
-        held = sum(jobs[i].reserved for i in live)
-        while (
-            queue
-            and jobs[queue[0]].not_before <= t
-            and (kv_tokens is None or held + jobs[queue[0]].reserved <= kv_tokens)
-        ):
-            i = queue.popleft()
-            start[i] = t
-            held += jobs[i].reserved
-            live.append(i)
+        while queue and jobs[queue[0]].not_before <= t and limits.fits([jobs[i] for i in live], jobs[queue[0]]):
+            start[queue[0]] = t
+            live.append(queue.popleft())
         if not live:
             continue
-        steps = min(chunk, min(left[i] for i in live))
+        steps = min(limits.chunk, min(left[i] for i in live))
         rows = sum(jobs[i].rows for i in live)
         mean_ctx = sum(jobs[i].rows * ctx[i] for i in live) / max(rows, 1)
         t += model.run_seconds(rows, mean_ctx, steps)
@@ -169,14 +186,16 @@ def simulate(
     return list(zip(start, finish))
 
 
-def plan(jobs: Sequence[Work], new: Work, model: StepModel, kv_tokens: int | None, chunk: int = 8) -> Decision:
-    """Whether ``new`` (its deadline: seconds from its start of waiting), queued behind ``jobs``, meets its deadline
-    without pushing any of them past its own, and if not, when it could start (see the module doc)."""
-    before = simulate(jobs, model, kv_tokens, chunk)
+def plan(jobs: Sequence[Work], new: Work, model: StepModel, limits: Limits) -> Decision:
+    """Whether ``new`` (its deadline: seconds from its arrival), queued behind ``jobs``, meets its deadline without
+    pushing any of them past its own, and if not, when it could start (see the module doc). The start is searched
+    among the times a planned job leaves, by bisection: a later start harms the others less and leaves the new job
+    the same time to run, so the plan takes the answer as monotone in the wait (a few simulations, not one a job)."""
+    before = simulate(jobs, model, limits)
 
     def at(wait: float) -> tuple[bool, float, float]:
         job = dataclasses.replace(new, running=False, not_before=wait)
-        after = simulate([*jobs, job], model, kv_tokens, chunk)
+        after = simulate([*jobs, job], model, limits)
         s, f = after[-1]
         harmless = all(a[1] <= max(j.deadline, b[1]) + 1e-9 for j, b, a in zip(jobs, before, after))
         return harmless and f - wait <= new.deadline, s, f
@@ -184,10 +203,14 @@ def plan(jobs: Sequence[Work], new: Work, model: StepModel, kv_tokens: int | Non
     ok, s, f = at(0.0)
     if ok:
         return Decision(True, s, f, 0.0)
-    for wait in sorted({x for _, x in before if 0.0 < x < math.inf}):  # each time a job leaves: a start then?
-        if at(wait)[0]:
-            return Decision(False, s, f, wait)
-    return Decision(False, s, f, math.inf)
+    waits = sorted({x for _, x in before if 0.0 < x < math.inf})
+    if not waits or not at(waits[-1])[0]:
+        return Decision(False, s, f, math.inf)
+    lo, hi = -1, len(waits) - 1  # at(waits[hi]) holds; at(waits[lo]) does not (lo = -1: no wait)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if at(waits[mid])[0] else (mid, hi)
+    return Decision(False, s, f, waits[hi])
 
 
 def measure_steps(
