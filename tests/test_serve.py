@@ -102,6 +102,23 @@ def test_a_seeded_request_gives_the_python_apis_answer(tiny_gen, policy):
     assert x["decode_tokens"] == out.compute.gen_decode_tokens and x["rounds"] == len(out.rounds)
 
 
+def test_a_rejecting_request_starts_what_its_budget_holds_at_the_first_decision_point(tiny_gen):
+    """``serve.rejection_start=auto`` (the default): Speculative Rejection's regime, the rows ``n=auto`` starts in the
+    request's budget, the Python API's answer for them; ``best_of``: ``best_of`` rows."""
+    gen = tiny_gen("fast")
+    sr = {"policy": "fixed", "params": {"alpha": 0.5}}
+    with running(gen) as (url, state):
+        r = chat(client(url), PROMPTS[1], n=1, best_of=4, seed=3, max_tokens=48, rodeco=sr)
+    x = r.model_extra["rodeco"]
+    assert x["best_of"] == 4 and x["candidates_started"] > 4, x
+    ov = ["reward=logprob", "sampling.max_new_tokens=48", f"budget.kv_tokens={x['kv_tokens']}", "policy.alpha=0.5"]
+    out = rodeco.decode([PROMPTS[1]], generator=gen, n="auto", policy="fixed", overrides=ov, seed=3).results[0]
+    assert out.n_start == x["candidates_started"] and r.choices[0].message.content == out.best.text
+    with running(gen, ["serve.rejection_start=best_of"]) as (url, state):
+        r = chat(client(url), PROMPTS[1], n=1, best_of=4, seed=3, max_tokens=48, rodeco=sr)
+    assert r.model_extra["rodeco"]["candidates_started"] == 4
+
+
 def test_a_seeded_request_gives_the_clis_answer(tiny_model, tiny_tokenizer, tmp_path):
     """The same with the real ``rodeco`` command and ``rodeco task=serve`` in their own processes, over the tiny model
     saved as a model directory."""

@@ -576,6 +576,24 @@ def test_a_vote_that_stops_is_not_served():
     check_serve(config(), default_plugins())
 
 
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("serve.rejection_start=most", "serve.rejection_start"),
+        ("serve.latency_target=0", "serve.latency_target"),
+        ("serve.latency_target=-3", "serve.latency_target"),
+    ],
+)
+def test_bad_admission_settings_name_their_key(override, key):
+    from rodeco.plugins import default_plugins
+    from rodeco.serve import check_serve
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+        check_serve(config(override), default_plugins())
+    assert e.value.key == key and "Fix:" in str(e.value)
+    check_serve(config("serve.rejection_start=best_of", "serve.latency_target=30"), default_plugins())
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5"])
 def test_public_binding_without_key_is_refused(host, monkeypatch):
     from rodeco.serve import check_binding
@@ -622,9 +640,10 @@ def test_a_request_the_plan_has_miss_the_latency_target_is_429_at_once(tiny_mode
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("RODECO_API_KEY", raising=False)
-        with running(
-            build_gen(tiny_model, tiny_tokenizer), ["serve.latency_target=5", "serve.retry_after_s=3"]
-        ) as (url, state):
+        with running(build_gen(tiny_model, tiny_tokenizer), ["serve.latency_target=5", "serve.retry_after_s=3"]) as (
+            url,
+            state,
+        ):
             times = state.scheduler.step_times
             assert times is not None and times.model.seconds(8, 20) > 0  # fitted at start-up
             with httpx.Client(base_url=url, timeout=60) as c:

@@ -268,6 +268,13 @@ class ServeConfig:
             "help": "a rejecting policy's default budget: the memory of this share of best_of rows at full length"
         },
     )
+    rejection_start: str = field(
+        default="auto",
+        metadata={
+            "help": "the rows a rejecting policy's request starts: auto (as many as its budget holds at the first "
+            "decision point, up to serve.max_best_of) or best_of"
+        },
+    )
     max_queue: int = field(default=64, metadata={"help": "requests waiting beyond this get 429"})
     batch_requests: int = field(default=16, metadata={"help": "the most requests decoded in one batch"})
     max_batch_rows: int = field(

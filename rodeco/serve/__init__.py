@@ -24,7 +24,7 @@ from rodeco.common.validation import ConfigError, node_dict
 from rodeco.core.config import SamplingConfig, ServeConfig
 from rodeco.plugins import Plugins, default_plugins
 from rodeco.serve.app import State, make_app
-from rodeco.serve.jobs import Planner
+from rodeco.serve.jobs import REJECTION_STARTS, Planner
 from rodeco.serve.metrics import Metrics
 from rodeco.serve.scheduler import Scheduler
 
@@ -79,6 +79,14 @@ def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"serve.{key}", v, "must be a positive whole number", f"set serve.{key} to e.g. 16")
     if not 0 < s.request_memory <= 1:
         raise ConfigError("serve.request_memory", s.request_memory, "must be in (0, 1]", "set it to e.g. 0.25")
+    if s.rejection_start not in REJECTION_STARTS:
+        raise ConfigError(
+            "serve.rejection_start", s.rejection_start, "unknown", f"use one of {', '.join(REJECTION_STARTS)}"
+        )
+    if s.latency_target is not None and not (isinstance(s.latency_target, (int, float)) and s.latency_target > 0):
+        raise ConfigError(
+            "serve.latency_target", s.latency_target, "must be a number of seconds > 0", "set it to e.g. 60, or null"
+        )
     if cfg.winner.stop is not None:
         raise ConfigError(
             "winner.stop",

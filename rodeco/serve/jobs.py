@@ -40,6 +40,9 @@ class BatchKey:
     policy: str  # the policy node as JSON
 
 
+REJECTION_STARTS = ("auto", "best_of")  # serve.rejection_start's values
+
+
 @dataclass
 class Job:
     id: int  # the server's serial number: the prompt's index in the trace and results (its identity)
@@ -50,6 +53,7 @@ class Job:
     prompt_tokens: int
     seed: int
     policy: dict[str, Any]
+    rows: int  # the rows it starts: best_of, or (serve.rejection_start=auto, a rejecting policy) what its budget holds
     stream: bool = False
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -160,7 +164,21 @@ class Planner:
             )
         key = BatchKey(best_of, sampling, max_tokens, stops, json.dumps(policy, sort_keys=True))
         kv = self._kv_tokens(req, info, best_of, req.n, len(ids), max_tokens)
-        return Job(jid, ref, key, req.n, kv, len(ids), seed, policy, stream=req.stream)
+        rows = self._rows(info, best_of, kv, len(ids), max_tokens)
+        return Job(jid, ref, key, req.n, kv, len(ids), seed, policy, rows, stream=req.stream)
+
+    def _rows(self, info: PolicyInfo, best_of: int, kv_tokens: int, prompt: int, max_tokens: int) -> int:
+        """The rows a request starts: ``best_of``; a rejecting policy's under ``serve.rejection_start=auto``, as many
+        as its budget holds at the first decision point (``n=auto``, Speculative Rejection's regime), at least
+        ``best_of`` and at most ``serve.max_best_of`` and ``serve.max_batch_rows``."""
+        if not info.rejects or self.serve.rejection_start != "auto":
+            return best_of
+        b = self.budget
+        own, base = Budget(kv_tokens, b.min_tokens_per_round, row_overhead=b.row_overhead).for_batch(
+            [prompt], self.gen.kv
+        )
+        fit = own.auto_n(1, base, base + max_tokens)
+        return max(best_of, min(fit, self.serve.max_best_of, self.serve.max_batch_rows))
 
     def _prompt(self, req: ChatRequest | CompletionRequest) -> tuple[str, tuple[tuple[str, str], ...] | None]:
         """The prompt as the rewards read it, and a conversation's messages (None for one user message, which is

@@ -147,10 +147,8 @@ class Scheduler:
             done = self.steps - j.step0 if j.started is not None else 0
             left = max(j.key.max_tokens - done, 0)
             deadline = j.submitted + target - now
-            works.append(
-                Work(j.key.best_of, j.prompt_tokens + done, left, j.kv_tokens, deadline, j.started is not None)
-            )
-        new = Work(job.key.best_of, job.prompt_tokens, job.key.max_tokens, job.kv_tokens, target, running=False)
+            works.append(Work(j.rows, j.prompt_tokens + done, left, j.kv_tokens, deadline, j.started is not None))
+        new = Work(job.rows, job.prompt_tokens, job.key.max_tokens, job.kv_tokens, target, running=False)
         lim = Limits(
             self.budget.kv_tokens, self.serve.batch_requests, self.serve.max_batch_rows, self.serve.check_tokens
         )
@@ -307,7 +305,7 @@ class Scheduler:
 
         return self.dec.request(
             [j.ref for j in jobs],
-            n=k.best_of,
+            n=jobs[0].rows,
             on_done=on_done,
             policy=jobs[0].policy,
             sampling=k.sampling,
