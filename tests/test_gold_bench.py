@@ -164,3 +164,18 @@ def test_a_search_methods_headline_is_read_from_the_table_with_the_search_method
     assert "from the pooled_with_search table (40 problems)" in out and "speedup at matched accuracy ≥" in out
     gr.print_headline("g/absent/reward", {"pooled": tab})
     assert "has no report row" in capsys.readouterr().out
+
+
+def test_a_record_cut_short_is_dropped_so_the_run_resumes_cleanly(tmp_path, caplog):
+    from rodeco.experiments.bench.gold_tasks import records
+
+    f = tmp_path / "logprob.jsonl"
+    assert records(f) == []
+    f.write_text('{"index": 0}\n{"index": 1}\n{"ind')  # stopped while writing the third
+    assert [r["index"] for r in records(f)] == [0, 1] and f.read_text().endswith('{"ind')  # a reader leaves it
+    with caplog.at_level("WARNING"):
+        assert [r["index"] for r in records(f, repair=True)] == [0, 1]  # the writer, resuming, drops it
+    assert "cut short" in caplog.text and f.read_text() == '{"index": 0}\n{"index": 1}\n'
+    with f.open("a") as out:  # the resumed run appends after the whole records
+        out.write('{"index": 2}\n')
+    assert [r["index"] for r in records(f)] == [0, 1, 2]

@@ -68,6 +68,7 @@ from rodeco.experiments.bench.gold_tasks import (
     chosen,
     pool_gold,
     pools_of,
+    records,
     runs_of,
 )
 
@@ -377,7 +378,7 @@ def run(a: argparse.Namespace) -> None:
             rep = Replayer(path, guide, extractor)
             out_f = runs_of(a.out, a.split) / task / f"{guide}.jsonl"
             out_f.parent.mkdir(parents=True, exist_ok=True)
-            done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
+            done = {r["index"] for r in records(out_f, repair=True)}
             todo = [i for i in rep.pool.indices()[: a.limit] if i not in done]  # the first --limit problems
             for index in tqdm(todo, desc=f"{task} {guide}", unit="problem"):
                 p = rep.pool.prompt(index)
@@ -416,7 +417,7 @@ def search(a: argparse.Namespace) -> None:
             live = Live(path, guide, extractor)
             out_f = runs_of(a.out, a.split) / task / f"{guide}.search.jsonl"
             out_f.parent.mkdir(parents=True, exist_ok=True)
-            done = {json.loads(line)["index"] for line in out_f.open()} if out_f.is_file() else set()
+            done = {r["index"] for r in records(out_f, repair=True)}
             todo = [i for i in live.pool.indices()[: a.limit] if i not in done]
             bar = tqdm(total=len(todo), desc=f"{task} {guide} search", unit="problem")
             for k in range(0, len(todo), a.search_batch):

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rodeco.experiments.bench.gold_tasks import BON, GUIDES, RULES, Gold, chosen, pool_gold, pools_of, runs_of
+from rodeco.experiments.bench.gold_tasks import BON, GUIDES, RULES, Gold, chosen, pool_gold, pools_of, records, runs_of
 from rodeco.experiments.bootstrap import ci as bootstrap_ci
 from rodeco.experiments.bootstrap import draws
 from rodeco.experiments.speedup import matched_speedup, monotone
@@ -54,7 +54,7 @@ def load_runs(out: Path, split: str, tasks: list[str]) -> tuple[Runs, Runs, dict
     dropped: dict[str, int] = {}
 
     def read(f: Path, keep: set[int]) -> dict[int, dict]:
-        return {r["index"]: r for r in map(json.loads, f.open()) if r["index"] in keep} if f.is_file() else {}
+        return {r["index"]: r for r in records(f) if r["index"] in keep}
 
     for task in tasks:
         path = pools_of(out, split) / task

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 REPORT_SEED, SELECT_SEED = 7, 1000  # far apart: reasoning-gym's problem i of seed s is problem i - 1 of seed s + 1
 MAX_NEW = 64
@@ -74,3 +77,19 @@ def pools_of(out: Path, split: str) -> Path:
 def runs_of(out: Path, split: str) -> Path:
     """Where the ``run`` and ``search`` steps write a split's records."""
     return out / ("runs" if split == "report" else "runs_select")
+
+
+def records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The problem records of a ``run`` or ``search`` file (one JSON line each, appended as problems finish), without
+    a last line cut short (a run stopped while writing it, or still writing it). ``repair`` (the writer, before it
+    resumes): that line is also dropped from the file, so the run appends after whole records and its problem runs
+    again; a reader leaves the file alone."""
+    if not path.is_file():
+        return []
+    lines = path.read_text().split("\n")
+    out = [json.loads(line) for line in lines[:-1]]  # every line that ends with a newline was written whole
+    if lines[-1] and repair:
+        log.warning("%s: dropping a record cut short (%d characters); its problem runs again", path, len(lines[-1]))
+        with path.open("r+") as f:
+            f.truncate(sum(len(line.encode()) + 1 for line in lines[:-1]))
+    return out
