@@ -272,8 +272,17 @@ def decode_open(
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     limits = _Limits(kv_tokens, max_rows, max_prompts)
-    b = _Batch(gen, scorer, partial or scorer, limits, per_call=True, pool=kv_tokens, hooks=hooks, top_k=top_logprobs)
-    b.on_steps = on_steps
+    b = _Batch(
+        gen,
+        scorer,
+        partial or scorer,
+        limits,
+        per_call=True,
+        pool=kv_tokens,
+        hooks=hooks,
+        top_k=top_logprobs,
+        on_steps=on_steps,
+    )
     with closing(b):
         _run(b, source, check_tokens, observe)
     if b.failed:
@@ -340,7 +349,7 @@ class _Batch:
     the session's pool holds (a closed batch's budget, an open batch's limit; None: no limit, the pool grows).
     ``hooks``: fired at every decision point and every prompt's end (None: none). ``top_k``: the least top-k
     log-probs the session records at each step (more where the first cohorts' rewards, policies or winner rules
-    read more)."""
+    read more). ``on_steps``: told each stretch's steps (``decode_open``'s)."""
 
     def __init__(
         self,
@@ -352,6 +361,7 @@ class _Batch:
         pool: int | None,
         hooks: LoopHooks | None = None,
         top_k: int = 0,
+        on_steps: StepsFeed | None = None,
     ) -> None:
         self.gen, self.scorer, self.decider, self.limits, self.pool = gen, scorer, decider, limits, pool
         self.hooks: LoopHooks = hooks if hooks is not None else _NoHooks()
@@ -364,8 +374,8 @@ class _Batch:
         self.failed: list[Exception] = []  # an error without a request's on_error to take it: ends the decode
         self.results: dict[int, PromptResult] = {}  # by batch key, kept unless per_call (a closed batch returns them)
         self.top_k = top_k  # the top-k log-probs the session records at each step (at least; set when it opens)
-        self.on_steps: StepsFeed | None = None  # told each stretch's steps (decode_open's on_steps)
-        self.steps_fed = 0
+        self.on_steps = on_steps  # told each stretch's steps (decode_open's on_steps)
+        self.steps_fed = 0  # the session's steps told so far
 
     def close(self) -> None:
         if self.sess is not None:

@@ -52,7 +52,7 @@ class StepModel:
             raise ValueError("a step-time model needs at least one measured step")
         r, x, y = (np.asarray(v, dtype=np.float64) for v in (rows, context, seconds))
         first = cls._fit(r, x, y)
-        gap = y - np.array([first.seconds(int(a), float(b)) for a, b in zip(r, x)])
+        gap = y - (first.a + first.b * r + first.c * r * x)
         keep = gap <= 3 * np.median(np.abs(gap)) + 1e-12
         return cls._fit(r[keep], x[keep], y[keep]) if keep.sum() >= 3 and not keep.all() else first
 
@@ -80,18 +80,18 @@ class StepTimes:
     model: StepModel
     window: int = 2048
     refit_every: int = 64
-    rows: deque[float] = field(default_factory=deque)
-    context: deque[float] = field(default_factory=deque)
-    seconds: deque[float] = field(default_factory=deque)
+    rows: deque[float] = field(init=False)
+    context: deque[float] = field(init=False)
+    seconds: deque[float] = field(init=False)
     _new: int = 0
+
+    def __post_init__(self) -> None:
+        self.rows, self.context, self.seconds = (deque(maxlen=self.window) for _ in range(3))
 
     def add(self, rows: Sequence[float], context: Sequence[float], seconds: Sequence[float]) -> None:
         self.rows.extend(rows)
         self.context.extend(context)
         self.seconds.extend(seconds)
-        for q in (self.rows, self.context, self.seconds):
-            while len(q) > self.window:
-                q.popleft()
         self._new += len(seconds)
         if self._new >= self.refit_every:
             self.model = StepModel.fit(list(self.rows), list(self.context), list(self.seconds))

@@ -300,20 +300,23 @@ def learning_curve(
     hidden: int,
     n_stats: int,
     meta: dict[str, Any],
+    full: dict[str, float],
 ) -> dict[str, dict[str, float]]:
-    """The chosen head refitted on the first quarter, half and all of each task's fit problems: its AUC within
-    problems on the report problems, pooled over tasks. Flat: more problems of the same kind would not help it."""
+    """The chosen head refitted on the first quarter and half of each task's fit problems, beside ``full`` (the
+    chosen head's own, fitted on all of them): its AUC within problems on the report problems, pooled over tasks.
+    Flat: more problems of the same kind would not help it."""
     kind, l2, objective = chosen
+    rep = ex.take(report)
     out = {}
-    for share in (0.25, 0.5, 1.0):
+    for share in (0.25, 0.5):
         keep = np.zeros(len(ex.y), bool)
         for task in sorted(set(ex.task[fit].tolist())):
             probs = sorted(set(ex.problem[fit & (ex.task == task)].tolist()))
             keep |= np.isin(ex.problem, probs[: max(1, round(share * len(probs)))])
         h = fit_head(ex.take(fit & keep), kind, l2, prefixes, hidden, n_stats, meta, objective)
-        rep = ex.take(report)
         problems = len(set(ex.problem[fit & keep].tolist()))
         out[f"{problems} problems"] = within_auc(scores(h, rep, hidden, n_stats), rep, prefixes)["pooled"]
+    out[f"{len(set(ex.problem[fit].tolist()))} problems"] = full
     return out
 
 
@@ -380,7 +383,9 @@ def run(cfg: DictConfig, plugins, out_dir: str | Path | None) -> RunOutput:
             "pooled": by_cell(s_own, own, prefixes)[task],
             "best_of_pool": best_of_pool(s_own, own, hidden, boot, seed)[task],
         }
-    figures["learning_curve"] = learning_curve(ex, fit, report, (kind, l2, objective), prefixes, hidden, n_stats, meta)
+    full = figures["report_within_auc"]["pooled"]
+    chosen = (kind, l2, objective)
+    figures["learning_curve"] = learning_curve(ex, fit, report, chosen, prefixes, hidden, n_stats, meta, full)
     head.meta["figures"] = figures
     out = Path(out_dir) if out_dir is not None else Path(".")
     head.save(out / "verifier")
