@@ -4,6 +4,8 @@ on its own clock with its own budget, settings and policy, and a seeded prompt g
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ from rodeco.common.budget import Budget, full_length_tokens
 from rodeco.common.state import PromptRef, PromptResult, SamplingParams
 from rodeco.common.validation import ConfigError
 from rodeco.core.contracts import Scorer
-from rodeco.core.loop import LoopSettings, Request, decode_batch, decode_open
+from rodeco.core.loop import Cancelled, LoopSettings, Request, decode_batch, decode_open
+from rodeco.core.scoring import Worker
 from rodeco.plugins import BuildContext, default_plugins
 
 TEXTS = ["write a haiku about autumn leaves", "give three tips", "the quick brown fox jumps", "why is the sky blue"]
@@ -254,3 +257,78 @@ def test_a_cohort_joining_a_running_batch_gets_its_closed_batch_answer(tiny_gen,
 def _other(gen):
     text, name, kw, n, max_new, sp = CASES[2]
     return settings(gen, text, name, n, max_new, sp), policy(name, **kw)
+
+
+class Slow:
+    """``logprob`` (mean), slow and uneven: each call sleeps a while, so the rounds' scores come back while other
+    prompts decode, at times that vary from run to run. It records when it scored which prompts."""
+
+    needs_logprobs = True
+
+    def __init__(self, gen, seconds: float) -> None:
+        self.inner = reward(gen).reward
+        self.seconds, self.rng = seconds, np.random.default_rng()
+        self.calls: list[tuple[float, float, set[int]]] = []
+        self.started: set[int] = set()  # the prompts whose scoring has started
+
+    def score(self, requests):
+        t0 = time.perf_counter()
+        self.started |= {r.prompt_index for r in requests}
+        time.sleep(self.seconds * self.rng.uniform(0.5, 1.5))
+        out = self.inner.score(requests)
+        self.calls.append((t0, time.perf_counter(), {r.prompt_index for r in requests}))
+        return out
+
+
+@pytest.mark.parametrize(("engine", "seconds"), [("fast", 0.0), ("fast", 0.03), ("hf", 0.03)])
+def test_with_the_rewards_on_a_worker_each_prompt_still_gets_its_solo_answer(tiny_gen, engine, seconds):
+    """The rewards on a thread of their own: a prompt waiting for its scores holds its rows (set aside, its clock
+    stopped) while the others decode, and gets the answer it gets alone, on the decode thread, whenever its scores
+    come back. On ``hf``, whose rows cannot be set aside, the decode waits for the scores."""
+    gen = tiny_gen(engine)
+    done: dict[int, PromptResult] = {}
+    steps: list[float] = []
+
+    def request(i: int) -> Request:
+        text, name, kw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        return Request([PromptRef(i, text, seed=100 + i)], s, policy(name, **kw), lambda r: done.__setitem__(i, r))
+
+    slow, worker = Slow(gen, seconds), Worker(threads=1)
+    try:
+        source = Arrivals({0: [request(0)], 2: [request(1), request(2)], 5: [request(3)]})
+        decode_open(gen, Scorer(slow, "slow"), source, kv_tokens=None, check_tokens=3, scoring=worker,
+                    on_steps=lambda rows, ctx, secs: steps.append(time.perf_counter()))  # fmt: skip
+    finally:
+        worker.close()
+    assert sorted(done) == [0, 1, 2, 3]
+    for i in range(4):
+        assert summary(done[i]) == summary(solo(gen, i)), CASES[i][1]
+    assert sum(c.compute.partial_reward_calls for c in done.values()) > 0
+    if seconds:  # on fast the others decoded while a round was scored; on hf nothing did
+        assert any(t0 < t < t1 for t0, t1, _ in slow.calls for t in steps) == (engine == "fast")
+
+
+def test_a_prompt_cancelled_while_its_rows_wait_for_scores_leaves(tiny_gen):
+    gen = tiny_gen("fast")
+    done: dict[int, PromptResult] = {}
+    errors: list[Exception] = []
+    slow, worker = Slow(gen, 0.05), Worker(threads=1)
+
+    def request(i: int, **kw) -> Request:
+        text, name, pkw, n, max_new, sp = CASES[i]
+        s = settings(gen, text, name, n, max_new, sp)
+        ref = PromptRef(i, text, seed=100 + i)
+        return Request([ref], s, policy(name, **pkw), lambda r: done.__setitem__(i, r), **kw)
+
+    def gone() -> bool:  # once its scoring has started: its rows are set aside then
+        return 0 in slow.started
+
+    first = request(0, on_error=errors.append, cancelled=gone)
+    try:
+        decode_open(gen, Scorer(slow, "slow"), Arrivals({0: [first, request(3)]}), kv_tokens=None, check_tokens=2,
+                    scoring=worker)  # fmt: skip
+    finally:
+        worker.close()
+    assert sorted(done) == [3] and len(errors) == 1 and isinstance(errors[0], Cancelled)
+    assert summary(done[3]) == summary(solo(gen, 3))

@@ -582,6 +582,8 @@ def test_a_vote_that_stops_is_not_served():
         ("serve.rejection_start=most", "serve.rejection_start"),
         ("serve.latency_target=0", "serve.latency_target"),
         ("serve.latency_target=-3", "serve.latency_target"),
+        ("serve.decode_threads=0", "serve.decode_threads"),
+        ("serve.reward_threads=0", "serve.reward_threads"),
     ],
 )
 def test_bad_admission_settings_name_their_key(override, key):
@@ -591,7 +593,9 @@ def test_bad_admission_settings_name_their_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
         check_serve(config(override), default_plugins())
     assert e.value.key == key and "Fix:" in str(e.value)
-    check_serve(config("serve.rejection_start=best_of", "serve.latency_target=30"), default_plugins())
+    check_serve(
+        config("serve.rejection_start=best_of", "serve.latency_target=30", "serve.decode_threads=1"), default_plugins()
+    )
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5"])

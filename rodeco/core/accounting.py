@@ -17,7 +17,6 @@ import numpy as np
 from rodeco.common.hardware import cuda_devices, synchronize
 from rodeco.common.protocols import LanguageModel
 from rodeco.common.state import Compute, SessionStats
-from rodeco.core.contracts import Scorer
 
 ROLES = ("reward", "partial_reward")
 PHASE = {"reward": "score", "partial_reward": "partial_score"}  # the time_s key of each role's scoring
@@ -54,27 +53,26 @@ class Accounting:
             yield
         finally:
             synchronize(self.sync)  # the phase's own GPU work is done before the clock is read
-            dt = time.perf_counter() - t0
-            self.times[phase] = self.times.get(phase, 0.0) + dt
-            if self.per_call and weights is not None and weights.sum() > 0:
-                own = self.own_time.setdefault(phase, np.zeros(self.n_prompts))
-                own[: len(weights)] += dt * weights / weights.sum()
+            self.add_time(phase, time.perf_counter() - t0, weights)
 
-    @contextmanager
-    def scoring(self, role: str, scorer: Scorer, prompts: list[int]) -> Iterator[None]:
-        """Charge one scorer call to ``role``: what the scorer's tally grew by, and the requests per prompt."""
-        c0 = scorer.cost()  # a reward's own tally is one object that grows: read its values before and after
-        t0, f0, calls0 = c0.tokens, c0.flops, scorer.calls
+    def add_time(self, phase: str, dt: float, weights: np.ndarray | None = None) -> None:
+        """``dt`` seconds more of ``phase``, split among the prompts by ``weights`` (``per_call``; None: the batch's
+        total only)."""
+        self.times[phase] = self.times.get(phase, 0.0) + dt
+        if self.per_call and weights is not None and weights.sum() > 0:
+            own = self.own_time.setdefault(phase, np.zeros(self.n_prompts))
+            own[: len(weights)] += dt * weights / weights.sum()
+
+    def charge(self, role: str, prompts: list[int], cost: np.ndarray, seconds: float) -> None:
+        """Charge one scorer call to ``role`` (``rodeco.core.scoring``): what its scorer's tally grew by (tokens,
+        FLOPs, calls), its seconds, and its requests, by prompt (``prompts``: each request's batch key)."""
         w = np.bincount(np.asarray(prompts, dtype=np.int64), minlength=self.n_prompts).astype(float)
-        with self.timed(PHASE[role], w):
-            yield
-        c1 = scorer.cost()
-        delta = np.array([c1.tokens - t0, c1.flops - f0, scorer.calls - calls0], dtype=float)
-        self.cost[role] += delta
+        self.add_time(PHASE[role], seconds, w)
+        self.cost[role] += cost
         np.add.at(self.requests[role], prompts, 1)
         if self.per_call and w.sum() > 0:  # tokens and FLOPs by requests; a call counts once for each prompt in it
-            self.own_cost[role][:, :2] += np.outer(w / w.sum(), delta[:2])
-            self.own_cost[role][:, 2] += (w > 0) * delta[2]
+            self.own_cost[role][:, :2] += np.outer(w / w.sum(), cost[:2])
+            self.own_cost[role][:, 2] += (w > 0) * cost[2]
 
     def prompt(self, p: int, st: SessionStats) -> Compute:
         """Prompt ``p``'s share of the batch so far: its own tokens, and time and reward cost in proportion (with

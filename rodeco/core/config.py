@@ -288,6 +288,18 @@ class ServeConfig:
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight requests get this long"})
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
+    reward_thread: bool = field(
+        default=True,
+        metadata={
+            "help": "the rewards score on a thread of their own while the other requests decode (a request waiting "
+            "for its scores holds its rows); false: on the decode thread"
+        },
+    )
+    reward_threads: int = field(default=1, metadata={"help": "torch threads of the reward thread"})
+    decode_threads: Optional[int] = field(
+        default=None,
+        metadata={"help": "torch threads of the decode thread (null: the cores less the reward thread's, at least 1)"},
+    )
     latency_target: Optional[float] = field(
         default=None,
         metadata={

@@ -11,15 +11,18 @@ while cohorts are running or may still arrive:
     decode to the earliest decision point of a running cohort (where its rows would outgrow its budget, or its
         policy's decision_tokens) or vote check (winner.stop_tokens), pausing every check_tokens tokens to admit and
         to let cancelled prompts leave
-    score the finished rows of the cohorts at their decision point or vote check (reward); a prompt whose vote is
-        settled (winner.stop) stops its rows; a prompt with no row left gets its result
-    each cohort at its decision point: score its active rows (partial_reward), counts = policy(view of its prompts),
-        apply them (0: the row leaves the cache; c > 1: c - 1 copies join it)
+    the cohorts at their decision point or vote check hand their finished rows (reward) and, at a decision point,
+        their active rows (partial_reward) to the scoring, all in one round of calls; where it runs on a worker
+        thread, their rows are set aside (their clocks stopped) while the other cohorts decode
+    each cohort whose scores are back: a prompt whose vote is settled (winner.stop) stops its rows; a prompt with
+        no row left gets its result; at its decision point, counts = policy(view of its prompts, their scores),
+        applied (0: the row leaves the cache; c > 1: c - 1 copies join it)
 the winner rule picks each prompt's winner among its finished candidates (by default the highest reward)
 
 A cohort's decision points are counted on its own clock from its own budget (``LoopSettings.budget``: the KV memory
 its rows may hold, as a batch of its prompts alone holds it), so a seeded cohort gets the answer it gets decoding
-alone, whatever else is running. Policies that decide across prompts (``allocate``) see their cohort's prompts.
+alone, whatever else is running, and whenever its scores come back. Policies that decide across prompts
+(``allocate``) see their cohort's prompts.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,11 +53,11 @@ from rodeco.core.rounds import (
     recorded_for,
     round_view,
     rows_per_prompt,
-    score_rows,
     session_spec,
     top_logprobs_read,
     winner_of,
 )
+from rodeco.core.scoring import Call, Inline, Scored, Worker
 from rodeco.core.trace import Trace
 
 __all__ = [
@@ -132,12 +136,27 @@ class _Limits:
     max_prompts: int | None = None
 
 
+WAIT_S = 0.02  # the longest the loop waits for scores with nothing to decode before it looks for arrivals again
+
+
+@dataclass
+class _Round:
+    """A round of scoring handed over (``rodeco.core.scoring``): the cohorts waiting for it, its calls, where each
+    deciding cohort's active rows are in them (by ``id`` of the cohort: call index, first row, rows) and the
+    scores' future (one ``Scored`` per call)."""
+
+    cohorts: list[_Cohort]
+    calls: list[Call]
+    partial: dict[int, tuple[int, int, int]]
+    future: Future[list[Scored]]
+
+
 @dataclass
 class _Cohort:
     """An admitted cohort: its request, batch keys, budget (``Budget.for_batch`` of its prompts alone), start
     length, rows per prompt at the start, decision interval, its winner rule (its policy's, where the policy sets
-    one), the top-k log-probs its policy reads, the session's step when it joined, and the decision points it has
-    passed."""
+    one), the top-k log-probs its policy reads, and the decision points it has passed. Its clock is its prompts'
+    in the session (``Session.clock``: steps since they joined, less the steps their rows were set aside)."""
 
     req: Request
     ids: list[list[int]]
@@ -149,11 +168,13 @@ class _Cohort:
     winner: WinnerRule
     top_k: int = 0
     keys: list[int] = field(default_factory=list)
-    born: int = 0
     rounds: int = 0
     until: int = -1  # this round's decision point on its clock (-1: not set yet), fixed when the round starts
     left: list[Row] = field(default_factory=list)  # rows that finished this round, scored when it ends
     gone: set[int] = field(default_factory=set)  # keys given a result or cancelled
+    scoring: _Round | None = None  # the round of scoring it waits for (None: it decodes)
+    aside: int | None = None  # its rows' handle while they are set aside (``Session.park``)
+    aside_at: float = 0.0  # when they were set aside
 
     @property
     def live(self) -> int:
@@ -165,7 +186,7 @@ class _Cohort:
         return self.n * len(self.ids)
 
     def clock(self, sess: Session) -> int:
-        return sess.t - self.born
+        return sess.clock(self.keys[0])  # its prompts joined together and are set aside together
 
     def rows(self, sess: Session) -> np.ndarray:
         """Its rows' batch indices, in order."""
@@ -179,6 +200,10 @@ class _Cohort:
     def at_vote_check(self, sess: Session) -> bool:
         clock, every = self.clock(sess), self.vote_every
         return every is not None and clock > 0 and clock % every == 0
+
+    def at_point(self, sess: Session) -> bool:
+        """At its decision point, with rows to decide on."""
+        return self.clock(sess) >= self.until and bool(self.rows(sess).size)
 
     def next_stop(self, sess: Session) -> int:
         """Where its decoding stops next on its own clock: its decision point, or its next vote check."""
@@ -257,6 +282,7 @@ def decode_open(
     hooks: LoopHooks | None = None,
     top_logprobs: int = 0,
     on_steps: StepsFeed | None = None,
+    scoring: Inline | Worker | None = None,
 ) -> OpenStats:
     """Decode every request ``source`` gives until it closes and nothing is running (see the module doc).
     ``kv_tokens``: the memory all running cohorts' budgets may add up to (None: no limit); a request whose own budget
@@ -268,7 +294,9 @@ def decode_open(
     end, as ``decode_batch`` fires them. ``top_logprobs``: the session records at least this many of each step's most
     likely tokens' log-probs (a request whose policy reads more than it records is refused). ``on_steps(rows,
     context, seconds)`` is told, after each stretch of decoding, its steps' rows, cached tokens a row and seconds
-    (a server's step-time model)."""
+    (a server's step-time model). ``scoring``: where the rewards run (``rodeco.core.scoring``; by default on this
+    thread, ``Inline``); on a ``Worker``, a cohort waiting for its scores has its rows set aside while the others
+    decode, where the session can (``Session.parks``)."""
     if gen.info.max_rows is not None:
         max_rows = gen.info.max_rows if max_rows is None else min(max_rows, gen.info.max_rows)
     limits = _Limits(kv_tokens, max_rows, max_prompts)
@@ -282,6 +310,7 @@ def decode_open(
         hooks=hooks,
         top_k=top_logprobs,
         on_steps=on_steps,
+        scoring=scoring,
     )
     with closing(b):
         _run(b, source, check_tokens, observe)
@@ -312,13 +341,8 @@ def _run(b: _Batch, source: Source, check: int | None, observe: Callable[[int, i
             continue
         b.decode(check)
         b.cancel()
-        b.settle(b.round_ends())
-        b.finish()
-        for c in list(b.running):  # each cohort at its own decision point
-            if c.clock(sess) >= c.until and c.rows(sess).size:
-                b.decide(c)
-                c.until = -1
-        b.finish()
+        b.submit(*b.round_ends())
+        b.collect(block=all(c.scoring is not None for c in b.running))  # nothing decodes: wait for scores
 
 
 class _NoHooks:
@@ -362,8 +386,10 @@ class _Batch:
         hooks: LoopHooks | None = None,
         top_k: int = 0,
         on_steps: StepsFeed | None = None,
+        scoring: Inline | Worker | None = None,
     ) -> None:
         self.gen, self.scorer, self.decider, self.limits, self.pool = gen, scorer, decider, limits, pool
+        self.scoring = scoring if scoring is not None else Inline()  # where the rewards run
         self.hooks: LoopHooks = hooks if hooks is not None else _NoHooks()
         self.waiting: deque[Request] = deque()
         self.running: list[_Cohort] = []
@@ -431,6 +457,8 @@ class _Batch:
             keys = keys - c.gone
             if not keys:
                 continue
+            if c.aside is not None:  # set aside while it waits for scores: back to leave, the rest aside again
+                self._back(c)
             rows = [i for i, q in enumerate(sess.prompt_of.tolist()) if q in keys]
             self.stats.cancelled_rows += len(rows)
             self.trace.cancel(sess.reject(rows) if rows else [])
@@ -440,6 +468,8 @@ class _Batch:
             c.gone |= keys
             if c.gone == set(c.keys):
                 self.running.remove(c)
+            elif c.scoring is not None and c.rows(sess).size:
+                c.aside, c.aside_at = sess.park(c.keys), time.perf_counter()
             where = [i for i, k in enumerate(c.keys) if k in keys]
             self._refuse(c.req, Cancelled("cancelled while decoding", where, len(rows)))
 
@@ -499,9 +529,7 @@ class _Batch:
             prompts = [open_prompt(c.req.settings, r, c.n, c.req.first) for c in joining for r in c.req.prompts]
             keys = sess.admit([i for c in joining for i in c.ids], prompts)
             assert keys == [k for c in joining for k in c.keys]  # one key per prompt, in order
-            for c in joining:
-                c.born = sess.t
-                self.running.append(c)
+            self.running.extend(joining)
         new = sess.prompt_of >= P0
         trace.start(sess.prompt_of[new], sess.cand[new])
 
@@ -510,15 +538,16 @@ class _Batch:
         ``check`` tokens (None: no pause)."""
         sess = self.sess
         assert sess is not None  # a cohort is running
-        for c in self.running:  # a round starts: its decision point is fixed for the round
+        going = [c for c in self.running if c.scoring is None]  # not waiting for scores
+        for c in going:  # a round starts: its decision point is fixed for the round
             if c.until < 0:
                 c.until = c.next_point(sess)
-        ahead = min(c.next_stop(sess) - c.clock(sess) for c in self.running)
+        ahead = min((c.next_stop(sess) - c.clock(sess) for c in going), default=0)
         if ahead <= 0:
             return
         self.stats.step_rows.append(sess.rows)
-        self.stats.step_prompts.append(sum(c.live for c in self.running))
-        owner = {k: c for c in self.running for k in c.keys}
+        self.stats.step_prompts.append(sum(c.live for c in going))
+        owner = {k: c for c in going for k in c.keys}
         pause = None if not check else (sess.t // check + 1) * check
         weights = np.bincount(sess.prompt_of, minlength=self.acct.n_prompts).astype(float)
         with self.acct.timed("decode", weights):
@@ -529,33 +558,122 @@ class _Batch:
             self.steps_fed = len(st.step_seconds)
             self.on_steps(st.step_rows[k:], st.step_context[k:], st.step_seconds[k:])
 
-    def round_ends(self) -> list[_Cohort]:
-        """The cohorts whose round ends here (at their decision point or vote check, or with no unfinished row):
-        their finished rows leave and are scored with the round's others, one call for all such cohorts (one per
-        distinct set of stop strings, each cutting its own text). Returns them."""
+    def round_ends(self) -> tuple[list[_Cohort], list[_Cohort]]:
+        """The cohorts whose round ends here (at their decision point or vote check, or with no unfinished row),
+        their finished rows retired into ``left``, and those of them at their decision point with rows to score
+        whose vote does not stop (the others' rows are scored once their votes are counted)."""
         sess = self.sess
         assert sess is not None
         fin = sess.finished_rows()
         ending = [
-            c for c in self.running if c.clock(sess) >= c.until or c.at_vote_check(sess) or fin[c.rows(sess)].all()
+            c
+            for c in self.running
+            if c.scoring is None and (c.clock(sess) >= c.until or c.at_vote_check(sess) or fin[c.rows(sess)].all())
         ]
         keys = [k for c in ending for k in c.keys]
         retired = sess.retire_finished(keys) if ending else []
         owner = {k: c for c in ending for k in c.keys}
         for row in retired:
             owner[row.prompt].left.append(row)
-        groups: dict[tuple[str, ...], list[Row]] = {}
-        texts: dict[tuple[str, ...], Callable[[list[int]], str]] = {}
+        deciding = [c for c in ending if c.winner.stop is None and c.at_point(sess)]
+        return ending, deciding
+
+    def submit(self, ending: list[_Cohort], deciding: list[_Cohort]) -> None:
+        """One round of scoring for ``ending``'s finished rows (``reward``) and ``deciding``'s active rows
+        (``partial_reward``): one call per role and set of stop strings, each cutting its own text. Until its scores
+        are back the cohorts wait, their rows set aside where the scoring runs elsewhere (``Session.park``); where
+        the session cannot set rows aside, the loop waits for them."""
+        sess = self.sess
+        assert sess is not None
+        if not ending and not deciding:
+            return
+        calls: dict[tuple[str, tuple[str, ...]], Call] = {}
+        where: dict[int, tuple[tuple[str, tuple[str, ...]], int, int]] = {}
         for c in ending:
-            stop = tuple(c.req.settings.stop)
-            groups.setdefault(stop, []).extend(c.left)
-            texts.setdefault(stop, c.text(self.gen))
+            key = ("reward", tuple(c.req.settings.stop))
+            calls.setdefault(key, Call(self.scorer, "reward", c.text(self.gen), [])).rows.extend(c.left)
             c.left = []
-        for stop, rows in groups.items():
-            if rows:
-                scores = score_rows(self.scorer, "reward", texts[stop], self.trace.prompts, rows, self.acct)
-                self.trace.finished(rows, scores)
-        return ending
+        active = sess.active() if deciding else []
+        for c in deciding:
+            key = ("partial_reward", tuple(c.req.settings.stop))
+            call = calls.setdefault(key, Call(self.decider, "partial_reward", c.text(self.gen), []))
+            mine = [active[i] for i in c.rows(sess)]
+            where[id(c)] = (key, len(call.rows), len(mine))
+            call.rows.extend(mine)
+        order = list(calls)
+        cohorts = list({id(c): c for c in [*ending, *deciding]}.values())
+        partial = {i: (order.index(k), a, n) for i, (k, a, n) in where.items()}
+        ordered = [calls[k] for k in order]
+        rnd = _Round(cohorts, ordered, partial, self.scoring.submit(ordered, self.trace.prompts))
+        for c in cohorts:
+            c.scoring = rnd
+        if rnd.future.done():
+            return
+        if not sess.parks:
+            wait([rnd.future])
+            return
+        for c in cohorts:
+            if c.rows(sess).size:
+                c.aside, c.aside_at = sess.park(c.keys), time.perf_counter()
+
+    def _back(self, c: _Cohort) -> None:
+        """Cohort ``c``'s rows, set aside while it waited for scores, back in the batch; its prompts are charged the
+        seconds they were held (``held``)."""
+        assert self.sess is not None and c.aside is not None
+        self.sess.unpark(c.aside)
+        c.aside = None
+        w = np.isin(np.arange(self.acct.n_prompts), c.keys).astype(float)
+        self.acct.add_time("held", time.perf_counter() - c.aside_at, w)
+
+    def collect(self, block: bool) -> None:
+        """Every round of scoring that is back, applied (``_apply``); with ``block`` and none back, wait a little
+        for one first (the loop then looks for arrivals again)."""
+        while True:
+            rounds = list({id(c.scoring): c.scoring for c in self.running if c.scoring is not None}.values())
+            done = [r for r in rounds if r.future.done()]
+            if not done and block and rounds:
+                t0 = time.perf_counter()
+                wait([r.future for r in rounds], timeout=WAIT_S, return_when=FIRST_COMPLETED)
+                self.acct.add_time("wait_scores", time.perf_counter() - t0)  # nothing decoded meanwhile
+                done = [r for r in rounds if r.future.done()]
+            if not done:
+                return
+            for r in done:
+                self._apply(r)
+            block = False
+
+    def _apply(self, rnd: _Round) -> None:
+        """A round's scores: charged, the finished rows' entered; its cohorts' rows back in the batch; votes counted
+        (``settle``), results given (``finish``); each cohort at its decision point decides, or, its vote counted,
+        has its active rows scored in a round of their own."""
+        sess = self.sess
+        assert sess is not None
+        got: list[Scored] = rnd.future.result()  # the scoring's error is raised here, on the loop's thread
+        gone = {k for c in rnd.cohorts for k in c.gone}
+        for call, sc in zip(rnd.calls, got):
+            self.acct.charge(call.role, [r.prompt for r in call.rows], sc.cost, sc.seconds)
+            if call.role == "reward":
+                keep = [i for i, r in enumerate(call.rows) if r.prompt not in gone]
+                self.trace.finished([call.rows[i] for i in keep], sc.scores[keep])
+        live = [c for c in rnd.cohorts if c in self.running]
+        for c in live:
+            c.scoring = None
+            if c.aside is not None:
+                self._back(c)
+        self.settle(live)
+        self.finish()
+        later = []
+        for c in live:
+            if c not in self.running or not c.at_point(sess):
+                continue
+            if id(c) not in rnd.partial:
+                later.append(c)
+                continue
+            i, a, n = rnd.partial[id(c)]
+            self.decide(c, rnd.calls[i].rows[a : a + n], got[i].scores[a : a + n])
+            c.until = -1
+        self.finish()
+        self.submit([], later)
 
     def settle(self, cohorts: list[_Cohort]) -> None:
         """Of ``cohorts`` (their finished rows just scored), each prompt whose vote is settled (``winner.stop``): its
@@ -577,7 +695,7 @@ class _Batch:
         sess = self.sess
         assert sess is not None
         live = set(sess.prompt_of.tolist())
-        for c in list(self.running):
+        for c in [c for c in self.running if c.scoring is None]:  # a waiting cohort's results wait for its scores
             for p in c.keys:
                 if p not in live and p not in c.gone:
                     c.gone.add(p)
@@ -590,14 +708,13 @@ class _Batch:
             if c.gone == set(c.keys):
                 self.running.remove(c)
 
-    def decide(self, c: _Cohort) -> None:
-        """Cohort ``c`` at its decision point: its rows scored, its policy asked, its counts applied."""
+    def decide(self, c: _Cohort, mine: list[Row], scores: np.ndarray) -> None:
+        """Cohort ``c`` at its decision point, its active rows ``mine`` scored ``scores``: its policy asked, its
+        counts applied."""
         sess, trace, acct = self.sess, self.trace, self.acct
         assert sess is not None
         s, clock, rows = c.req.settings, c.clock(sess), c.rows(sess)
-        active = sess.active()
-        mine = [active[i] for i in rows]
-        scores = score_rows(self.decider, "partial_reward", c.text(self.gen), trace.prompts, mine, acct)
+        assert [r.candidate_id for r in mine] == sess.cand[rows].tolist()  # the rows scored are the rows there
         trace.scored(sess.prompt_of[rows], sess.cand[rows], scores)
         with acct.timed("prune", np.isin(np.arange(acct.n_prompts), c.keys).astype(float)):
             fit = c.budget.max_rows(c.base + clock, c.base + s.max_new_tokens)

@@ -1,12 +1,11 @@
 """What the loop does at a decision point, and the settings it runs under: a cohort's ``RoundView`` (its prompts'
-views, the budget's rows shared among them), the policy's counts applied to the session (rejections, copies), rows
-scored in a role, and the rows a prompt starts with (``rows_per_prompt``). ``rodeco.core.loop`` runs them."""
+views, the budget's rows shared among them), the policy's counts applied to the session (rejections, copies),
+and the rows a prompt starts with (``rows_per_prompt``). ``rodeco.core.loop`` runs them."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,15 +21,12 @@ from rodeco.common.state import (
     PromptRef,
     PromptView,
     RoundView,
-    Row,
     SamplingParams,
-    ScoreRequest,
     SessionSpec,
     StartView,
 )
 from rodeco.common.validation import ConfigError, PluginError
 from rodeco.common.winner import WinnerRule
-from rodeco.core.accounting import Accounting
 from rodeco.core.contracts import Scorer, policy_info
 from rodeco.core.trace import Trace
 
@@ -137,37 +133,6 @@ def apply_counts(
     if parents:  # the parents' places once the rejected rows are gone
         kept = np.setdiff1d(np.arange(sess.rows + len(drop)), drop)
         sess.fork(np.searchsorted(kept, parents).tolist(), ids, streams)
-
-
-def score_rows(
-    scorer: Scorer,
-    role: str,
-    text: Callable[[list[int]], str],
-    prompts: Sequence[PromptRef],
-    rows: Sequence[Row],
-    acct: Accounting,
-) -> np.ndarray:
-    """Score rows in ``role``: finished responses (``reward``) or responses so far (``partial_reward``, at a
-    decision point), charged to that role; ``text`` decodes a response (cut at a stop string)."""
-    partial = role == "partial_reward"
-    with acct.scoring(role, scorer, [r.prompt for r in rows]):
-        reqs = [
-            ScoreRequest(
-                prompt=prompts[r.prompt].text,
-                response=text(r.token_ids),
-                response_ids=tuple(r.token_ids),
-                partial=partial,
-                prompt_index=prompts[r.prompt].index,
-                candidate_id=r.candidate_id,
-                logprobs=tuple(r.logprobs) if r.logprobs is not None else None,
-                hidden_state=r.hidden,
-                stream=r.stream,
-                top_logprobs=tuple(map(tuple, r.top_logprobs)) if r.top_logprobs is not None else None,
-                meta=prompts[r.prompt].meta,
-            )
-            for r in rows
-        ]
-        return scorer(reqs)
 
 
 def rows_per_prompt(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -109,6 +110,8 @@ class TorchSession:
         self._fin_host: torch.Tensor | None = None  # the last step's finished count, on its way to the host
         self._fin_event: torch.cuda.Event | None = None  # recorded behind that copy (CUDA)
         self._fin_pending = False  # a count of the current rows is in ``_fin_host``
+        self._aside: dict[int, _Aside] = {}  # rows set aside (``park``), by handle
+        self._handles = 0
 
     @property
     def rows(self) -> int:
@@ -413,10 +416,102 @@ class TorchSession:
         self.book.take(rows.cpu().numpy())
         self._select(rows)
 
-    def _select(self, rows: torch.Tensor) -> None:
-        """``select`` of everything but the book (reordered already)."""
+    @property
+    def parks(self) -> bool:
+        """Whether a prompt's rows can be set aside while the others decode (``park``): where the engine can, and
+        the rows are sampled (not a recording's, nor forced)."""
+        return self.engine.parks and self.source is None and self.forced is None and self.hidden_log is None
+
+    def park(self, prompts: Collection[int]) -> int:
+        """Set the rows of ``prompts`` (batch keys) aside, their cache, tokens and pending token kept: the other rows
+        decode without them, and their prompts' clocks stop until ``unpark``. Returns its handle."""
+        if not self.parks:
+            raise NotImplementedError("this session cannot set rows aside (parks is False)")
+        rows = np.flatnonzero(np.isin(self.prompt_of, list(prompts)))
+        keep = torch.from_numpy(np.setdiff1d(np.arange(self.rows), rows))
+        idx = torch.from_numpy(rows).to(self.out.device)
+        aside = _Aside(
+            self.engine.park(idx),
+            self.t,
+            np.asarray(sorted(set(prompts)), dtype=np.int64),
+            (self.prompt_of[rows], self.cand[rows], self.stream[rows]),
+            {k: None if v is None else v[idx] for k, v in self._per_row().items()},
+        )
+        self._handles += 1
+        self._aside[self._handles] = aside
+        self.book.take(keep.numpy())
+        self._select(keep, engine=False)
+        return self._handles
+
+    def unpark(self, handle: int) -> None:
+        """Rows set aside by ``park`` come back after the rows there are, their prompts' clocks going on where they
+        stopped (each prompt's candidates are the samples it draws alone). Where one side has a token pending and the
+        other has its logits (prompts admitted meanwhile), the pending side feeds its token first, as ``admit``
+        does."""
+        a = self._aside.pop(handle)
+        self.born[a.prompts] += self.t - a.t
+        pending_there = self.pending is not None or not self.rows
+        if a.rows["pending"] is not None and not pending_there:
+            here = self.park(np.unique(self.prompt_of))  # the parked rows alone feed their pending tokens
+            self._restore(a)
+            self._feed()
+            self.unpark(here)
+            return
+        if a.rows["pending"] is None and self.pending is not None and self.rows:
+            self._feed()
+        self._restore(a)
+
+    def _feed(self) -> None:
+        """The rows feed their pending tokens: each holds its next logits, none pending (``admit``'s first step)."""
+        assert self.pending is not None
+        t0 = time.perf_counter()
+        self._step(self.pending)
+        self.stats.step_seconds.append(time.perf_counter() - t0)
+        self.pending = None
+
+    def _per_row(self) -> dict[str, torch.Tensor | None]:
+        """What the session holds per row besides the book and the cache."""
+        return {
+            "out": self.out,
+            "lp": self.lp,
+            "top": self.top,
+            "n_tok": self.n_tok,
+            "finished": self.finished,
+            "stopped": self.stopped,
+            "pending": self.pending,
+            "logits": self.logits if self.pending is None else None,
+            "hidden": self.hidden,
+        }
+
+    def _restore(self, a: _Aside) -> None:
+        """Rows set aside join after the rows there are (both sides with a token pending, or both with logits)."""
+        self.engine.unpark(a.handle)
+        B = self.rows
+        self.book.prompt_of, self.book.cand, self.book.stream = (
+            np.concatenate([mine, theirs]) for mine, theirs in zip((self.prompt_of, self.cand, self.stream), a.book)
+        )
+        here = self._per_row()
+        for k, theirs in a.rows.items():
+            mine = here[k]
+            if theirs is None or (mine is None and B):
+                joined = None
+            elif mine is None or not B:
+                joined = theirs
+            else:
+                if k in ("out", "lp", "top"):  # padded to the wider of the two
+                    width = max(mine.shape[1], theirs.shape[1])
+                    fill = self.gen.pad_id if k == "out" else 0.0
+                    mine, theirs = _grow(mine, 0, width, fill), _grow(theirs, 0, width, fill)
+                joined = torch.cat([mine, theirs.to(mine.dtype)])
+            setattr(self, k, joined)
+        self._draw_keys, self._fin_pending = None, False
+
+    def _select(self, rows: torch.Tensor, engine: bool = True) -> None:
+        """``select`` of everything but the book (reordered already); ``engine=False``: the engine's rows are set
+        already (rows set aside)."""
         rows = rows.to(self.out.device)
-        self.engine.select(rows)
+        if engine:
+            self.engine.select(rows)
         self.out, self.n_tok, self.finished = self.out[rows], self.n_tok[rows], self.finished[rows]
         self.stopped = self.stopped[rows]
         self.lp = self.lp[rows] if self.lp is not None else None
@@ -455,6 +550,18 @@ class TorchSession:
             Row(int(p), int(c), i, lp, hidden=x, stream=int(k), top_logprobs=t)
             for p, c, k, i, lp, x, t in zip(self.prompt_of, self.cand, self.stream, ids, lps, hs, tops)
         ]
+
+
+@dataclass
+class _Aside:
+    """Rows set aside (``TorchSession.park``): the engine's handle, the step they left at, their prompts, their book
+    columns (prompt, candidate, stream) and what the session held for them (``_per_row``)."""
+
+    handle: int
+    t: int
+    prompts: np.ndarray
+    book: tuple[np.ndarray, np.ndarray, np.ndarray]
+    rows: dict[str, torch.Tensor | None]
 
 
 def _put(buf: torch.Tensor, steps: int | np.ndarray, values: torch.Tensor) -> None:

@@ -17,6 +17,8 @@
   blocks (``rodeco.common.shape.KVSpec``);
 - ``prepare(model, mkl)``: what every session's engine computes with besides the model (the Llama engine's fused,
   prepacked weights), built once per generator and handed to each engine as ``weights``; None for none;
+- ``parks``: rows can be set aside with their cache kept while the others step (``park(rows) -> handle``,
+  ``unpark(handle)`` puts them back after the rows there are): a prompt that waits for its scores holds its rows;
 - ``keep_hidden``: when set, ``last_hidden`` holds the final-layer hidden state (the final norm's output, what the
   LM head reads) of each row's last position after ``admit``/``step``: ``[rows, hidden]``, no extra forward.
 
@@ -50,6 +52,7 @@ class Forward(Protocol):
     """What a session drives: an engine, or a replay's model-free layout of one (``rodeco.engines.layout``)."""
 
     keep_hidden: bool
+    parks: bool
 
     @property
     def rows(self) -> int: ...
@@ -63,6 +66,21 @@ class Forward(Protocol):
     def select(self, rows: torch.Tensor) -> None: ...
     def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int: ...
+    def park(self, rows: torch.Tensor) -> int: ...
+    def unpark(self, handle: int) -> None: ...
+
+
+class Unparked:
+    """What an engine or layout whose rows cannot be set aside declares (``parks`` False): a session on it scores on
+    the decode thread, whatever waits."""
+
+    parks = False
+
+    def park(self, rows: torch.Tensor) -> int:
+        raise NotImplementedError(f"{type(self).__name__} cannot set rows aside (parks is False)")
+
+    def unpark(self, handle: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot set rows aside (parks is False)")
 
 
 class Engine(Forward, Protocol):

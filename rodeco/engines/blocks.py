@@ -7,7 +7,9 @@ the slots before its first token, which attention skips), so all its blocks are 
 nothing, and the padding is held once a prompt, not once a row. A row that writes into a block another row also
 names gets its own copy first (copy-on-write), so a copied row (beam, particle filter) shares its parent's blocks
 until one of them writes. Dropping rows (rejection, finished rows leaving) frees the blocks no row
-names any more, with no copy. The blocks in use are what the cache holds (``in_use``).
+names any more, with no copy. The blocks in use are what the cache holds (``in_use``). Rows set aside (``park``: a
+prompt waiting for its scores while the others decode) leave the tables but keep their blocks, until ``unpark`` puts
+them back after the rows there are.
 
 The pool has a fixed number of blocks (``capacity``: the budget, as vLLM's KV manager has) or, without a budget, grows
 when it runs out of free blocks (by half its size at least). A fixed pool that runs out raises ``PoolFull``: the
@@ -20,6 +22,8 @@ replay counts memory with the same object (``rodeco.engines.layout``), so the tw
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 GROWTH = 0.5  # the pool grows by at least this share of its size when it runs out of free blocks
@@ -28,6 +32,23 @@ FIRST = 16  # blocks a growing pool starts with, at least
 
 class PoolFull(RuntimeError):
     """A fixed pool had too few free blocks: the loop let rows decode past their quota (a bug)."""
+
+
+@dataclass
+class Parked:
+    """Rows set aside (``Blocks.park``): their tables, slots and front padding."""
+
+    tables: np.ndarray
+    lens: np.ndarray
+    starts: np.ndarray
+
+    def counts(self, size: int) -> np.ndarray:
+        return -(-self.lens // size)
+
+
+def _named(tables: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The blocks rows name (with repeats): each row's first ``counts[row]`` entries."""
+    return tables[np.arange(tables.shape[1])[None] < counts[:, None]]
 
 
 class Blocks:
@@ -46,6 +67,8 @@ class Blocks:
         self.ref = np.zeros(0, dtype=np.int64)  # [pool]: rows naming each block
         self.free: list[int] = []  # blocks no row names, taken from the end
         self.fresh: list[np.ndarray] = []  # blocks handed out since the last ``taken()``: what they hold is stale
+        self.parked: dict[int, Parked] = {}  # rows set aside (``park``), by handle: their blocks stay named
+        self._handles = 0
         if capacity is not None:
             self._grow(capacity)
 
@@ -136,9 +159,29 @@ class Blocks:
         self.tables, self.lens, self.starts = self.tables[rows], self.lens[rows], self.starts[rows]
         width = int(self.counts().max()) if self.rows else 0
         self.tables = self.tables[:, :width]
-        named = self.tables[np.arange(width)[None] < self.counts()[:, None]]
-        self.ref = np.bincount(named, minlength=self.pool).astype(np.int64)
+        named = [_named(self.tables, self.counts())] + [
+            _named(p.tables, p.counts(self.size)) for p in self.parked.values()
+        ]
+        self.ref = np.bincount(np.concatenate(named), minlength=self.pool).astype(np.int64)
         self.free = np.flatnonzero(self.ref == 0)[::-1].tolist()
+
+    def park(self, rows: np.ndarray) -> int:
+        """Set rows (indices) aside: they leave the tables, and the blocks they name stay theirs (held, not freed,
+        still counted in ``in_use``) until ``unpark``. Returns the handle ``unpark`` takes."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self._handles += 1
+        self.parked[self._handles] = Parked(self.tables[rows].copy(), self.lens[rows].copy(), self.starts[rows].copy())
+        keep = np.setdiff1d(np.arange(self.rows), rows)
+        self.tables, self.lens, self.starts = self.tables[keep], self.lens[keep], self.starts[keep]
+        return self._handles
+
+    def unpark(self, handle: int) -> None:
+        """Rows set aside by ``park`` come back, in their order, after the rows there are."""
+        p = self.parked.pop(handle)
+        self._widen(p.tables.shape[1])
+        pad = np.zeros((len(p.lens), self.tables.shape[1] - p.tables.shape[1]), dtype=np.int64)
+        self.tables = np.concatenate([self.tables, np.concatenate([p.tables, pad], axis=1)])
+        self.lens, self.starts = np.concatenate([self.lens, p.lens]), np.concatenate([self.starts, p.starts])
 
     def append(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Room for one more token in every row. Returns (block [rows], offset [rows]) where each row writes it, and

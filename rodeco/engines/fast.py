@@ -69,6 +69,7 @@ class LlamaEngine:
     compilable = True  # generator.compile: the step as one graph (``rodeco.engines.compiled``)
     block = BLOCK
     aligned = True  # a prompt ends on a block boundary (``Blocks``): its rows share all its blocks
+    parks = True  # rows can be set aside, their blocks kept, while the others step (``park``)
 
     def __init__(
         self,
@@ -108,6 +109,7 @@ class LlamaEngine:
         # the eager step's attention: the paged kernel where it serves, else the torch path it replaces
         self.attention = native.paged_attention if self.kernel else native.paged_reference
         self.pos = torch.empty(0, dtype=torch.long, device=like.device)  # [B] position of each row's next token
+        self._parked_pos: dict[int, torch.Tensor] = {}  # the positions of rows set aside (``park``), by handle
         self.keep_hidden = False  # keep the final-layer hidden state of each forward's last position
         self.last_hidden: torch.Tensor | None = None  # [rows of the last forward, hidden]
 
@@ -194,6 +196,21 @@ class LlamaEngine:
         """Keep (and repeat, reorder) rows by index: block tables edited, no cache copied."""
         self.blocks.select(rows.cpu().numpy())
         self.pos = self.pos.index_select(0, rows.to(self.pos.device))
+
+    def park(self, rows: torch.Tensor) -> int:
+        """Set rows (indices) aside, their blocks kept (``Blocks.park``): the others step without them. Returns the
+        handle ``unpark`` takes."""
+        idx = rows.cpu().numpy()
+        keep = torch.from_numpy(np.setdiff1d(np.arange(self.rows), idx)).to(self.pos.device)
+        handle = self.blocks.park(idx)
+        self._parked_pos[handle] = self.pos.index_select(0, rows.to(self.pos.device))
+        self.pos = self.pos.index_select(0, keep)
+        return handle
+
+    def unpark(self, handle: int) -> None:
+        """Rows set aside by ``park`` come back after the rows there are, their cache as they left it."""
+        self.blocks.unpark(handle)
+        self.pos = torch.cat([self.pos, self._parked_pos.pop(handle)])
 
     def steps_within(self, rows: np.ndarray, tokens: int, row_overhead: int, most: int) -> int:
         """How many steps (at most ``most``) ``rows`` can take with the blocks they name within ``tokens``

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rodeco.engines import HFModel
+from rodeco.engines import HFModel, Unparked
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
 
 
-class HFEngine:
+class HFEngine(Unparked):
     """Generic engine: the model's own forward with a ``DynamicCache``; left padding masked as ``generate`` does.
     Fan-out copies the prompt's cache into every row."""
 

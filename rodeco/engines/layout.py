@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rodeco.common.budget import block_shared
+from rodeco.engines import Unparked
 from rodeco.engines.blocks import Blocks
 from rodeco.engines.hf import padded_steps
 from rodeco.engines.vllm_session import alone_steps_within
@@ -21,7 +22,7 @@ def _token_by_token(layout: object, block: int) -> None:
         raise ValueError(f"{type(layout).__name__} allocates token by token, not in blocks of {block}")
 
 
-class HFLayout:
+class HFLayout(Unparked):
     """``HFEngine``: every row holds the prompt and its own tokens, left-padded to the longest row; the cache grows by
     one slot per step and drops the leading positions no row reads (``lead``: each row's padding) when rows leave.
     Prompts that join are padded, or pad the rows there, to the longer of the two."""
@@ -67,7 +68,7 @@ class HFLayout:
         return torch.zeros(self.rows, 1)
 
 
-class VLLMLayout:
+class VLLMLayout(Unparked):
     """vLLM (``rodeco.engines.vllm``): blocks of ``block`` tokens; each prompt's full blocks before its last token
     stored once while any of its rows lives, each row holding the rest of its prompt and its own tokens in whole
     blocks (``rodeco.common.budget.block_shared``). A finished row leaves at once (``compact_fraction`` 0). An upper
@@ -133,7 +134,7 @@ class VLLMLayout:
         return torch.zeros(self.rows, 1)
 
 
-class BlockLayout:
+class BlockLayout(Unparked):
     """``LlamaEngine``: blocks of ``block`` tokens, a prompt's shared by its rows by reference and copied by a row
     when it writes into a shared one; the same bookkeeping as the engine's (``rodeco.engines.blocks.Blocks``), with
     no tensors, its pool fixed at ``pool_tokens`` as the engine's is. A finished row leaves once finished rows are a

@@ -376,6 +376,14 @@ class VLLMSession:
         if self.rows:
             self.gen.llm.abort_request(list(self.ids))
 
+    parks = False  # vLLM steps every request it holds: a prompt's rows cannot wait aside (scores on the decode thread)
+
+    def park(self, prompts: Collection[int]) -> int:
+        raise NotImplementedError("a vLLM session cannot set rows aside (parks is False)")
+
+    def unpark(self, handle: int) -> None:
+        raise NotImplementedError("a vLLM session cannot set rows aside (parks is False)")
+
 
 def _logprobs(positions: Any, tokens: list[int], k: int) -> tuple[list[float], list[list[float]]]:
     """vLLM's per-position log-prob dicts (token id -> ``Logprob`` with its ``rank``; with ``logprobs=k``: the k most

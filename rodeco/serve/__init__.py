@@ -73,6 +73,7 @@ def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
         "max_batch_rows",
         "check_tokens",
         "max_body_bytes",
+        "reward_threads",
     ):
         v = s[key]
         if not isinstance(v, int) or v < (0 if key == "port" else 1):
@@ -82,6 +83,10 @@ def check_serve(cfg: DictConfig, plugins: Plugins) -> dict[str, dict[str, Any]]:
     if s.rejection_start not in REJECTION_STARTS:
         raise ConfigError(
             "serve.rejection_start", s.rejection_start, "unknown", f"use one of {', '.join(REJECTION_STARTS)}"
+        )
+    if s.decode_threads is not None and not (isinstance(s.decode_threads, int) and s.decode_threads >= 1):
+        raise ConfigError(
+            "serve.decode_threads", s.decode_threads, "must be a positive whole number or null", "set it to e.g. 1"
         )
     if s.latency_target is not None and not (isinstance(s.latency_target, (int, float)) and s.latency_target > 0):
         raise ConfigError(

@@ -212,6 +212,10 @@ def rodeco_block(job: Job, a: Answer, chosen: list[Any]) -> dict[str, Any]:
         "queue_seconds": round(a.queue_s, 4),
         "decode_seconds": round(a.decode_s, 4),
         "batch_requests": a.batch_requests,
+        # its own seconds of each phase: its share of the decode steps, prefill and pruning it was in, of the
+        # reward calls that scored it (on the reward thread, off the decode thread), and held: its rows set aside
+        # while they waited for their scores
+        "time_s": {k: round(float(v), 4) for k, v in comp.time_s.items()},
     }
 
 

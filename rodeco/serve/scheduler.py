@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from rodeco.common.validation import node_dict
 from rodeco.core.config import ServeConfig
 from rodeco.core.contracts import policy_info
 from rodeco.core.loop import Cancelled, Request
+from rodeco.core.scoring import Inline, Worker
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
@@ -94,6 +96,9 @@ class Scheduler:
         metrics.budget.set(-1 if self.budget.kv_tokens is None else self.budget.kv_tokens)
         self.steps = 0  # decode steps so far
         self.step_times: StepTimes | None = None  # the step-time model (serve.latency_target): fitted at start
+        # where the rewards run: a thread of their own (serve.reward_thread), or the decode thread
+        self.scoring = Worker(serve.reward_threads) if serve.reward_thread else Inline()
+        self.ready = threading.Event()  # the batcher thread has set its threads (and measured its steps)
 
     def _fed(self, rows: list[int], context: list[int], seconds: list[float]) -> None:
         """A stretch of decoding: its steps counted, and the step-time model refitted with them."""
@@ -106,11 +111,25 @@ class Scheduler:
         """The server's run starts: ``rodeco_run_start`` (the server's config; its prompts are not known in advance,
         so ``n_prompts`` is 0), then the batcher thread."""
         self.dec.plugins.run_start(config=node_dict(self.dec.cfg), n_prompts=0)
+        self.thread.start()
+        self.ready.wait()
+
+    def _setup(self) -> None:
+        """On the batcher thread, before it serves: its torch threads (``serve.decode_threads``; by default the cores
+        less the reward thread's), then the step-time model measured with them (``serve.latency_target``)."""
+        import torch
+
+        threads = self.serve.decode_threads
+        if threads is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            threads = max(1, cores - (self.serve.reward_threads if self.serve.reward_thread else 0))
+        torch.set_num_threads(threads)  # this thread's own (torch's intra-op threads are per thread)
+        where = "a thread of their own" if self.serve.reward_thread else "the decode thread"
+        log.info("decoding with %d torch thread(s); the rewards score on %s", threads, where)
         if self.serve.latency_target is not None:
             model = measure_steps(self.dec.gen)
             log.info("step-time model: %.4f s + %.2e s a row + %.2e s a row's cached token", model.a, model.b, model.c)
             self.step_times = StepTimes(model)
-        self.thread.start()
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -213,8 +232,13 @@ class Scheduler:
         """The batcher thread: ``_serve`` until the server stops, then ``rodeco_run_end`` (no results: each went to
         its client and to ``rodeco_prompt_done``; the compute the answered requests were charged)."""
         try:
+            try:
+                self._setup()
+            finally:
+                self.ready.set()
             self._serve()
         finally:
+            self.scoring.close()
             self.dec.plugins.run_end(results=[], compute=self.served)
 
     def _serve(self) -> None:
@@ -243,6 +267,7 @@ class Scheduler:
                     max_rows=self.serve.max_batch_rows,
                     max_prompts=self.serve.batch_requests,
                     on_steps=self._fed,
+                    scoring=self.scoring,
                 )
             except Exception as e:  # a failed decode fails its jobs, never the server
                 log.exception("the open batch failed")

@@ -122,6 +122,14 @@ def server_side(name: str, recs: list[Record], delta: dict[str, float], span: fl
         out["mean_decode_seconds_per_winner_token"] = float(
             np.mean([r.server["decode_seconds"] / max(1, r.server["winner_tokens"]) for r in ok])
         )
+        # where the server's time went: each phase's seconds over the answered requests (each request's own share,
+        # so they add up to the server's), and as a share of the phase's span (decode, prefill and prune on the decode
+        # thread; score and partial_score on the reward thread, or on the decode thread with serve.reward_thread=false;
+        # held: requests' rows set aside waiting for scores, summed over requests)
+        phases = sorted({k for r in ok for k in r.server.get("time_s") or {}})
+        total = {k: float(sum((r.server.get("time_s") or {}).get(k, 0.0) for r in ok)) for k in phases}
+        out["time_s_total"] = total
+        out["time_share_of_span"] = {k: v / span for k, v in total.items()} if span > 0 else {}
         flops = sum(r.server.get("flops") or 0 for r in ok)
         bon = sum(r.server.get("bon_flops_modelled") or 0 for r in ok)
         out["flops_over_bon_modelled"] = flops / bon if bon else None

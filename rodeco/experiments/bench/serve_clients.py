@@ -126,6 +126,7 @@ def rodeco_sender(url: str, model: str, a: argparse.Namespace, policy: dict[str,
             "prompt_tokens": d["usage"]["prompt_tokens"],
             "winner_tokens": rb["choices"][0]["tokens"],
             "text": d["choices"][0]["message"]["content"],
+            "time_s": rb.get("time_s") or {},  # its own seconds of each phase
         }
         return float(rb["choices"][0]["reward"]), info
 
