@@ -205,6 +205,33 @@ def test_16_concurrent_clients_get_their_solo_answers(tiny_gen):
     assert metric(text, "rodeco_queue_depth") == 0 and metric(text, "rodeco_batch_rows") == 0
 
 
+def test_with_the_rewards_off_the_decode_thread_concurrent_requests_get_their_solo_answers(tiny_gen):
+    """serve.reward_thread=true: Speculative Rejection's requests, sent together, each hold their rows while their
+    scores are computed beside the others' decoding, and get the answers they get alone with the rewards on the
+    decode thread."""
+    gen = tiny_gen("fast")
+    reqs = [dict(prompt=PROMPTS[i % 4] + " " * (i // 4), seed=200 + i) for i in range(8)]
+
+    def ask(c, q):
+        return chat(c, q["prompt"], seed=q["seed"], best_of=6, max_tokens=10, rodeco={"policy": "fixed"})
+
+    def answer(r):
+        rb = r.model_extra["rodeco"]
+        return r.choices[0].message.content, rb["choices"][0]["candidate_id"], rb["rounds"], rb["candidates_rejected"]
+
+    with running(gen, ["budget.kv_tokens=3000", "serve.reward_thread=true"]) as (url, state):
+        c = client(url)
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda q: ask(c, q), reqs, timeout=120))
+    with running(gen, ["budget.kv_tokens=3000"]) as (url, state):
+        c = client(url)
+        alone = [ask(c, q) for q in reqs]
+    assert [answer(r) for r in together] == [answer(r) for r in alone]
+    assert max(r.model_extra["rodeco"]["batch_requests"] for r in together) > 1
+    assert any(r.model_extra["rodeco"]["rounds"] for r in together)  # decision points were met
+    assert sum(r.model_extra["rodeco"]["time_s"].get("held", 0.0) for r in together) > 0  # rows were held
+
+
 def test_a_client_that_disconnects_frees_its_rows_and_the_batch_goes_on(tiny_gen):
     gen = SlowGen(tiny_gen("fast"), delay=0.05)
     body = LONG_BODY

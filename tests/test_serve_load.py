@@ -150,3 +150,27 @@ def test_a_stopped_run_keeps_its_recorded_phases_and_runs_only_the_rest(tmp_path
     other = sb.Bench(sb.parse([*argv, "--seed", "1"]))  # other arrivals: nothing kept
     other.resume()
     assert other.doc["servers"] == {} and other.summary == {}
+
+
+def test_serve_compare_prints_each_runs_figures_and_its_ratio_to_the_first(tmp_path, capsys):
+    from rodeco.experiments.bench import serve_compare
+
+    for name, rps, held in (("a", 0.2, 0.0), ("b", 0.1, 1.5)):
+        doc = {
+            "servers": {
+                "sr": {
+                    "summary": {"requests_per_s": rps, "p50_latency_s": 9.0, "p95_latency_s": 12.0, "mean_reward": -1},
+                    "server_side": {"decode_tokens_per_s": 150.0, "time_share_of_span": {"decode": 0.8, "held": held}},
+                }
+            }
+        }
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "serve_bench.json").write_text(json.dumps(doc))
+    serve_compare.main([f"first={tmp_path / 'a'}", f"second={tmp_path / 'b'}"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:3] == ["first", "0.200", "1.00"] and out[2].split()[:3] == ["second", "0.100", "0.50"]
+    assert out[2].split()[-1] == "1.500"
+    with pytest.raises(SystemExit, match="no 'bon' phase"):
+        serve_compare.main([f"first={tmp_path / 'a'}", "--server", "bon"])
+    with pytest.raises(SystemExit):
+        serve_compare.parse(["just-a-dir"])

@@ -125,3 +125,19 @@ def test_a_refusal_at_a_full_queue_is_planned_well_within_two_seconds():
     t0 = time.perf_counter()
     d = plan([*running, *queued], new, MODEL, Limits(kv_tokens=32_000, max_jobs=16, max_rows=512))
     assert not d.accept and time.perf_counter() - t0 < 1.0
+
+
+def test_a_job_starts_the_most_rows_that_meet_its_target_and_never_fewer_than_its_floor():
+    from rodeco.serve.slack import choose_rows
+
+    running = [Work(rows=16, context=20, steps_left=100, reserved=1000, deadline=30.0)]
+    wide = Work(rows=64, context=20, steps_left=100, reserved=1000, deadline=100.0)
+    assert choose_rows(running, wide, 16, MODEL, Limits(kv_tokens=4000))[0] == 64  # room: all its rows
+    alone = simulate([dataclass_replace(wide, rows=24)], MODEL, Limits())[0][1]
+    tight = dataclass_replace(wide, deadline=alone * 1.01)  # 24 rows just fit alone, so at most 24 beside none
+    rows, d = choose_rows([], tight, 16, MODEL, Limits(kv_tokens=4000))
+    assert d.accept and rows == 24 and plan([], dataclass_replace(tight, rows=rows), MODEL, Limits()).accept
+    assert not plan([], dataclass_replace(tight, rows=rows + 1), MODEL, Limits()).accept
+    # below the floor it is refused, with the floor's retry time
+    rows, d = choose_rows([], tight, 32, MODEL, Limits(kv_tokens=4000))
+    assert rows == 32 and not d.accept

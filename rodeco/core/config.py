@@ -289,7 +289,7 @@ class ServeConfig:
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
     reward_thread: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "the rewards score on a thread of their own while the other requests decode (a request waiting "
             "for its scores holds its rows); false: on the decode thread"
@@ -297,8 +297,7 @@ class ServeConfig:
     )
     reward_threads: int = field(default=1, metadata={"help": "torch threads of the reward thread"})
     decode_threads: Optional[int] = field(
-        default=None,
-        metadata={"help": "torch threads of the decode thread (null: the cores less the reward thread's, at least 1)"},
+        default=None, metadata={"help": "torch threads of the decode thread (null: torch's default, every core)"}
     )
     latency_target: Optional[float] = field(
         default=None,

@@ -535,7 +535,7 @@ class _Batch:
 
     def decode(self, check: int | None) -> None:
         """Each cohort's decision point fixed as its round starts; then decode to the earliest, pausing after
-        ``check`` tokens (None: no pause)."""
+        ``check`` tokens (None: no pause), or after each step while a cohort waits for its scores."""
         sess = self.sess
         assert sess is not None  # a cohort is running
         going = [c for c in self.running if c.scoring is None]  # not waiting for scores
@@ -549,6 +549,8 @@ class _Batch:
         self.stats.step_prompts.append(sum(c.live for c in going))
         owner = {k: c for c in going for k in c.keys}
         pause = None if not check else (sess.t // check + 1) * check
+        if len(going) < len(self.running):  # a cohort waits for scores: back in the batch a step after they are in
+            pause = sess.t + 1
         weights = np.bincount(sess.prompt_of, minlength=self.acct.n_prompts).astype(float)
         with self.acct.timed("decode", weights):
             for row in sess.decode(until=sess.t + ahead, pause=pause):

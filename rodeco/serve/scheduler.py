@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from rodeco.core.scoring import Inline, Worker
 from rodeco.serve.errors import APIError
 from rodeco.serve.jobs import Job
 from rodeco.serve.metrics import Metrics
-from rodeco.serve.slack import Limits, StepTimes, Work, measure_steps, plan
+from rodeco.serve.slack import Limits, StepTimes, Work, choose_rows, measure_steps
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +114,15 @@ class Scheduler:
         self.ready.wait()
 
     def _setup(self) -> None:
-        """On the batcher thread, before it serves: its torch threads (``serve.decode_threads``; by default the cores
-        less the reward thread's), then the step-time model measured with them (``serve.latency_target``)."""
+        """On the batcher thread, before it serves: its torch threads (``serve.decode_threads``; torch's intra-op
+        threads are set per thread, so the reward thread keeps its own), then the step-time model measured with
+        them (``serve.latency_target``)."""
         import torch
 
-        threads = self.serve.decode_threads
-        if threads is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            threads = max(1, cores - (self.serve.reward_threads if self.serve.reward_thread else 0))
-        torch.set_num_threads(threads)  # this thread's own (torch's intra-op threads are per thread)
+        if self.serve.decode_threads is not None:
+            torch.set_num_threads(self.serve.decode_threads)
         where = "a thread of their own" if self.serve.reward_thread else "the decode thread"
-        log.info("decoding with %d torch thread(s); the rewards score on %s", threads, where)
+        log.info("decoding with %d torch thread(s); the rewards score on %s", torch.get_num_threads(), where)
         if self.serve.latency_target is not None:
             model = measure_steps(self.dec.gen)
             log.info("step-time model: %.4f s + %.2e s a row + %.2e s a row's cached token", model.a, model.b, model.c)
@@ -156,8 +153,9 @@ class Scheduler:
             self.cond.notify_all()
 
     def _admit_by_slack(self, job: Job) -> None:
-        """``serve.latency_target``: 429 at once, with the seconds until it could start as ``Retry-After``, for a job
-        the step-time plan has finish past the target or push a running or queued one past its own (held
+        """``serve.latency_target``: a job starts the most rows (of its ``rows``, down to ``best_of``) the step-time
+        plan has finish within the target without pushing a running or queued job past its own; where even
+        ``best_of`` rows do not, 429 at once, with the seconds until it could start as ``Retry-After`` (held
         ``self.cond``)."""
         assert self.step_times is not None and self.serve.latency_target is not None
         target, now = self.serve.latency_target, time.monotonic()
@@ -171,8 +169,12 @@ class Scheduler:
         lim = Limits(
             self.budget.kv_tokens, self.serve.batch_requests, self.serve.max_batch_rows, self.serve.check_tokens
         )
-        d = plan(works, new, self.step_times.model, lim)
+        least = min(job.rows, job.key.best_of)  # never fewer than Best-of-N's rows
+        rows, d = choose_rows(works, new, least, self.step_times.model, lim)
         if d.accept:
+            if rows < job.rows:
+                log.info("request %d starts %d rows of %d: the most that meet its target", job.id, rows, job.rows)
+                job.rows = rows
             return
         self.metrics.refused_slack.inc()
         wait = math.ceil(d.retry_after) if math.isfinite(d.retry_after) else self.serve.retry_after_s

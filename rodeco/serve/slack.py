@@ -11,7 +11,8 @@ its length; a job's rows and length are upper bounds (rows only leave, except a 
 memory bounds; a row may stop before its length), so the plan errs late. The batch's bounds (``Limits``: memory,
 jobs and rows at once) hold in the plan as in the loop. A new job is accepted when, queued behind
 the others, it finishes within its deadline and pushes no other job past its own (a job the plan already has late is
-not made later). Otherwise it is refused, with the seconds until it could start.
+not made later). ``choose_rows`` asks it for the most rows a job may start with, down to a floor; a job no start
+fits is refused, with the seconds until it could start.
 """
 
 from __future__ import annotations
@@ -211,6 +212,24 @@ def plan(jobs: Sequence[Work], new: Work, model: StepModel, limits: Limits) -> D
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if at(waits[mid])[0] else (mid, hi)
     return Decision(False, s, f, waits[hi])
+
+
+def choose_rows(jobs: Sequence[Work], new: Work, least: int, model: StepModel, limits: Limits) -> tuple[int, Decision]:
+    """The most rows, from ``new.rows`` down to ``least``, that ``plan`` accepts ``new`` starting with, and that
+    decision; where none is, ``least`` and its decision (its ``retry_after``). Fewer rows finish sooner and press the
+    others less, so the plan takes acceptance as monotone in the rows and searches them by bisection."""
+    d = plan(jobs, new, model, limits)
+    if d.accept or new.rows <= least:
+        return new.rows, d
+    low = plan(jobs, dataclasses.replace(new, rows=least), model, limits)
+    if not low.accept:
+        return least, low
+    lo, hi, best = least, new.rows, low  # lo is accepted, hi is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        dm = plan(jobs, dataclasses.replace(new, rows=mid), model, limits)
+        lo, hi, best = (mid, hi, dm) if dm.accept else (lo, mid, best)
+    return lo, best
 
 
 def measure_steps(
