@@ -42,11 +42,11 @@ test: $(STAMP) $(VSTAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -m "not vllm"
-	$(VPY) -m pytest -q -m vllm
+	$(PY) -m pytest -q -m "not vllm" --durations=20
+	$(VPY) -m pytest -q -m vllm --durations=10
 
 test-vllm: $(VSTAMP)
-	$(VPY) -m pytest -q -m vllm
+	$(VPY) -m pytest -q -m vllm --durations=10
 
 bench: $(STAMP)
 	$(VENV)/bin/rodeco experiment=engine_bench
