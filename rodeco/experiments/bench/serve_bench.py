@@ -102,7 +102,11 @@ def run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=50, help="both servers (rodeco's sampling.top_k default; 0: off)")
     ap.add_argument("--seed", type=int, default=0, help="the arrivals' seed; request i has seed --seed + i")
-    ap.add_argument("--data", default="alpacafarm100", help="a data option (conf/data)")
+    ap.add_argument(
+        "--data",
+        default="alpacafarm100",
+        help="a data option (conf/data), or gold: the gold yardstick's report problems (judge them with --judges gold)",
+    )
     ap.add_argument("--kv-tokens", type=int, default=16384, help="rodeco's budget.kv_tokens and vLLM's KV pool")
     ap.add_argument("--generator", default="smollm2", help="a generator option of rodeco's; vLLM serves its weights")
     ap.add_argument("--reward", default="minilm_rm", help="a reward option: rodeco's, and vLLM's client-side scorer")
@@ -296,9 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.judges:  # client-side, after every phase: in no server's latency
         from rodeco.rejudge import judges_by_name
 
-        prompt_text = {p.index: p.text for p in bench.prompts}
         bench.doc["judged"] = judge_servers(
-            bench.doc, prompt_text, judges_by_name(a.judges, a.reward), a.bootstrap, a.seed
+            bench.doc, {p.index: p for p in bench.prompts}, judges_by_name(a.judges, a.reward), a.bootstrap, a.seed
         )
     bench.doc["ratios"] = ratios_of(bench.summary)
     bench.doc["wall_seconds"] = time.monotonic() - wall0

@@ -18,16 +18,17 @@ from typing import Any
 
 import numpy as np
 
-JUDGES = ["chrf", "ref_sim", "smollm_judge"]  # every offline judge of AlpacaEval prompts
+JUDGES = ["chrf", "ref_sim", "smollm_judge"]  # every offline judge of AlpacaEval prompts (gold problems: gold)
 SERVERS = ("sr", "bon", "search", "vllm")
 PAIRS = (("sr", "vllm"), ("sr", "bon"), ("search", "vllm"), ("sr", "search"))  # differences reported, paired
 
 
 def judge_servers(
-    doc: dict[str, Any], prompt_text: dict[int, str], judges: Any, resamples: int = 1000, seed: int = 0
+    doc: dict[str, Any], prompts: dict[int, Any], judges: Any, resamples: int = 1000, seed: int = 0
 ) -> dict[str, Any]:
     """Each server's winners scored by each judge (``scores[judge][server][i]``, None where the request failed),
-    the means and paired differences with CIs, the judges' cost, and ``lines`` to print."""
+    the means and paired differences with CIs, the judges' cost, and ``lines`` to print. ``prompts``: the run's
+    prompts by index (their text, and their record as ``meta``: the ``gold`` judge's answer)."""
     from rodeco.core.judging import Item
     from rodeco.experiments.bootstrap import ci, draws
 
@@ -38,7 +39,7 @@ def judge_servers(
     for i in range(k):
         index = recs[servers[0]][i]["prompt_index"]
         items = [Item(n, recs[s][i]["server"]["text"], ()) for n, s in enumerate(servers) if recs[s][i]["ok"]]
-        got = judges.score(prompt_text[index], index, items)
+        got = judges.score(prompts[index].text, index, items, meta=prompts[index].meta)
         for item in items:
             for e in got[item.candidate_id]:
                 scores[e.name][servers[item.candidate_id]][i] = e.score
@@ -79,13 +80,13 @@ def judge_servers(
     return out
 
 
-def prompts_of_run(doc: dict[str, Any]) -> dict[int, str]:
-    """The run's prompt texts by index, from its ``--data`` (as serve_bench loaded them)."""
+def prompts_of_run(doc: dict[str, Any]) -> dict[int, Any]:
+    """The run's prompts by index, from its ``--data`` (as serve_bench loaded them)."""
     from rodeco.experiments.bench.serve_bench_prompts import load
 
     wanted = set(doc["prompt_indices"])
     limit = max(len(wanted) + int(doc["args"].get("warmup", 1)), 1)
-    return {p.index: p.text for p in load(doc["args"]["data"], limit) if p.index in wanted}
+    return {p.index: p for p in load(doc["args"]["data"], limit) if p.index in wanted}
 
 
 def main(argv: list[str] | None = None) -> int:
