@@ -174,3 +174,29 @@ def test_serve_compare_prints_each_runs_figures_and_its_ratio_to_the_first(tmp_p
         serve_compare.main([f"first={tmp_path / 'a'}", "--server", "bon"])
     with pytest.raises(SystemExit):
         serve_compare.parse(["just-a-dir"])
+
+
+def test_vllms_choices_carry_their_log_probs_to_a_client_side_guide_that_reads_them():
+    """The client-side scorer of vLLM's answers under ``logprob``: each choice's tokens' log-probs, as vLLM's chat
+    API returns them, reach the reward, which scores their mean; a choice without them is reported as such."""
+    from rodeco.experiments.bench.serve_clients import Scorer, choices
+
+    def tok(lp: float, *top: float) -> dict:
+        return {"token": "x", "logprob": lp, "top_logprobs": [{"token": "y", "logprob": t} for t in top]}
+
+    d = {
+        "choices": [
+            {"index": 1, "message": {"content": "b"}, "logprobs": {"content": [tok(-2.0, -2.0, -0.5)]}},
+            {"index": 0, "message": {"content": "a"}, "logprobs": {"content": [tok(-1.0, -0.2, -1.0), tok(-3.0)]}},
+        ]
+    }
+    texts, traced = choices(d, top_k=1)
+    assert texts == ["a", "b"] and traced == [([-1.0, -3.0], [[-0.2], []]), ([-2.0], [[-0.5]])]
+    assert choices({"choices": [{"index": 0, "message": {"content": "a"}, "logprobs": None}]}, 1) == (["a"], None)
+    scorer = Scorer("logprob", batching=False)
+    try:
+        assert scorer.logprobs
+        scores, *_ = scorer.score("q", texts, traced)
+    finally:
+        scorer.close()
+    assert scores == pytest.approx([-2.0, -2.0])  # the mean log-prob of each

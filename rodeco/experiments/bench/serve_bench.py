@@ -388,7 +388,11 @@ class Bench:
                 self.phase(name, srv, rodeco_sender(srv.url, a.generator, a, policy), {"request_rodeco": policy})
 
     def rescore(self, scorer: Scorer) -> None:
-        """Rescoring rodeco's winners client-side checks that the scorer is the server's reward."""
+        """Rescoring rodeco's winners client-side checks that the scorer is the server's reward (not where it reads
+        log-probs, which rodeco's answers do not carry)."""
+        if scorer.logprobs:
+            log.info("rodeco's rewards not rescored client-side: the reward reads log-probs its answers do not carry")
+            return
         prompt_of = {p.index: p.text for p in self.prompts}
         for name in [x for x in ("sr", "bon", "search") if x in self.doc["servers"]]:
             done = [r for r in self.doc["servers"][name]["records"] if r["ok"]]
