@@ -179,3 +179,19 @@ def test_a_record_cut_short_is_dropped_so_the_run_resumes_cleanly(tmp_path, capl
     with f.open("a") as out:  # the resumed run appends after the whole records
         out.write('{"index": 2}\n')
     assert [r["index"] for r in records(f)] == [0, 1, 2]
+
+
+def test_the_load_tests_matched_best_of_is_the_smallest_n_within_two_points_under_the_same_guide_and_rule():
+    from rodeco.experiments.bench.gold_report import matched_best_of
+
+    rows = {f"logprob/bon_{n}/reward": {"accuracy": [a, 0, 1]} for n, a in zip((1, 2, 4, 8, 16, 32, 64), (
+        0.05, 0.08, 0.12, 0.15, 0.17, 0.20, 0.25))}  # fmt: skip
+    rows["logprob/bon_4/majority"] = {"accuracy": [0.30, 0, 1]}  # another rule: not the curve
+    rows["logprob/sr_fixed_auto/reward"] = {"accuracy": [0.19, 0, 1]}
+    rows["logprob/beam_16/reward"] = {"accuracy": [0.40, 0, 1]}
+    figures = {"pooled": {"rows": rows}}
+    m = matched_best_of(figures, "logprob/sr_fixed_auto/reward")
+    assert m["best_of"] == 16 and m["best_of_accuracy"] == 0.17  # 0.17 >= 0.19 - 0.02; Best-of-8's 0.15 is not
+    assert matched_best_of(figures, "logprob/beam_16/reward")["best_of"] is None  # above the whole curve
+    with pytest.raises(SystemExit, match="not a row"):
+        matched_best_of(figures, "logprob/nothing/reward")

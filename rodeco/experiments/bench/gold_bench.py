@@ -10,11 +10,14 @@ Steps, each resumable (results are written per problem as they finish)::
     python scripts/gold_bench.py run --out runs/gold           # ... and on the report pools
     python scripts/gold_bench.py search --out runs/gold --limit 24  # beam, dvts, particle filter, live
     python scripts/gold_bench.py report --out runs/gold --snapshot docs/data/gold_rg.json.gz
+    python scripts/gold_bench.py matched --snapshot docs/data/gold_rg.json.gz --row logprob/sr_fixed_auto/reward
 
 **Selection.** Each candidate task (``CANDIDATES``: easy settings) is recorded on a selection seed (``SELECT_SEED``,
 the report problems held out). A task is eligible when a sample's mean gold accuracy is above 0 and at most 0.5 and
 any-of-16 at least twice it (room for a guide to help, a right answer often among the samples); the ``--tasks``
-eligible tasks with the highest any-of-16 are kept. Every method runs at its defaults; the one thing chosen on the
+eligible tasks with the highest any-of-16 are kept. ``matched`` reads a report snapshot for the server load test's
+vLLM ``n``: the smallest N whose Best-of-N (same guide and rule) is within 0.02 of a method's gold accuracy. Every
+method runs at its defaults; the one thing chosen on the
 selection problems is the headline row (``rodeco.experiments.bench.gold_report``).
 
 **Methods** (``methods``), each with each guide (``GUIDES``: the generator's mean log-prob, its token confidence,
@@ -436,7 +439,7 @@ def search(a: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("step", choices=["select", "record", "run", "search", "report"])
+    ap.add_argument("step", choices=["select", "record", "run", "search", "report", "matched"])
     ap.add_argument("--out", type=Path, default=Path("runs/gold"))
     ap.add_argument("--problems", type=int, default=150, help="report problems a task")
     ap.add_argument("--select-problems", type=int, default=30, help="selection problems a candidate task")
@@ -459,7 +462,22 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", default=None, help="run: only these tasks")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--snapshot", type=Path, default=None)
+    ap.add_argument("--row", default="logprob/sr_fixed_auto/reward", help="matched: a method's report row")
     a = ap.parse_args()
+    if a.step == "matched":  # the load test's vLLM n: read from a snapshot, nothing run
+        import gzip
+
+        from rodeco.experiments.bench.gold_report import matched_best_of
+
+        if a.snapshot is None:
+            ap.error("matched: give the report's --snapshot (e.g. docs/data/gold_rg64.json.gz)")
+        doc = json.loads(gzip.open(a.snapshot, "rt", encoding="utf-8").read())
+        m = matched_best_of(doc["figures"], a.row)
+        print(
+            f"{m['row']}: gold accuracy {m['accuracy']:.3f}; the smallest Best-of-N within {m['tolerance']} under the "
+            f"same guide and rule: N = {m['best_of']} (gold accuracy {m['best_of_accuracy']})"
+        )
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     if a.step == "report":
         from rodeco.experiments.bench.gold_report import report

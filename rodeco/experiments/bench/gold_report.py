@@ -359,3 +359,18 @@ def print_headline(key: str | None, out: dict[str, Any]) -> None:
         f"  speedup at matched accuracy {fmt(r['speedup_at_matched_accuracy'], 2, r['speedup_bound'])}"
         f" (capped at the curve's top in {r['bound_share']:.0%} of resamples)"
     )
+
+
+def matched_best_of(figures: dict[str, Any], row: str, tol: float = 0.02, table: str = "pooled") -> dict[str, Any]:
+    """The load test's matched Best-of-N: for a method's report row (``guide/method/rule``), the smallest N whose
+    Best-of-N under the same guide and rule is not below the method's gold accuracy by more than ``tol`` (points
+    estimates of ``table``); None where no N of the curve reaches it."""
+    rows = figures[table]["rows"]
+    if row not in rows:
+        raise SystemExit(f"--row {row}: not a row of the {table} table; e.g. logprob/sr_fixed_auto/reward")
+    guide, _, rule = row.split("/")
+    acc = rows[row]["accuracy"][0]
+    curve = {n: rows[f"{guide}/bon_{n}/{rule}"]["accuracy"][0] for n in BON if f"{guide}/bon_{n}/{rule}" in rows}
+    m = next((n for n in sorted(curve) if curve[n] >= acc - tol), None)
+    got = curve.get(m) if m is not None else None
+    return {"row": row, "accuracy": acc, "tolerance": tol, "best_of": m, "best_of_accuracy": got}
