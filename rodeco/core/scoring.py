@@ -23,8 +23,6 @@ from rodeco.core.contracts import Scorer
 
 log = logging.getLogger(__name__)
 
-ROLES = ("reward", "partial_reward")
-
 
 @dataclass
 class Call:
@@ -85,8 +83,6 @@ def run_calls(calls: Sequence[Call], prompts: Sequence[PromptRef]) -> list[Score
 class Inline:
     """Rewards on the decode thread: a round's calls run when handed over (a closed batch's)."""
 
-    off_thread = False
-
     def submit(self, calls: Sequence[Call], prompts: Sequence[PromptRef]) -> Future[list[Scored]]:
         fut: Future[list[Scored]] = Future()
         try:
@@ -102,8 +98,6 @@ class Inline:
 class Worker:
     """Rewards on a thread of their own, with ``threads`` torch threads there (torch's intra-op threads are set per
     thread: the decode thread keeps its own). A round's calls queue behind the ones handed over before them."""
-
-    off_thread = True
 
     def __init__(self, threads: int = 1) -> None:
         self.threads = threads

@@ -43,7 +43,12 @@ class Parked:
     starts: np.ndarray
 
     def counts(self, size: int) -> np.ndarray:
-        return -(-self.lens // size)
+        return _block_counts(self.lens, size)
+
+
+def _block_counts(lens: np.ndarray, size: int) -> np.ndarray:
+    """[rows] blocks each row of ``lens`` slots names."""
+    return -(-lens // size)
 
 
 def _named(tables: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -98,7 +103,7 @@ class Blocks:
 
     def counts(self) -> np.ndarray:
         """[rows] blocks each row names."""
-        return -(-self.lens // self.size)
+        return _block_counts(self.lens, self.size)
 
     def _grow(self, new: int) -> None:
         old = self.pool

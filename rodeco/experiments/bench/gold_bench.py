@@ -471,7 +471,8 @@ def main() -> int:
 
         if a.snapshot is None:
             ap.error("matched: give the report's --snapshot (e.g. docs/data/gold_rg64.json.gz)")
-        doc = json.loads(gzip.open(a.snapshot, "rt", encoding="utf-8").read())
+        with gzip.open(a.snapshot, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
         m = matched_best_of(doc["figures"], a.row)
         print(
             f"{m['row']}: gold accuracy {m['accuracy']:.3f}; the smallest Best-of-N within {m['tolerance']} under the "

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("serve_compare")
 PHASES = ("decode", "prefill", "prune", "score", "partial_score", "held")
 
 
@@ -75,7 +73,6 @@ def table(out: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     a = parse(argv)
     runs = [(n, load(Path(p), a.server)) for n, p in (r.split("=", 1) for r in a.runs)]
     sys.stdout.write(table(rows(runs)) + "\n")
